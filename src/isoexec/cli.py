@@ -1,0 +1,114 @@
+"""The `isoexec` command line."""
+
+import argparse
+import json
+import sys
+
+from .contract import PROJECTIONS, ContractError, diff_projection, dump_json, identities, load, load_preset, preset_names
+from .contract.diff import render_grouped
+from .contract.render import render
+
+EXIT_INPUT_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(EXIT_INPUT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _contract_show(args) -> int:
+    contract = load(args.file) if args.file else load_preset(args.preset)
+    print(dump_json(contract) if args.json else render(contract))
+    return 0
+
+
+def _contract_hash(args) -> int:
+    ids = identities(load(args.file)).to_dict()
+    if args.json:
+        print(json.dumps(ids, indent=2))
+    else:
+        for name, value in ids.items():
+            print(f"{name:<17} {value}")
+    return 0
+
+
+def _contract_diff(args) -> int:
+    a, b = load(args.a), load(args.b)
+    ids_a, ids_b = identities(a).to_dict(), identities(b).to_dict()
+    report, found = {}, {}
+    for name, project in PROJECTIONS.items():
+        found[name] = diff_projection(name, project(a), project(b))
+        differences = [d.to_dict() for d in found[name]]
+        report[name] = {"equal": ids_a[name] == ids_b[name], "a": ids_a[name], "b": ids_b[name], "differences": differences}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"A = {args.a}\nB = {args.b}")
+        for name, entry in report.items():
+            if entry["equal"]:
+                print(f"{name}: equal ({entry['a']})")
+                continue
+            print(f"{name}: differs (A {entry['a']}, B {entry['b']})")
+            for line in render_grouped(found[name]):
+                print("  " + line.split(": ", 1)[1])
+    return 0 if report["numerical_policy"]["equal"] else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="isoexec",
+        description="Bitwise identical token log-probabilities between an RL trainer and its rollout engine.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    contract = commands.add_parser(
+        "contract",
+        help="show, hash and compare execution contracts",
+        description="Execution contracts pin every detail that decides rounding. Wherever a contract is "
+        "read, a TOML or JSON file path or the name of a shipped preset is accepted "
+        f"(presets: {', '.join(preset_names())}).",
+    )
+    actions = contract.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=_Parser)
+
+    show = actions.add_parser("show", help="print a contract", description="Print a contract for people, or as canonical JSON.")
+    show.add_argument("file", nargs="?", metavar="FILE", help="a contract file (default: the preset named by --preset)")
+    show.add_argument("--preset", default="tiny-dense", metavar="NAME", help=f"a shipped preset: {', '.join(preset_names())} (default: tiny-dense)")
+    show.add_argument("--json", action="store_true", help="print the whole contract as canonical JSON")
+    show.set_defaults(run=_contract_show)
+
+    hash_ = actions.add_parser(
+        "hash",
+        help="print a contract's three identities",
+        description="Print the semantic, numerical_policy and deployment identities (sha256:<hex>) of a contract.",
+    )
+    hash_.add_argument("file", metavar="FILE", help="a contract file or preset name")
+    hash_.add_argument("--json", action="store_true", help='print {"semantic", "numerical_policy", "deployment"} as JSON')
+    hash_.set_defaults(run=_contract_hash)
+
+    diff = actions.add_parser(
+        "diff",
+        help="compare two contracts field by field",
+        description="Compare two contracts, naming region, case and field of each difference. "
+        "Exit status: 0 when the numerical policies are equal, 1 when they differ, 2 on bad input.",
+    )
+    diff.add_argument("a", metavar="A", help="a contract file or preset name")
+    diff.add_argument("b", metavar="B", help="a contract file or preset name")
+    diff.add_argument("--json", action="store_true", help="print the differences as JSON")
+    diff.set_defaults(run=_contract_diff)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ContractError as error:
+        print(f"isoexec: error: {error}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+    except BrokenPipeError:
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The impl registry: which callable computes a region in a case, and the source that decides its bits.
+
+Op families register their impls here under `id@version`; `Registry.resolve` turns a contract into one
+impl per (region, case) and refuses anything the contract pins that this process cannot honour.
+"""
+
+import hashlib
+import inspect
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Callable
+
+
+def _source_file(obj) -> Path | None:
+    target = getattr(obj, "fn", obj)  # a Triton JITFunction keeps the Python function in `.fn`
+    try:
+        return Path(inspect.getsourcefile(inspect.unwrap(target)))
+    except (TypeError, OSError):
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class Impl:
+    """One registered implementation of a region.
+
+    `cases` are the cases the impl claims to serve; `check_constants(constants)` raises ValueError for
+    constants it does not implement; `sources` are further objects (functions, kernels, modules) whose
+    source text decides its bits, beyond the file that defines `fn`.
+    """
+
+    id: str
+    version: int
+    region: str
+    cases: frozenset
+    fn: Callable
+    check_constants: Callable[[dict], None] | None = None
+    sources: tuple = field(default=())
+
+    @property
+    def ref(self) -> str:
+        return f"{self.id}@{self.version}"
+
+    @cached_property
+    def source_sha256(self) -> str | None:
+        """SHA-256 over the source files of `fn` and `sources`, or None when any cannot be read."""
+        files = []
+        for obj in (self.fn, *self.sources):
+            path = _source_file(obj)
+            if path is None or not path.is_file():
+                return None
+            files.append(path)
+        digest = hashlib.sha256()
+        for path in sorted(set(files)):
+            digest.update(path.read_bytes())
+        return "sha256:" + digest.hexdigest()
+
+
+class ResolutionError(ValueError):
+    """The contract pins something this process cannot run; the message lists every problem."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class Registry:
+    def __init__(self):
+        self._impls: dict[tuple[str, int], Impl] = {}
+
+    def register(self, impl: Impl) -> Impl:
+        key = (impl.id, impl.version)
+        if key in self._impls:
+            raise ValueError(f"impl {impl.ref} is already registered")
+        self._impls[key] = impl
+        return impl
+
+    def get(self, impl_id: str, version: int) -> Impl | None:
+        return self._impls.get((impl_id, version))
+
+    def __iter__(self):
+        return iter(sorted(self._impls.values(), key=lambda impl: (impl.region, impl.id, impl.version)))
+
+    def __len__(self) -> int:
+        return len(self._impls)
+
+    def resolve(self, contract, cases=None) -> dict[tuple[str, str], Impl]:
+        """One impl per (region, case) of `contract`, for `cases` (default: all of them)."""
+        wanted = set(contract.cases if cases is None else cases)
+        installed, problems = {}, []
+        for region, case, entry in contract.cells():
+            if case not in wanted:
+                continue
+            where = f"{region}/{case}"
+            impl = self.get(entry.impl.id, entry.impl.version)
+            if impl is None:
+                known = ", ".join(i.ref for i in self if i.region == region) or "none"
+                problems.append(f'{where}: impl "{entry.impl}" is not registered (registered for {region}: {known})')
+                continue
+            if impl.region != region:
+                problems.append(f'{where}: impl "{impl.ref}" implements region "{impl.region}", not "{region}"')
+                continue
+            if case not in impl.cases:
+                problems.append(f'{where}: impl "{impl.ref}" does not claim case "{case}" (claims: {", ".join(sorted(impl.cases))})')
+                continue
+            if impl.check_constants is not None:
+                try:
+                    impl.check_constants(entry.constants)
+                except ValueError as error:
+                    problems.append(f'{where}: impl "{impl.ref}" rejects its constants: {error}')
+                    continue
+            installed[region, case] = impl
+        if problems:
+            raise ResolutionError(problems)
+        return installed
+
+
+REGISTRY = Registry()
