@@ -32,3 +32,34 @@ def mutated(data: dict, edit) -> Contract:
 
 def entry_index(data: dict, region: str) -> int:
     return next(i for i, e in enumerate(data["composition"]) if e["region"] == region)
+
+
+@pytest.fixture(autouse=True)
+def _private_isoexec_home(tmp_path_factory, monkeypatch):
+    """Admission records written by a test go to a temporary folder, never the user's cache."""
+    monkeypatch.setenv("ISOEXEC_HOME", str(tmp_path_factory.mktemp("isoexec_home")))
+
+
+def int_view(t):
+    """Bit patterns of a float tensor as integers, so -0.0 vs +0.0 and NaN payloads count."""
+    import torch
+
+    return t.contiguous().view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
+
+
+def bitwise_equal(a, b) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and bool((int_view(a) == int_view(b)).all())
+
+
+def batch_dependent(op, batched, *shared, sizes=(2, 3, 7, 16, 33)):
+    """(m, start) of every batch in which some row differs in bits from the same row computed alone."""
+    import torch
+
+    rows = batched[0].shape[0]
+    alone = torch.cat([op(*[b[i : i + 1] for b in batched], *shared) for i in range(rows)])
+    found = []
+    for m in (s for s in sizes if s <= rows):
+        for start in sorted({0, rows - m}):
+            if not bitwise_equal(op(*[b[start : start + m] for b in batched], *shared), alone[start : start + m]):
+                found.append((m, start))
+    return found

@@ -13,7 +13,8 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from isoexec.contract import load
-from isoexec.runtime import Impl, Registry, fingerprint, handshake, store_exchange
+from isoexec.runtime import Impl, Registry, fingerprint, handshake, runtime_info, store_exchange
+from isoexec.validate import records
 
 
 def stand_in(*args, **kwargs):
@@ -33,6 +34,10 @@ def main() -> int:
     for entry in {(e.impl.id, e.impl.version, e.region) for e in contract.composition}:
         registry.register(Impl(id=entry[0], version=entry[1], region=entry[2], cases=frozenset(contract.cases), fn=stand_in))
     installed = registry.resolve(contract, contract.cases_of(args.role))
+    # This test is about the handshake, not the battery: declare the stand-ins admitted (the test points
+    # ISOEXEC_HOME at a temporary folder).
+    for (region, case), impl in installed.items():
+        records.write(impl, contract.entry(region, case).constants, runtime_info("cpu"), cases=[case], status="admitted", dtypes=[], trials=0, failures=[])
     if args.swap:
         cell, ref = args.swap.split("=")
         region, case = cell.split("/")

@@ -25,7 +25,7 @@ def _free_port() -> int:
 
 def _run_pair(tmp_path, trainer_args=(), engine_args=(), trainer_contract="tiny-dense", engine_contract="tiny-dense"):
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PEER.parent), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PEER.parent), os.environ.get("PYTHONPATH", "")]), "ISOEXEC_HOME": str(tmp_path / "home")}
 
     def start(role, contract, extra):
         cmd = [sys.executable, str(PEER), "--role", role, "--contract", contract, "--port", str(port), *extra]
@@ -99,7 +99,7 @@ def test_deployment_difference_is_a_note_not_a_refusal(tmp_path):
 # In-process checks of the rules behind the verdict.
 
 
-def _stand_in():
+def _stand_in(*tensors, **constants):
     return None
 
 
@@ -111,11 +111,15 @@ def _installed(contract, role, registry=None):
     return registry.resolve(contract, contract.cases_of(role))
 
 
-def _pair(contract=None, engine_contract=None):
+def _pair(contract=None, engine_contract=None, admitted=True):
     contract = contract or load_preset("tiny-dense")
     engine_contract = engine_contract or contract
     trainer = fingerprint(contract, _installed(contract, "trainer"), role="trainer")
     engine = fingerprint(engine_contract, _installed(engine_contract, "engine"), role="engine")
+    for fp in (trainer, engine):  # stand-ins: declare them admitted unless the test is about admission
+        for cells in fp["installed"].values():
+            for cell in cells.values():
+                cell["admitted"] = admitted
     return trainer, engine
 
 
@@ -161,10 +165,20 @@ def test_unreadable_source_and_missing_impls_refuse():
 
 def test_parallel_sizes_outside_the_claims_refuse():
     contract = load_preset("tiny-dense")
-    trainer = fingerprint(contract, _installed(contract, "trainer"), role="trainer", parallel={"tp": 2})
-    engine = fingerprint(contract, _installed(contract, "engine"), role="engine")
+    trainer, engine = _pair()
+    trainer["parallel"]["tp"] = 2
     verdict = check(trainer, engine)
     assert [(p.scope, p.field, p.a, p.b) for p in verdict.problems] == [("parallel", "tp", [1], 2)]
+
+
+def test_impls_without_an_admission_record_refuse_in_a_bitwise_contract():
+    trainer, engine = _pair(admitted=False)
+    problems = check(trainer, engine).problems
+    assert problems and {p.field for p in problems} == {"admitted"}
+    pinned = {(r, c) for r, cells in trainer["contract"]["numerical_policy"]["regions"].items() for c, cell in cells.items() if cell["discharge"]["method"] == "bitwise_equal_to"}
+    assert {(p.region, p.case) for p in problems} == pinned  # the embedding's proof needs no record
+    native_trainer, native_engine = _pair(load_preset("native"), load_preset("native"), admitted=False)
+    assert check(native_trainer, native_engine).ok  # no bitwise claim, nothing to admit
 
 
 def test_two_trainers_refuse():
@@ -192,7 +206,7 @@ def test_registry_refuses_what_it_cannot_honour(problem):
     registry = Registry()
 
     def reject(constants):
-        if constants.get("block_n") != 64:
+        if constants["block_n"] != 64:
             raise ValueError(f"block_n must be 64, got {constants.get('block_n')}")
 
     spec = {

@@ -54,6 +54,34 @@ def _contract_diff(args) -> int:
     return 0 if report["numerical_policy"]["equal"] else 1
 
 
+def _validate(args) -> int:
+    import torch
+
+    from .validate import records, validate
+
+    contract = load(args.contract)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ContractError("", "--device cuda: no CUDA device is available here")
+    print(f"validating {contract.name} on {args.device} (torch {torch.__version__})", flush=True)
+
+    def progress(result):
+        flag = "admitted" if result.status == "admitted" else "REJECTED"
+        cases = "all cases" if set(result.cases) == set(contract.cases) else ",".join(result.cases)
+        failed = f", {len(result.failures)} failed" if result.failures else ""
+        print(f"  {flag:<8}  {result.region:<20} {result.impl:<34} {cases:<28} {result.trials} trials{failed}  {result.seconds:.1f} s", flush=True)
+        for failure in result.failures[:3]:
+            print(f"      {failure}", flush=True)
+        if len(result.failures) > 3:
+            print(f"      … {len(result.failures) - 3} more (see --json)", flush=True)
+
+    report = validate(contract, device=args.device, progress=progress, record=not args.no_record)
+    print(f"{report['admitted']} admitted, {report['rejected']} rejected in {report['seconds']} s" + ("" if args.no_record else f"; records in {records.records_dir()}"))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump(report, out, indent=2)
+    return 1 if report["rejected"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="isoexec",
@@ -95,6 +123,21 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("b", metavar="B", help="a contract file or preset name")
     diff.add_argument("--json", action="store_true", help="print the differences as JSON")
     diff.set_defaults(run=_contract_diff)
+
+    check = commands.add_parser(
+        "validate",
+        help="run the kernel admission battery over a contract",
+        description="For every composition entry, check bitwise equality of the pinned impl across its cases: a row "
+        "alone vs inside batches of many sizes and at many positions, every pair of cases (training, prefill chunks, "
+        "decode), contiguous vs strided inputs, fp32 and bf16, and hazardous values. Admitted impls get an admission "
+        "record that the runtime fingerprint consults. Exit status: 0 when every impl is admitted, 1 when any is "
+        "rejected, 2 on bad input.",
+    )
+    check.add_argument("--contract", default="tiny-dense", metavar="PRESET|FILE", help="the contract to validate (default: tiny-dense)")
+    check.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where to run the battery (default: cpu)")
+    check.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
+    check.add_argument("--no-record", action="store_true", help="do not write admission records")
+    check.set_defaults(run=_validate)
     return parser
 
 

@@ -71,14 +71,20 @@ def fingerprint(
     """Fingerprint a process of `role` that runs `installed` ({(region, case): Impl}) under `contract`.
 
     `installed` is what the process really calls, normally `Registry.resolve(contract, cases)`; the
-    handshake compares it with the contract, so anything patched in afterwards is caught there.
+    handshake compares it with the contract, so anything patched in afterwards is caught there. Each
+    cell also says whether an admission record covers it on this device (`isoexec validate`).
     The projections travel with the identities so a refusal can name the region, case and field.
     """
+    from ..validate import records
+
     if role not in ("trainer", "engine"):
         raise ValueError(f'role must be "trainer" or "engine", got {role!r}')
+    runtime = runtime_info(device)
     cells: dict[str, dict] = {}
     for (region, case), impl in sorted(installed.items()):
-        cells.setdefault(region, {})[case] = {"impl": impl.ref, "source_sha256": impl.source_sha256}
+        pinned = contract.entry(region, case)
+        admitted = pinned is not None and records.is_admitted(impl, pinned.constants, runtime, case)
+        cells.setdefault(region, {})[case] = {"impl": impl.ref, "source_sha256": impl.source_sha256, "admitted": admitted}
     sizes = {"tp": 1, "ep": 1, "sp": False, "dp": 1, **(parallel or {})}
     return {
         "fingerprint_version": FINGERPRINT_VERSION,
@@ -91,7 +97,7 @@ def fingerprint(
             "numerical_policy": numerical_policy_projection(contract),
         },
         "installed": cells,
-        "runtime": runtime_info(device),
+        "runtime": runtime,
         "parallel": sizes,
         "guarantees": {"bitwise": contract.claims.is_bitwise, **to_plain(contract.claims)},
     }

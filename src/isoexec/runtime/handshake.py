@@ -77,6 +77,8 @@ def check_installed(fp: dict) -> list[Difference]:
                 out.append(problem(region, case, "impl", cell["impl"], have["impl"]))
             elif have["source_sha256"] is None:
                 out.append(problem(region, case, "source_sha256", "readable source", None))
+            elif fp["guarantees"]["bitwise"] and cell["discharge"]["method"] == "bitwise_equal_to" and not have.get("admitted"):
+                out.append(problem(region, case, "admitted", "an admission record (run isoexec validate)", False))
     for region, cells in sorted(installed.items()):
         for case, have in sorted(cells.items()):
             if _dig(pinned, (region, case)) is ABSENT:

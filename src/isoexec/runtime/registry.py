@@ -4,6 +4,7 @@ Op families register their impls here under `id@version`; `Registry.resolve` tur
 impl per (region, case) and refuses anything the contract pins that this process cannot honour.
 """
 
+import functools
 import hashlib
 import inspect
 from dataclasses import dataclass, field
@@ -24,9 +25,11 @@ def _source_file(obj) -> Path | None:
 class Impl:
     """One registered implementation of a region.
 
-    `cases` are the cases the impl claims to serve; `check_constants(constants)` raises ValueError for
-    constants it does not implement; `sources` are further objects (functions, kernels, modules) whose
-    source text decides its bits, beyond the file that defines `fn`.
+    `fn` takes the contract's constants as keyword-only parameters: the ones without a default are
+    required, no others are accepted. `cases` are the cases the impl claims to serve;
+    `check_constants(constants)` may further refuse values it does not implement (ValueError);
+    `sources` are further objects (functions, kernels, modules) whose source text decides its bits,
+    beyond the file that defines `fn`.
     """
 
     id: str
@@ -40,6 +43,25 @@ class Impl:
     @property
     def ref(self) -> str:
         return f"{self.id}@{self.version}"
+
+    def check(self, constants: dict) -> None:
+        """Raise ValueError unless `constants` are exactly what `fn` takes, with supported values."""
+        params = inspect.signature(self.fn).parameters.values()
+        accepted = {p.name: p for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        unknown = [] if takes_any else sorted(set(constants) - set(accepted))
+        missing = sorted(n for n, p in accepted.items() if p.default is inspect.Parameter.empty and n not in constants)
+        if unknown:
+            raise ValueError(f"unsupported constants {', '.join(unknown)} (accepted: {', '.join(sorted(accepted))})")
+        if missing:
+            raise ValueError(f"missing constants {', '.join(missing)}")
+        if self.check_constants is not None:
+            self.check_constants(constants)
+
+    def bind(self, constants: dict):
+        """`fn` with the contract's constants applied: call it with the op's tensors."""
+        self.check(constants)
+        return functools.partial(self.fn, **constants)
 
     @cached_property
     def source_sha256(self) -> str | None:
@@ -65,8 +87,19 @@ class ResolutionError(ValueError):
 
 
 class Registry:
+    """Impls by `id@version`, and the admission-battery probe of each region."""
+
     def __init__(self):
         self._impls: dict[tuple[str, int], Impl] = {}
+        self._probes: dict[str, Callable] = {}
+
+    def register_probe(self, region: str, probe: Callable) -> None:
+        if region in self._probes:
+            raise ValueError(f"a probe for region {region!r} is already registered")
+        self._probes[region] = probe
+
+    def probe(self, region: str) -> Callable | None:
+        return self._probes.get(region)
 
     def register(self, impl: Impl) -> Impl:
         key = (impl.id, impl.version)
@@ -103,12 +136,11 @@ class Registry:
             if case not in impl.cases:
                 problems.append(f'{where}: impl "{impl.ref}" does not claim case "{case}" (claims: {", ".join(sorted(impl.cases))})')
                 continue
-            if impl.check_constants is not None:
-                try:
-                    impl.check_constants(entry.constants)
-                except ValueError as error:
-                    problems.append(f'{where}: impl "{impl.ref}" rejects its constants: {error}')
-                    continue
+            try:
+                impl.check(entry.constants)
+            except ValueError as error:
+                problems.append(f'{where}: impl "{impl.ref}" rejects its constants: {error}')
+                continue
             installed[region, case] = impl
         if problems:
             raise ResolutionError(problems)

@@ -1,0 +1,15 @@
+"""Token sampling: Gumbel-max with (seed, position, token)-hashed noise, and the ordinary batch sampler."""
+
+from ...runtime.registry import REGISTRY, Impl
+from .. import reduce
+from ..logprobs import reference as logprobs_reference
+from . import native, probe, reference
+
+ENGINE_CASES = frozenset(("engine_prefill", "engine_decode"))
+
+REGISTRY.register(
+    Impl(id="sampling.reference", version=1, region="sampling", cases=ENGINE_CASES, fn=reference.sample,
+         check_constants=reference.check_constants, sources=(reduce, logprobs_reference))
+)
+REGISTRY.register(Impl(id="sampling.native", version=1, region="sampling", cases=ENGINE_CASES, fn=native.sample))
+REGISTRY.register_probe("sampling", probe.probe)

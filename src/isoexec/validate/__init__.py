@@ -1,0 +1,49 @@
+"""`isoexec validate`: run the admission battery over a contract and record what it proves."""
+
+import time
+
+import torch
+
+from ..contract.identity import identities
+from ..contract.schema import Contract
+from ..runtime.fingerprint import runtime_info
+from ..runtime.registry import REGISTRY, Registry
+from . import records
+from .battery import EntryResult, validate_entry
+
+
+def validate(contract: Contract, *, device: str = "cpu", registry: Registry = REGISTRY, record: bool = True, progress=None) -> dict:
+    """Validate every composition entry of `contract`; returns the JSON report.
+
+    `progress(entry_result)` is called after each entry; with `record`, admission records are written.
+    """
+    from .. import ops  # noqa: F401  (registers the op families)
+
+    target = torch.device(device)
+    runtime = runtime_info(target)
+    start = time.perf_counter()
+    kernels = []
+    for entry in contract.composition:
+        impl = registry.get(entry.impl.id, entry.impl.version)
+        probe = registry.probe(entry.region)
+        if impl is None or probe is None:
+            missing = f'impl "{entry.impl}" is not registered' if impl is None else f'no probe for region "{entry.region}"'
+            result = EntryResult(entry.region, str(entry.impl), entry.cases, entry.constants, [missing], 0, 0.0, ())
+        else:
+            result = validate_entry(contract, entry, probe, registry=registry, device=target)
+            if record:
+                anchor = [entry.discharge.case] if entry.discharge.method == "bitwise_equal_to" else []
+                records.write(impl, entry.constants, runtime, cases=list(entry.cases) + anchor, status=result.status,
+                              dtypes=list(result.dtypes), trials=result.trials, failures=result.failures)
+        kernels.append(result.to_dict())
+        if progress is not None:
+            progress(result)
+    admitted = sum(k["status"] == "admitted" for k in kernels)
+    return {
+        "contract": {"name": contract.name, **identities(contract).to_dict()},
+        "runtime": runtime,
+        "kernels": kernels,
+        "admitted": admitted,
+        "rejected": len(kernels) - admitted,
+        "seconds": round(time.perf_counter() - start, 2),
+    }

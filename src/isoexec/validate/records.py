@@ -1,0 +1,73 @@
+"""Admission records: what the battery proved, for which impl, constants, source, library and device.
+
+A record is one JSON file under `$ISOEXEC_HOME/admissions/` (default `~/.cache/isoexec`), named by the
+SHA-256 of everything that could change the impl's bits. The runtime fingerprint looks records up, so
+an impl counts as admitted only on the exact code, constants, torch/triton and device it was proven on.
+"""
+
+import datetime
+import json
+import os
+from pathlib import Path
+
+from ..contract.identity import canonical_json, sha256_id
+
+
+def records_dir() -> Path:
+    return Path(os.environ.get("ISOEXEC_HOME", "~/.cache/isoexec")).expanduser() / "admissions"
+
+
+def _key(impl_ref: str, constants: dict, source_sha256: str | None, runtime: dict) -> dict:
+    device = runtime["device"]
+    return {
+        "impl": impl_ref,
+        "constants": constants,
+        "source_sha256": source_sha256,
+        "torch": runtime["torch"],
+        "triton": runtime["triton"],
+        "device": {k: device.get(k) for k in ("type", "arch", "isa")},
+    }
+
+
+def _path(key: dict) -> Path:
+    return records_dir() / (sha256_id(key).removeprefix("sha256:") + ".json")
+
+
+def write(impl, constants: dict, runtime: dict, *, cases: list[str], status: str, dtypes: list[str], trials: int, failures: list[str]) -> Path:
+    key = _key(impl.ref, constants, impl.source_sha256, runtime)
+    path = _path(key)
+    if status == "admitted":  # entries that split one impl's cases each prove their own
+        previous = lookup(impl, constants, runtime)
+        if previous and previous.get("status") == "admitted":
+            cases = sorted(set(cases) | set(previous["cases_proven"]))
+    record = {
+        **key,
+        "region": impl.region,
+        "device": runtime["device"],
+        "cases_proven": sorted(cases) if status == "admitted" else [],
+        "status": status,
+        "dtypes": list(dtypes),
+        "trials": trials,
+        "failures": failures[:20],
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(canonical_json(record))
+    tmp.replace(path)
+    return path
+
+
+def lookup(impl, constants: dict, runtime: dict) -> dict | None:
+    """The record for this impl, constants, source and runtime, or None."""
+    if impl.source_sha256 is None:
+        return None
+    try:
+        return json.loads(_path(_key(impl.ref, constants, impl.source_sha256, runtime)).read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def is_admitted(impl, constants: dict, runtime: dict, case: str) -> bool:
+    record = lookup(impl, constants, runtime)
+    return bool(record) and record.get("status") == "admitted" and case in record.get("cases_proven", [])

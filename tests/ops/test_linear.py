@@ -1,0 +1,90 @@
+"""linear and linear.row_parallel: correctness, gradients, batch invariance, and the leaf tree."""
+
+import pytest
+import torch
+
+from conftest import bitwise_equal
+from isoexec.ops.linear import native, reference
+from isoexec.ops.linear.reference import combine_leaves, leaf_partials
+
+C32 = dict(input_dtype="float32", weight_dtype="float32", output_dtype="float32", accum_dtype="float32", block_k=16, block_tree="balanced_binary", tree="sequential")
+LEAVES = dict(num_leaves=8, leaf_tree="balanced_binary")
+
+
+def _bf16(c):
+    return {**c, "input_dtype": "bfloat16", "weight_dtype": "bfloat16", "output_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize("op,extra", [(reference.linear, {}), (reference.row_parallel_linear, LEAVES)])
+@pytest.mark.parametrize("k", [64, 96, 40])
+def test_matches_float64(op, extra, k):
+    if extra and k % extra["num_leaves"]:
+        pytest.skip("K must split into whole leaves")
+    g = torch.Generator().manual_seed(k)
+    x, w, b = torch.randn(33, k, generator=g), torch.randn(20, k, generator=g), torch.randn(20, generator=g)
+    exact = x.double() @ w.double().T + b.double()
+    assert (op(x, w, b, **C32, **extra).double() - exact).abs().max() < 1e-5
+    bf = op(x.bfloat16(), w.bfloat16(), b.bfloat16(), **_bf16(C32), **extra)
+    exact_bf = x.bfloat16().double() @ w.bfloat16().double().T + b.bfloat16().double()
+    assert ((bf.double() - exact_bf).abs() / (exact_bf.abs() + 1)).max() < 2**-7
+
+
+def test_gradients_match_float64_finite_differences():
+    c64 = {**C32, "input_dtype": "float64", "weight_dtype": "float64", "output_dtype": "float64", "accum_dtype": "float64"}
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 2, 16, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(5, 16, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(5, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w, b: reference.linear(x, w, b, **c64), (x, w, b))
+    assert torch.autograd.gradcheck(lambda x, w: reference.row_parallel_linear(x, w, **c64, **LEAVES), (x, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_alone_equals_the_row_in_any_batch_and_native_does_not(dtype):
+    c = C32 if dtype == torch.float32 else _bf16(C32)
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(64, 64, generator=g), torch.randn(24, 64, generator=g) * 64**-0.5
+    x[5] *= torch.finfo(torch.bfloat16).tiny / 4  # subnormal outputs: this CPU's bf16 GEMM differs from M >= 7
+    x, w = x.to(dtype), w.to(dtype)
+    sizes = (2, 7, 16, 33, 64)
+
+    def batch_dependent(op):
+        alone = torch.cat([op(x[i : i + 1], w) for i in range(64)])
+        return [(m, start) for m in sizes for start in (0, 64 - m) if not bitwise_equal(op(x[start : start + m], w), alone[start : start + m])]
+
+    fast = {k: c[k] for k in ("input_dtype", "weight_dtype", "output_dtype")}
+    assert batch_dependent(lambda x, w: reference.linear(x, w, **c)) == []
+    assert batch_dependent(lambda x, w: native.linear(x, w, **fast)), "native linear was batch-invariant here"
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_leaf_tree_gives_the_same_bits_at_every_tp_size(tp):
+    """A rank at TP = tp owns a contiguous run of leaves; gathering the partials and evaluating the
+    same tree reproduces TP = 1 bit for bit."""
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(9, 256, generator=g).bfloat16(), torch.randn(12, 256, generator=g).bfloat16()
+    whole = reference.row_parallel_linear(x, w, **_bf16(C32), **LEAVES)
+    shard = 256 // tp
+    partials = [
+        leaf_partials(x[:, r * shard : (r + 1) * shard], w[:, r * shard : (r + 1) * shard], num_leaves=8 // tp, block_k=16,
+                      block_tree="balanced_binary", tree="sequential", accum=torch.float32)
+        for r in range(tp)
+    ]
+    gathered = combine_leaves(torch.cat(partials, dim=-1), "balanced_binary").bfloat16()
+    assert bitwise_equal(gathered, whole)
+
+
+def test_inputs_in_the_wrong_dtype_or_shape_are_refused():
+    with pytest.raises(ValueError, match="linear input must be bfloat16 as the contract pins, got float32"):
+        reference.linear(torch.randn(2, 16), torch.randn(3, 16).bfloat16(), **_bf16(C32))
+    with pytest.raises(ValueError, match="input has K = 16, weight has K = 32"):
+        reference.linear(torch.randn(2, 16), torch.randn(3, 32), **C32)
+    with pytest.raises(ValueError, match="not divisible into 8 leaves"):
+        reference.row_parallel_linear(torch.randn(2, 20), torch.randn(3, 20), **C32, **LEAVES)
+
+
+def test_rows_beyond_the_slice_never_leak():
+    buffer = torch.full((10, 32), float("nan"))
+    buffer[:4] = torch.randn(4, 32)
+    w = torch.randn(8, 32)
+    assert torch.isfinite(reference.linear(buffer[:4], w, **C32)).all()

@@ -1,0 +1,114 @@
+"""The admission battery itself: it must reject impls that change their order of operations."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import isoexec.ops  # noqa: F401  (registers the op families)
+from isoexec.contract import load_preset
+from isoexec.ops.linear import probe as linear_probe
+from isoexec.ops.linear import reference
+from isoexec.runtime import REGISTRY, Impl, Registry, fingerprint, runtime_info
+from isoexec.validate import records, validate
+from isoexec.validate.battery import validate_entry
+
+CPU = torch.device("cpu")
+
+
+def _mutant(fn):
+    """Register `fn` as linear.reference@1 in a private registry and run the linear probe on it."""
+    contract = load_preset("tiny-dense")
+    registry = Registry()
+    registry.register(Impl(id="linear.reference", version=1, region="linear", cases=frozenset(contract.cases), fn=fn))
+    return validate_entry(contract, contract.entry("linear", "trainer_fwd"), linear_probe.probe, registry=registry, device=CPU)
+
+
+def test_the_reference_linear_is_admitted():
+    result = _mutant(reference.linear)
+    assert result.status == "admitted" and result.trials > 300 and result.dtypes == ("bfloat16", "float32")
+
+
+def test_an_impl_whose_order_depends_on_the_batch_size_is_rejected():
+    def batch_dependent(x, w, b=None, **constants):
+        if x.shape[0] > 4:
+            return F.linear(x.float(), w.float(), None if b is None else b.float()).to(x.dtype)
+        return reference.linear(x, w, b, **constants)
+
+    result = _mutant(batch_dependent)
+    assert result.status == "rejected"
+    assert any("of a batch of" in f for f in result.failures)
+
+
+def test_an_impl_whose_order_depends_on_the_case_is_rejected():
+    def case_dependent(x, w, b=None, **constants):
+        tree = "sequential" if torch.is_grad_enabled() else constants["block_tree"]
+        return reference.linear(x, w, b, **{**constants, "block_tree": tree})
+
+    result = _mutant(case_dependent)
+    assert result.status == "rejected"
+    assert {f.split(": ")[1].split(",")[0] for f in result.failures} >= {"engine_decode", "engine_prefill", "trainer_score"}
+
+
+def test_an_impl_whose_order_depends_on_strides_is_rejected():
+    def stride_dependent(x, w, b=None, **constants):
+        tree = constants["tree"] if x.is_contiguous() else "balanced_binary"
+        return reference.linear(x, w, b, **{**constants, "tree": tree, "block_k": constants["block_k"] if x.is_contiguous() else 8})
+
+    result = _mutant(stride_dependent)
+    assert result.status == "rejected" and all("non-contiguous" in f for f in result.failures)
+
+
+def test_an_impl_that_crashes_on_an_empty_batch_is_rejected():
+    def fragile(x, w, b=None, **constants):
+        if x.shape[0] == 0:
+            raise RuntimeError("no rows")
+        return reference.linear(x, w, b, **constants)
+
+    result = _mutant(fragile)
+    assert result.status == "rejected" and any("raised RuntimeError: no rows" in f for f in result.failures)
+
+
+def test_validate_rejects_native_linear_and_activation_on_this_cpu():
+    report = validate(load_preset("native"), record=False)
+    status = {k["impl"]: k["status"] for k in report["kernels"]}
+    assert status["linear.native@1"] == "rejected"
+    assert status["activation.native@1"] == "rejected"
+    assert report["rejected"] >= 2
+    assert set(report["kernels"][0]) >= {"region", "impl", "cases", "status", "failures"}
+
+
+def test_records_are_written_and_consulted_by_the_fingerprint():
+    contract = load_preset("tiny-dense")
+    installed = {cell: impl for cell, impl in REGISTRY.resolve(contract, contract.cases_of("trainer")).items() if cell[0] == "linear"}
+    assert not any(c["admitted"] for c in fingerprint(contract, installed, role="trainer")["installed"]["linear"].values())
+    entry = contract.entry("linear", "trainer_fwd")
+    result = validate_entry(contract, entry, linear_probe.probe, registry=REGISTRY, device=CPU)
+    impl = REGISTRY.get("linear.reference", 1)
+    runtime = runtime_info(CPU)
+    records.write(impl, entry.constants, runtime, cases=list(entry.cases), status=result.status, dtypes=list(result.dtypes), trials=result.trials, failures=result.failures)
+    cells = fingerprint(contract, installed, role="trainer")["installed"]["linear"]
+    assert all(c["admitted"] for c in cells.values())
+    assert not records.is_admitted(impl, {**entry.constants, "block_k": 32}, runtime, "trainer_fwd")
+    assert not records.is_admitted(impl, entry.constants, {**runtime, "torch": "0.0"}, "trainer_fwd")
+
+
+def test_validate_command_writes_the_json_report(tmp_path):
+    out = tmp_path / "report.json"
+    result = subprocess.run([sys.executable, "-m", "isoexec", "validate", "--contract", "native", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    assert "REJECTED  linear" in result.stdout
+    report = json.loads(out.read_text())
+    assert report["rejected"] >= 2 and report["admitted"] + report["rejected"] == len(report["kernels"])
+    bad = subprocess.run([sys.executable, "-m", "isoexec", "validate", "--contract", "nope.toml"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such file" in bad.stderr
+
+
+def test_validate_refuses_cuda_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    bad = subprocess.run([sys.executable, "-m", "isoexec", "validate", "--device", "cuda"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no CUDA device" in bad.stderr
