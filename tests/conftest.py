@@ -63,3 +63,16 @@ def batch_dependent(op, batched, *shared, sizes=(2, 3, 7, 16, 33)):
             if not bitwise_equal(op(*[b[start : start + m] for b in batched], *shared), alone[start : start + m]):
                 found.append((m, start))
     return found
+
+
+def run_battery(preset: str, region: str, case: str = "trainer_fwd"):
+    """The admission battery's result for the entry pinning `region` in `case` of a shipped preset."""
+    import torch
+
+    import isoexec.ops  # noqa: F401
+    from isoexec.contract import load_preset
+    from isoexec.runtime import REGISTRY
+    from isoexec.validate.battery import validate_entry
+
+    contract = load_preset(preset)
+    return validate_entry(contract, contract.entry(region, case), REGISTRY.probe(region), registry=REGISTRY, device=torch.device("cpu"))

@@ -164,7 +164,6 @@ def test_unreadable_source_and_missing_impls_refuse():
 
 
 def test_parallel_sizes_outside_the_claims_refuse():
-    contract = load_preset("tiny-dense")
     trainer, engine = _pair()
     trainer["parallel"]["tp"] = 2
     verdict = check(trainer, engine)

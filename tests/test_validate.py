@@ -112,3 +112,37 @@ def test_validate_refuses_cuda_without_a_gpu():
         pytest.skip("a GPU is present")
     bad = subprocess.run([sys.executable, "-m", "isoexec", "validate", "--device", "cuda"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no CUDA device" in bad.stderr
+
+
+def test_registry_checks_constants_against_the_impl_signature():
+    from conftest import mutated, preset_dict
+    from isoexec.runtime import ResolutionError
+
+    data = preset_dict("tiny-dense")
+    lin = next(i for i, e in enumerate(data["composition"]) if e["region"] == "linear")
+    extra = mutated(data, lambda d: d["composition"][lin]["constants"].update(extra_switch=True))
+    with pytest.raises(ResolutionError, match=r'linear/trainer_fwd: impl "linear.reference@1" rejects its constants: unsupported constants extra_switch'):
+        REGISTRY.resolve(extra, ["trainer_fwd"])
+    missing = mutated(data, lambda d: d["composition"][lin]["constants"].pop("block_k"))
+    with pytest.raises(ResolutionError, match="missing constants block_k"):
+        REGISTRY.resolve(missing, ["trainer_fwd"])
+    att = next(i for i, e in enumerate(data["composition"]) if e["region"] == "attention")
+    split = mutated(data, lambda d: d["composition"][att]["constants"].update(split_kv_size=64))
+    with pytest.raises(ResolutionError, match="split_kv_size must be 0"):
+        REGISTRY.resolve(split, ["engine_decode"])
+    assert len(REGISTRY.resolve(load_preset("tiny-dense"))) == 38  # 9 regions x 4 cases + sampling x 2
+
+
+def test_fingerprint_command_shows_admission_after_validate(tmp_path):
+    env_home = {"ISOEXEC_HOME": str(tmp_path)}
+    import os
+
+    env = {**os.environ, **env_home}
+    before = subprocess.run([sys.executable, "-m", "isoexec", "fingerprint", "--role", "engine", "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert before.returncode == 0
+    cells = [c for cells in json.loads(before.stdout)["installed"].values() for c in cells.values()]
+    assert len(cells) == 20 and not any(c["admitted"] for c in cells)
+    assert subprocess.run([sys.executable, "-m", "isoexec", "validate"], capture_output=True, env=env, timeout=300).returncode == 0
+    after = subprocess.run([sys.executable, "-m", "isoexec", "fingerprint", "--role", "engine", "--json"], capture_output=True, text=True, env=env, timeout=120)
+    cells = [c for cells in json.loads(after.stdout)["installed"].values() for c in cells.values()]
+    assert all(c["admitted"] for c in cells)

@@ -82,6 +82,31 @@ def _validate(args) -> int:
     return 1 if report["rejected"] else 0
 
 
+def _fingerprint(args) -> int:
+    from . import ops  # noqa: F401  (registers the op families)
+    from .runtime import REGISTRY, ResolutionError, fingerprint
+
+    contract = load(args.contract)
+    try:
+        installed = REGISTRY.resolve(contract, contract.cases_of(args.role))
+    except ResolutionError as error:
+        raise ContractError("", f"{contract.name}: " + "; ".join(error.problems)) from None
+    fp = fingerprint(contract, installed, role=args.role, device=args.device)
+    if args.json:
+        print(json.dumps(fp, indent=2))
+        return 0
+    device = fp["runtime"]["device"]
+    print(f"{args.role} fingerprint under contract {contract.name}")
+    print(f"  torch {fp['runtime']['torch']}, triton {fp['runtime']['triton']}, {device['type']} {device['arch']} {device.get('isa') or ''} ({device['name']})")
+    for name, value in fp["contract"]["identities"].items():
+        print(f"  {name:<17} {value}")
+    for region, cells in fp["installed"].items():
+        for case, cell in cells.items():
+            mark = "admitted" if cell["admitted"] else "not admitted"
+            print(f"  {region + '/' + case:<36} {cell['impl']:<34} {mark}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="isoexec",
@@ -138,6 +163,18 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
     check.add_argument("--no-record", action="store_true", help="do not write admission records")
     check.set_defaults(run=_validate)
+
+    show_fp = commands.add_parser(
+        "fingerprint",
+        help="show what this process would run under a contract",
+        description="Resolve a contract for one role on this machine and print the fingerprint the handshake "
+        "exchanges: the impl, source hash and admission status of every (region, case), library versions, device.",
+    )
+    show_fp.add_argument("--contract", default="tiny-dense", metavar="PRESET|FILE", help="the contract (default: tiny-dense)")
+    show_fp.add_argument("--role", default="engine", choices=("trainer", "engine"), help="which side's cases (default: engine)")
+    show_fp.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="the device to describe (default: cpu)")
+    show_fp.add_argument("--json", action="store_true", help="print the whole fingerprint as JSON")
+    show_fp.set_defaults(run=_fingerprint)
     return parser
 
 

@@ -1,11 +1,12 @@
 import pytest
 import torch
 
+from conftest import run_battery
+
 import isoexec.ops.logprobs  # noqa: F401  (registers the impls and the probe)
 from isoexec.contract.files import load_preset
 from isoexec.ops.logprobs import native, reference
 from isoexec.runtime.registry import REGISTRY
-from isoexec.validate.battery import validate_entry
 
 CONSTANTS = {"output_dtype": "float32", "accum_dtype": "float32", "vocab_block": 256, "block_tree": "balanced_binary",
              "leaf_tree": "balanced_binary"}
@@ -142,9 +143,7 @@ def test_reference_constants_bind_through_the_registry():
 
 
 def battery(preset: str):
-    contract = load_preset(preset)
-    entry = contract.entry("logprobs", "trainer_fwd")
-    return validate_entry(contract, entry, REGISTRY.probe("logprobs"), registry=REGISTRY, device=torch.device("cpu"))
+    return run_battery(preset, "logprobs", "trainer_fwd")
 
 
 def test_battery_admits_the_reference():

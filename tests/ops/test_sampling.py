@@ -1,11 +1,11 @@
 import pytest
 import torch
 
+from conftest import run_battery
+
 import isoexec.ops.sampling  # noqa: F401  (registers the impls and the probe)
-from isoexec.contract.files import load_preset
 from isoexec.ops.sampling import native, reference
 from isoexec.runtime.registry import REGISTRY
-from isoexec.validate.battery import validate_entry
 
 CONSTANTS = {"input_dtype": "float32", "compute_dtype": "float32", "noise": "splitmix64", "method": "gumbel_max"}
 MASK64 = (1 << 64) - 1
@@ -200,9 +200,7 @@ def test_reference_refuses_noise_and_methods_it_does_not_implement(change):
 
 
 def battery(preset: str):
-    contract = load_preset(preset)
-    entry = contract.entry("sampling", "engine_decode")
-    return validate_entry(contract, entry, REGISTRY.probe("sampling"), registry=REGISTRY, device=torch.device("cpu"))
+    return run_battery(preset, "sampling", "engine_decode")
 
 
 def test_battery_admits_the_reference():

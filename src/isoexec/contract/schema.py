@@ -179,7 +179,7 @@ def _check_constant(path: str, name: str, value):
     if name in V.REAL_CONSTANTS:
         return canonical_real(path, value)
     if isinstance(value, (list, tuple)):
-        return check_list(path, value, lambda p, v: _check_scalar(p, v), non_empty=False, unique=False)
+        return check_list(path, value, _check_scalar, non_empty=False, unique=False)
     return _check_scalar(path, value)
 
 
@@ -420,7 +420,7 @@ class Contract:
                 )
 
     def _check_deployment(self):
-        engine, trainer = self.deployment.engine, self.deployment.trainer
+        engine = self.deployment.engine
         for i, entry in enumerate(self.composition):
             block_n = entry.constants.get("block_n")
             if entry.region != "attention" or block_n is None:

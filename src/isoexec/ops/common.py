@@ -26,7 +26,3 @@ def expect_dtype(tensor: Tensor, name: str, what: str) -> None:
     if tensor.dtype != torch_dtype(name):
         raise ValueError(f"{what} must be {name} as the contract pins, got {str(tensor.dtype).removeprefix('torch.')}")
 
-
-def rows_of(x: Tensor) -> Tensor:
-    """x [..., N] as [rows, N] (a view when possible)."""
-    return x.reshape(-1, x.shape[-1])

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..contract.schema import Contract
-from ..runtime.registry import REGISTRY, Registry
+from ..runtime.registry import Registry
 
 # Row counts a batch is tried at; chosen to straddle the vector widths and tile sizes of common
 # backends (the CPU's fp32 GEMM already changes a row's bits from M = 7 on).
