@@ -135,3 +135,15 @@ def test_the_worked_example_in_docs_contract_md_holds(tmp_path):
     assert result.returncode == 1
     assert 'attention/engine_decode impl: A="attention.reference@1" B="attention.triton_decode@1"' in result.stdout
     assert "semantic: equal" in result.stdout
+
+
+def test_parity_command_runs_from_the_console_entry(tmp_path):
+    pytest.importorskip("transformers")
+    from isoexec.model import PRESETS, init_random, save
+
+    save(init_random(PRESETS["tiny-dense"], seed=5), tmp_path / "ckpt")
+    result = isoexec("parity", "--model", str(tmp_path / "ckpt"), "--dtype", "float32", "--json", str(tmp_path / "p.json"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads((tmp_path / "p.json").read_text())["passed"] is True
+    missing = isoexec("parity", "--model", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1

@@ -147,4 +147,10 @@ class Registry:
         return installed
 
 
+    def bind_ops(self, contract, case: str) -> dict[str, Callable]:
+        """Every logical op of `case` mapped to its pinned impl with the contract's constants applied."""
+        installed = self.resolve(contract, [case])
+        return {op: installed[region, case].bind(entry.constants) for region, c, entry in contract.cells() if c == case for op in entry.ops}
+
+
 REGISTRY = Registry()

@@ -1,0 +1,43 @@
+"""Rollout vs trainer comparison, with the metric names the RL frameworks use."""
+
+import torch
+from torch import Tensor
+
+
+def _int_bits(t: Tensor) -> Tensor:
+    return t.contiguous().view(torch.int32) if t.dtype == torch.float32 else t.contiguous().view(torch.int64)
+
+
+def compare(rollout_logprobs: list[Tensor], rollout_rows: list[Tensor | None], trainer_rows: list[Tensor], tokens: list[list[int]]) -> dict:
+    """Per completion: the rollout's sampled-token log-probs [n] and full rows [n, V] against the
+    trainer's rows [n, V] for the same positions. r = logp_train - logp_rollout; k3 = mean(eʳ - r - 1)."""
+    sampled_equal = rows = rows_equal = 0
+    diffs, k3 = [], []
+    first = None
+    for i, (lp, full, trained, ids) in enumerate(zip(rollout_logprobs, rollout_rows, trainer_rows, tokens)):
+        if not ids:
+            continue
+        index = torch.tensor(ids).unsqueeze(-1)
+        train_lp = trained.detach().gather(-1, index).squeeze(-1)  # [n]
+        same = _int_bits(train_lp) == _int_bits(lp)
+        sampled_equal += int(same.sum())
+        if first is None and not bool(same.all()):
+            first = {"request": i, "token": int((~same).nonzero()[0])}
+        r = train_lp.double() - lp.double()
+        diffs.append(r.abs())
+        k3.append(torch.expm1(r) - r)
+        if full is not None:
+            rows += full.shape[0]
+            rows_equal += int((_int_bits(full) == _int_bits(trained.detach())).all(-1).sum())
+    diffs = torch.cat(diffs) if diffs else torch.zeros(0, dtype=torch.float64)
+    k3 = torch.cat(k3) if k3 else torch.zeros(0, dtype=torch.float64)
+    return {
+        "tokens": int(diffs.numel()),
+        "bitwise_equal_tokens": sampled_equal,
+        "full_vocab_rows": rows,
+        "full_vocab_rows_bitwise_equal": rows_equal,
+        "rollout_train_logprob_abs_diff_mean": float(diffs.mean()) if diffs.numel() else 0.0,
+        "rollout_train_logprob_abs_diff_max": float(diffs.max()) if diffs.numel() else 0.0,
+        "k3_kl": float(k3.mean()) if k3.numel() else 0.0,
+        "first_mismatch": first,
+    }

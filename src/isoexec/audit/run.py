@@ -1,0 +1,84 @@
+"""`isoexec audit`: roll out a mixed workload in the engine, score it in the trainer under another
+packing, and compare every sampled token's log-probability and every full-vocabulary row."""
+
+import contextlib
+import time
+
+from ..contract.identity import identities
+from ..contract.schema import Contract
+from ..engine import LLMEngine
+from ..model import DenseModel, tracing
+from ..trainer import sequence_logprobs
+from .metrics import compare
+from .workload import engine_config, prompts_and_params
+
+# Each model family's IsoExec contract.
+FAMILY_CONTRACTS = {"dense": "tiny-dense"}
+
+
+def run_audit(model: DenseModel, contract: Contract, *, requests: int = 16, max_new_tokens: int = 16, seed: int = 0,
+              device: str = "cpu", progress: bool = True, tracer=None) -> dict:
+    start = time.perf_counter()
+    prompts, params = prompts_and_params(model.spec, requests, max_new_tokens, seed)
+    config = engine_config(contract, prompts, max_new_tokens)
+    engine = LLMEngine(model, contract, config, device=device)
+    with tracing(tracer) if tracer is not None else contextlib.nullcontext():
+        completions = engine.generate(prompts, params, progress=progress)
+    failed = [c for c in completions if c.finish_reason == "error"]
+    done = [c for c in completions if c.finish_reason != "error"]
+    sequences = [c.prompt + c.token_ids for c in done]
+    # The trainer packs its own way: micro-batches of about a third of the workload, longest first.
+    budget = max(len(s) for s in sequences) + sum(len(s) for s in sequences) // 3
+    report = {"model": model.spec.architecture, "contract": {"name": contract.name, **identities(contract).to_dict()}}
+    rollout = [c.logprobs for c in done], [c.full_logprobs for c in done], [c.token_ids for c in done]
+    for case in ("trainer_score", "trainer_fwd"):
+        labels = [c.request_id for c in done] if tracer is not None and case == "trainer_score" else None
+        with tracing(tracer) if labels is not None else contextlib.nullcontext():
+            rows = sequence_logprobs(model, contract, sequences, case=case, micro_batch_tokens=budget, device=device, labels=labels)
+        generated = [r[len(c.prompt) - 1 :] for r, c in zip(rows, done)]
+        report[case] = compare(rollout[0], rollout[1], generated, rollout[2])
+    report.update({
+        **{k: report["trainer_score"][k] for k in ("tokens", "bitwise_equal_tokens", "full_vocab_rows", "full_vocab_rows_bitwise_equal",
+                                                   "rollout_train_logprob_abs_diff_mean", "rollout_train_logprob_abs_diff_max", "k3_kl")},
+        "requests": requests,
+        "failed_requests": [{"request": c.request_id, "error": c.error} for c in failed],
+        "engine": dict(engine.stats) | {"num_pages": config.num_pages, "prefill_chunk_size": config.prefill_chunk_size},
+        "device": str(device),
+        "seconds": round(time.perf_counter() - start, 2),
+    })
+    first = report["trainer_score"]["first_mismatch"]
+    if tracer is not None and first is not None:
+        completion = done[first["request"]]
+        report["trace"] = tracer.explain(completion.request_id, len(completion.prompt) - 1 + first["token"], contract)
+    return report
+
+
+def all_equal(report: dict) -> bool:
+    return all(report[case]["bitwise_equal_tokens"] == report[case]["tokens"] and
+               report[case]["full_vocab_rows_bitwise_equal"] == report[case]["full_vocab_rows"] for case in ("trainer_score", "trainer_fwd"))
+
+
+def render(report: dict) -> str:
+    ids = report["contract"]
+    engine = report["engine"]
+    lines = [
+        f"audit: {report['model']} under contract {ids['name']} (numerical_policy {ids['numerical_policy'][:23]}…), "
+        f"{report['requests']} requests on {report['device']}, {report['seconds']} s",
+        f"  engine: {engine.get('decode_tokens', 0)} decode tokens, {engine.get('prefill_chunks', 0)} prefill chunks of ≤{engine['prefill_chunk_size']}, "
+        f"{engine.get('preemptions', 0)} preemptions, {engine.get('prefix_cache_hit_tokens', 0)} prefix-cache hit tokens, {engine['num_pages']} pages",
+        f"  {'trainer case':<14} {'tokens equal':>14} {'full rows equal':>16} {'|Δlogp| mean':>13} {'|Δlogp| max':>12} {'k3 KL':>10}",
+    ]
+    for case in ("trainer_score", "trainer_fwd"):
+        r = report[case]
+        lines.append(f"  {case:<14} {r['bitwise_equal_tokens']:>6}/{r['tokens']:<7} {r['full_vocab_rows_bitwise_equal']:>7}/{r['full_vocab_rows']:<8} "
+                     f"{r['rollout_train_logprob_abs_diff_mean']:>13.3g} {r['rollout_train_logprob_abs_diff_max']:>12.3g} {r['k3_kl']:>10.3g}")
+    for failure in report["failed_requests"]:
+        lines.append(f"  request {failure['request']} failed: {failure['error']}")
+    if all_equal(report):
+        lines.append("every sampled token and every full-vocabulary row is bitwise equal between rollout and trainer")
+    else:
+        first = report["trainer_score"]["first_mismatch"]
+        lines.append(f"MISMATCH: first at request {first['request']}, generated token {first['token']}" if first else "MISMATCH in full-vocabulary rows")
+        if "trace" in report:
+            lines.append("  trace: " + report["trace"]["summary"])
+    return "\n".join(lines)

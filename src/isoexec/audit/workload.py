@@ -1,0 +1,40 @@
+"""The audit's rollout workload: varied prompt lengths, shared prefixes, mixed sampling, and an engine
+configuration small enough to force chunked prefill and preemption."""
+
+import math
+
+import torch
+
+from ..contract.schema import Contract
+from ..engine import EngineConfig, SamplingParams
+from ..model import ModelSpec
+
+# Prompt lengths straddling the attention block (16) and page boundaries.
+LENGTHS = (1, 5, 15, 16, 17, 31, 33, 47, 64, 70, 3, 90)
+SHARED_PREFIX = 48
+
+
+def prompts_and_params(spec: ModelSpec, requests: int, max_new_tokens: int, seed: int) -> tuple[list[list[int]], list[SamplingParams]]:
+    generator = torch.Generator().manual_seed(seed)
+    longest = max(1, spec.max_position_embeddings - max_new_tokens)
+    prefix = torch.randint(spec.vocab_size, (SHARED_PREFIX,), generator=generator).tolist()
+    prompts, params = [], []
+    for i in range(requests):
+        length = min(LENGTHS[i % len(LENGTHS)] + 7 * (i // len(LENGTHS)), longest)
+        tail = torch.randint(spec.vocab_size, (length,), generator=generator).tolist()
+        prompts.append((prefix + tail)[:longest] if i % 2 else tail)  # every other request shares a prefix
+        kind = i % 3
+        params.append(SamplingParams(
+            temperature=(0.0, 1.0, 0.8)[kind], top_k=(0, 0, 40)[kind], top_p=(1.0, 1.0, 0.9)[kind],
+            max_tokens=max_new_tokens, seed=seed * 100_003 + i, ignore_eos=True, return_full_logprobs=True,
+        ))
+    return prompts, params
+
+
+def engine_config(contract: Contract, prompts: list[list[int]], max_new_tokens: int) -> EngineConfig:
+    """Pages for about half the workload at once (so sequences get preempted), and prefill chunks of
+    two attention blocks (so long prompts are chunked)."""
+    page = contract.deployment.engine.kv_page_size
+    block = next((e.constants["block_n"] for e in contract.composition if e.region == "attention" and "block_n" in e.constants), 16)
+    pages = [math.ceil((len(p) + max_new_tokens) / page) for p in prompts]
+    return EngineConfig.from_contract(contract, num_pages=max(max(pages) + 1, sum(pages) // 2), prefill_chunk_size=2 * block)

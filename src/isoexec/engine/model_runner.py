@@ -1,0 +1,76 @@
+"""Turns scheduled sequences into one forward of the unified model in one case, and samples."""
+
+import torch
+from torch import Tensor
+
+from ..contract.schema import Contract
+from ..model import PagedKV, Step, bind, step
+from ..ops.attention.metadata import paged_slot_table
+from ..ops.common import torch_dtype
+from .config import ENGINE_CASES
+from .sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(self, model, contract: Contract, num_pages: int, page_size: int, device: str):
+        spec, self.model, self.page_size, self.device = model.spec, model, page_size, torch.device(device)
+        kv_dtypes = {contract.entry("attention", case).constants.get("kv_cache_dtype") for case in ENGINE_CASES}
+        if kv_dtypes != {spec.dtype}:
+            raise ValueError(f"contract {contract.name} stores keys as {sorted(map(str, kv_dtypes))} but the model is {spec.dtype}: "
+                             "fit the contract to the model first (isoexec.model.fit_contract)")
+        self.ops = {case: bind(contract, spec, case) for case in ENGINE_CASES}
+        shape = (spec.num_hidden_layers, num_pages * page_size, spec.num_key_value_heads, spec.head_dim)
+        # NaN, so a read of a slot no forward has written poisons the row instead of passing silently.
+        self.k_cache = torch.full(shape, float("nan"), dtype=torch_dtype(spec.dtype), device=self.device)  # [L, S, Hkv, D]
+        self.v_cache = torch.full_like(self.k_cache, float("nan"))
+
+    def reset(self) -> None:
+        """Poison the whole cache again: nothing from an earlier `generate` (older weights) is readable."""
+        self.k_cache.fill_(float("nan"))
+        self.v_cache.fill_(float("nan"))
+
+    def _tensor(self, values, dtype) -> Tensor:
+        return torch.tensor(values, dtype=dtype, device=self.device)
+
+    @torch.no_grad()
+    def run(self, seqs: list[Sequence], case: str) -> tuple[list[int], Tensor, Tensor]:
+        """Compute each seq's scheduled tokens [num_computed, num_computed + num_scheduled) in one forward.
+
+        -> tokens [R], logprobs [R] and rows [R, V] (float32) for the R seqs whose chunk reaches their
+        last token, in order: token r is drawn from row r, computed at position len(seq) - 1, with the
+        request's seed and sampling position len(seq), the position the new token will occupy."""
+        input_ids, positions, seq_ids, labels = [], [], [], []
+        for b, seq in enumerate(seqs):
+            start, end = seq.num_computed, seq.num_computed + seq.num_scheduled
+            input_ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            seq_ids += [b] * (end - start)
+            labels += [(seq.request_id << 32) | p for p in range(start, end)]  # names each row for tracing
+        max_pages = max(len(seq.page_table) for seq in seqs)
+        block_table = self._tensor([s.page_table + [-1] * (max_pages - len(s.page_table)) for s in seqs], torch.int64)  # [B, P]
+        num_keys = max(seq.num_computed + seq.num_scheduled for seq in seqs)
+        slot_table = paged_slot_table(block_table, self.page_size, num_keys)  # [B, num_keys]
+        positions, seq_ids = self._tensor(positions, torch.int64), self._tensor(seq_ids, torch.int64)  # [T], [T]
+        write_slots = slot_table[seq_ids, positions]  # [T]
+        sampled = [seq for seq in seqs if seq.samples_this_step]
+        last_rows = (torch.cumsum(self._tensor([seq.num_scheduled for seq in seqs], torch.int64), 0) - 1)[
+            self._tensor([seq.samples_this_step for seq in seqs], torch.bool)]  # [R]
+
+        ops = self.ops[case]
+        kv = PagedKV(self.k_cache, self.v_cache, write_slots)
+        with step(Step(case=case, ops=ops, slot_table=slot_table, seq_ids=seq_ids, kv=kv, labels=self._tensor(labels, torch.int64))):
+            hidden = self.model(self._tensor(input_ids, torch.int64), positions)  # [T, hidden]
+            if not sampled:
+                return [], torch.empty(0), torch.empty(0, self.model.spec.vocab_size)
+            rows = self.model.logprobs(hidden[last_rows])  # [R, V] float32
+            params = [seq.params for seq in sampled]
+            tokens = ops["sample"](
+                rows,
+                self._tensor([p.temperature for p in params], torch.float32),
+                self._tensor([p.top_k for p in params], torch.int64),
+                self._tensor([p.top_p for p in params], torch.float32),
+                self._tensor([seq.seed for seq in sampled], torch.int64),
+                self._tensor([len(seq) for seq in sampled], torch.int64),
+            )  # [R]
+        logprobs = rows.gather(1, tokens[:, None])[:, 0]  # [R], the bits of the row, never via a Python float
+        return tokens.tolist(), logprobs.cpu(), rows  # rows stay on the device; copied only when asked for

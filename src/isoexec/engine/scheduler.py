@@ -1,0 +1,100 @@
+"""Which sequences compute which tokens this step.
+
+Policy, per step, within max_num_batched_tokens tokens and max_num_seqs running sequences:
+1. running sequences in admission order: a decoding one takes one token (getting a page if its last
+   token starts one; when none is free the newest running sequence is preempted, possibly itself), a
+   prefilling one takes its next chunk;
+2. then waiting sequences in FIFO order (preempted ones first) are admitted while their whole token
+   list fits in free pages (less prefix-cache hits) and the budget allows a chunk; the first that does
+   not fit stops admission, so no request is overtaken forever.
+A chunk is at most prefill_chunk_size tokens and, unless it ends the sequence, a multiple of the
+attention key block, so every chunk starts on a key-block boundary.
+"""
+
+from collections import deque
+
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .sequence import Sequence, Status
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block: int, stats: dict):
+        self.config, self.block, self.stats = config, block, stats
+        self.block_manager = BlockManager(config.num_pages, config.kv_page_size, config.prefix_caching)
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def is_finished(self) -> bool:
+        return not self.waiting and not self.running
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Tokens of seq's prefill to compute now (0: none fit the budget)."""
+        remaining, limit = len(seq) - seq.num_computed, min(budget, self.config.prefill_chunk_size)
+        return remaining if remaining <= limit else limit // self.block * self.block
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute later: drop the keys (cached full pages stay reusable), keep the tokens."""
+        self.block_manager.free_pages(seq)
+        seq.status, seq.num_computed, seq.num_scheduled = Status.WAITING, 0, 0
+        self.waiting.appendleft(seq)
+        self.stats["preemptions"] += 1
+
+    def schedule(self) -> tuple[list[Sequence], list[Sequence]]:
+        """-> (sequences prefilling a chunk, sequences decoding one token); sets seq.num_scheduled."""
+        budget, prefills, decodes, kept = self.config.max_num_batched_tokens, [], [], []
+        while self.running:
+            seq = self.running.popleft()
+            seq.num_scheduled = 0
+            if seq.is_prefilling:
+                seq.num_scheduled = self._chunk(seq, budget)
+                if seq.num_scheduled:
+                    prefills.append(seq)
+            elif budget > 0:
+                while not self.block_manager.can_append(seq):
+                    if not self.running:
+                        self._preempt(seq)
+                        break
+                    self._preempt(self.running.pop())
+                else:
+                    self.block_manager.append(seq)
+                    seq.num_scheduled = 1
+                    decodes.append(seq)
+            if seq.status is Status.RUNNING:
+                kept.append(seq)
+            budget -= seq.num_scheduled
+        self.running = deque(kept)
+
+        while self.waiting and len(self.running) < self.config.max_num_seqs and budget >= min(self.block, len(self.waiting[0])):
+            seq = self.waiting[0]
+            if not self.block_manager.allocate(seq):
+                break
+            self.waiting.popleft()
+            self.stats["prefix_cache_hit_tokens"] += seq.num_computed
+            seq.status, seq.prefill_end, seq.num_scheduled = Status.RUNNING, len(seq), self._chunk(seq, budget)
+            prefills.append(seq)
+            self.running.append(seq)
+            budget -= seq.num_scheduled
+        return prefills, decodes
+
+    def postprocess(self, seqs: list[Sequence], tokens: list[int], logprobs, rows) -> list[Sequence]:
+        """Advance seqs past this step's forward; tokens/logprobs [R]/rows [R, V] belong, in order, to the
+        seqs that sampled. -> the sequences that finished."""
+        finished, r = [], 0
+        for seq in seqs:
+            seq.num_computed += seq.num_scheduled
+            seq.num_scheduled = 0
+            self.block_manager.cache_computed(seq)
+            if seq.num_computed < len(seq):
+                continue
+            seq.append(tokens[r], logprobs[r : r + 1], rows[r])
+            r += 1
+            if seq.finish_reason is not None:
+                seq.status = Status.FINISHED
+                self.block_manager.free_pages(seq)
+                self.running.remove(seq)
+                finished.append(seq)
+        return finished

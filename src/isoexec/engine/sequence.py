@@ -1,0 +1,88 @@
+"""One request as the engine tracks it, and what `generate` hands back for it."""
+
+import enum
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .config import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Completion:
+    request_id: int
+    prompt: list[int]
+    token_ids: list[int]
+    logprobs: Tensor  # [n] float32: the sampled tokens' log-probs, bits as computed
+    full_logprobs: Tensor | None  # [n, V] float32, the rows the tokens were sampled from
+    finish_reason: str  # "stop" | "length" | "error"
+    error: str | None = None
+
+    @classmethod
+    def failed(cls, request_id: int, prompt, error: str) -> "Completion":
+        prompt = list(prompt) if isinstance(prompt, (list, tuple)) else []
+        return cls(request_id, prompt, [], torch.empty(0, dtype=torch.float32), None, "error", error)
+
+
+class Sequence:
+    """Prompt + generated tokens, the pages holding their keys, and how far those keys are computed.
+
+    Invariant between steps: keys of positions [0, num_computed) are in the cache. Admission sets
+    prefill_end = len(self): forwards up to there are prefill chunks, the last one drawing a token;
+    from then on each forward decodes the last token. Preemption resets num_computed (to the
+    prefix-cache hit on re-admission) and so re-prefills prompt + generated tokens, never losing one.
+    """
+
+    def __init__(self, request_id: int, prompt: list[int], params: SamplingParams, seed: int, eos_token_id: int | None):
+        self.request_id, self.params, self.seed = request_id, params, seed
+        self.prompt = list(prompt)
+        self.token_ids = list(prompt)
+        self.stop_ids = set(params.stop_token_ids) | ({eos_token_id} if eos_token_id is not None and not params.ignore_eos else set())
+        self.status = Status.WAITING
+        self.num_computed = 0
+        self.num_scheduled = 0  # tokens this step's forward computes for the sequence
+        self.prefill_end = 0
+        self.page_table: list[int] = []  # page id of positions [i * page_size, (i + 1) * page_size)
+        self.page_hashes: list[bytes] = []  # chain hash of each full page whose keys are computed
+        self.logprobs: list[Tensor] = []  # [1] float32 each
+        self.rows: list[Tensor] = []  # [V] float32 each, kept only when asked for
+        self.finish_reason: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - len(self.prompt)
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed < self.prefill_end
+
+    @property
+    def samples_this_step(self) -> bool:
+        """This step's forward reaches the last token, so its row draws the next token."""
+        return self.num_computed + self.num_scheduled == len(self)
+
+    def append(self, token: int, logprob: Tensor, row: Tensor) -> None:
+        """Record a drawn token; finish on a stop token (kept in the output) or at max_tokens."""
+        self.token_ids.append(token)
+        self.logprobs.append(logprob)
+        if self.params.return_full_logprobs:
+            self.rows.append(row.clone())  # a copy, so the step's whole [R, V] block can be freed
+        if token in self.stop_ids:
+            self.finish_reason = "stop"
+        elif self.num_generated >= self.params.max_tokens:
+            self.finish_reason = "length"
+
+    def completion(self) -> Completion:
+        logprobs = torch.cat(self.logprobs) if self.logprobs else torch.empty(0, dtype=torch.float32)
+        rows = torch.stack(self.rows).cpu() if self.params.return_full_logprobs and self.rows else None
+        return Completion(self.request_id, self.prompt, self.token_ids[len(self.prompt):], logprobs, rows, self.finish_reason)

@@ -1,0 +1,237 @@
+"""Parity with Hugging Face transformers: our model and transformers' own implementation of the same
+architecture, run on the same weights and tokens, must give the same log-probabilities.
+
+`compare` loads a checkpoint directory twice — into our `DenseModel` (packed batch, `trainer_score`
+case, contract ops) and into `AutoModelForCausalLM` (eager attention, one sequence at a time with
+explicit `position_ids`) — and measures over every position and the whole vocabulary:
+
+- max |Δ logprob|: ours against transformers';
+- max relative logit error: ‖Δ logits‖ / ‖transformers' logits‖ per token row, max over rows.
+
+Tolerances. Both sides compute the same function; they differ only in rounding. Transformers rounds
+to the model dtype after nearly every step (RMSNorm rounds x·rsqrt before the weight multiply, RoPE
+rounds cos/sin and each product, attention rounds its softmax before P·V, residual adds round), with
+BLAS summation orders; ours accumulates each op in fp32 in a fixed order and rounds once at the op
+boundary, with a float64-built RoPE table. So each side carries its own rounding error e against the
+exact function, and |ours − HF| ≤ e_ours + e_HF. We estimate the exact function by running the same
+transformers model one precision up (bfloat16 → float32, float32 → float64; the weights are upcast
+exactly, so it is the same model) and measure e_HF directly. Our model is meant to be at least as
+accurate as transformers' (it rounds less), so e_ours ≤ e_HF and the bound becomes
+|ours − HF| ≤ 2·e_HF: that is the tolerance, per metric (over 72 runs of tiny Qwen3/Qwen2/Llama
+models, seeds and dtypes the measured |ours − HF| / e_HF stayed ≤ 1.6, e_ours / e_HF ≤ 1.0). It scales with what the dtype and the
+model's depth and logit range make unavoidable (bf16 on tiny random models gives e_HF ≈ 0.01–0.06 in
+logprob and grows with depth), so one rule serves a 2-layer test model and a real checkpoint, while
+a real mistake (a wrong RoPE layout, a missing bias, a misplaced norm, a wrong weight) moves
+logprobs by far more than the rounding noise. A floor per dtype keeps the test meaningful when e_HF
+is degenerate: 1e-4 (logprob) and 1e-5 (relative logits) in float32, 15–70× the reordering noise measured
+on small fp32 models (1.4e-6–6.7e-6); 1e-2 and 2⁻⁸ (bf16's unit roundoff) in bfloat16. Both e_HF and e_ours are
+reported, so a run also shows directly whether ours is the more accurate of the two.
+
+One error the reference cannot see: transformers builds its RoPE angles in float32 (inv_freq and
+position · inv_freq) in every dtype, float64 included, while ours come from a float64 table. Their
+cos/sin are off by about p·2⁻²⁴ at position p (4e-6 at 64, 1.4e-4 at 2048, 2e-3 at 32768), so at long
+positions our measured error against the float64 run includes transformers' RoPE error; at the
+default lengths here it is far below the float32 floor (2048 tokens: 3e-6 in logprob).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DTYPES = ("float32", "bfloat16")
+REFERENCE_DTYPE = {"float32": "float64", "bfloat16": "float32"}  # transformers one precision up
+FLOORS = {"float32": {"max_abs_logprob": 1e-4, "max_rel_logit": 1e-5}, "bfloat16": {"max_abs_logprob": 1e-2, "max_rel_logit": 2**-8}}
+NOISE_FACTOR = 2.0  # |ours − HF| ≤ e_ours + e_HF ≤ 2·e_HF when ours is no less accurate than HF
+EXIT_INPUT_ERROR = 2
+
+
+class ParityInputError(ValueError):
+    """A comparison that cannot be run: bad directory, unsupported model, transformers missing."""
+
+
+def sequence_lengths(num_sequences: int, seq_len: int) -> list[int]:
+    """Distinct lengths from seq_len down, e.g. 3 × 48 -> [48, 32, 16]."""
+    return [max(1, seq_len * (num_sequences - i) // num_sequences) for i in range(num_sequences)]
+
+
+def compare(model_dir, dtype: str = "float32", *, contract: str = "tiny-dense", num_sequences: int = 3, seq_len: int = 48,
+            seed: int = 0) -> dict:
+    """Run our model and transformers' on the same checkpoint and random tokens; return the report
+    (`passed` is whether every metric is within its tolerance). Raises ParityInputError on bad input."""
+    import torch
+
+    transformers = _import_transformers()
+    if dtype not in DTYPES:
+        raise ParityInputError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    if num_sequences < 1 or seq_len < 1:
+        raise ParityInputError(f"need at least one sequence of at least one token, got {num_sequences} × {seq_len}")
+    if not Path(model_dir).is_dir():
+        raise ParityInputError(f"{model_dir}: no such directory")
+    ours = _load_ours(model_dir, dtype)
+    spec = ours.spec
+    if seq_len > spec.max_position_embeddings:
+        raise ParityInputError(f"seq_len {seq_len} exceeds the model's max_position_embeddings {spec.max_position_embeddings}")
+    lengths = sequence_lengths(num_sequences, seq_len)
+    tokens = torch.randint(spec.vocab_size, (sum(lengths),), generator=torch.Generator().manual_seed(seed))  # [T]
+
+    our_logprobs, our_logits = _our_forward(ours, contract, lengths, tokens)
+    del ours
+    hf = _load_transformers(transformers, model_dir, dtype, spec.architecture)
+    hf_logits = _hf_forward(hf, lengths, tokens)
+    reference = REFERENCE_DTYPE[dtype]
+    exact_logits = _hf_forward(hf.to(getattr(torch, reference)), lengths, tokens).double()  # same weights, upcast exactly
+    del hf
+
+    hf_logprobs = hf_logits.log_softmax(-1)
+    exact_logprobs = exact_logits.log_softmax(-1)
+    diff = (our_logprobs - hf_logprobs).abs()  # [T, V]
+    worst = int(diff.amax(-1).argmax())
+    seq = next(b for b, end in enumerate(torch.tensor(lengths).cumsum(0).tolist()) if worst < end)
+    measured = {"max_abs_logprob": float(diff.max()), "max_rel_logit": _max_rel(our_logits, hf_logits)}
+    hf_error = {"max_abs_logprob": float((hf_logprobs.double() - exact_logprobs).abs().max()), "max_rel_logit": _max_rel(hf_logits.double(), exact_logits)}
+    our_error = {"max_abs_logprob": float((our_logprobs.double() - exact_logprobs).abs().max()), "max_rel_logit": _max_rel(our_logits.double(), exact_logits)}
+    tolerance = {k: max(FLOORS[dtype][k], NOISE_FACTOR * hf_error[k]) for k in measured}
+    return {
+        "model": str(model_dir),
+        "architecture": spec.architecture,
+        "dtype": dtype,
+        "contract": contract,
+        "seed": seed,
+        "sequence_lengths": lengths,
+        "vocab_size": spec.vocab_size,
+        "measured": measured,
+        "tolerance": tolerance,
+        "passed": all(measured[k] <= tolerance[k] for k in measured),
+        "worst_token": {"sequence": seq, "position": worst - sum(lengths[:seq])},
+        "reference_dtype": reference,
+        "hf_error": hf_error,
+        "our_error": our_error,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+
+
+def _import_transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ParityInputError("parity needs Hugging Face transformers, which is not installed: pip install transformers") from None
+    return transformers
+
+
+def _load_ours(model_dir, dtype: str):
+    from .model import SpecError, load
+
+    try:
+        return load(model_dir, dtype)
+    except SpecError as error:
+        raise ParityInputError(str(error)) from None
+
+
+def _our_forward(model, contract_name: str, lengths: list[int], tokens):
+    """Packed trainer_score forward -> (logprobs [T, V] float32, logits [T, V] float32)."""
+    import torch
+
+    from .contract import ContractError, load
+    from .model import PackedKV, Step, bind, fit_contract, step
+    from .ops.attention.metadata import packed_slot_table
+
+    try:
+        ops = bind(fit_contract(load(contract_name), model.spec), model.spec, "trainer_score")
+    except (ContractError, ValueError, KeyError) as error:
+        raise ParityInputError(f"contract {contract_name}: cannot run {model.spec.architecture}: {error}") from None
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    slot_table, seq_ids, positions = packed_slot_table(cu_seqlens)
+    with torch.no_grad(), step(Step(case="trainer_score", ops=ops, slot_table=slot_table, seq_ids=seq_ids, kv=PackedKV())):
+        hidden = model(tokens, positions)  # [T, hidden]
+        logits = ops["lm_head"](hidden, model.lm_head.weight)  # [T, V]
+        return ops["logprobs"](logits), logits.float()
+
+
+def _load_transformers(transformers, model_dir, dtype: str, architecture: str):
+    import torch
+
+    verbosity, progress = transformers.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled()
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype), attn_implementation="eager")
+    except (OSError, ValueError, KeyError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ParityInputError(f"{model_dir}: transformers cannot load it: {first_line}") from None
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        if progress:
+            transformers.utils.logging.enable_progress_bar()
+    if type(model).__name__ != architecture:
+        raise ParityInputError(f"{model_dir}: transformers loaded {type(model).__name__}, the config names {architecture}")
+    return model.eval()
+
+
+def _hf_forward(model, lengths: list[int], tokens):
+    """One sequence at a time, positions from 0 -> logits [T, V] float32 (or float64 in float64)."""
+    import torch
+
+    rows, start = [], 0
+    with torch.no_grad():
+        for length in lengths:
+            ids = tokens[start : start + length][None]  # [1, L]
+            out = model(input_ids=ids, position_ids=torch.arange(length)[None], use_cache=False)
+            rows.append(out.logits[0].to(torch.promote_types(out.logits.dtype, torch.float32)))
+            start += length
+    return torch.cat(rows)
+
+
+def _max_rel(logits, reference) -> float:
+    """‖Δ‖ / ‖reference‖ per row, max over rows."""
+    return float(((logits - reference).norm(dim=-1) / reference.norm(dim=-1)).max())
+
+
+def render(report: dict) -> str:
+    lengths = ", ".join(map(str, report["sequence_lengths"]))
+    lines = [
+        f"parity {report['model']}: {report['architecture']} in {report['dtype']} vs transformers {report['versions']['transformers']} "
+        f"(sequences of {lengths} tokens, contract {report['contract']})",
+        f"  {'':<22} {'ours vs HF':>11} {'tolerance':>11} {'HF error':>11} {'our error':>11}",
+    ]
+    labels = {"max_abs_logprob": "max |Δ logprob|", "max_rel_logit": "max rel. logit error"}
+    for key, label in labels.items():
+        lines.append(f"  {label:<22} {report['measured'][key]:>11.3e} {report['tolerance'][key]:>11.3e} "
+                     f"{report['hf_error'][key]:>11.3e} {report['our_error'][key]:>11.3e}")
+    lines.append(f"  (errors against transformers in {report['reference_dtype']}; tolerance = max(floor, {NOISE_FACTOR:g} × HF error))")
+    lines.append("PASS" if report["passed"] else
+                 f"FAIL (worst token: sequence {report['worst_token']['sequence']}, position {report['worst_token']['position']})")
+    return "\n".join(lines)
+
+
+def _run(args) -> int:
+    try:
+        report = compare(args.model, args.dtype)
+        print(render(report))
+        if args.json:
+            try:
+                Path(args.json).write_text(json.dumps(report, indent=2) + "\n", "utf-8")
+            except OSError as error:
+                raise ParityInputError(f"--json {args.json}: {error.strerror or error}") from None
+    except ParityInputError as error:
+        print(f"isoexec: error: {error}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+    return 0 if report["passed"] else 1
+
+
+def add_parser(commands) -> argparse.ArgumentParser:
+    """Register `isoexec parity` on the CLI's subparsers object."""
+    parity = commands.add_parser(
+        "parity",
+        help="compare the model with Hugging Face transformers on the same weights",
+        description="Load a checkpoint directory into IsoExec's model and into transformers' own implementation "
+        "(eager attention), run both on the same random token sequences, and compare full-vocabulary "
+        "log-probabilities and logits. The tolerance is twice transformers' own rounding error against itself run "
+        "one precision up. Needs transformers (pip install transformers). Exit status: 0 within tolerance, "
+        "1 outside, 2 on bad input.",
+    )
+    parity.add_argument("--model", required=True, metavar="DIR", help="a checkpoint directory (config.json + *.safetensors)")
+    parity.add_argument("--dtype", default="float32", choices=DTYPES, help="the dtype both models run in (default: float32)")
+    parity.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
+    parity.set_defaults(run=_run)
+    return parity

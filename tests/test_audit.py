@@ -1,0 +1,66 @@
+"""`isoexec audit`: the rollout and the trainer agree bit for bit under the contract, not under native."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from isoexec.audit import Tracer, all_equal, run_audit
+from isoexec.contract import load_preset
+from isoexec.model import PRESETS, fit_contract, init_random, save
+
+KEYS = ("tokens", "bitwise_equal_tokens", "full_vocab_rows", "full_vocab_rows_bitwise_equal",
+        "rollout_train_logprob_abs_diff_mean", "rollout_train_logprob_abs_diff_max", "k3_kl")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_every_token_and_row_is_bitwise_equal_under_the_contract_and_not_under_native(dtype):
+    spec = PRESETS["tiny-dense"].__class__(**{**PRESETS["tiny-dense"].__dict__, "dtype": dtype})
+    model = init_random(spec, seed=0)
+    report = run_audit(model, fit_contract(load_preset("tiny-dense"), spec), progress=False)
+    assert all_equal(report)
+    assert report["tokens"] == 16 * 16 and report["bitwise_equal_tokens"] == report["tokens"]
+    assert report["full_vocab_rows_bitwise_equal"] == report["full_vocab_rows"] == report["tokens"]
+    assert report["rollout_train_logprob_abs_diff_max"] == 0.0 and report["k3_kl"] == 0.0
+    assert report["engine"]["preemptions"] > 0 and report["engine"]["prefix_cache_hit_tokens"] > 0
+    assert report["engine"]["prefill_chunks"] > 16  # long prompts were chunked
+    native = run_audit(model, fit_contract(load_preset("native"), spec), progress=False, tracer=Tracer())
+    assert not all_equal(native)
+    assert native["bitwise_equal_tokens"] < native["tokens"] and native["rollout_train_logprob_abs_diff_max"] > 0
+    assert native["trace"]["summary"]
+
+
+def test_trace_names_the_first_diverging_region():
+    spec = PRESETS["tiny-dense"].__class__(**{**PRESETS["tiny-dense"].__dict__, "dtype": "float32"})
+    report = run_audit(init_random(spec, seed=0), fit_contract(load_preset("native"), spec), progress=False, tracer=Tracer())
+    trace = report["trace"]
+    assert trace["region"] in {"attention", "linear", "rms_norm", "residual", "activation", "rope"}
+    assert trace["engine_digest"] != trace["trainer_digest"] and trace["op"]
+
+
+def test_audit_command_json_and_exit_codes(tmp_path):
+    out = tmp_path / "audit.json"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "isoexec", "audit", "--quiet", *a], capture_output=True, text=True, timeout=300)  # noqa: E731
+    ok = run("--requests", "6", "--max-new-tokens", "5", "--json", str(out))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    report = json.loads(out.read_text())
+    assert set(KEYS) <= set(report) and set(report["contract"]) >= {"semantic", "numerical_policy", "deployment"}
+    assert "bitwise equal" in ok.stdout
+    native = run("--contract", "native", "--requests", "16")
+    assert native.returncode == 0 and "MISMATCH" in native.stdout  # native claims nothing: a measurement, not a failure
+    for args, message in ((["--model", "tiny-sparse"], "neither a model preset"), (["--model", str(tmp_path)], "no config.json"),
+                          (["--requests", "0"], "at least 1"), (["--contract", "nope.toml"], "no such file")):
+        bad = run(*args)
+        assert bad.returncode == 2 and message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen2ForCausalLM"])
+def test_audit_runs_on_a_checkpoint_directory(tmp_path, architecture):
+    spec = PRESETS["tiny-dense"].__class__(**{**PRESETS["tiny-dense"].__dict__, "architecture": architecture,
+                                              "hidden_size": 80, "num_key_value_heads": 1, "head_dim": 24, "tie_word_embeddings": False})
+    save(init_random(spec, seed=7), tmp_path / "ckpt")
+    result = subprocess.run([sys.executable, "-m", "isoexec", "audit", "--quiet", "--model", str(tmp_path / "ckpt"), "--requests", "6",
+                             "--max-new-tokens", "4"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert architecture in result.stdout and "bitwise equal" in result.stdout
