@@ -1,0 +1,85 @@
+"""The RL run's configuration: a typed, keyword-only dataclass validated before any work starts."""
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+ALGORITHMS = ("grpo", "dapo")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RLConfig:
+    task: str = "addition"
+    """embedded task name, or "jsonl" with `data`"""
+    data: str | None = None
+    """JSONL file of {"prompt", "answer"} objects (task "jsonl")"""
+    contract: str = "tiny-dense"
+    """contract preset or file the rollout and the trainer run under ("native" for the fast path)"""
+    algorithm: str = "dapo"
+    """"grpo" (symmetric clip, per-sequence aggregation) or "dapo" (clip-higher, dynamic sampling,
+    token-level aggregation, overlong shaping)"""
+    steps: int = 40
+    prompts_per_step: int = 8
+    group_size: int = 8
+    """completions per prompt; advantages are normalised within a group"""
+    max_new_tokens: int = 6
+    temperature: float = 1.0
+    learning_rate: float = 5e-4
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    optimizer_steps: int = 1
+    """optimiser steps per rollout batch (each recomputes the trainer's log-probs)"""
+    clip_eps_low: float = 0.2
+    clip_eps_high: float | None = None
+    """defaults to 0.28 for DAPO (clip-higher) and clip_eps_low for GRPO"""
+    overlong_buffer: int = 2
+    overlong_penalty: float = 0.5
+    truncated_is_cap: float | None = None
+    """cap C of truncated importance sampling, min(π_train/π_rollout, C); for the native path"""
+    warmup_steps: int = 40
+    """supervised steps on task answers before RL, so the policy starts in the answer format"""
+    warmup_learning_rate: float = 3e-3
+    seed: int = 0
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 1
+    trace: bool = False
+    """on a gate failure, trace the mismatching token region by region"""
+
+    def __post_init__(self):
+        from .tasks import TASKS
+
+        def positive(name, integer=True):
+            value = getattr(self, name)
+            if (integer and (not isinstance(value, int) or isinstance(value, bool))) or not value > 0:
+                raise ValueError(f"{name} must be a positive {'int' if integer else 'number'}, got {value!r}")
+
+        if self.task != "jsonl" and self.task not in TASKS:
+            raise ValueError(f'unknown task "{self.task}" (known: {", ".join([*TASKS, "jsonl"])})')
+        if self.task == "jsonl" and not self.data:
+            raise ValueError('task "jsonl" needs a data file')
+        if self.data is not None and not Path(self.data).is_file():
+            raise ValueError(f"data file {self.data} does not exist")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f'algorithm must be one of {", ".join(ALGORITHMS)}, got "{self.algorithm}"')
+        if not isinstance(self.group_size, int) or self.group_size < 2:
+            raise ValueError(f"group_size must be at least 2 (advantages are normalised within a group), got {self.group_size!r}")
+        for name in ("steps", "prompts_per_step", "max_new_tokens", "optimizer_steps", "checkpoint_every"):
+            positive(name)
+        for name in ("learning_rate", "warmup_learning_rate", "grad_clip", "clip_eps_low"):
+            positive(name, integer=False)
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature must be > 0 for RL rollouts, got {self.temperature!r}")
+        if self.warmup_steps < 0 or self.weight_decay < 0 or self.overlong_buffer < 0 or self.overlong_penalty < 0:
+            raise ValueError("warmup_steps, weight_decay, overlong_buffer and overlong_penalty must be ≥ 0")
+        if self.truncated_is_cap is not None and not self.truncated_is_cap >= 1:
+            raise ValueError(f"truncated_is_cap must be ≥ 1, got {self.truncated_is_cap!r}")
+
+    @property
+    def eps_high(self) -> float:
+        if self.clip_eps_high is not None:
+            return self.clip_eps_high
+        return 0.28 if self.algorithm == "dapo" else self.clip_eps_low
+
+    def replace(self, **changes) -> "RLConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,32 @@
+"""The contract handshake between the trainer and the engine, before the first step."""
+
+from .. import ops  # noqa: F401  (registers the op families)
+from ..runtime import REGISTRY, check, fingerprint, runtime_info
+from ..validate import records, validate
+
+
+def ensure_admitted(contract, device: str = "cpu") -> None:
+    """Run the admission battery for `contract` on this machine unless records already cover it."""
+    if not contract.claims.is_bitwise:
+        return
+    runtime = runtime_info(device)
+    installed = REGISTRY.resolve(contract)
+    covered = all(records.is_admitted(impl, contract.entry(region, case).constants, runtime, case)
+                  for (region, case), impl in installed.items() if contract.entry(region, case).discharge.method == "bitwise_equal_to")
+    if not covered:
+        report = validate(contract, device=device)
+        if report["rejected"]:
+            rejected = ", ".join(k["impl"] for k in report["kernels"] if k["status"] == "rejected")
+            raise RuntimeError(f"the admission battery rejected {rejected} under contract {contract.name}")
+
+
+def fingerprints(contract, device: str = "cpu") -> tuple[dict, dict]:
+    trainer = fingerprint(contract, REGISTRY.resolve(contract, contract.cases_of("trainer")), role="trainer", device=device)
+    engine = fingerprint(contract, REGISTRY.resolve(contract, contract.cases_of("engine")), role="engine", device=device)
+    return trainer, engine
+
+
+def handshake_in_process(contract, trainer_model=None, engine_model=None, device: str = "cpu"):
+    """Both sides in one process: fingerprint each and apply the same check the cross-process handshake does."""
+    ensure_admitted(contract, device)
+    return check(*fingerprints(contract, device)).raise_if_refused()

@@ -1,0 +1,34 @@
+"""A short supervised warm-up on the task's answers, so RL starts from a policy that answers in format.
+
+It runs on the native fast path: only the RL steps need the trainer and the engine to agree.
+"""
+
+import random
+
+import torch
+
+from ..contract import load_preset
+from ..model import DenseModel, fit_contract
+from ..trainer import sequence_logprobs
+
+WARMUP_BATCH = 64
+
+
+def warmup(model: DenseModel, task, config) -> DenseModel:
+    if config.warmup_steps == 0:
+        return model
+    contract = fit_contract(load_preset("native"), model.spec)
+    tok = task.tokenizer
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.warmup_learning_rate)
+    for i in range(config.warmup_steps):
+        examples = task.sample(random.Random(f"{config.seed}:warmup:{i}"), WARMUP_BATCH)
+        prompts = [tok.encode(e.prompt) for e in examples]
+        targets = [tok.encode(e.answer) + [tok.EOS] for e in examples]
+        rows = sequence_logprobs(model, contract, [p + t for p, t in zip(prompts, targets)], case="trainer_fwd")
+        picked = [r[len(p) - 1 :].gather(-1, torch.tensor(t)[:, None]) for r, p, t in zip(rows, prompts, targets)]
+        loss = -torch.cat(picked).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+    return model
