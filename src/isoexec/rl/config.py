@@ -1,7 +1,11 @@
 """The RL run's configuration: a typed, keyword-only dataclass validated before any work starts."""
 
+import argparse
+import ast
 import dataclasses
+import inspect
 import math
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,29 +24,43 @@ class RLConfig:
     """"grpo" (symmetric clip, per-sequence aggregation) or "dapo" (clip-higher, dynamic sampling,
     token-level aggregation, overlong shaping)"""
     steps: int = 40
+    """RL steps (rollout + update)"""
     prompts_per_step: int = 8
+    """distinct prompts per step"""
     group_size: int = 8
     """completions per prompt; advantages are normalised within a group"""
     max_new_tokens: int = 6
+    """generation limit per completion"""
     temperature: float = 1.0
+    """rollout sampling temperature (> 0)"""
     learning_rate: float = 5e-4
+    """AdamW learning rate of the RL steps"""
     weight_decay: float = 0.0
+    """AdamW weight decay"""
     grad_clip: float = 1.0
+    """clip the gradient norm to this value"""
     optimizer_steps: int = 1
     """optimiser steps per rollout batch (each recomputes the trainer's log-probs)"""
     clip_eps_low: float = 0.2
+    """lower PPO clip range ε_low (ratio ≥ 1 − ε_low)"""
     clip_eps_high: float | None = None
     """defaults to 0.28 for DAPO (clip-higher) and clip_eps_low for GRPO"""
     overlong_buffer: int = 2
+    """DAPO overlong shaping: tokens before the limit where the penalty ramps up"""
     overlong_penalty: float = 0.5
+    """DAPO overlong shaping: the penalty at the limit"""
     truncated_is_cap: float | None = None
     """cap C of truncated importance sampling, min(π_train/π_rollout, C); for the native path"""
     warmup_steps: int = 40
     """supervised steps on task answers before RL, so the policy starts in the answer format"""
     warmup_learning_rate: float = 3e-3
+    """AdamW learning rate of the warm-up"""
     seed: int = 0
+    """seed of the weights, the prompts and the sampling"""
     checkpoint_dir: str | None = None
+    """write checkpoints here, and resume from the latest one found"""
     checkpoint_every: int = 1
+    """steps between checkpoints"""
     trace: bool = False
     """on a gate failure, trace the mismatching token region by region"""
 
@@ -83,3 +101,31 @@ class RLConfig:
 
     def replace(self, **changes) -> "RLConfig":
         return dataclasses.replace(self, **changes)
+
+
+def _field_docs() -> dict[str, str]:
+    """The string under each field in RLConfig's source: it doubles as the field's --help."""
+    docs, tree = {}, ast.parse(inspect.getsource(RLConfig))
+    body = tree.body[0].body
+    for node, following in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(following.value.value).split())
+    return docs
+
+
+def add_config_flags(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:
+    """One --flag per RLConfig field (help from the field's docstring), default from RLConfig."""
+    docs = _field_docs()
+    for f in dataclasses.fields(RLConfig):
+        default = (defaults or {}).get(f.name, f.default)
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{docs.get(f.name, f.name.replace('_', ' '))} (default: {default})"
+        if f.type is bool:
+            parser.add_argument(flag, action="store_true", default=default, help=help_text)
+            continue
+        kind = next((t for t in (int, float, str) if t is f.type or t in typing.get_args(f.type)), str)
+        parser.add_argument(flag, type=kind, default=default, metavar=f.name.upper(), help=help_text)
+
+
+def config_from_args(args: argparse.Namespace) -> RLConfig:
+    return RLConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RLConfig)})

@@ -1,7 +1,7 @@
 """The contract handshake between the trainer and the engine, before the first step."""
 
 from .. import ops  # noqa: F401  (registers the op families)
-from ..runtime import REGISTRY, check, fingerprint, runtime_info
+from ..runtime import REGISTRY, fingerprint, runtime_info
 from ..validate import records, validate
 
 
@@ -20,13 +20,6 @@ def ensure_admitted(contract, device: str = "cpu") -> None:
             raise RuntimeError(f"the admission battery rejected {rejected} under contract {contract.name}")
 
 
-def fingerprints(contract, device: str = "cpu") -> tuple[dict, dict]:
-    trainer = fingerprint(contract, REGISTRY.resolve(contract, contract.cases_of("trainer")), role="trainer", device=device)
-    engine = fingerprint(contract, REGISTRY.resolve(contract, contract.cases_of("engine")), role="engine", device=device)
-    return trainer, engine
-
-
-def handshake_in_process(contract, trainer_model=None, engine_model=None, device: str = "cpu"):
-    """Both sides in one process: fingerprint each and apply the same check the cross-process handshake does."""
-    ensure_admitted(contract, device)
-    return check(*fingerprints(contract, device)).raise_if_refused()
+def side_fingerprint(contract, role: str, device: str = "cpu") -> dict:
+    """What this process runs for `role`'s cases, ready to exchange with the other side."""
+    return fingerprint(contract, REGISTRY.resolve(contract, contract.cases_of(role)), role=role, device=device)
