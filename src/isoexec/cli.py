@@ -261,7 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=_demo)
 
     from .parity import add_parser as add_parity
+    from .rl.train import add_parser as add_train
 
+    add_train(commands)
     add_parity(commands)
     return parser
 

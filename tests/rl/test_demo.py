@@ -5,19 +5,20 @@ import subprocess
 import sys
 
 
-def test_demo_runs_both_paths_and_writes_its_outputs(tmp_path):
+def test_demo_runs_both_paths_learns_and_writes_its_outputs(tmp_path):
+    """The README's main command with its defaults (40 steps per path)."""
     out, summary_path = tmp_path / "demo", tmp_path / "summary.json"
     result = subprocess.run(
-        [sys.executable, "-m", "isoexec", "demo", "--steps", "4", "--prompts-per-step", "4", "--group-size", "4", "--warmup-steps", "10",
-         "--out", str(out), "--json", str(summary_path), "--quiet"],
-        capture_output=True, text=True, timeout=600,
+        [sys.executable, "-m", "isoexec", "demo", "--out", str(out), "--json", str(summary_path), "--quiet"],
+        capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads(summary_path.read_text())
     assert summary["contract"]["steps_with_mismatch"] == 0 and summary["contract"]["tokens_compared"] > 0
     assert summary["native"]["steps_with_mismatch"] > 0 and summary["native"]["rollout_train_logprob_abs_diff_max"] > 0
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    assert [m["path"] for m in log] == ["contract"] * 4 + ["native"] * 4
+    assert [m["path"] for m in log] == ["contract"] * 40 + ["native"] * 40
+    assert summary["contract"]["accuracy_gain"] > 0, "the policy did not improve under the contract"
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "contract: 0 of" in result.stdout and "overhead:" in result.stdout
 

@@ -25,7 +25,7 @@ class RLConfig:
     token-level aggregation, overlong shaping)"""
     steps: int = 40
     """RL steps (rollout + update)"""
-    prompts_per_step: int = 8
+    prompts_per_step: int = 16
     """distinct prompts per step"""
     group_size: int = 8
     """completions per prompt; advantages are normalised within a group"""

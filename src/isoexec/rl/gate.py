@@ -15,6 +15,9 @@ class GateError(RuntimeError):
         super().__init__(report["summary"])
         self.report = report
 
+    def __reduce__(self):  # rebuilt from its report when it crosses a process boundary (Ray mode)
+        return (GateError, (self.report,))
+
 
 def gate(run, kept, generated) -> dict:
     """kept: the completions trained on; generated: the trainer's [n, V] rows for their tokens."""

@@ -17,18 +17,12 @@ defaults to the driver's own count, which an in-process run in the same driver w
 Ray is imported only here, and only when called: the in-process mode never needs it.
 """
 
-import copyreg
 import os
 
 import torch
 
-from .gate import GateError
 from .handshake import ensure_admitted
 from .loop import Learner, RLRun, Rollout, setup
-
-# GateError is built from its report, not its message, so default exception pickling cannot rebuild
-# it on the driver; without this a gate failure in the learner actor arrives as an unreadable error.
-copyreg.pickle(GateError, lambda error: (GateError, (error.report,)))
 
 
 def _ray():
@@ -109,7 +103,8 @@ def ray_run(config, *, initial=None, num_threads: int | None = None) -> RLRun:
     num_threads = num_threads or torch.get_num_threads()
     # Admit once here before the actors look the records up, so two processes never run the battery at once.
     ensure_admitted(setup(config)[2])
-    env = {name: os.environ[name] for name in ("ISOEXEC_HOME",) if name in os.environ}
+    # Workers get the cluster's environment, not the driver's: pass on where the admission records are.
+    env = {"ISOEXEC_HOME": os.environ["ISOEXEC_HOME"]} if "ISOEXEC_HOME" in os.environ else {}
     host = ray.remote(_Host).options(runtime_env={"env_vars": env})
     learner = RemoteLearner(host.remote(Learner, num_threads, config, initial))
     rollout = RemoteRollout(host.remote(Rollout, num_threads, config))

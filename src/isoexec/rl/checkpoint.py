@@ -1,0 +1,180 @@
+"""Checkpoints of an RL run: everything needed to continue it bit for bit, written atomically.
+
+One file per checkpoint, `step-<n>.pt` in the checkpoint folder, holding plain data and tensors only,
+read back with `torch.load(weights_only=True)` (which unpickles nothing else):
+
+    format           FORMAT
+    step             steps completed (0: right after the warm-up)
+    config           the RLConfig as a dict
+    policy           the policy's state dict
+    optimizer        the AdamW state dict: moments and per-parameter step counts
+    history          the metrics of every completed step
+    rng              {"torch": torch.get_rng_state(), "python": random.getstate()}
+    weights_sha256   `weights_digest` of the policy, checked again once the weights are in the model
+    content_sha256   SHA-256 over everything above, so a file altered on disk is refused
+
+A file gets its final name only through `os.replace` of a fully written, fsynced temporary file in
+the same folder, so a process killed at any instant leaves the previous checkpoint or the new one,
+never a torn one. One writer per folder: `save` deletes temporary files that earlier writers left.
+"""
+
+import dataclasses
+import hashlib
+import os
+import pickle
+import random
+import re
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..model import DenseModel
+from .config import RLConfig
+from .loop import RLRun, setup
+from .sync import weights_digest
+
+FORMAT = "isoexec-rl-checkpoint/1"
+KEEP = 2  # the newest but one survives, to fall back on by hand if the newest is damaged later
+NAME = re.compile(r"step-(\d+)\.pt")
+TRAJECTORY_FREE = ("steps", "checkpoint_dir", "checkpoint_every", "trace")  # may change between a save and a resume
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from: unreadable, altered, or written under another config."""
+
+
+def checkpoints(directory) -> dict[int, Path]:
+    """{step: path} of the checkpoints in `directory`, oldest first; {} when there is none."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return {}
+    found = {int(m.group(1)): p for p in directory.iterdir() if (m := NAME.fullmatch(p.name))}
+    return dict(sorted(found.items()))
+
+
+def latest(directory) -> Path | None:
+    found = checkpoints(directory)
+    return found[max(found)] if found else None
+
+
+def content_digest(payload: dict) -> str:
+    """SHA-256 over a checkpoint's fields: tensors by dtype, shape and bytes, other values by repr."""
+    digest = hashlib.sha256()
+
+    def feed(value):
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous().reshape(-1)
+            digest.update(f"tensor:{t.dtype}:{tuple(value.shape)};".encode())
+            digest.update(t.view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, dict):
+            digest.update(f"dict:{len(value)};".encode())
+            for key in sorted(value, key=repr):
+                feed(key)
+                feed(value[key])
+        elif isinstance(value, (list, tuple)):
+            digest.update(f"{type(value).__name__}:{len(value)};".encode())
+            for item in value:
+                feed(item)
+        else:
+            digest.update(f"{type(value).__name__}:{value!r};".encode())
+
+    feed({k: v for k, v in payload.items() if k != "content_sha256"})
+    return "sha256:" + digest.hexdigest()
+
+
+def save(run: RLRun, directory) -> Path:
+    """Write `run` as it stands between steps to `directory`/step-<run.step>.pt; keep the newest KEEP."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    policy = run.learner.policy
+    payload = {
+        "format": FORMAT,
+        "step": run.step,
+        "config": dataclasses.asdict(run.config),
+        "policy": policy.state_dict(),
+        "optimizer": run.learner.optimizer.state_dict(),
+        "history": run.history,
+        "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+        "weights_sha256": weights_digest(policy),
+    }
+    payload["content_sha256"] = content_digest(payload)
+    path = directory / f"step-{run.step:08d}.pt"
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), 0o644)  # mkstemp makes 0600; a checkpoint is an ordinary file
+            torch.save(payload, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    _fsync_directory(directory)
+    for old in list(checkpoints(directory).values())[:-KEEP]:
+        old.unlink(missing_ok=True)
+    for stale in directory.glob(".step-*.tmp"):
+        stale.unlink(missing_ok=True)
+    return path
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename itself durable (a power cut, not only a killed process)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load(path) -> dict:
+    """Read a checkpoint file and check its format and content digest."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as error:
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise CheckpointError(f"checkpoint {path} is unreadable (torn or corrupt): {first_line}") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise CheckpointError(f"checkpoint {path} has format {found!r}, expected {FORMAT!r}")
+    stored, computed = payload.get("content_sha256"), content_digest(payload)
+    if stored != computed:
+        raise CheckpointError(f"checkpoint {path} is corrupt: its contents hash to {computed}, but it was written as {stored}")
+    return payload
+
+
+def config_differences(saved: dict, config: RLConfig) -> list[str]:
+    """'field: checkpoint X, now Y' for every field that would change the run's trajectory."""
+    current = dataclasses.asdict(config)
+    missing = "(absent)"
+    return [f"{name}: checkpoint {saved.get(name, missing)!r}, now {current.get(name, missing)!r}"
+            for name in sorted(saved.keys() | current.keys())
+            if name not in TRAJECTORY_FREE and saved.get(name, missing) != current.get(name, missing)]
+
+
+def restore(config: RLConfig, directory) -> RLRun | None:
+    """The run of the newest checkpoint in `directory`, ready for its next step; None when there is none."""
+    path = latest(directory)
+    if path is None:
+        return None
+    payload = load(path)
+    differences = config_differences(payload["config"], config)
+    if differences:
+        raise CheckpointError(f"checkpoint {path} was written under a different config ({'; '.join(differences)}); "
+                              "resume with the checkpoint's values or start in another checkpoint folder")
+    _, spec, _ = setup(config)
+    policy = DenseModel(spec)
+    policy.load_state_dict(payload["policy"])
+    if weights_digest(policy) != payload["weights_sha256"]:
+        raise CheckpointError(f"checkpoint {path} is corrupt: the policy loaded from it has digest {weights_digest(policy)}, "
+                              f"but it was saved with {payload['weights_sha256']}")
+    run = RLRun(config, initial=policy)  # skips the warm-up; its handshake syncs these weights to the engine
+    if run.weights != payload["weights_sha256"]:
+        raise CheckpointError(f"resuming from {path}: the engine received weights {run.weights}, expected {payload['weights_sha256']}")
+    run.learner.optimizer.load_state_dict(payload["optimizer"])
+    run.step, run.history = payload["step"], payload["history"]
+    # last: building the run may draw from the global generators
+    torch.set_rng_state(payload["rng"]["torch"])
+    random.setstate(payload["rng"]["python"])
+    return run
