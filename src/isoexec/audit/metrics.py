@@ -17,6 +17,8 @@ def compare(rollout_logprobs: list[Tensor], rollout_rows: list[Tensor | None], t
     for i, (lp, full, trained, ids) in enumerate(zip(rollout_logprobs, rollout_rows, trainer_rows, tokens)):
         if not ids:
             continue
+        lp, trained = lp.cpu(), trained.detach().cpu()
+        full = None if full is None else full.cpu()
         index = torch.tensor(ids).unsqueeze(-1)
         train_lp = trained.detach().gather(-1, index).squeeze(-1)  # [n]
         same = _int_bits(train_lp) == _int_bits(lp)

@@ -63,7 +63,7 @@ def _huge(ctx, q, k, v):
 
 def _zeros_only(ctx, q, k, v):
     """Keys of ±0.0 (every score ties at ±0) and values of -0.0: every output is a sum of zeros."""
-    k = torch.where(torch.rand(k.shape, generator=ctx.generator) < 0.5, 0.0, -0.0).to(ctx.dtype)
+    k = torch.where(torch.rand(k.shape, generator=ctx.generator) < 0.5, 0.0, -0.0).to(ctx.dtype).to(ctx.device)
     return q, k, torch.full_like(v, -0.0)
 
 
@@ -85,7 +85,7 @@ def _sequences(ctx) -> list[Sequence]:
 def _packed(ctx, case, seqs, order, window, non_contiguous=False):
     """The sequences `order` packed back to back, as a trainer batch; -> {sequence index: [L, H, D]}."""
     lengths = torch.tensor([len(seqs[i]) for i in order])
-    cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(ctx.device)
     slot_table, seq_ids, positions = packed_slot_table(cu_seqlens)
     q = torch.cat([seqs[i].q for i in order])
     k, v = torch.cat([seqs[i].k for i in order]), torch.cat([seqs[i].v for i in order])
@@ -106,9 +106,9 @@ class _PagedCache:
         for row, count in enumerate(pages_per_seq):
             block_table[row, :count] = pages[taken : taken + count]
             taken += count
-        self.slot_table = paged_slot_table(block_table, page_size, block_table.shape[1] * page_size)  # [B, L]
+        self.slot_table = paged_slot_table(block_table, page_size, block_table.shape[1] * page_size).to(ctx.device)  # [B, L]
         poison = torch.tensor(POISON)[torch.arange(num_pages * page_size * NUM_KV_HEADS * HEAD_DIM) % len(POISON)]
-        self.k = poison.reshape(num_pages * page_size, NUM_KV_HEADS, HEAD_DIM).to(ctx.dtype)  # [S, Hkv, D]
+        self.k = poison.reshape(num_pages * page_size, NUM_KV_HEADS, HEAD_DIM).to(ctx.dtype).to(ctx.device)  # [S, Hkv, D]
         self.v = self.k.clone()
         self.row = {i: row for row, i in enumerate(order)}
 
@@ -126,8 +126,8 @@ def _engine_steps(ctx, case, seqs, order, window, page_size, spans):
         for i, start, stop in step:
             cache.write(seqs[i], i, start, stop)
         q = torch.cat([seqs[i].q[start:stop] for i, start, stop in step])
-        seq_ids = torch.cat([torch.full((stop - start,), cache.row[i]) for i, start, stop in step])
-        positions = torch.cat([torch.arange(start, stop) for i, start, stop in step])
+        seq_ids = torch.cat([torch.full((stop - start,), cache.row[i]) for i, start, stop in step]).to(ctx.device)
+        positions = torch.cat([torch.arange(start, stop) for i, start, stop in step]).to(ctx.device)
         out = ctx.call(case, q, cache.k, cache.v, cache.slot_table, seq_ids, positions, SCALE, window)
         for (i, start, stop), part in zip(step, out.split([stop - start for _, start, stop in step])):
             pieces[i].append(part)
@@ -197,9 +197,9 @@ def probe(ctx):
     alone = yield from _trials(ctx, seqs, list(range(len(seqs))), None, "")
     window_order = [LENGTHS.index(n) for n in WINDOW_LENGTHS]
     yield from _trials(ctx, seqs, window_order, WINDOW, f"window {WINDOW}: ")
-    empty = torch.empty(0, dtype=torch.int64)
+    empty = torch.empty(0, dtype=torch.int64, device=ctx.device)
     k, v = seqs[0].k, seqs[0].v
-    slot_table = packed_slot_table(torch.tensor([0, len(seqs[0])]))[0]
+    slot_table = packed_slot_table(torch.tensor([0, len(seqs[0])], device=ctx.device))[0]
     for case in ctx.cases:
         out = ctx.call(case, seqs[0].q[:0], k, v, slot_table, empty, empty, SCALE, None)
         yield Trial(f"{case}, empty query batch", alone[0][:0], out)

@@ -1,0 +1,160 @@
+"""Batch-invariant y = x Wᵀ (+ b) as one Triton GEMM: pinned tiles, no split-K, fp32 accumulation.
+
+Program (i_m, i_n) owns a BLOCK_M x BLOCK_N output tile and walks K in ascending blocks of BLOCK_K,
+accumulating `tl.dot` of the x and Wᵀ tiles into one fp32 accumulator; the bias is added in fp32 and
+the sum rounded once to the output dtype. Rows past M and columns past N load zeros and are never
+stored; K past the end loads zeros on both operands, adding +0.0 products. The tile shape and launch
+configuration are contract constants, so they depend on (N, K) and the dtype through the contract and
+never on M: a row's sequence of operations is the same whether it shares the call with 0 or 4095 other
+rows, whichever tile row it lands in.
+
+The backward pass uses ordinary matmuls: gradients must be correct, not batch-invariant.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ...runtime.registry import Impl
+from .. import triton_support
+from ..common import ALL_CASES, expect_dtype, torch_dtype
+from ..triton_support import jit, require_device, tl, triton, triton_available
+
+ID = "linear.triton"
+DOT_DTYPES = ("bfloat16", "float16", "float32")
+
+# Starting points for Hopper (H100/H200, bf16 boundaries), keyed by (N, K) of the weight, untuned.
+# 128x128x64 bf16 tiles map onto two warpgroups of wgmma and fit four pipeline stages in shared
+# memory; the smaller N tiles give narrow projections enough programs to cover the SMs at decode,
+# where no split-K is allowed to add parallelism.
+_WIDE = dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)
+_NARROW = dict(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4)
+_TINY = dict(block_m=64, block_n=32, block_k=32, num_warps=4, num_stages=2)
+HOPPER_CONSTANTS = {
+    # tiny-dense: hidden 64, intermediate 128, 4 heads / 2 KV heads of 16, vocab 512
+    (64, 64): _TINY,  # q_proj, o_proj
+    (32, 64): _TINY,  # k_proj, v_proj
+    (128, 64): _TINY,  # gate_proj, up_proj
+    (64, 128): _TINY,  # down_proj
+    (512, 64): _TINY,  # lm_head
+    # Qwen3-8B: hidden 4096, intermediate 12288, 32 heads / 8 KV heads of 128, vocab 151936
+    (4096, 4096): _WIDE,  # q_proj, o_proj
+    (1024, 4096): _NARROW,  # k_proj, v_proj
+    (12288, 4096): _WIDE,  # gate_proj, up_proj
+    (4096, 12288): _WIDE,  # down_proj
+    (151936, 4096): _WIDE,  # lm_head
+}
+
+
+@jit(do_not_specialize=["M"])  # one compiled kernel for every M: nothing about M may reach the code
+def linear_fwd_kernel(
+    x, w, b, y,
+    M, N,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+    K: tl.constexpr,
+    NK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    i_m, i_n = tl.program_id(0), tl.program_id(1)
+    o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_m, m_n = o_m < M, o_n < N
+
+    b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for i_k in range(0, NK):
+        o_k = i_k * BLOCK_K + tl.arange(0, BLOCK_K)
+        m_k = o_k < K
+        p_x = x + o_m[:, None] * stride_xm + o_k[None, :] * stride_xk
+        p_w = w + o_k[:, None] * stride_wk + o_n[None, :] * stride_wn
+        b_x = tl.load(p_x, mask=m_m[:, None] & m_k[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
+        b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
+        if DOT_IN_FP32:
+            b_x, b_w = b_x.to(tl.float32), b_w.to(tl.float32)
+        # ieee: fp32 operands are multiplied in full fp32, never silently in tf32.
+        b_acc = tl.dot(b_x, b_w, b_acc, input_precision="ieee")
+
+    if HAS_BIAS:
+        b_acc += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+    p_y = y + o_m[:, None] * stride_ym + o_n[None, :] * stride_yn
+    tl.store(p_y, b_acc.to(y.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
+
+
+def linear_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, block_m: int, block_n: int,
+               block_k: int, num_warps: int, num_stages: int) -> Tensor:
+    """x [M, K], weight [N, K], bias [N] -> [M, N] in `out_dtype`."""
+    m, k = x.shape
+    n = weight.shape[0]
+    y = x.new_empty((m, n), dtype=out_dtype)
+    if m == 0 or n == 0:
+        return y
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    linear_fwd_kernel[grid](
+        x, weight, x if bias is None else bias, y,
+        m, n,
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
+        K=k, NK=triton.cdiv(k, block_k),
+        HAS_BIAS=bias is not None,
+        DOT_IN_FP32=triton_support.interpreting(),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return y
+
+
+class _TritonLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, out_dtype, tiles):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        y = linear_fwd(x.reshape(-1, x.shape[-1]), weight, bias, out_dtype, **tiles)
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        g = grad.reshape(-1, weight.shape[0]).to(torch.promote_types(weight.dtype, torch.float32))
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = (g @ weight.to(g.dtype)).to(x.dtype).reshape(x.shape)
+        if ctx.needs_input_grad[1]:
+            grad_w = (g.T @ x.reshape(-1, x.shape[-1]).to(g.dtype)).to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g.sum(0).to(weight.dtype)
+        return grad_x, grad_w, grad_b, None, None
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, input_dtype: str, weight_dtype: str, output_dtype: str,
+           accum_dtype: str, block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int) -> Tensor:
+    """x [..., K], weight [N, K], bias [N] -> [..., N]."""
+    expect_dtype(x, input_dtype, "linear input")
+    expect_dtype(weight, weight_dtype, "linear weight")
+    if x.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"linear: input has K = {x.shape[-1]}, weight has K = {weight.shape[-1]}")
+    require_device(ID, x, weight, bias)
+    tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+    return _TritonLinear.apply(x, weight, bias, torch_dtype(output_dtype), tiles)
+
+
+def check_constants(constants: dict) -> None:
+    if constants["accum_dtype"] != "float32":
+        raise ValueError(f'{ID} accumulates in float32 only, got accum_dtype = "{constants["accum_dtype"]}"')
+    if constants["input_dtype"] != constants["weight_dtype"] or constants["input_dtype"] not in DOT_DTYPES:
+        raise ValueError(f"{ID} needs input_dtype = weight_dtype, one of {', '.join(DOT_DTYPES)}")
+    for name in ("block_m", "block_n", "block_k"):
+        value = constants[name]
+        if value < 16 or value & (value - 1):
+            raise ValueError(f"{ID}: {name} must be a power of two >= 16 (tl.dot's smallest tile), got {value}")
+    if constants["num_warps"] not in (1, 2, 4, 8, 16) or constants["num_stages"] < 1:
+        raise ValueError(f"{ID}: num_warps must be a power of two <= 16 and num_stages >= 1")
+
+
+def register(registry) -> None:
+    """Register linear.triton@1; without Triton installed, nothing is registered."""
+    if triton_available():
+        registry.register(Impl(id=ID, version=1, region="linear", cases=ALL_CASES, fn=linear, check_constants=check_constants,
+                               sources=(linear_fwd_kernel, triton_support)))

@@ -1,0 +1,135 @@
+"""Batch-invariant full-vocabulary log-softmax as one Triton program per row, in three passes.
+
+Row r, in fp32, over ascending vocab chunks of VOCAB_BLOCK: pass 1 folds each chunk's `tl.max` into a
+running max m; pass 2 folds each chunk's `tl.sum` of exp(x - m) into a running sum S; pass 3 writes
+(x - m) - log(S), rounded once to the output dtype. Padding lanes of the last chunk are removed with
+`where` (-inf for the max, +0.0 for the sum), never by arithmetic on what they loaded. Each chunk's
+in-chunk tree is fixed by VOCAB_BLOCK and num_warps; nothing depends on how many rows share the call.
+
+Rows that are not ordinary probability rows behave as in the reference: -inf entries give -inf; an
+all -inf row gives all -inf (its max replaced by 0 and its sum, 0, by 1); a NaN or +inf anywhere makes
+that row, and only that row, NaN.
+
+The backward pass is grad - softmax · Σ grad with ordinary ops: gradients must be correct, not
+batch-invariant.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from ...runtime.registry import Impl
+from .. import triton_support
+from ..common import ALL_CASES, expect_dtype, torch_dtype
+from ..triton_support import jit, require_device, tl, triton, triton_available
+
+ID = "logprobs.triton"
+INPUT_DTYPES = ("bfloat16", "float16", "float32")
+
+# Starting points for Hopper, keyed by the vocabulary size V, untuned. Each pass streams the row in
+# chunks; 4096 over 8 warps gives each thread 16 contiguous elements and Qwen3's 151936 37 chunks.
+HOPPER_CONSTANTS = {
+    512: dict(vocab_block=512, num_warps=4),  # tiny-dense
+    151936: dict(vocab_block=4096, num_warps=8),  # Qwen3-8B
+}
+
+
+@jit
+def logprobs_fwd_kernel(
+    x, y,
+    stride_xr, stride_xv, stride_yr, stride_yv,
+    V: tl.constexpr,
+    NV: tl.constexpr,
+    VOCAB_BLOCK: tl.constexpr,
+):
+    i_r = tl.program_id(0).to(tl.int64)
+    p_x = x + i_r * stride_xr
+    p_y = y + i_r * stride_yr
+
+    b_max = tl.full([], float("-inf"), dtype=tl.float32)
+    for i_v in range(0, NV):
+        o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
+        m_v = o_v < V
+        b_x = tl.load(p_x + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)  # [VOCAB_BLOCK]
+        b_max = tl.maximum(b_max, tl.max(tl.where(m_v, b_x, float("-inf")), axis=0))
+    is_empty = b_max == float("-inf")
+    b_max = tl.where(is_empty, 0.0, b_max)
+
+    b_sum = tl.zeros([], dtype=tl.float32)
+    for i_v in range(0, NV):
+        o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
+        m_v = o_v < V
+        b_x = tl.load(p_x + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)
+        b_sum += tl.sum(tl.where(m_v, tl.exp(b_x - b_max), 0.0), axis=0)
+    b_log_sum = tl.log(tl.where(is_empty, 1.0, b_sum))
+
+    for i_v in range(0, NV):
+        o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
+        m_v = o_v < V
+        b_x = tl.load(p_x + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)
+        b_y = (b_x - b_max) - b_log_sum
+        tl.store(p_y + o_v * stride_yv, b_y.to(y.dtype.element_ty), mask=m_v)
+
+
+def logprobs_fwd(logits: Tensor, out_dtype: torch.dtype, *, vocab_block: int, num_warps: int) -> Tensor:
+    """logits [R, V] -> [R, V] in `out_dtype`."""
+    rows, vocab = logits.shape
+    y = logits.new_empty((rows, vocab), dtype=out_dtype)
+    if rows == 0 or vocab == 0:
+        return y
+    logprobs_fwd_kernel[(rows,)](
+        logits, y,
+        logits.stride(0), logits.stride(1), y.stride(0), y.stride(1),
+        V=vocab, NV=triton.cdiv(vocab, vocab_block), VOCAB_BLOCK=vocab_block,
+        num_warps=num_warps,
+    )
+    return y
+
+
+class _TritonLogSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, out_dtype, config):
+        out = logprobs_fwd(logits.reshape(-1, logits.shape[-1]), out_dtype, **config).reshape(logits.shape)
+        ctx.save_for_backward(out)
+        ctx.input_dtype = logits.dtype
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        dtype = torch.promote_types(out.dtype, torch.float32)
+        g = grad.to(dtype)
+        grad_logits = g - torch.exp(out.to(dtype)) * g.sum(-1, keepdim=True)
+        return grad_logits.to(ctx.input_dtype), None, None
+
+
+def logprobs(logits: Tensor, *, input_dtype: str, output_dtype: str, accum_dtype: str, vocab_block: int, num_warps: int) -> Tensor:
+    """Full-vocabulary log-probabilities: logits [..., V] -> [..., V] in the output dtype."""
+    expect_dtype(logits, input_dtype, "logprobs input")
+    require_device(ID, logits)
+    config = dict(vocab_block=vocab_block, num_warps=num_warps)
+    return _TritonLogSoftmax.apply(logits, torch_dtype(output_dtype), config)
+
+
+def check_constants(constants: dict) -> None:
+    if constants["accum_dtype"] != "float32":
+        raise ValueError(f'{ID} accumulates in float32 only, got accum_dtype = "{constants["accum_dtype"]}"')
+    if constants["input_dtype"] not in INPUT_DTYPES:
+        raise ValueError(f"{ID}: input_dtype must be one of {', '.join(INPUT_DTYPES)}")
+    if constants["output_dtype"] not in INPUT_DTYPES:
+        raise ValueError(f"{ID}: output_dtype must be one of {', '.join(INPUT_DTYPES)}")
+    block = constants["vocab_block"]
+    if block & (block - 1):
+        raise ValueError(f"{ID}: vocab_block must be a power of two (a tl.arange length), got {block}")
+    if constants["num_warps"] not in (1, 2, 4, 8, 16, 32):
+        raise ValueError(f"{ID}: num_warps must be a power of two <= 32")
+
+
+def register(registry) -> None:
+    """Register logprobs.triton@1; without Triton installed, nothing is registered."""
+    if triton_available():
+        registry.register(Impl(id=ID, version=1, region="logprobs", cases=ALL_CASES, fn=logprobs, check_constants=check_constants,
+                               sources=(logprobs_fwd_kernel, triton_support)))
