@@ -1,13 +1,15 @@
-"""What the Triton impls share: whether Triton is importable, whether kernels run in its interpreter,
-and a `jit` that picks compiled or interpreted execution when a kernel is launched.
+"""What the Triton impls share: whether Triton is importable, whether its kernels run in the
+interpreter, and a `jit` that keeps every kernel in the mode Triton itself was imported in.
 
-Triton 3.6's own `triton.jit` reads `TRITON_INTERPRET` once, when the decorator runs at import time,
-and returns either a compiled `JITFunction` or an `InterpretedFunction`. A module imported before the
-variable is set (by `import isoexec.ops`, say) would then be stuck with the compiled kernel even for
-CPU tensors. `jit` below defers that choice to the launch, so the environment at the call decides.
+Triton 3.6 reads `TRITON_INTERPRET` whenever `triton.jit` decorates a function, and `triton.language`
+decorates its own helpers (`tl.zeros`, `tl.sum`, `tl.max`, `tl.cdiv`…) when it is first imported.
+A kernel decorated in the other mode than those helpers fails at its first call ("Cannot call
+@triton.jit'd outside of the scope of a kernel"), so the mode is fixed once, by the first
+`import triton` in the process: set `TRITON_INTERPRET=1` before that, or not at all. `jit` below
+decorates by that mode rather than by the variable's value when this module is imported.
 
-The interpreter runs each program in numpy on the CPU. It stores bfloat16 as raw uint16 and does not
-do bfloat16 arithmetic (triton-lang/triton#11584: `tl.dot` multiplies the bit patterns), so kernels
+The interpreter runs each program in numpy on the CPU. It stores bfloat16 as raw uint16 and does no
+bfloat16 arithmetic (triton-lang/triton#11584: `tl.dot` multiplies the bit patterns), so kernels
 convert bfloat16 tiles to float32 before any arithmetic, and before `tl.dot` when interpreting; its
 float32 -> bfloat16 conversion truncates instead of rounding to nearest. Bits admitted under the
 interpreter are therefore the interpreter's own, never the GPU's: admission records key on the device.
@@ -15,11 +17,14 @@ interpreter are therefore the interpreter's own, never the GPU's: admission reco
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 try:
     import triton
     import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
 except ImportError:  # the Triton impls are then simply not registered
     triton = tl = None
 
@@ -29,38 +34,30 @@ def triton_available() -> bool:
 
 
 def interpreting() -> bool:
-    """Whether Triton kernels launched now run in the interpreter (`TRITON_INTERPRET=1`, read at each call)."""
-    return triton is not None and bool(triton.knobs.runtime.interpret)
-
-
-class Kernel:
-    """A Triton kernel compiled or interpreted according to `TRITON_INTERPRET` at launch, not at import.
-
-    `fn` is the plain Python function, kept so the registry can hash its source file."""
-
-    def __init__(self, fn, options: dict):
-        self.fn = fn
-        self.options = options
-        self._variants = {}
-
-    def __getitem__(self, grid):
-        interpret = interpreting()
-        if interpret not in self._variants:
-            # triton.jit consults the same switch, so it returns the variant wanted now.
-            self._variants[interpret] = triton.jit(self.fn, **self.options)
-        return self._variants[interpret][grid]
+    """Whether Triton kernels run in the interpreter: whether `triton` was imported with TRITON_INTERPRET=1."""
+    return triton is not None and isinstance(tl.zeros, InterpretedFunction)
 
 
 def jit(fn=None, **options):
-    """`@jit` or `@jit(do_not_specialize=[...])`: `triton.jit` with the launch-time choice above."""
+    """`@jit` or `@jit(do_not_specialize=[...])`: a Triton kernel in the mode of `triton.language`.
+
+    Without Triton installed the function is returned undecorated; it is then never launched."""
     if fn is None:
-        return lambda f: Kernel(f, options)
-    return Kernel(fn, options)
+        return lambda f: jit(f, **options)
+    if triton is None:
+        return fn
+    return (InterpretedFunction if interpreting() else JITFunction)(fn, **options)
 
 
-def require_device(impl_id: str, *tensors: Tensor) -> None:
-    """Refuse CPU tensors unless the interpreter is on: a compiled Triton kernel only runs on a GPU."""
-    if not triton_available():
+def needs_grad(*tensors: Tensor | None) -> bool:
+    """Whether autograd must record the op; without it the kernel is launched directly (the same
+    kernel either way), which saves the autograd.Function overhead on every decode step."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def require_device(impl_id: str, *tensors: Tensor | None) -> None:
+    """Refuse CPU tensors unless kernels run in the interpreter: a compiled Triton kernel needs a GPU."""
+    if triton is None:
         raise RuntimeError(f"{impl_id} needs Triton, which is not installed")
     if not interpreting() and any(t is not None and t.device.type == "cpu" for t in tensors):
-        raise RuntimeError(f"{impl_id} needs a CUDA device or TRITON_INTERPRET=1")
+        raise RuntimeError(f"{impl_id} needs a CUDA device or TRITON_INTERPRET=1 (set before triton is first imported)")

@@ -3,8 +3,9 @@
 from ...runtime.registry import REGISTRY, Impl
 from .. import reduce
 from ..common import ALL_CASES
-from . import native, probe, reference
+from . import native, probe, reference, triton
 
 REGISTRY.register(Impl(id="logprobs.reference", version=1, region="logprobs", cases=ALL_CASES, fn=reference.logprobs, sources=(reduce,)))
 REGISTRY.register(Impl(id="logprobs.native", version=1, region="logprobs", cases=ALL_CASES, fn=native.logprobs))
 REGISTRY.register_probe("logprobs", probe.probe)
+triton.register(REGISTRY)  # skipped where Triton is not installed
