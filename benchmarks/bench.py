@@ -1,6 +1,6 @@
 """Side-by-side GPU benchmarks: each figure is a ratio measured in one run on one device.
 
-    PYTHONPATH=src python3 benchmarks/bench.py [gemm] [engine] [trainer] --json results.json
+    ISOEXEC_COMMIT=<sha> PYTHONPATH=src python3 benchmarks/bench.py [gemm] [engine] [trainer] --json results.json
 
 gemm:    invariant GEMM impls vs cuBLAS (F.linear) in TFLOP/s, Qwen3-8B layer shapes, M in 1..4096;
 engine:  tokens/s of the IsoExec engine under a contract vs under native, same model and workload;
@@ -10,6 +10,7 @@ Timing: CUDA events via triton.testing.do_bench (median), inputs random (never z
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import time
@@ -111,7 +112,8 @@ def main():
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     contracts = args.contracts.split(",")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
+    # The device machine gets the working tree without .git: pass ISOEXEC_COMMIT there.
+    commit = os.environ.get("ISOEXEC_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(), "commit": commit}
     if "gemm" in args.what:
         impls = {}
