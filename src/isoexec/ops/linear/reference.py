@@ -42,6 +42,21 @@ def combine_leaves(partials: Tensor, leaf_tree: str) -> Tensor:
     return tree_sum(partials, leaf_tree)
 
 
+def linear_grads(ctx, grad: Tensor) -> tuple:
+    """(grad_x, grad_w, grad_b) of y = x Wᵀ + b by ordinary matmuls, for any linear impl whose
+    autograd Function saved (x, weight) and `has_bias`: gradients must be correct, not invariant."""
+    x, weight = ctx.saved_tensors
+    g = grad.reshape(-1, weight.shape[0]).to(torch.promote_types(weight.dtype, torch.float32))
+    grad_x = grad_w = grad_b = None
+    if ctx.needs_input_grad[0]:
+        grad_x = (g @ weight.to(g.dtype)).to(x.dtype).reshape(x.shape)
+    if ctx.needs_input_grad[1]:
+        grad_w = (g.T @ x.reshape(-1, x.shape[-1]).to(g.dtype)).to(weight.dtype)
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        grad_b = g.sum(0).to(weight.dtype)
+    return grad_x, grad_w, grad_b
+
+
 class _InvariantLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, out_dtype, accum, num_leaves, block_k, block_tree, tree, leaf_tree):
@@ -58,16 +73,7 @@ class _InvariantLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        g = grad.reshape(-1, weight.shape[0]).to(torch.promote_types(weight.dtype, torch.float32))
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = (g @ weight.to(g.dtype)).to(x.dtype).reshape(x.shape)
-        if ctx.needs_input_grad[1]:
-            grad_w = (g.T @ x.reshape(-1, x.shape[-1]).to(g.dtype)).to(weight.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = g.sum(0).to(weight.dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None
+        return (*linear_grads(ctx, grad), None, None, None, None, None, None, None)
 
 
 def _linear(x, weight, bias, input_dtype, weight_dtype, output_dtype, accum_dtype, block_k, block_tree, tree, num_leaves, leaf_tree):

@@ -22,6 +22,7 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
+from .reference import linear_grads
 
 ID = "linear.triton"
 DOT_DTYPES = ("bfloat16", "float16", "float32")
@@ -127,16 +128,7 @@ class _TritonLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        g = grad.reshape(-1, weight.shape[0]).to(torch.promote_types(weight.dtype, torch.float32))
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = (g @ weight.to(g.dtype)).to(x.dtype).reshape(x.shape)
-        if ctx.needs_input_grad[1]:
-            grad_w = (g.T @ x.reshape(-1, x.shape[-1]).to(g.dtype)).to(weight.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = g.sum(0).to(weight.dtype)
-        return grad_x, grad_w, grad_b, None, None
+        return (*linear_grads(ctx, grad), None, None)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, input_dtype: str, weight_dtype: str, output_dtype: str,

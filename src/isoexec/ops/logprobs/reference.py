@@ -37,6 +37,14 @@ def log_softmax_rows(x: Tensor, *, vocab_block: int, block_tree: str, leaf_tree:
     return shifted - torch.log(torch.where(is_empty, 1.0, total))
 
 
+def log_softmax_grad(ctx, grad: Tensor) -> Tensor:
+    """grad - softmax · Σ grad from the saved log-probs, with ordinary ops (correct, not invariant)."""
+    (out,) = ctx.saved_tensors
+    dtype = torch.promote_types(out.dtype, torch.float32)
+    g = grad.to(dtype)
+    return (g - torch.exp(out.to(dtype)) * g.sum(-1, keepdim=True)).to(ctx.input_dtype)
+
+
 class _LogSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, out_dtype, accum, vocab_block, block_tree, leaf_tree):
@@ -55,11 +63,7 @@ class _LogSoftmax(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        (out,) = ctx.saved_tensors
-        dtype = torch.promote_types(out.dtype, torch.float32)
-        g = grad.to(dtype)
-        grad_logits = g - torch.exp(out.to(dtype)) * g.sum(-1, keepdim=True)
-        return grad_logits.to(ctx.input_dtype), None, None, None, None, None
+        return log_softmax_grad(ctx, grad), None, None, None, None, None
 
 
 def logprobs(logits: Tensor, *, input_dtype: str, output_dtype: str, accum_dtype: str, vocab_block: int, block_tree: str,

@@ -25,6 +25,7 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
+from .reference import log_softmax_grad
 
 ID = "logprobs.triton"
 INPUT_DTYPES = ("bfloat16", "float16", "float32")
@@ -101,11 +102,7 @@ class _TritonLogSoftmax(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        (out,) = ctx.saved_tensors
-        dtype = torch.promote_types(out.dtype, torch.float32)
-        g = grad.to(dtype)
-        grad_logits = g - torch.exp(out.to(dtype)) * g.sum(-1, keepdim=True)
-        return grad_logits.to(ctx.input_dtype), None, None
+        return log_softmax_grad(ctx, grad), None, None
 
 
 def logprobs(logits: Tensor, *, input_dtype: str, output_dtype: str, accum_dtype: str, vocab_block: int, num_warps: int) -> Tensor:
