@@ -173,4 +173,10 @@ PRESETS = {
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
         max_position_embeddings=2048, tie_word_embeddings=True, dtype="bfloat16", eos_token_id=None,
     ),
+    # The shape of Qwen3-0.6B's config.json with random weights: a real-sized model for GPU audits.
+    "qwen3-0.6b-random": ModelSpec(
+        architecture="Qwen3ForCausalLM", vocab_size=151_936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
+        max_position_embeddings=40_960, tie_word_embeddings=True, dtype="bfloat16", eos_token_id=None,
+    ),
 }
