@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Exit status: 0 when everything is bitwise equal (or the contract claims nothing), 1 on a mismatch under a "
         "bitwise contract, 2 on bad input.",
     )
-    audit.add_argument("--model", default="tiny-dense", metavar="PRESET|DIR", help="a model preset (random weights from --seed) or a Hugging Face checkpoint directory (default: tiny-dense)")
+    audit.add_argument("--model", default="tiny-dense", metavar="PRESET|DIR", help="a model preset with seeded random weights (tiny-dense, qwen3-0.6b-random) or a Hugging Face checkpoint directory (default: tiny-dense)")
     audit.add_argument("--contract", metavar="PRESET|FILE", help="the contract (default: the model family's IsoExec contract; 'native' for the fast path)")
     audit.add_argument("--requests", type=int, default=16, metavar="N", help="number of requests (default: 16)")
     audit.add_argument("--max-new-tokens", type=int, default=16, metavar="T", help="tokens generated per request (default: 16)")
