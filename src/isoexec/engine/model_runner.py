@@ -4,7 +4,7 @@ import torch
 from torch import Tensor
 
 from ..contract.schema import Contract
-from ..model import PagedKV, Step, bind, step
+from ..model import PagedKV, Step, bind, is_tracing, step
 from ..ops.attention.metadata import paged_slot_table
 from ..ops.common import torch_dtype
 from .config import ENGINE_CASES
@@ -40,12 +40,14 @@ class ModelRunner:
         last token, in order: token r is drawn from row r, computed at position len(seq) - 1, with the
         request's seed and sampling position len(seq), the position the new token will occupy."""
         input_ids, positions, seq_ids, labels = [], [], [], []
+        tracing = is_tracing()
         for b, seq in enumerate(seqs):
             start, end = seq.num_computed, seq.num_computed + seq.num_scheduled
             input_ids += seq.token_ids[start:end]
             positions += range(start, end)
             seq_ids += [b] * (end - start)
-            labels += [(seq.request_id << 32) | p for p in range(start, end)]  # names each row for tracing
+            if tracing:  # names each row (request, position) for audit --trace
+                labels += [(seq.request_id << 32) | p for p in range(start, end)]
         max_pages = max(len(seq.page_table) for seq in seqs)
         block_table = self._tensor([s.page_table + [-1] * (max_pages - len(s.page_table)) for s in seqs], torch.int64)  # [B, P]
         num_keys = max(seq.num_computed + seq.num_scheduled for seq in seqs)
@@ -58,7 +60,7 @@ class ModelRunner:
 
         ops = self.ops[case]
         kv = PagedKV(self.k_cache, self.v_cache, write_slots)
-        with step(Step(case=case, ops=ops, slot_table=slot_table, seq_ids=seq_ids, kv=kv, labels=self._tensor(labels, torch.int64))):
+        with step(Step(case=case, ops=ops, slot_table=slot_table, seq_ids=seq_ids, kv=kv, labels=self._tensor(labels, torch.int64) if tracing else None)):
             hidden = self.model(self._tensor(input_ids, torch.int64), positions)  # [T, hidden]
             if not sampled:
                 return [], torch.empty(0), torch.empty(0, self.model.spec.vocab_size)

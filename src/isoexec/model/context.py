@@ -59,6 +59,10 @@ def tracing(tracer):
         _tracers.pop()
 
 
+def is_tracing() -> bool:
+    return bool(_tracers)
+
+
 @contextlib.contextmanager
 def step(current: Step):
     """Make `current` the step the model reads; exception-safe and nestable."""
