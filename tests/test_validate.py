@@ -146,3 +146,27 @@ def test_fingerprint_command_shows_admission_after_validate(tmp_path):
     after = subprocess.run([sys.executable, "-m", "isoexec", "fingerprint", "--role", "engine", "--json"], capture_output=True, text=True, env=env, timeout=120)
     cells = [c for cells in json.loads(after.stdout)["installed"].values() for c in cells.values()]
     assert all(c["admitted"] for c in cells)
+
+
+def test_concurrent_record_writers_merge_their_cases(tmp_path, monkeypatch):
+    """A trainer and an engine on one host record the same impl's cases at the same time."""
+    import os
+
+    script = (
+        "import sys, isoexec.ops\n"
+        "from isoexec.contract import load_preset\n"
+        "from isoexec.runtime import REGISTRY, runtime_info\n"
+        "from isoexec.validate import records\n"
+        "entry = load_preset('tiny-dense').entry('linear', 'trainer_fwd')\n"
+        "impl = REGISTRY.get('linear.reference', 1)\n"
+        "for i in range(40):\n"
+        "    records.write(impl, entry.constants, runtime_info('cpu'), cases=[sys.argv[1] + str(i)], status='admitted', dtypes=[], trials=0, failures=[])\n"
+    )
+    env = {**os.environ, "ISOEXEC_HOME": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", script, side], env=env) for side in ("trainer", "engine")]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    entry = load_preset("tiny-dense").entry("linear", "trainer_fwd")
+    monkeypatch.setenv("ISOEXEC_HOME", str(tmp_path))
+    record = records.lookup(REGISTRY.get("linear.reference", 1), entry.constants, runtime_info(CPU))
+    assert set(record["cases_proven"]) == {f"{side}{i}" for side in ("trainer", "engine") for i in range(40)}
+    assert not list(tmp_path.glob("admissions/*.tmp"))

@@ -5,9 +5,12 @@ SHA-256 of everything that could change the impl's bits. The runtime fingerprint
 an impl counts as admitted only on the exact code, constants, torch/triton and device it was proven on.
 """
 
+import contextlib
 import datetime
+import fcntl
 import json
 import os
+import tempfile
 from pathlib import Path
 
 from ..contract.identity import canonical_json, sha256_id
@@ -33,28 +36,47 @@ def _path(key: dict) -> Path:
     return records_dir() / (sha256_id(key).removeprefix("sha256:") + ".json")
 
 
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """Exclusive lock on the records folder: merging cases is read-modify-write, and a trainer and an
+    engine on one host may record at the same moment."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def write(impl, constants: dict, runtime: dict, *, cases: list[str], status: str, dtypes: list[str], trials: int, failures: list[str]) -> Path:
     key = _key(impl.ref, constants, impl.source_sha256, runtime)
     path = _path(key)
-    if status == "admitted":  # entries that split one impl's cases each prove their own
-        previous = lookup(impl, constants, runtime)
-        if previous and previous.get("status") == "admitted":
-            cases = sorted(set(cases) | set(previous["cases_proven"]))
-    record = {
-        **key,
-        "region": impl.region,
-        "device": runtime["device"],
-        "cases_proven": sorted(cases) if status == "admitted" else [],
-        "status": status,
-        "dtypes": list(dtypes),
-        "trials": trials,
-        "failures": failures[:20],
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(canonical_json(record))
-    tmp.replace(path)
+    with _locked(path.parent):
+        if status == "admitted":  # entries that split one impl's cases each prove their own
+            previous = lookup(impl, constants, runtime)
+            if previous and previous.get("status") == "admitted":
+                cases = sorted(set(cases) | set(previous["cases_proven"]))
+        record = {
+            **key,
+            "region": impl.region,
+            "device": runtime["device"],
+            "cases_proven": sorted(cases) if status == "admitted" else [],
+            "status": status,
+            "dtypes": list(dtypes),
+            "trials": trials,
+            "failures": failures[:20],
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+        # A temporary file of its own, then an atomic rename: a reader never sees a torn record.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(canonical_json(record))
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return path
 
 
