@@ -10,10 +10,17 @@ rows, whichever tile row it lands in. K is a compile-time constant (a layer's K 
 also keeps the loop bound a Python int for Triton 3.6's interpreter, whose runtime scalars are
 one-element arrays that numpy >= 2.4 refuses to turn into a `range` bound.
 
+The same kernel computes the leaf partials of `linear.row_parallel.triton` (`row_parallel_triton.py`):
+a third grid axis runs one leaf per program, offsetting x and W by the leaf's first K column and
+writing its fp32 accumulator, unrounded and without bias, to its own plane of a [G, M, N] buffer. K is
+then the leaf width, so the K mask stops every leaf at its own end. `linear.triton` is one leaf.
+
 The backward pass uses ordinary matmuls: gradients must be correct, not batch-invariant.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import Tensor
@@ -51,6 +58,13 @@ HOPPER_CONSTANTS = {
     (24576, 4096): _WIDE,  # fused gate_up_proj (not timed; as gate_proj)
     (4096, 12288): _MID,  # down_proj
     (151936, 4096): _WIDER,  # lm_head
+    # Qwen3-0.6B (not timed): hidden 1024, intermediate 3072, 16 heads / 8 KV heads of 128, vocab 151936
+    (2048, 1024): _MID,  # q_proj
+    (1024, 1024): _MID,  # k_proj, v_proj
+    (1024, 2048): _MID,  # o_proj
+    (3072, 1024): _MID,  # gate_proj, up_proj
+    (1024, 3072): _MID,  # down_proj
+    (151936, 1024): _WIDER,  # lm_head
 }
 
 
@@ -59,11 +73,12 @@ def hopper_constants(n: int, k: int, dtype: str = "bfloat16") -> dict:
     return dict(input_dtype=dtype, weight_dtype=dtype, output_dtype=dtype, accum_dtype="float32", **HOPPER_CONSTANTS.get((n, k), _WIDE))
 
 
-@jit(do_not_specialize=["M"])  # one compiled kernel for every M: nothing about M may reach the code
+# One compiled kernel for every M: nothing about M may reach the code, the leaf planes' stride M·N included.
+@jit(do_not_specialize=["M", "stride_yg"])
 def linear_fwd_kernel(
     x, w, b, y,
     M, N,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_yg, stride_ym, stride_yn,
     K: tl.constexpr,
     NK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -72,7 +87,10 @@ def linear_fwd_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    i_m, i_n = tl.program_id(0), tl.program_id(1)
+    i_m, i_n, i_g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    x += i_g.to(tl.int64) * K * stride_xk
+    w += i_g.to(tl.int64) * K * stride_wk
+    y += i_g.to(tl.int64) * stride_yg
     o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_m, m_n = o_m < M, o_n < N
@@ -96,54 +114,70 @@ def linear_fwd_kernel(
     tl.store(p_y, b_acc.to(y.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
 
-def linear_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, block_m: int, block_n: int,
-               block_k: int, num_warps: int, num_stages: int) -> Tensor:
-    """x [M, K], weight [N, K], bias [N] -> [M, N] in `out_dtype`."""
-    m, k = x.shape
-    n = weight.shape[0]
-    y = x.new_empty((m, n), dtype=out_dtype)
+def launch(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, block_m: int, block_n: int, block_k: int,
+           num_warps: int, num_stages: int) -> None:
+    """x [M, K], weight [N, K], bias [N] -> y [G, M, N]: plane g is leaf g, x Wᵀ over K columns
+    [g K/G, (g + 1) K/G) (+ bias), rounded to y's dtype. The caller checks that G divides K."""
+    num_leaves, m, n = y.shape
+    leaf = x.shape[1] // num_leaves
     if m == 0 or n == 0:
-        return y
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+        return
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), num_leaves)
     linear_fwd_kernel[grid](
         x, weight, x if bias is None else bias.contiguous(), y,
         m, n,
-        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
-        K=k, NK=triton.cdiv(k, block_k),
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1), y.stride(2),
+        K=leaf, NK=triton.cdiv(leaf, block_k),
         HAS_BIAS=bias is not None,
         DOT_IN_FP32=triton_support.interpreting(),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=num_stages,
     )
+
+
+def linear_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, block_m: int, block_n: int,
+               block_k: int, num_warps: int, num_stages: int) -> Tensor:
+    """x [M, K], weight [N, K], bias [N] -> [M, N] in `out_dtype`."""
+    y = x.new_empty((x.shape[0], weight.shape[0]), dtype=out_dtype)
+    launch(x, weight, bias, y[None], block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
     return y
+
+
+def _over_rows(fwd, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return fwd(x.reshape(-1, x.shape[-1]), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
 
 
 class _TritonLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, out_dtype, tiles):
+    def forward(ctx, x, weight, bias, fwd):
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        y = linear_fwd(x.reshape(-1, x.shape[-1]), weight, bias, out_dtype, **tiles)
-        return y.reshape(*x.shape[:-1], weight.shape[0])
+        return _over_rows(fwd, x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
-        return (*linear_grads(ctx, grad), None, None)
+        return (*linear_grads(ctx, grad), None)
+
+
+def run(impl_id: str, fwd, x: Tensor, weight: Tensor, bias: Tensor | None, input_dtype: str, weight_dtype: str) -> Tensor:
+    """`fwd` (x [M, K], weight [N, K], bias [N] -> [M, N]) over the rows of x [..., K] -> [..., N], after
+    checking the inputs against the contract; through autograd, with `linear_grads`, when it records."""
+    expect_dtype(x, input_dtype, "linear input")
+    expect_dtype(weight, weight_dtype, "linear weight")
+    if x.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"linear: input has K = {x.shape[-1]}, weight has K = {weight.shape[-1]}")
+    require_device(impl_id, x, weight, bias)
+    if needs_grad(x, weight, bias):
+        return _TritonLinear.apply(x, weight, bias, fwd)
+    return _over_rows(fwd, x, weight, bias)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, input_dtype: str, weight_dtype: str, output_dtype: str,
            accum_dtype: str, block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int) -> Tensor:
     """x [..., K], weight [N, K], bias [N] -> [..., N]."""
-    expect_dtype(x, input_dtype, "linear input")
-    expect_dtype(weight, weight_dtype, "linear weight")
-    if x.shape[-1] != weight.shape[-1]:
-        raise ValueError(f"linear: input has K = {x.shape[-1]}, weight has K = {weight.shape[-1]}")
-    require_device(ID, x, weight, bias)
-    tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
-    if needs_grad(x, weight, bias):
-        return _TritonLinear.apply(x, weight, bias, torch_dtype(output_dtype), tiles)
-    y = linear_fwd(x.reshape(-1, x.shape[-1]), weight, bias, torch_dtype(output_dtype), **tiles)
-    return y.reshape(*x.shape[:-1], weight.shape[0])
+    fwd = functools.partial(linear_fwd, out_dtype=torch_dtype(output_dtype), block_m=block_m, block_n=block_n, block_k=block_k,
+                            num_warps=num_warps, num_stages=num_stages)
+    return run(ID, fwd, x, weight, bias, input_dtype, weight_dtype)
 
 
 def bench_op():
@@ -151,17 +185,18 @@ def bench_op():
     return lambda x, w, b=None: linear(x, w, b, **hopper_constants(*w.shape, str(x.dtype).removeprefix("torch.")))
 
 
-def check_constants(constants: dict) -> None:
+def check_constants(constants: dict, impl_id: str = ID) -> None:
+    """Refuse dtypes and tiles the kernel does not implement (ValueError naming `impl_id`)."""
     if constants["accum_dtype"] != "float32":
-        raise ValueError(f'{ID} accumulates in float32 only, got accum_dtype = "{constants["accum_dtype"]}"')
+        raise ValueError(f'{impl_id} accumulates in float32 only, got accum_dtype = "{constants["accum_dtype"]}"')
     if constants["input_dtype"] != constants["weight_dtype"] or constants["input_dtype"] not in DOT_DTYPES:
-        raise ValueError(f"{ID} needs input_dtype = weight_dtype, one of {', '.join(DOT_DTYPES)}")
+        raise ValueError(f"{impl_id} needs input_dtype = weight_dtype, one of {', '.join(DOT_DTYPES)}")
     for name in ("block_m", "block_n", "block_k"):
         value = constants[name]
         if value < 16 or value & (value - 1):
-            raise ValueError(f"{ID}: {name} must be a power of two >= 16 (tl.dot's smallest tile), got {value}")
+            raise ValueError(f"{impl_id}: {name} must be a power of two >= 16 (tl.dot's smallest tile), got {value}")
     if constants["num_warps"] not in (1, 2, 4, 8, 16) or constants["num_stages"] < 1:
-        raise ValueError(f"{ID}: num_warps must be a power of two <= 16 and num_stages >= 1")
+        raise ValueError(f"{impl_id}: num_warps must be a power of two <= 16 and num_stages >= 1")
 
 
 def register(registry) -> None:

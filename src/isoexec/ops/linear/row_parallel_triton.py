@@ -1,0 +1,95 @@
+"""Batch-invariant row-parallel y = x Wᵀ (+ b) (o_proj, down_proj) on linear.triton's kernel.
+
+K is split into `num_leaves` = G contiguous leaves of K/G columns. One launch with a third grid axis
+over the leaves computes each leaf's partial exactly as linear.triton computes a whole row: ascending
+BLOCK_K blocks of the leaf into one fp32 accumulator starting from 0, masked at the leaf's own end
+(so K/G need not be a multiple of BLOCK_K), written unrounded to plane g of a [G, M, N] fp32 buffer.
+The G partials are then combined by the fixed `leaf_tree` (`reduce.tree_sum`, the lower leaf on the
+left), the bias added in fp32, and the sum rounded once. The tiles depend only on the contract, never
+on M, and the combine is elementwise, so a row's bits do not depend on its batch.
+
+A tensor-parallel rank owning a contiguous run of leaves computes `leaf_partials` on its K shard with
+its share of the leaves; every rank gathers all partials (bytes only) and calls `combine_partials`,
+which gives the same bits as one device at TP = 1. The forward never reads a tensor on the host, so it
+can be captured in a CUDA graph. The [G, M, N] buffer costs G·M·N·4 bytes of memory traffic each way.
+
+The backward pass is linear.triton's: ordinary matmuls, correct but not batch-invariant.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from ...runtime.registry import Impl
+from .. import reduce, triton_support
+from ..common import ALL_CASES, torch_dtype
+from ..triton_support import triton_available
+from . import triton as linear_triton
+
+ID = "linear.row_parallel.triton"
+
+
+def leaf_partials(x: Tensor, weight: Tensor, *, num_leaves: int, block_m: int, block_n: int, block_k: int, num_warps: int,
+                  num_stages: int) -> Tensor:
+    """x [M, K], weight [N, K] -> the unrounded fp32 leaf partials [M, N, num_leaves], as a view of a
+    contiguous [num_leaves, M, N] buffer (`.permute(2, 0, 1)` gives it back for an all-gather)."""
+    m, k = x.shape
+    if k % num_leaves:
+        raise ValueError(f"{ID}: K = {k} is not divisible into {num_leaves} leaves")
+    partials = x.new_empty((num_leaves, m, weight.shape[0]), dtype=torch.float32)
+    linear_triton.launch(x, weight, None, partials, block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps,
+                         num_stages=num_stages)
+    return partials.permute(1, 2, 0)
+
+
+def combine_partials(partials: Tensor, bias: Tensor | None, *, leaf_tree: str, out_dtype: torch.dtype) -> Tensor:
+    """[M, N, G] fp32 leaf partials (every leaf, in order) -> [M, N] in `out_dtype`: the fixed leaf
+    tree, the bias in fp32, one rounding."""
+    y = reduce.tree_sum(partials, leaf_tree)
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(out_dtype)
+
+
+def row_parallel_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, num_leaves: int, leaf_tree: str,
+                     **tiles) -> Tensor:
+    """x [M, K], weight [N, K], bias [N] -> [M, N] in `out_dtype`, on one device (TP = 1)."""
+    return combine_partials(leaf_partials(x, weight, num_leaves=num_leaves, **tiles), bias, leaf_tree=leaf_tree, out_dtype=out_dtype)
+
+
+def row_parallel_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, input_dtype: str, weight_dtype: str,
+                        output_dtype: str, accum_dtype: str, block_m: int, block_n: int, block_k: int, num_warps: int,
+                        num_stages: int, num_leaves: int, leaf_tree: str) -> Tensor:
+    """x [..., K], weight [N, K], bias [N] -> [..., N]."""
+    fwd = functools.partial(row_parallel_fwd, out_dtype=torch_dtype(output_dtype), num_leaves=num_leaves, leaf_tree=leaf_tree,
+                            block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+    return linear_triton.run(ID, fwd, x, weight, bias, input_dtype, weight_dtype)
+
+
+def bench_op(num_leaves: int = 8, leaf_tree: str = "balanced_binary"):
+    """y = x Wᵀ with each weight's Hopper tile and `num_leaves` leaves: what `benchmarks/bench.py` times against cuBLAS."""
+    def op(x, w, b=None):
+        return row_parallel_linear(x, w, b, **linear_triton.hopper_constants(*w.shape, str(x.dtype).removeprefix("torch.")),
+                                   num_leaves=num_leaves, leaf_tree=leaf_tree)
+    return op
+
+
+def check_constants(constants: dict) -> None:
+    linear_triton.check_constants(constants, ID)
+    num_leaves, leaf_tree = constants["num_leaves"], constants["leaf_tree"]
+    if not isinstance(num_leaves, int) or num_leaves < 1 or num_leaves & (num_leaves - 1):
+        raise ValueError(f"{ID}: num_leaves must be a power of two >= 1 (the leaves of a balanced tree, and any TP size "
+                         f"dividing them), got {num_leaves}")
+    if leaf_tree not in reduce.TREES:
+        raise ValueError(f"{ID}: leaf_tree must be one of {', '.join(reduce.TREES)}, got {leaf_tree!r}")
+
+
+def register(registry) -> None:
+    """Register linear.row_parallel.triton@1; without Triton installed, nothing is registered."""
+    if triton_available():
+        registry.register(Impl(id=ID, version=1, region="linear.row_parallel", cases=ALL_CASES, fn=row_parallel_linear,
+                               check_constants=check_constants,
+                               sources=(linear_triton.linear_fwd_kernel, linear_triton, reduce, triton_support)))

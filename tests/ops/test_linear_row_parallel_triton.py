@@ -1,0 +1,207 @@
+"""linear.row_parallel.triton: correctness against float64 (odd leaf widths included), bitwise batch
+invariance next to batch-dependent variants and the native GEMM, the same bits from tensor-parallel
+shards of the leaves, gradients, refused constants, and admission through the battery.
+
+Without a GPU the kernel runs in Triton's interpreter (see tests/ops/test_triton_kernels.py), so
+shapes are small and the battery probe is a reduced version of the family's own.
+"""
+
+import dataclasses
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from conftest import batch_dependent, bitwise_equal  # noqa: E402
+from isoexec.contract import load_preset  # noqa: E402
+from isoexec.contract.schema import ImplRef  # noqa: E402
+from isoexec.ops import triton_support  # noqa: E402
+from isoexec.ops.linear import native  # noqa: E402
+from isoexec.ops.linear import probe as linear_probe  # noqa: E402
+from isoexec.ops.linear import row_parallel_triton  # noqa: E402
+from isoexec.ops.linear import triton as linear_triton  # noqa: E402
+from isoexec.ops.linear.row_parallel_triton import combine_partials, leaf_partials  # noqa: E402
+from isoexec.runtime import REGISTRY  # noqa: E402
+from isoexec.runtime.registry import Registry  # noqa: E402
+from isoexec.validate.battery import hazard_rows, rowwise, validate_entry  # noqa: E402
+
+if not ON_GPU and not triton_support.interpreting():
+    pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+
+# The hazard rows overflow in numpy on purpose (the interpreter's arithmetic).
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning")
+
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+TILES = dict(block_m=16, block_n=32, block_k=16, num_warps=4, num_stages=2)
+ROW_PARALLEL = dict(input_dtype="float32", weight_dtype="float32", output_dtype="float32", accum_dtype="float32", **TILES,
+                    num_leaves=4, leaf_tree="balanced_binary")
+
+
+def boundary(constants: dict, dtype: torch.dtype) -> dict:
+    """`constants` with their float32 boundary dtypes replaced by `dtype`."""
+    name = str(dtype).removeprefix("torch.")
+    return {k: name if k in ("input_dtype", "weight_dtype", "output_dtype") and v == "float32" else v for k, v in constants.items()}
+
+
+def randn(*shape: int, seed: int, scale: float = 1.0, dtype=torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
+
+
+def poisoned(t: torch.Tensor) -> torch.Tensor:
+    """The same values with NaN right after each row's end, so a read past K (or past the last leaf) shows."""
+    wide = torch.full((*t.shape[:-1], t.shape[-1] + 16), float("nan"), dtype=t.dtype, device=t.device)
+    wide[..., : t.shape[-1]] = t
+    return wide[..., : t.shape[-1]]
+
+
+def row_parallel(constants=ROW_PARALLEL):
+    return lambda x, w, b=None: row_parallel_triton.row_parallel_linear(x, w, b, **constants)
+
+
+@pytest.mark.parametrize("leaf_tree", ["balanced_binary", "sequential"])
+@pytest.mark.parametrize("k", [64, 40, 72])  # leaf widths 16 = BLOCK_K, 10 < BLOCK_K, 18 = BLOCK_K + 2
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_float64(dtype, k, leaf_tree):
+    x, w, b = randn(3, 5, k, seed=k, dtype=dtype), randn(20, k, seed=k + 1, dtype=dtype), randn(20, seed=k + 2, dtype=dtype)
+    y = row_parallel(boundary(ROW_PARALLEL, dtype) | {"leaf_tree": leaf_tree})(poisoned(x), poisoned(w), b)
+    exact = x.double() @ w.double().T + b.double()
+    assert y.shape == (3, 5, 20) and y.dtype == dtype
+    if dtype == torch.float32:
+        assert (y.double() - exact).abs().max() < 1e-5
+    else:  # one round to nearest from fp32
+        assert ((y.double() - exact).abs() / (exact.abs() + 1)).max() < 2**-7
+
+
+def test_gradients_match_float64():
+    x, w, b = randn(2, 3, 40, seed=3), randn(12, 40, seed=4), randn(12, seed=5)
+    g = randn(2, 3, 12, seed=6)
+    params = [t.clone().requires_grad_() for t in (x, w, b)]
+    row_parallel()(*params).backward(g)
+    exact = [t.double().requires_grad_() for t in (x, w, b)]
+    (exact[0] @ exact[1].T + exact[2]).backward(g.double())
+    for got, want in zip(params, exact):
+        assert (got.grad.double() - want.grad).abs().max() < 1e-4
+
+
+def _rows(dtype, k=40):
+    """65 random rows and the battery's 6 hazard rows (signed zeros, subnormals, huge magnitudes, ties)."""
+    ctx = SimpleNamespace(dtype=torch.float32, device=DEVICE, generator=torch.Generator().manual_seed(99))
+    x = torch.cat([randn(65, k, seed=7), hazard_rows(ctx, k)]).to(dtype)
+    return x, randn(24, k, seed=8, scale=k**-0.5, dtype=dtype), randn(24, seed=9, dtype=dtype)
+
+
+SIZES = (1, 7, 33, 65)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_are_bitwise_invariant(dtype):
+    x, w, b = _rows(dtype)
+    op = row_parallel(boundary(ROW_PARALLEL, dtype))
+    assert batch_dependent(op, [x], w, b, sizes=SIZES) == []
+    assert bitwise_equal(op(x.reshape(1, 71, 40), w, b)[0], op(x, w, b))
+
+
+def test_batch_dependent_variants_and_the_native_gemm_are_caught():
+    """The same check must fail where the leaf count follows the batch size; it fails the native GEMM
+    wherever its BLAS changes blocking with M (this CPU from M >= 7 in fp32, cuBLAS from M = 64)."""
+    x, w, b = _rows(torch.float32)
+
+    def leaves_from_rows(x, w, b):
+        return row_parallel(ROW_PARALLEL | {"num_leaves": 2 if x.shape[0] < 8 else 4})(x, w, b)
+
+    def native_linear(x, w, b):
+        return native.linear(x, w, b, input_dtype="float32", weight_dtype="float32", output_dtype="float32")
+
+    assert batch_dependent(leaves_from_rows, [x], w, b, sizes=SIZES), "the invariance check missed a batch-dependent leaf count"
+    assert batch_dependent(native_linear, [x], w, b, sizes=SIZES), "native linear was batch-invariant here"
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_tensor_parallel_shards_give_the_same_bits(tp):
+    """Rank r at TP = tp owns leaves [r G/tp, (r + 1) G/tp) and the K columns under them; the partials
+    gathered along the leaves and combined by the same tree reproduce one device bit for bit."""
+    x, w, b = (randn(*shape, seed=seed, dtype=torch.bfloat16) for shape, seed in [((9, 72), 10), ((20, 72), 11), ((20,), 12)])
+    whole = row_parallel(boundary(ROW_PARALLEL, torch.bfloat16))(x, w, b)
+    shard = 72 // tp
+    ranks = [leaf_partials(x[:, r * shard : (r + 1) * shard], w[:, r * shard : (r + 1) * shard], num_leaves=4 // tp, **TILES)
+             for r in range(tp)]
+    gathered = torch.cat([p.permute(2, 0, 1) for p in ranks]).permute(1, 2, 0)  # as an all-gather of [G/tp, M, N] planes
+    assert all(p.permute(2, 0, 1).is_contiguous() for p in ranks)
+    assert bitwise_equal(combine_partials(gathered, b, leaf_tree="balanced_binary", out_dtype=torch.bfloat16), whole)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_the_forward_can_be_captured_in_a_cuda_graph():
+    x, w, b = randn(33, 64, seed=13), randn(24, 64, seed=14), randn(24, seed=15)
+    op = row_parallel()
+    eager = op(x, w, b)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = op(x, w, b)
+    graph.replay()
+    assert bitwise_equal(captured, eager)
+
+
+def _impl():
+    registry = Registry()
+    row_parallel_triton.register(registry)
+    assert [impl.ref for impl in registry] == ["linear.row_parallel.triton@1"]
+    return registry, registry.get("linear.row_parallel.triton", 1)
+
+
+def test_registered_with_its_sources_and_refuses_bad_constants():
+    _, impl = _impl()
+    assert impl.region == "linear.row_parallel" and impl.source_sha256
+    assert REGISTRY.get("linear.row_parallel.triton", 1).fn is row_parallel_triton.row_parallel_linear
+    impl.check(boundary(ROW_PARALLEL, torch.bfloat16) | {"num_leaves": 8})
+    for edit, message in [
+        ({"num_leaves": 6}, "linear.row_parallel.triton: num_leaves must be a power of two >= 1"),
+        ({"num_leaves": 0}, "num_leaves must be a power of two >= 1"),
+        ({"leaf_tree": "pairwise"}, "leaf_tree must be one of balanced_binary, sequential, got 'pairwise'"),
+        ({"block_k": 24}, "linear.row_parallel.triton: block_k must be a power of two >= 16"),
+        ({"accum_dtype": "float64"}, "linear.row_parallel.triton accumulates in float32 only"),
+        ({"block_tree": "sequential"}, "unsupported constants block_tree"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            impl.check(ROW_PARALLEL | edit)
+    with pytest.raises(ValueError, match="missing constants leaf_tree, num_leaves"):
+        impl.check({k: v for k, v in ROW_PARALLEL.items() if k not in ("num_leaves", "leaf_tree")})
+
+
+def test_inputs_that_do_not_split_into_whole_leaves_are_refused():
+    with pytest.raises(ValueError, match="linear.row_parallel.triton: K = 42 is not divisible into 4 leaves"):
+        row_parallel()(randn(2, 42, seed=16), randn(3, 42, seed=17))
+    with pytest.raises(ValueError, match="input has K = 40, weight has K = 32"):
+        row_parallel()(randn(2, 40, seed=16), randn(3, 32, seed=17))
+
+
+def _small_probe(ctx):
+    """linear.row_parallel's probe with fewer rows and batch sizes, for the interpreter."""
+    k, n = linear_probe.K, linear_probe.N
+    x = torch.cat([ctx.randn(10, k), hazard_rows(ctx, k)])
+    weight, bias = ctx.randn(n, k, scale=k**-0.5), ctx.randn(n)
+    yield from rowwise(ctx, [x], weight, bias, sizes=(1, 3, 16))
+    yield from rowwise(ctx, [x], weight, None, sizes=(7,), label="without bias")
+
+
+def test_the_battery_admits_it():
+    constants = boundary(ROW_PARALLEL, torch.bfloat16) | linear_triton.HOPPER_CONSTANTS[64, 64] | {"num_leaves": 8}
+    contract = load_preset("tiny-dense")
+    composition = tuple(
+        dataclasses.replace(e, impl=ImplRef(id="linear.row_parallel.triton", version=1), constants=constants)
+        if e.region == "linear.row_parallel" else e
+        for e in contract.composition
+    )
+    contract = dataclasses.replace(contract, composition=composition)
+    registry, _ = _impl()
+    result = validate_entry(contract, contract.entry("linear.row_parallel", "trainer_fwd"), linear_probe.probe if ON_GPU else _small_probe,
+                            registry=registry, device=DEVICE)
+    assert result.status == "admitted", result.failures[:5]
+    assert result.dtypes == ("bfloat16", "float32") and result.trials >= 60
