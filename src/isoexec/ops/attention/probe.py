@@ -70,10 +70,10 @@ def _zeros_only(ctx, q, k, v):
 HAZARDS = {70: _signed_zero_and_ties, 40: _subnormals, 16: _huge, 17: _zeros_only}
 
 
-def _sequences(ctx) -> list[Sequence]:
-    """One sequence per length in LENGTHS, most of them carrying a hazard in their keys/values."""
+def _sequences(ctx, lengths) -> list[Sequence]:
+    """One sequence per length in `lengths`, most of them carrying a hazard in their keys/values."""
     seqs = []
-    for length in LENGTHS:
+    for length in lengths:
         q = ctx.randn(length, NUM_HEADS, HEAD_DIM)
         k, v = ctx.randn(length, NUM_KV_HEADS, HEAD_DIM), ctx.randn(length, NUM_KV_HEADS, HEAD_DIM)
         if length in HAZARDS:
@@ -192,10 +192,12 @@ def _trials(ctx, seqs, order, window, label):
     return alone
 
 
-def probe(ctx):
-    seqs = _sequences(ctx)
+def probe(ctx, lengths=LENGTHS, window_lengths=WINDOW_LENGTHS):
+    """The trials; smaller `lengths` / `window_lengths` (each a subset of the other) make a quicker
+    probe for Triton's interpreter, losing the hazards of the lengths left out (see HAZARDS)."""
+    seqs = _sequences(ctx, lengths)
     alone = yield from _trials(ctx, seqs, list(range(len(seqs))), None, "")
-    window_order = [LENGTHS.index(n) for n in WINDOW_LENGTHS]
+    window_order = [lengths.index(n) for n in window_lengths]
     yield from _trials(ctx, seqs, window_order, WINDOW, f"window {WINDOW}: ")
     empty = torch.empty(0, dtype=torch.int64, device=ctx.device)
     k, v = seqs[0].k, seqs[0].v

@@ -1,0 +1,269 @@
+"""Batch-invariant causal GQA attention as one Triton kernel for training, prefill chunks and decode.
+
+The kernel takes the same integer metadata as `reference.attention` (slot table, sequence ids,
+absolute positions; see `metadata.py`), so the packed training batch, a chunk of a prefill and one
+decode token per sequence over the paged cache are the same launch with different integers.
+
+Program (tile, kv_head) owns a run of at most BLOCK_M consecutive queries of one sequence and all
+G = H / Hkv query heads that read kv_head: its BLOCK_M * G rows share every key and value load. It
+walks the absolute key blocks [j * BLOCK_N, (j + 1) * BLOCK_N) in ascending order, from the first
+block any of its rows can see to the last, gathering each key's row of the store through the slot
+table. Per block and row, in fp32:
+
+    s = (q · k) * scale              tl.dot, bf16 operands, fp32 accumulation; -inf where not visible
+    m' = max(m, max_j s)             a row that has seen no key yet uses 0 in place of -inf below
+    p = exp(s - m'),  alpha = exp(m - m')
+    l' = l * alpha + sum_j p
+    acc' = acc * alpha + (p · v)     p rounded to kv_cache_dtype; a zero sum is +0.0
+    (m, l, acc) <- (m', l', acc') only for rows that see a key of this block
+
+and finally out = acc / l (0 for a row that saw no key), rounded once. What a row computes depends
+only on its query, its visible keys and values, and its absolute position: which other rows share
+its tile, where in the tile it sits (every row of the MMA tile is reduced the same way; the battery
+checks it), how the keys are laid out in the store, and which blocks the other rows needed do not
+enter. A block the row does not see leaves its state untouched (selected, not added), and a p · v
+sum that is zero is canonicalised to +0.0, since keys the row does not see but a neighbour does add
+0 * v terms whose sign would otherwise depend on the neighbours. One limit: a key visible to a
+neighbour whose value is inf or NaN gives 0 * inf = NaN in this row too; the engine and trainer only
+ever expose written (finite) keys to any row.
+
+Tiles are built on the device from `seq_ids` (a tile starts where the sequence changes or after
+BLOCK_M queries of one run), and the grid has one tile slot per query, so nothing syncs with the
+host and decode steps can be captured in a CUDA graph. A visible key whose slot lies outside the
+store is skipped rather than reported (the kernel cannot raise); `reference.attention` raises there.
+
+The backward pass recomputes the forward with `native.attention` (SDPA) under autograd: gradients
+are correct, not batch-invariant.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ...runtime.registry import Impl
+from .. import triton_support
+from ..common import ALL_CASES, expect_dtype, torch_dtype
+from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
+from . import native
+from .reference import _check_inputs
+
+ID = "attention.triton"
+DTYPES = ("bfloat16", "float16", "float32")
+
+# Hopper (H100/H200) constants for bf16 head_dim 128 models.
+HOPPER_CONSTANTS = dict(input_dtype="bfloat16", output_dtype="bfloat16", kv_cache_dtype="bfloat16", accum_dtype="float32",
+                        block_m=16, block_n=16, num_warps=4, num_stages=2, split_kv_size=0)
+
+
+@jit
+def _block(
+    m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head,
+    k, v, L, S, scale, window,
+    stride_ks, stride_kh, stride_vs, stride_vh,
+    HAS_WINDOW: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+):
+    """One online-softmax step of every row over key block i_blk."""
+    o_d = tl.arange(0, D)
+    keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] absolute key positions
+    vis = (keys[None, :] <= pos[:, None]) & (keys[None, :] < L) & row_ok[:, None]  # [ROWS, BLOCK_N]
+    if HAS_WINDOW:
+        vis = vis & (keys[None, :] > pos[:, None] - window)
+    slots = tl.load(seq_row + keys, mask=keys < L, other=-1).to(tl.int64)  # [BLOCK_N]
+    vis = vis & ((slots >= 0) & (slots < S))[None, :]
+    key_ok = tl.max(vis.to(tl.int32), 0) > 0  # [BLOCK_N] seen by some row: written, finite
+    row_active = tl.max(vis.to(tl.int32), 1) > 0  # [ROWS]
+
+    p_k = k + slots[None, :] * stride_ks + kv_head * stride_kh + o_d[:, None]  # [D, BLOCK_N]
+    b_k = tl.load(p_k, mask=key_ok[None, :], other=0.0)
+    p_v = v + slots[:, None] * stride_vs + kv_head * stride_vh + o_d[None, :]  # [BLOCK_N, D]
+    b_v = tl.load(p_v, mask=key_ok[:, None], other=0.0)
+    if DOT_IN_FP32:  # the interpreter has no bfloat16 arithmetic
+        b_k, b_v = b_k.to(tl.float32), b_v.to(tl.float32)
+
+    s = tl.dot(b_q, b_k, input_precision="ieee") * scale  # [ROWS, BLOCK_N] fp32
+    s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - m_safe)
+    p = tl.where(vis, tl.exp(s - m_safe[:, None]), 0.0)
+    l_new = l * alpha + tl.sum(p, 1)
+    pv = tl.dot(p.to(b_v.dtype), b_v, input_precision="ieee")  # [ROWS, D] fp32; ieee: fp32 is never tf32
+    pv = tl.where(pv == 0.0, 0.0, pv)  # +0.0: the sign of a zero sum would depend on the neighbours' keys
+    acc_new = acc * alpha[:, None] + pv
+
+    m = tl.where(row_active, m_new, m)
+    l = tl.where(row_active, l_new, l)
+    acc = tl.where(row_active[:, None], acc_new, acc)
+    return m, l, acc
+
+
+@jit(do_not_specialize=["T", "L", "S", "window"])
+def attention_fwd_kernel(
+    q, k, v, o, slot_table, seq_ids, positions, tile_starts,
+    T, L, S, scale, window,
+    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_sb,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    D: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    i_tile, kv_head = tl.program_id(0), tl.program_id(1)
+    start = tl.load(tile_starts + i_tile)
+    end = tl.load(tile_starts + i_tile + 1)
+    if start < T:
+        seq = tl.load(seq_ids + start).to(tl.int64)
+        rows = tl.arange(0, ROWS)  # BLOCK_M * G_PAD rows, padded up to tl.dot's 16
+        tok = start + rows // G_PAD  # [ROWS]
+        head = kv_head * G + rows % G_PAD
+        row_ok = (rows < BLOCK_M * G_PAD) & (tok < end) & (rows % G_PAD < G)
+        tok = tl.where(row_ok, tok, start).to(tl.int64)
+        pos = tl.load(positions + tok, mask=row_ok, other=-1).to(tl.int64)
+        o_d = tl.arange(0, D)
+        p_q = q + tok[:, None] * stride_qt + head[:, None] * stride_qh + o_d[None, :]
+        b_q = tl.load(p_q, mask=row_ok[:, None], other=0.0)
+        if DOT_IN_FP32:
+            b_q = b_q.to(tl.float32)
+
+        # The blocks holding any row's visible keys: [first, last]; other blocks would be no-ops.
+        hi = tl.max(tl.where(row_ok, tl.minimum(pos, L - 1), -1), 0)
+        lo = 0
+        if HAS_WINDOW:
+            lo = tl.min(tl.where(row_ok, tl.maximum(pos - window + 1, 0), hi), 0)
+        lo_blk = lo // BLOCK_N
+        hi_blk = tl.where(hi >= 0, hi // BLOCK_N + 1, lo_blk)
+
+        m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+        l = tl.zeros([ROWS], dtype=tl.float32)
+        acc = tl.zeros([ROWS, D], dtype=tl.float32)
+        seq_row = slot_table + seq * stride_sb
+        if DOT_IN_FP32:  # the interpreter cannot take a loaded scalar as a `range` bound
+            i_blk = lo_blk
+            while i_blk < hi_blk:
+                m, l, acc = _block(m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
+                                   stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32)
+                i_blk += 1
+        else:
+            for i_blk in range(lo_blk, hi_blk):
+                m, l, acc = _block(m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
+                                   stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32)
+
+        has_keys = l > 0.0
+        out = tl.where(has_keys[:, None], acc / tl.where(has_keys, l, 1.0)[:, None], 0.0)
+        p_o = o + tok[:, None] * stride_ot + head[:, None] * stride_oh + o_d[None, :]
+        tl.store(p_o, out.to(o.dtype.element_ty), mask=row_ok[:, None])
+
+
+def tile_starts(seq_ids: Tensor, block_m: int) -> Tensor:
+    """[T + 2] int32: entry i is the first query of tile i, T for every slot past the last tile (the
+    last entry is a dump for non-starts). Tile i covers queries [starts[i], starts[i + 1]): a run of
+    one sequence's consecutive queries, cut every block_m. All on the device, no host sync."""
+    t = seq_ids.shape[0]
+    idx = torch.arange(t, device=seq_ids.device)
+    new_run = torch.ones_like(seq_ids, dtype=torch.bool)
+    new_run[1:] = seq_ids[1:] != seq_ids[:-1]
+    run_start = torch.where(new_run, idx, 0).cummax(0).values
+    is_start = (idx - run_start) % block_m == 0
+    tile = torch.cumsum(is_start.to(torch.int64), 0) - 1
+    starts = torch.full((t + 2,), t, dtype=torch.int32, device=seq_ids.device)
+    return starts.index_copy_(0, torch.where(is_start, tile, t + 1), idx.to(torch.int32))
+
+
+def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor, scale: float,
+                  window: int | None, out_dtype: torch.dtype, block_m: int, block_n: int, num_warps: int,
+                  num_stages: int) -> Tensor:
+    """q [T, H, D], k_store / v_store [S, Hkv, D] -> [T, H, D] in `out_dtype`."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_store.shape[1]
+    o = q.new_empty(q.shape, dtype=out_dtype)
+    if num_tokens == 0 or num_heads == 0:
+        return o
+    group = num_heads // num_kv_heads
+    g_pad = triton.next_power_of_2(group)
+    q, k_store, v_store = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_store, v_store))
+    slot_table = slot_table.contiguous()
+    attention_fwd_kernel[(num_tokens, num_kv_heads)](
+        q, k_store, v_store, o, slot_table, seq_ids.contiguous(), positions.contiguous(), tile_starts(seq_ids, block_m),
+        num_tokens, slot_table.shape[1], k_store.shape[0], float(scale), 0 if window is None else int(window),
+        q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), o.stride(0), o.stride(1),
+        slot_table.stride(0),
+        G=group, G_PAD=g_pad, D=head_dim, HAS_WINDOW=window is not None,
+        DOT_IN_FP32=triton_support.interpreting(), BLOCK_M=block_m, BLOCK_N=block_n, ROWS=max(16, block_m * g_pad),
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return o
+
+
+class _TritonAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k_store, v_store, slot_table, seq_ids, positions, scale, window, dtypes, config):
+        ctx.save_for_backward(q, k_store, v_store, slot_table, seq_ids, positions)
+        ctx.scale, ctx.window, ctx.dtypes = scale, window, dtypes
+        return attention_fwd(q, k_store, v_store, slot_table, seq_ids, positions, scale, window, torch_dtype(dtypes["output_dtype"]), **config)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k_store, v_store, slot_table, seq_ids, positions = ctx.saved_tensors
+        inputs = [t.detach().requires_grad_(need) for t, need in zip((q, k_store, v_store), ctx.needs_input_grad[:3])]
+        with torch.enable_grad():
+            out = native.attention(*inputs, slot_table, seq_ids, positions, ctx.scale, ctx.window, **ctx.dtypes)
+        wanted = [t for t in inputs if t.requires_grad]
+        grads = iter(torch.autograd.grad(out, wanted, grad.to(out.dtype)))
+        return (*(next(grads) if t.requires_grad else None for t in inputs), None, None, None, None, None, None, None)
+
+
+def attention(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor,
+              scale: float, window: int | None = None, *, input_dtype: str, output_dtype: str, kv_cache_dtype: str,
+              accum_dtype: str, block_m: int, block_n: int, num_warps: int, num_stages: int,
+              split_kv_size: int) -> Tensor:
+    """Same arguments and result as `reference.attention` (its docstring has the layout)."""
+    check_constants(dict(accum_dtype=accum_dtype, input_dtype=input_dtype, kv_cache_dtype=kv_cache_dtype,
+                         block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages, split_kv_size=split_kv_size))
+    _check_inputs(q, k_store, v_store, slot_table, seq_ids, positions, window, input_dtype, kv_cache_dtype)
+    head_dim = q.shape[2]
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"{ID}: head_dim must be a power of two >= 16, got {head_dim}")
+    require_device(ID, q, k_store, v_store, slot_table)
+    config = dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+    if needs_grad(q, k_store, v_store):
+        dtypes = dict(input_dtype=input_dtype, output_dtype=output_dtype, kv_cache_dtype=kv_cache_dtype)
+        return _TritonAttention.apply(q, k_store, v_store, slot_table, seq_ids, positions, scale, window, dtypes, config)
+    return attention_fwd(q, k_store, v_store, slot_table, seq_ids, positions, scale, window, torch_dtype(output_dtype), **config)
+
+
+def bench_op(**overrides):
+    """The op with its Hopper constants, for `benchmarks/bench.py`: (q, k_store, v_store, slot_table, seq_ids, positions, scale)."""
+    constants = {**HOPPER_CONSTANTS, **overrides}
+    return lambda q, k_store, v_store, slot_table, seq_ids, positions, scale: attention(
+        q, k_store, v_store, slot_table, seq_ids, positions, scale, **constants)
+
+
+def check_constants(constants: dict) -> None:
+    if constants["accum_dtype"] != "float32":
+        raise ValueError(f'{ID} accumulates in float32 only, got accum_dtype = "{constants["accum_dtype"]}"')
+    if constants["split_kv_size"] != 0:
+        raise ValueError(f"{ID} walks every key block of a row in one program: split_kv_size must be 0, got {constants['split_kv_size']}")
+    for name in ("input_dtype", "kv_cache_dtype"):
+        if constants[name] not in DTYPES:
+            raise ValueError(f"{ID}: {name} must be one of {', '.join(DTYPES)} (tl.dot operands), got {constants[name]!r}")
+    if constants["input_dtype"] != constants["kv_cache_dtype"]:
+        raise ValueError(f"{ID}: input_dtype and kv_cache_dtype must match (one tl.dot operand type)")
+    for name in ("block_m", "block_n"):
+        value = constants[name]
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"{ID}: {name} must be a power of two, got {value}")
+    if constants["block_n"] < 16:
+        raise ValueError(f"{ID}: block_n must be >= 16 (tl.dot's smallest tile), got {constants['block_n']}")
+    if constants["num_warps"] not in (1, 2, 4, 8, 16) or constants["num_stages"] < 1:
+        raise ValueError(f"{ID}: num_warps must be a power of two <= 16 and num_stages >= 1")
+
+
+def register(registry) -> None:
+    """Register attention.triton@1; without Triton installed, nothing is registered."""
+    if triton_available():
+        registry.register(Impl(id=ID, version=1, region="attention", cases=ALL_CASES, fn=attention, check_constants=check_constants,
+                               sources=(attention_fwd_kernel, _block, triton_support)))

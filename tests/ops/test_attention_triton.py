@@ -1,0 +1,203 @@
+"""attention.triton: correctness against float64, bitwise invariance across training, prefill chunks and
+decode (the attention battery), its device-side tiling, and that batch-dependent variants and the
+native path are caught by the same checks.
+
+Without a GPU the kernel runs in Triton's interpreter (see tests/ops/test_triton_kernels.py for why
+TRITON_INTERPRET must be set before `triton` is imported), so the battery runs a reduced probe there;
+on a GPU it runs the family's full probe.
+"""
+
+import dataclasses
+import functools
+import os
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from isoexec.contract import load_preset  # noqa: E402
+from isoexec.contract.schema import ImplRef  # noqa: E402
+from isoexec.ops import triton_support  # noqa: E402
+from isoexec.ops.attention import packed_slot_table, paged_slot_table, probe  # noqa: E402
+from isoexec.ops.attention import triton as attention_triton  # noqa: E402
+from isoexec.runtime.registry import REGISTRY, Impl, Registry  # noqa: E402
+from isoexec.validate.battery import validate_entry  # noqa: E402
+
+if not ON_GPU and not triton_support.interpreting():
+    pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning")
+
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+CONSTANTS = dict(input_dtype="float32", output_dtype="float32", kv_cache_dtype="float32", accum_dtype="float32", block_m=8,
+                 block_n=16, num_warps=4, num_stages=1, split_kv_size=0)
+BF16 = {**CONSTANTS, "input_dtype": "bfloat16", "output_dtype": "bfloat16", "kv_cache_dtype": "bfloat16"}
+
+
+def attention(*args, constants=CONSTANTS, **kwargs):
+    return attention_triton.attention(*args, **kwargs, **constants)
+
+
+def randn(*shape, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype).to(DEVICE)
+
+
+def float64_attention(q, k_store, v_store, slot_table, seq_ids, positions, scale, window=None):
+    """Row by row in float64: softmax over the row's visible keys."""
+    group = q.shape[1] // k_store.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for t in range(q.shape[0]):
+        p = int(positions[t])
+        keys = [j for j in range(min(p + 1, slot_table.shape[1])) if window is None or j > p - window]
+        if not keys:
+            continue
+        slots = slot_table[seq_ids[t], keys].cpu()
+        k = k_store.cpu().double()[slots].repeat_interleave(group, dim=1)  # [n, H, D]
+        v = v_store.cpu().double()[slots].repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[t].cpu().double(), k) * scale
+        out[t] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v)
+    return out
+
+
+def packed(lengths, heads=4, kv_heads=2, head_dim=16, seed=0, dtype=torch.float32):
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=DEVICE)
+    slot_table, seq_ids, positions = packed_slot_table(cu)
+    t = sum(lengths)
+    q, k, v = (randn(t, h, head_dim, seed=seed + i, dtype=dtype) for i, h in enumerate((heads, kv_heads, kv_heads)))
+    return q, k, v, slot_table, seq_ids, positions
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (4, 4), (6, 2)])
+def test_packed_matches_float64(window, heads, kv_heads):
+    q, k, v, slot_table, seq_ids, positions = packed([37, 1, 20], heads, kv_heads)
+    out = attention(q, k, v, slot_table, seq_ids, positions, 0.25, window)
+    expected = float64_attention(q, k, v, slot_table, seq_ids, positions, 0.25, window)
+    assert (out.cpu().double() - expected).abs().max() < 1e-5
+
+
+def test_paged_cache_with_poisoned_slots_matches_float64():
+    """Decode rows over a shuffled paged cache whose unwritten slots hold NaN, inf and -inf."""
+    page, lengths = 16, [33, 5, 16]
+    pages = torch.randperm(8, generator=torch.Generator().manual_seed(1))
+    block_table = torch.tensor([pages[0:3].tolist(), [pages[3].item(), -1, -1], [pages[4].item(), -1, -1]])
+    slot_table = paged_slot_table(block_table, page, 3 * page).to(DEVICE)
+    store = torch.tensor([float("nan"), float("inf"), float("-inf")]).repeat(8 * page * 2 * 16 // 3 + 1)[: 8 * page * 2 * 16]
+    k_store, v_store = store.reshape(8 * page, 2, 16).to(DEVICE), store.reshape(8 * page, 2, 16).clone().to(DEVICE)
+    for b, n in enumerate(lengths):
+        k_store[slot_table[b, :n]] = randn(n, 2, 16, seed=10 + b)
+        v_store[slot_table[b, :n]] = randn(n, 2, 16, seed=20 + b)
+    q = randn(3, 4, 16, seed=3)
+    seq_ids, positions = torch.arange(3, device=DEVICE), torch.tensor(lengths, device=DEVICE) - 1
+    out = attention(q, k_store, v_store, slot_table, seq_ids, positions, 0.25)
+    assert torch.isfinite(out).all()
+    assert (out.cpu().double() - float64_attention(q, k_store, v_store, slot_table, seq_ids, positions, 0.25)).abs().max() < 1e-5
+
+
+def test_bfloat16_is_close_to_float64():
+    q, k, v, slot_table, seq_ids, positions = packed([40, 9], dtype=torch.bfloat16)
+    out = attention(q, k, v, slot_table, seq_ids, positions, 0.25, constants=BF16)
+    assert out.dtype == torch.bfloat16
+    assert (out.cpu().double() - float64_attention(q, k, v, slot_table, seq_ids, positions, 0.25)).abs().max() < 0.05
+
+
+def test_gradients_match_float64():
+    q, k, v, slot_table, seq_ids, positions = packed([9, 4])
+    inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = attention(*inputs, slot_table, seq_ids, positions, 0.25)
+    weights = randn(*out.shape, seed=7)
+    (out * weights).sum().backward()
+    doubles = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    group = q.shape[1] // k.shape[1]
+    expected = torch.zeros(q.shape, dtype=torch.float64)
+    for t in range(q.shape[0]):
+        keys = slot_table[seq_ids[t], : int(positions[t]) + 1].cpu()
+        kk, vv = doubles[1][keys].repeat_interleave(group, 1), doubles[2][keys].repeat_interleave(group, 1)
+        probs = (torch.einsum("hd,nhd->hn", doubles[0][t], kk) * 0.25).softmax(-1)
+        expected = expected.index_put((torch.tensor([t]),), torch.einsum("hn,nhd->hd", probs, vv)[None])
+    (expected * weights.cpu().double()).sum().backward()
+    for got, want in zip(inputs, doubles):
+        assert (got.grad.cpu().double() - want.grad).abs().max() < 1e-4
+
+
+def test_rows_see_nothing_and_empty_batches():
+    q, k, v, slot_table, seq_ids, positions = packed([5])
+    slot_table[0, :] = -1  # no key of the sequence is in the store
+    assert torch.equal(attention(q, k, v, slot_table, seq_ids, positions, 0.25), torch.zeros_like(q))
+    empty = torch.empty(0, dtype=torch.int64, device=DEVICE)
+    assert attention(q[:0], k, v, slot_table, empty, empty, 0.25).shape == (0, 4, 16)
+
+
+def test_tiles_are_runs_of_one_sequence_cut_every_block_m():
+    seq_ids = torch.tensor([0, 0, 0, 1, 2, 2, 0, 0, 0, 0, 0], device=DEVICE)
+    starts = attention_triton.tile_starts(seq_ids, block_m=4).tolist()
+    assert len(starts) == 13 and starts[:12] == [0, 3, 4, 6, 10, 11, 11, 11, 11, 11, 11, 11]  # the 13th is a dump slot
+
+
+def _contract_with(impl_id: str, constants: dict):
+    contract = load_preset("tiny-dense")
+    composition = tuple(dataclasses.replace(e, impl=ImplRef(id=impl_id, version=1), constants=constants) if e.region == "attention" else e
+                        for e in contract.composition)
+    return dataclasses.replace(contract, composition=composition)
+
+
+# Under the interpreter: the subnormal and huge-score hazards, a one-token sequence, and one window.
+SMALL_PROBE = functools.partial(probe.probe, lengths=(40, 1, 16), window_lengths=(40, 16))
+TINY_PROBE = functools.partial(probe.probe, lengths=(20, 1), window_lengths=())
+
+
+def _battery(impl_id: str, constants: dict, registry=REGISTRY, small_probe=SMALL_PROBE):
+    contract = _contract_with(impl_id, constants)
+    return validate_entry(contract, contract.entry("attention", "trainer_fwd"), probe.probe if ON_GPU else small_probe,
+                          registry=registry, device=DEVICE)
+
+
+def test_the_battery_admits_attention_triton_and_rejects_native():
+    """Every sequence, in every form of every case (packed, chunked prefill over a poisoned paged
+    cache, staggered decode), bitwise equal to itself computed alone; native SDPA fails the same trials."""
+    result = _battery("attention.triton", BF16)
+    assert result.status == "admitted", result.failures[:5]
+    assert result.dtypes == ("bfloat16", "float32") and result.trials >= 100
+    native = {k: BF16[k] for k in ("input_dtype", "output_dtype", "kv_cache_dtype")}
+    assert _battery("attention.native", native, small_probe=TINY_PROBE).status == "rejected"
+
+
+def test_a_key_block_chosen_from_the_batch_is_caught():
+    """A variant whose key block grows with the number of queries re-blocks the online softmax."""
+    def block_from_batch(q, *args, block_n, **constants):
+        return attention_triton.attention(q, *args, block_n=16 if q.shape[0] <= 16 else 32, **constants)
+
+    registry = Registry()
+    registry.register(Impl(id="attention.triton", version=1, region="attention", cases=attention_triton.ALL_CASES, fn=block_from_batch))
+    result = _battery("attention.triton", BF16, registry, TINY_PROBE)
+    assert result.status == "rejected"
+
+
+def test_bad_constants_and_shapes_are_refused():
+    check = attention_triton.check_constants
+    for change, message in [({"split_kv_size": 64}, "split_kv_size must be 0"), ({"block_n": 8}, "block_n must be >= 16"),
+                            ({"block_m": 12}, "block_m must be a power of two"), ({"accum_dtype": "float64"}, "float32 only"),
+                            ({"kv_cache_dtype": "bfloat16"}, "must match")]:
+        with pytest.raises(ValueError, match=message):
+            check({**CONSTANTS, **change})
+    q, k, v, slot_table, seq_ids, positions = packed([4], head_dim=24)
+    with pytest.raises(ValueError, match="head_dim must be a power of two"):
+        attention(q, k, v, slot_table, seq_ids, positions, 0.25)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_a_decode_step_can_be_captured_in_a_cuda_graph():
+    q, k, v, slot_table, seq_ids, positions = packed([40, 9, 17], dtype=torch.bfloat16)
+    last = torch.tensor([39, 48, 65], device=DEVICE)
+    qd, sd, pd = q[last].clone(), seq_ids[last].clone(), positions[last].clone()
+    eager = attention(qd, k, v, slot_table, sd, pd, 0.25, constants=BF16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = attention(qd, k, v, slot_table, sd, pd, 0.25, constants=BF16)
+    graph.replay()
+    assert torch.equal(captured.view(torch.int16), eager.view(torch.int16))
