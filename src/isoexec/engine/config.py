@@ -36,20 +36,23 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     """Most tokens (prefill chunks + decodes) one step computes."""
     prefix_caching: bool = True
+    cuda_graphs: bool = False
+    """Run each decode step padded to a batch-size bucket, as a CUDA graph on a GPU (see graphs.py)."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.type is int and (not _is_int(value) or value < 1):
                 raise ValueError(f"EngineConfig.{f.name}: expected a positive int, got {value!r}")
-        if not isinstance(self.prefix_caching, bool):
-            raise ValueError(f"EngineConfig.prefix_caching: expected a bool, got {self.prefix_caching!r}")
+        for name in ("prefix_caching", "cuda_graphs"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"EngineConfig.{name}: expected a bool, got {getattr(self, name)!r}")
 
     @classmethod
     def from_contract(cls, contract: Contract, num_pages: int, **overrides) -> "EngineConfig":
         """The contract's deployment.engine settings, with `overrides` on top; checked against the contract."""
         engine = contract.deployment.engine
-        names = ("kv_page_size", "prefill_chunk_size", "max_num_seqs", "max_num_batched_tokens", "prefix_caching")
+        names = ("kv_page_size", "prefill_chunk_size", "max_num_seqs", "max_num_batched_tokens", "prefix_caching", "cuda_graphs")
         unknown = sorted(set(overrides) - set(names))
         if unknown:
             raise ValueError(f"EngineConfig.from_contract: unknown setting(s) {', '.join(unknown)} (known: {', '.join(names)})")
@@ -58,7 +61,11 @@ class EngineConfig:
         return config
 
     def check(self, contract: Contract) -> None:
-        """Refuse a layout that would let a page or a chunk boundary fall inside an attention key block."""
+        """Refuse a layout that would let a page or a chunk boundary fall inside an attention key block,
+        and graphs a bitwise contract does not claim (as the contract refuses them in its deployment)."""
+        if self.cuda_graphs and contract.claims.is_bitwise and not contract.claims.state.cuda_graphs:
+            raise ValueError(f"EngineConfig.cuda_graphs is on, but contract {contract.name} does not claim its bits under CUDA "
+                             "graphs (claims.state.cuda_graphs = false): turn graphs off or use a contract that claims them")
         block = attention_block(contract)
         for name in ("kv_page_size", "prefill_chunk_size"):
             if getattr(self, name) % block:

@@ -1,8 +1,9 @@
 """The rollout engine: `generate → step → schedule → run → postprocess`.
 
 Every token's row is computed by contract ops whose bits depend only on the row's own tokens and
-absolute position, so batch composition, chunking, prefix-cache hits and preemption change the work
-done, never the bits (under a bitwise contract; under `native` they visibly do).
+absolute position, so batch composition, chunking, prefix-cache hits, preemption and padded CUDA-graph
+decode steps change the work done, never the bits (under a bitwise contract; under `native` they
+visibly do).
 """
 
 import operator
@@ -27,7 +28,7 @@ class LLMEngine:
             raise ValueError(f"the model's weights are on {held_on} but the engine runs on {device}: move the model first")
         self.model, self.contract, self.config = model, contract, config
         self.block = attention_block(contract)
-        self.runner = ModelRunner(model, contract, config.num_pages, config.kv_page_size, device)
+        self.runner = ModelRunner(model, contract, config, device)
         self.stats = dict.fromkeys(STATS, 0)  # counters over the engine's lifetime
         self.scheduler = Scheduler(config, self.block, self.stats)
 
