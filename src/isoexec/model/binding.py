@@ -8,9 +8,27 @@ from ..validate.battery import BOUNDARY_CONSTANTS
 from .spec import ModelSpec
 
 
+def _tile_table(impl_id: str) -> dict:
+    """(N, K) -> GEMM tile constants for the impls whose tiles the contract keys on the weight shape."""
+    from ..ops.linear import triton as linear_triton
+
+    return linear_triton.HOPPER_CONSTANTS if impl_id in ("linear.triton", "linear.row_parallel.triton") else {}
+
+
+def _split_by_tiles(entry: Entry, spec: ModelSpec) -> list[Entry]:
+    """One entry per distinct tile of its ops' weight shapes (N, K), so each projection runs the tile
+    chosen for its shape; never for M. Ops whose shape has no tile listed keep the entry's constants."""
+    table, groups = _tile_table(entry.impl.id), {}
+    for op in entry.ops:
+        tiles = table.get(spec.linear_shapes.get(op), {})
+        groups.setdefault(tuple(sorted(tiles.items())), []).append(op)
+    return [dataclasses.replace(entry, ops=ops, constants={**entry.constants, **dict(tiles)}) for tiles, ops in groups.items()]
+
+
 def fit_contract(contract: Contract, spec: ModelSpec, profile: str | None = None) -> Contract:
-    """The family contract as this model runs it: its architecture, only the ops it has, and its
-    parameter dtype at the op boundaries. Every change shows in the identities."""
+    """The family contract as this model runs it: its architecture, only the ops it has, its parameter
+    dtype at the op boundaries, and the GEMM tile listed for each projection's weight shape (N, K).
+    Every change shows in the identities."""
     boundary = next((e.constants[k] for e in contract.composition for k in BOUNDARY_CONSTANTS if k in e.constants), spec.dtype)
     entries = []
     for entry in contract.composition:
@@ -18,7 +36,7 @@ def fit_contract(contract: Contract, spec: ModelSpec, profile: str | None = None
         if not ops:
             continue
         constants = {k: (spec.dtype if k in BOUNDARY_CONSTANTS and v == boundary else v) for k, v in entry.constants.items()}
-        entries.append(dataclasses.replace(entry, ops=ops, constants=constants))
+        entries += _split_by_tiles(dataclasses.replace(entry, ops=ops, constants=constants), spec)
     model = Model(family=contract.model.family, architecture=spec.architecture, profile=profile or contract.model.profile)
     return dataclasses.replace(contract, model=model, composition=tuple(Entry(**e.__dict__) for e in entries))
 

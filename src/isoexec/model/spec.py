@@ -70,6 +70,14 @@ class ModelSpec:
                  "residual_add", "logprobs", "sample"}
         return frozenset(names | ({"q_norm", "k_norm"} if self.qk_norm else set()))
 
+    @property
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(N, K) of each projection's weight [N, K]."""
+        q, kv, hidden = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim, self.hidden_size
+        return {"q_proj": (q, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden), "o_proj": (hidden, q),
+                "gate_proj": (self.intermediate_size, hidden), "up_proj": (self.intermediate_size, hidden),
+                "down_proj": (hidden, self.intermediate_size), "lm_head": (self.vocab_size, hidden)}
+
     def to_hf_config(self) -> dict:
         """A config.json that Hugging Face transformers reads as the same model."""
         qkv_bias, o_bias, _ = ARCHITECTURES[self.architecture]
