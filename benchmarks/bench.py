@@ -1,137 +1,250 @@
-"""Side-by-side GPU benchmarks: each figure is a ratio measured in one run on one device.
+"""Side-by-side benchmarks: each figure is a ratio measured in one run on one device.
 
-    ISOEXEC_COMMIT=<sha> PYTHONPATH=src python3 benchmarks/bench.py [gemm] [engine] [trainer] --json results.json
+    ISOEXEC_COMMIT=<sha> PYTHONPATH=src python3 benchmarks/bench.py [SECTION ...] --json results.json
 
-gemm:    invariant GEMM impls vs cuBLAS (F.linear) in TFLOP/s, Qwen3-8B layer shapes, M in 1..4096;
-engine:  tokens/s of the IsoExec engine under a contract vs under native, same model and workload;
-trainer: forward+backward step time under a contract vs native.
-Timing: CUDA events via triton.testing.do_bench (median), inputs random (never zeros).
+gemm:      invariant GEMM impls (linear.triton, and the row-parallel Triton GEMM where it exists) vs
+           cuBLAS (F.linear) in TFLOP/s, Qwen3-8B layer shapes, M in 1..4096;
+attention: the Triton attention and attention.native vs SDPA (flash), Qwen3-8B heads, prefill of one
+           sequence and decode of 64 sequences (attention.py);
+engine:    tokens/s of the IsoExec engine under each contract of --contracts, batch 1 and 64 (engine.py);
+hf:        the engine vs Hugging Face `generate` on the same model, weights and prompts (engine.py);
+roofline:  the engine's decode step time vs weights + KV bytes / measured copy bandwidth (engine.py);
+trainer:   forward + backward of `sequence_logprobs` (trainer_fwd) under each contract.
+
+Ratios are speed ratios: `<a>_vs_<b>` = b's time / a's time (or a's tokens/s / b's), so 0.9 reads
+"a runs at 90% of b's speed"; the baseline of a contract is the last one in --contracts (native).
+Timing: kernels by `triton.testing.do_bench` (median, CUDA events); steps and whole generates by
+wall clock after a warm-up (timing.py). Inputs are random (never zeros). A section whose optional piece
+is missing (the Triton attention, transformers, a contract the model cannot run) says why and goes on.
+`--small --device cpu` shrinks every size so all sections run on a CPU in seconds (tests/test_bench.py).
 """
 
 import argparse
+import dataclasses
+import importlib
 import json
 import os
 import platform
 import subprocess
+import sys
 import time
+import traceback
+from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
+from attention import bench_attention
+from engine import Engines, bench_engine, bench_hf, bench_roofline
+from isoexec.contract import load_preset
+from isoexec.engine import EngineConfig
+from isoexec.model import PRESETS, fit_contract, init_random
+from isoexec.trainer import sequence_logprobs
+from timing import device_name, kernel_ms, wall_ms
+
+SECTIONS = ("gemm", "attention", "engine", "hf", "roofline", "trainer")
 QWEN3_8B = {  # (N, K) of the projections of one Qwen3-8B layer
     "qkv_proj": (6144, 4096),
     "o_proj": (4096, 4096),
     "gate_up_proj": (24576, 4096),
     "down_proj": (4096, 12288),
 }
-M_VALUES = (1, 16, 64, 256, 1024, 4096)
+ROW_PARALLEL = ("o_proj", "down_proj")  # the projections whose K is split across TP ranks
 
 
-def _bench(fn) -> float:
-    from triton.testing import do_bench
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sizes:
+    model: str
+    """Model preset of the engine, hf, roofline and trainer sections (isoexec.model.PRESETS)."""
+    gemm_shapes: dict
+    m_values: tuple[int, ...]
+    attention_heads: tuple[int, int, int]
+    """(query heads, KV heads, head dim)."""
+    prefill_lengths: tuple[int, ...]
+    decode_batch: int
+    decode_contexts: tuple[int, ...]
+    attention_reference: bool
+    """Also time attention.reference (only at tiny sizes: it is a loop of small torch ops)."""
+    batches: tuple[int, ...]
+    prompt_len: int
+    new_tokens: int
+    trainer_seqs: int
+    trainer_len: int
+    copy_bytes: int
 
-    return do_bench(fn, warmup=25, rep=100, return_mode="median")  # ms
+
+FULL = Sizes(model="qwen3-0.6b-random", gemm_shapes=QWEN3_8B, m_values=(1, 16, 64, 256, 1024, 4096), attention_heads=(32, 8, 128),
+             prefill_lengths=(512, 2048, 8192), decode_batch=64, decode_contexts=(512, 2048, 8192), attention_reference=False,
+             batches=(1, 64), prompt_len=128, new_tokens=128, trainer_seqs=8, trainer_len=512, copy_bytes=2 << 30)
+SMALL = Sizes(model="tiny-dense", gemm_shapes={"qkv_proj": (128, 64), "o_proj": (64, 64), "gate_up_proj": (256, 64), "down_proj": (64, 128)},
+              m_values=(1, 16, 64), attention_heads=(4, 2, 32), prefill_lengths=(32, 64), decode_batch=4, decode_contexts=(32, 64),
+              attention_reference=True, batches=(1, 4), prompt_len=16, new_tokens=8, trainer_seqs=4, trainer_len=32, copy_bytes=64 << 20)
 
 
-def bench_gemm(impls: dict) -> list[dict]:
-    import torch.nn.functional as F
+def _optional_op(what: str, candidates: tuple[tuple[str, str], ...]):
+    """The first `module.attribute()` of candidates that imports, or None (and a line saying so)."""
+    for module, attribute in candidates:
+        try:
+            return getattr(importlib.import_module(module), attribute)()
+        except (ImportError, AttributeError):
+            continue
+    print(f"{what}: unavailable (none of {', '.join(f'{m}.{a}' for m, a in candidates)})")
+    return None
 
+
+def bench_gemm(sizes: Sizes, device: torch.device) -> list[dict]:
+    impls, row_parallel = {}, None
+    if device.type != "cuda":
+        print("linear.triton: skipped (no CUDA device)")
+    else:
+        impls["triton"] = _optional_op("linear.triton", (("isoexec.ops.linear.triton", "bench_op"),))
+        row_parallel = _optional_op("row-parallel Triton GEMM", (
+            ("isoexec.ops.linear.triton", "bench_row_parallel_op"),
+            ("isoexec.ops.linear.row_parallel_triton", "bench_op"),
+            ("isoexec.ops.linear.triton_row_parallel", "bench_op"),
+        ))
+    impls = {name: op for name, op in impls.items() if op is not None}
     rows = []
-    for name, (n, k) in QWEN3_8B.items():
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
-        for m in M_VALUES:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            flops = 2 * m * n * k
-            row = {"layer": name, "M": m, "N": n, "K": k, "cublas_ms": _bench(lambda: F.linear(x, w))}
-            for impl, op in impls.items():
-                row[f"{impl}_ms"] = _bench(lambda: op(x, w))
-            for key in [k_ for k_ in row if k_.endswith("_ms")]:
-                row[key.replace("_ms", "_tflops")] = flops / row[key] / 1e9
+    for name, (n, k) in sizes.gemm_shapes.items():
+        w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * k**-0.5
+        ops = {**impls, **({"row_parallel_triton": row_parallel} if row_parallel and name in ROW_PARALLEL else {})}
+        for m in sizes.m_values:
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            row = {"layer": name, "M": m, "N": n, "K": k, "cublas_ms": kernel_ms(lambda: F.linear(x, w), device)}
+            for impl, op in ops.items():
+                row[f"{impl}_ms"] = kernel_ms(lambda op=op: op(x, w), device)
+            for key in [key for key in row if key.endswith("_ms")]:
+                row[key.replace("_ms", "_tflops")] = 2 * m * n * k / row[key] / 1e9
+                if key != "cublas_ms":
+                    row[key.replace("_ms", "_vs_cublas")] = row["cublas_ms"] / row[key]
             rows.append(row)
-            print(f"{name:<13} M={m:<5} " + "  ".join(f"{k_}={v:.1f}" for k_, v in row.items() if k_.endswith("tflops")), flush=True)
+            print(f"gemm {name:<13} M={m:<5} " + "  ".join(f"{key.removesuffix('_tflops')} {v:.1f} TFLOP/s" for key, v in row.items()
+                                                   if key.endswith("_tflops")), flush=True)
     return rows
 
 
-def _engine_run(contract_name: str, spec, requests: int, new_tokens: int):
-    from isoexec.contract import load_preset
-    from isoexec.engine import EngineConfig, LLMEngine, SamplingParams
-    from isoexec.model import fit_contract, init_random
-
-    model = init_random(spec, seed=0).cuda()
-    contract = fit_contract(load_preset(contract_name), spec)
-    engine = LLMEngine(model, contract, EngineConfig.from_contract(contract, num_pages=requests * 8 + 8, max_num_seqs=requests), device="cuda")
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(spec.vocab_size, (32,), generator=g).tolist() for _ in range(requests)]
-    params = SamplingParams(temperature=1.0, max_tokens=new_tokens, ignore_eos=True, seed=1)
-    engine.generate(prompts[:2], params, progress=False)  # warm-up
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    engine.generate(prompts, params, progress=False)
-    torch.cuda.synchronize()
-    return requests * new_tokens / (time.perf_counter() - start)
-
-
-def bench_engine(contracts: list[str]) -> list[dict]:
-    from isoexec.model import PRESETS
-
-    rows = []
-    for batch in (1, 16):
-        row = {"model": "tiny-dense", "batch": batch, "new_tokens": 16}
-        for name in contracts:
-            row[f"{name}_tokens_per_s"] = _engine_run(name, PRESETS["tiny-dense"], batch, 16)
-        rows.append(row)
-        print(row, flush=True)
-    return rows
-
-
-def bench_trainer(contracts: list[str]) -> list[dict]:
-    from isoexec.contract import load_preset
-    from isoexec.model import PRESETS, fit_contract, init_random
-    from isoexec.trainer import sequence_logprobs
-
-    spec = PRESETS["tiny-dense"]
-    g = torch.Generator().manual_seed(0)
-    seqs = [torch.randint(spec.vocab_size, (64,), generator=g).tolist() for _ in range(16)]
-    row = {"model": "tiny-dense", "sequences": 16, "tokens": 16 * 64}
+def bench_trainer(model, sizes: Sizes, contracts: list[str], device: torch.device) -> list[dict]:
+    generator = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(model.spec.vocab_size, (sizes.trainer_len,), generator=generator).tolist() for _ in range(sizes.trainer_seqs)]
+    row = {"model": sizes.model, "sequences": sizes.trainer_seqs, "tokens": sizes.trainer_seqs * sizes.trainer_len}
     for name in contracts:
-        model = init_random(spec, seed=0).cuda()
-        contract = fit_contract(load_preset(name), spec)
+        contract = fit_contract(load_preset(name), model.spec)
 
         def step():
-            rows = sequence_logprobs(model, contract, seqs, case="trainer_fwd", device="cuda")
+            rows = sequence_logprobs(model, contract, seqs, case="trainer_fwd", device=device)
             torch.stack([r.sum() for r in rows]).sum().backward()
 
-        row[f"{name}_ms"] = _bench(step)
-    print(row, flush=True)
+        try:
+            row[f"{name}_ms"] = wall_ms(step, device, reps=3)
+        except (RuntimeError, ValueError) as error:  # out of memory, a contract the model cannot run
+            row[f"{name}_error"] = str(error).splitlines()[0]
+            print(f"trainer {name}: failed ({row[f'{name}_error']})")
+        finally:
+            model.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    baseline = f"{contracts[-1]}_ms"
+    for name in contracts[:-1]:
+        if f"{name}_ms" in row and baseline in row:
+            row[f"{name}_vs_{contracts[-1]}"] = row[baseline] / row[f"{name}_ms"]
+    print(f"trainer {sizes.model} fwd+bwd {row['sequences']} x {sizes.trainer_len} tokens  " + "  ".join(
+        f"{k.removesuffix('_ms')} {v:.1f} ms" for k, v in row.items() if k.endswith("_ms"))
+        + "".join(f"  {k} {v:.2f}" for k, v in row.items() if "_vs_" in k), flush=True)
     return [row]
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="*", default=["gemm", "engine", "trainer"], choices=["gemm", "engine", "trainer"])
-    parser.add_argument("--contracts", default="tiny-dense,native", help="contracts to compare (engine, trainer)")
-    parser.add_argument("--json", help="write the results here")
-    args = parser.parse_args()
-    contracts = args.contracts.split(",")
+def _commit() -> str:
     # The device machine gets the working tree without .git: pass ISOEXEC_COMMIT there.
-    commit = os.environ.get("ISOEXEC_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
-    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(), "commit": commit}
-    if "gemm" in args.what:
-        impls = {}
-        try:
-            from isoexec.ops.linear import triton as linear_triton
+    if os.environ.get("ISOEXEC_COMMIT"):
+        return os.environ["ISOEXEC_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+    except OSError:
+        return "unknown"
+    return out.stdout.strip() or "unknown"
 
-            impls["triton"] = linear_triton.bench_op()
-        except (ImportError, AttributeError) as error:
-            print(f"linear.triton unavailable: {error}")
-        results["gemm"] = bench_gemm(impls)
-    if "engine" in args.what:
-        results["engine"] = bench_engine(contracts)
-    if "trainer" in args.what:
-        results["trainer"] = bench_trainer(contracts)
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(results, out, indent=2)
+
+def _versions() -> dict:
+    versions = {"torch": torch.__version__, "python": platform.python_version()}
+    try:
+        import triton
+
+        versions["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return versions
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", nargs="*", metavar="SECTION", help=f"sections to run: {', '.join(SECTIONS)} (default: all)")
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    parser.add_argument("--small", action="store_true", help="tiny sizes and the tiny-dense model: a CPU smoke run in seconds")
+    parser.add_argument("--model", help=f"model preset (default: {FULL.model}, or {SMALL.model} with --small)")
+    parser.add_argument("--contracts", help="contracts to compare, the baseline last (default: tiny-dense-triton,native on cuda, "
+                                            "tiny-dense,native on cpu)")
+    parser.add_argument("--new-tokens", type=int, help="new tokens per request in engine, hf and roofline (default: 128, or 8 with --small)")
+    parser.add_argument("--cuda-graphs", action="store_true", help="run the engine with CUDA graphs (where EngineConfig has them)")
+    parser.add_argument("--json", help="write the results here (rewritten after every section)")
+    args = parser.parse_args(argv)
+    unknown = [s for s in args.what if s not in SECTIONS]
+    if unknown:  # checked here: argparse 3.11 refuses an empty list against `choices` for nargs="*"
+        parser.error(f"unknown section(s) {', '.join(unknown)} (choose from {', '.join(SECTIONS)})")
+    if args.new_tokens is not None and args.new_tokens < 1:
+        parser.error("--new-tokens must be at least 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    device = torch.device(args.device)
+    sizes = SMALL if args.small else FULL
+    if args.model:
+        sizes = dataclasses.replace(sizes, model=args.model)
+    if args.new_tokens:
+        sizes = dataclasses.replace(sizes, new_tokens=args.new_tokens)
+    contracts = (args.contracts or ("tiny-dense-triton,native" if device.type == "cuda" else "tiny-dense,native")).split(",")
+    results = {"commit": _commit(), "device": device_name(device), **_versions(), "command": sys.argv if argv is None else ["bench.py", *argv],
+               "sizes": dataclasses.asdict(sizes), "contracts": contracts, "section_seconds": {}}
+    cuda_graphs = args.cuda_graphs and "cuda_graphs" in {f.name for f in dataclasses.fields(EngineConfig)}
+    results["cuda_graphs"] = "unavailable" if args.cuda_graphs and not cuda_graphs else cuda_graphs
+    if results["cuda_graphs"] == "unavailable":
+        print("cuda graphs: unavailable (EngineConfig has no cuda_graphs setting); the engine runs eagerly")
+    print(f"bench: {results['device']}, torch {results['torch']}, commit {results['commit']}, model {sizes.model}, "
+          f"contracts {', '.join(contracts)}", flush=True)
+
+    model = engines = None
+    failed = []
+    for section in [s for s in SECTIONS if s in (args.what or SECTIONS)]:
+        start = time.perf_counter()  # a section's seconds include building what it is first to need
+        try:
+            if section in ("engine", "hf", "roofline", "trainer") and model is None:
+                model = init_random(PRESETS[sizes.model], seed=0).to(device)
+            if section in ("engine", "hf", "roofline") and engines is None:
+                engines = Engines(model, sizes, device, cuda_graphs)
+            if section == "trainer" and engines is not None:
+                engines.close()  # the trainer wants the KV caches' memory
+                engines = None
+            results[section] = {
+                "gemm": lambda: bench_gemm(sizes, device),
+                "attention": lambda: bench_attention(sizes, device),
+                "engine": lambda: bench_engine(engines, contracts),
+                "hf": lambda: bench_hf(engines, contracts),
+                "roofline": lambda: bench_roofline(engines, contracts),
+                "trainer": lambda: bench_trainer(model, sizes, contracts, device),
+            }[section]()
+        except Exception as error:  # noqa: BLE001  (one broken section must not lose the others' figures)
+            traceback.print_exc()
+            results[section] = {"error": f"{type(error).__name__}: {error}"}
+            failed.append(section)
+        results["section_seconds"][section] = time.perf_counter() - start
+        print(f"{section}: {results['section_seconds'][section]:.1f} s", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2) + "\n", "utf-8")
+    if failed:
+        print(f"bench: sections failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""bench.py engine, hf and roofline: one set of engine runs, read three ways.
+
+Every run is `LLMEngine.generate` on `batch` random prompts of `prompt_len` tokens, `new_tokens` new
+tokens each (temperature 1, ignore_eos), after a warm-up generate of the same batch and 4 tokens (so
+kernels are compiled for the same shapes). `engine.step` is wrapped to take the wall time of every step
+(each step already ends in a host read of the drawn tokens, so nothing extra is synchronised):
+
+engine:   tokens/s = batch x new_tokens / wall time of the whole generate (prefill included), per
+          contract, and the contract's ratio to the last contract in --contracts (native);
+hf:       the same model, weights and prompts in Hugging Face `generate` (sdpa attention, left padded,
+          do_sample, min_new_tokens = max_new_tokens so both draw the same number of tokens), and the
+          engine's tokens/s over HF's;
+roofline: the decode step time (median over the steps that decode the whole batch and prefill
+          nothing) vs bytes / copy bandwidth, where bytes = every weight once (the tied embedding once:
+          lm_head reads it whole) + the K and V of every key each sequence attends to, and copy
+          bandwidth = (bytes read + written) / time of one large device-to-device copy.
+"""
+
+import dataclasses
+import importlib.util
+import statistics
+import tempfile
+import time
+
+import torch
+
+from isoexec.contract import load_preset
+from isoexec.engine import EngineConfig, LLMEngine, SamplingParams
+from isoexec.model import fit_contract, save
+from timing import kernel_ms, sync
+
+WARMUP_TOKENS = 4
+
+
+@dataclasses.dataclass
+class Run:
+    contract: str
+    batch: int
+    tokens_per_s: float
+    wall_s: float
+    decode_step_ms: float | None  # median over full-batch, decode-only steps
+    decode_steps: int
+    kv_tokens_per_step: float | None  # keys read per decode step, summed over the batch (mean over those steps)
+    steps: int
+
+
+class Engines:
+    """One engine per contract (sized for the largest batch), each (contract, batch) run once and kept."""
+
+    def __init__(self, model, sizes, device: torch.device, cuda_graphs: bool):
+        self.model, self.sizes, self.device, self.cuda_graphs = model, sizes, device, cuda_graphs
+        generator = torch.Generator().manual_seed(0)
+        spec = model.spec
+        self.prompts = [torch.randint(spec.vocab_size, (sizes.prompt_len,), generator=generator).tolist() for _ in range(max(sizes.batches))]
+        self.engines, self.runs = {}, {}  # runs: (contract, batch) -> Run, or the error it raised
+
+    def _engine(self, name: str):
+        if name not in self.engines:
+            contract = fit_contract(load_preset(name), self.model.spec)
+            page_size = contract.deployment.engine.kv_page_size
+            pages_per_seq = -(-(self.sizes.prompt_len + self.sizes.new_tokens) // page_size) + 1
+            max_batch = max(self.sizes.batches)
+            overrides = {"max_num_seqs": max_batch}
+            if self.cuda_graphs:
+                overrides["cuda_graphs"] = True
+            config = EngineConfig.from_contract(contract, num_pages=max_batch * pages_per_seq + 8, **overrides)
+            self.engines[name] = LLMEngine(self.model, contract, config, device=str(self.device))
+        return self.engines[name]
+
+    def run(self, name: str, batch: int) -> Run:
+        if (name, batch) not in self.runs:
+            try:
+                self.runs[name, batch] = self._run(name, batch)
+            except (RuntimeError, ValueError) as error:  # kept (without its frames, which may hold device memory),
+                self.runs[name, batch] = RuntimeError(f"{type(error).__name__}: {error}")  # so it costs its time once
+        if isinstance(self.runs[name, batch], Exception):
+            raise self.runs[name, batch]
+        return self.runs[name, batch]
+
+    def _run(self, name: str, batch: int) -> Run:
+        engine, sizes = self._engine(name), self.sizes
+        prompts = self.prompts[:batch]
+        engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=WARMUP_TOKENS, ignore_eos=True), progress=False)
+        steps = _time_steps(engine, self.device)
+        params = SamplingParams(temperature=1.0, max_tokens=sizes.new_tokens, ignore_eos=True)
+        try:
+            sync(self.device)
+            start = time.perf_counter()
+            completions = engine.generate(prompts, params, progress=False)
+            sync(self.device)
+            wall = time.perf_counter() - start
+        finally:
+            del engine.step  # back to the class's step
+        short = [c.request_id for c in completions if len(c.token_ids) != sizes.new_tokens]
+        if short:
+            raise RuntimeError(f"{name}: requests {short[:5]} did not generate {sizes.new_tokens} tokens")
+        decodes = [(seconds, kv_tokens) for seconds, prefill_chunks, decoded, kv_tokens in steps if not prefill_chunks and decoded == batch]
+        return Run(name, batch, batch * sizes.new_tokens / wall, wall,
+                   statistics.median(s for s, _ in decodes) * 1e3 if decodes else None, len(decodes),
+                   statistics.fmean(k for _, k in decodes) if decodes else None, len(steps))
+
+    def close(self) -> None:
+        self.engines.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _time_steps(engine, device) -> list[tuple[float, int, int, int]]:
+    """Wrap engine.step: -> a list filled with (seconds, prefill chunks, decoded tokens, keys read by
+    the decodes) per step. Keys read: a decoding sequence of n tokens attends to n keys."""
+    steps, step = [], engine.step
+
+    def timed_step():
+        stats = dict(engine.stats)
+        kv_tokens = sum(len(seq) for seq in engine.scheduler.running)
+        start = time.perf_counter()
+        finished = step()
+        sync(device)
+        steps.append((time.perf_counter() - start, engine.stats["prefill_chunks"] - stats["prefill_chunks"],
+                      engine.stats["decode_tokens"] - stats["decode_tokens"], kv_tokens))
+        return finished
+
+    engine.step = timed_step
+    return steps
+
+
+def bench_engine(engines: Engines, contracts: list[str]) -> list[dict]:
+    rows = []
+    for batch in engines.sizes.batches:
+        row = {"model": engines.sizes.model, "batch": batch, "prompt_tokens": engines.sizes.prompt_len, "new_tokens": engines.sizes.new_tokens}
+        for name in contracts:
+            try:
+                run = engines.run(name, batch)
+            except (RuntimeError, ValueError) as error:  # e.g. out of memory, a contract the model cannot run
+                print(f"engine {name} batch {batch}: failed ({str(error).splitlines()[0]})")
+                row[f"{name}_error"] = str(error).splitlines()[0]
+                continue
+            row[f"{name}_tokens_per_s"] = run.tokens_per_s
+            row[f"{name}_decode_step_ms"] = run.decode_step_ms
+        baseline = f"{contracts[-1]}_tokens_per_s"
+        for name in contracts[:-1]:
+            if f"{name}_tokens_per_s" in row and baseline in row:
+                row[f"{name}_vs_{contracts[-1]}"] = row[f"{name}_tokens_per_s"] / row[baseline]
+        rows.append(row)
+        print(f"engine {row['model']} batch {batch:<3} " + "  ".join(
+            f"{k.removesuffix('_tokens_per_s')} {v:.0f} tok/s" for k, v in row.items() if k.endswith("_tokens_per_s"))
+            + "".join(f"  {k} {v:.2f}" for k, v in row.items() if "_vs_" in k), flush=True)
+    return rows
+
+
+def _hf_model(model, device: torch.device):
+    """Hugging Face's own implementation of the model, loaded from our weights saved as a checkpoint."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    with tempfile.TemporaryDirectory() as directory:
+        save(model, directory)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, model.spec.dtype), attn_implementation="sdpa")
+    return hf.to(device).eval()
+
+
+def _left_padded(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    return ids, mask
+
+
+def _hf_row(hf, engines: Engines, contracts: list[str], batch: int) -> dict:
+    sizes, device = engines.sizes, engines.device
+    ids, mask = _left_padded(engines.prompts[:batch], 0, device)
+
+    def generate(num_tokens):
+        return hf.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                           max_new_tokens=num_tokens, min_new_tokens=num_tokens, pad_token_id=0)
+
+    with torch.no_grad():
+        generate(WARMUP_TOKENS)
+        sync(device)
+        start = time.perf_counter()
+        out = generate(sizes.new_tokens)
+        sync(device)
+        wall = time.perf_counter() - start
+    if out.shape[1] != ids.shape[1] + sizes.new_tokens:
+        raise RuntimeError(f"hf generate returned {out.shape[1] - ids.shape[1]} new tokens, expected {sizes.new_tokens}")
+    row = {"model": sizes.model, "batch": batch, "new_tokens": sizes.new_tokens, "hf_tokens_per_s": batch * sizes.new_tokens / wall}
+    for name in contracts:
+        try:
+            row[f"{name}_tokens_per_s"] = engines.run(name, batch).tokens_per_s
+            row[f"{name}_vs_hf"] = row[f"{name}_tokens_per_s"] / row["hf_tokens_per_s"]
+        except (RuntimeError, ValueError) as error:
+            row[f"{name}_error"] = str(error).splitlines()[0]
+    print(f"hf {sizes.model} batch {batch:<3} hf {row['hf_tokens_per_s']:.0f} tok/s  " + "  ".join(
+        f"{name} {row[f'{name}_tokens_per_s']:.0f} tok/s ({row[f'{name}_vs_hf']:.2f}x hf)" for name in contracts if f"{name}_vs_hf" in row), flush=True)
+    return row
+
+
+def bench_hf(engines: Engines, contracts: list[str]) -> list[dict] | dict:
+    if importlib.util.find_spec("transformers") is None:
+        print("hf: skipped (transformers is not installed)")
+        return {"skipped": "transformers is not installed"}
+    hf = _hf_model(engines.model, engines.device)
+    try:
+        return [_hf_row(hf, engines, contracts, batch) for batch in engines.sizes.batches]
+    finally:
+        del hf
+        if engines.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def copy_bandwidth(device: torch.device, num_bytes: int) -> float:
+    """Bytes read + written per second by one device-to-device copy of num_bytes."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    ms = kernel_ms(lambda: dst.copy_(src), device)
+    return 2 * num_bytes / (ms / 1e3)
+
+
+def bench_roofline(engines: Engines, contracts: list[str]) -> dict:
+    spec, sizes = engines.model.spec, engines.sizes
+    bandwidth = copy_bandwidth(engines.device, sizes.copy_bytes)
+    weight_bytes = sum(p.numel() * p.element_size() for p in engines.model.parameters())  # a tied weight is listed once
+    kv_bytes_per_key = spec.num_hidden_layers * 2 * spec.num_key_value_heads * spec.head_dim * torch.finfo(getattr(torch, spec.dtype)).bits // 8
+    print(f"roofline: copy bandwidth {bandwidth / 1e9:.0f} GB/s (copy of {sizes.copy_bytes / 2**30:.2f} GiB), weights {weight_bytes / 1e9:.3f} GB, "
+          f"KV {kv_bytes_per_key} bytes per key (all layers)", flush=True)
+    rows = []
+    for name in contracts:
+        for batch in sizes.batches:
+            row = {"contract": name, "batch": batch}
+            try:
+                run = engines.run(name, batch)
+                if run.decode_step_ms is None:
+                    raise RuntimeError("no decode-only step of the whole batch to time")
+            except (RuntimeError, ValueError) as error:
+                row["error"] = str(error).splitlines()[0]
+                rows.append(row)
+                print(f"roofline {name} batch {batch}: failed ({row['error']})")
+                continue
+            step_bytes = weight_bytes + run.kv_tokens_per_step * kv_bytes_per_key
+            roofline_ms = step_bytes / bandwidth * 1e3
+            row.update(decode_step_ms=run.decode_step_ms, decode_steps=run.decode_steps, mean_context=run.kv_tokens_per_step / batch,
+                       bytes_per_step=step_bytes, roofline_ms=roofline_ms, fraction_of_roofline=roofline_ms / run.decode_step_ms)
+            rows.append(row)
+            print(f"roofline {name} batch {batch:<3} decode step {run.decode_step_ms:.2f} ms (median of {run.decode_steps}), "
+                  f"roofline {roofline_ms:.3f} ms ({step_bytes / 1e9:.3f} GB): {row['fraction_of_roofline']:.1%} of roofline", flush=True)
+    return {"copy_bandwidth_gbps": bandwidth / 1e9, "copy_bytes": sizes.copy_bytes, "weight_bytes": weight_bytes,
+            "kv_bytes_per_key": kv_bytes_per_key, "rows": rows}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The GPU side of the test suite and of issue 5's "done when", in one call on the device machine:
+# the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
+# the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
+#
+#   OUT=out bash benchmarks/gpu_checks.sh        # from the repository root; ~5 minutes on one H200
+set -u
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+
+python3 -m pytest -q -p no:cacheprovider tests/ops/test_attention_triton.py tests/ops/test_linear_row_parallel_triton.py \
+    tests/ops/test_triton_kernels.py tests/ops/test_attention_native.py tests/engine/test_graphs.py 2>&1 | tail -25 | tee "$OUT/pytest.txt"
+
+for contract in tiny-dense-triton native; do
+    python3 -m isoexec validate --device cuda --contract "$contract" --json "$OUT/validate_$contract.json" 2>&1 | tail -15 | tee "$OUT/validate_$contract.txt"
+done
+
+python3 -m isoexec audit --device cuda --quiet --contract tiny-dense-triton --json "$OUT/audit_tiny_triton.json" 2>&1 | tail -12 | tee "$OUT/audit_tiny_triton.txt"
+# No --trace under the GPU contract: tracing runs decode eagerly, and the audit should see the CUDA graphs.
+python3 -m isoexec audit --device cuda --quiet --model qwen3-0.6b-random --contract tiny-dense-triton \
+    --json "$OUT/audit_0.6b_tiny-dense-triton.json" 2>&1 | tail -14 | tee "$OUT/audit_0.6b_tiny-dense-triton.txt"
+python3 -m isoexec audit --device cuda --quiet --model qwen3-0.6b-random --contract native --trace \
+    --json "$OUT/audit_0.6b_native.json" 2>&1 | tail -14 | tee "$OUT/audit_0.6b_native.txt"

@@ -1,0 +1,61 @@
+"""benchmarks/bench.py end to end at --small sizes on the CPU: every section writes positive figures."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTRACTS = ("tiny-dense", "native")
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+
+
+def _positive(row: dict, *keys: str) -> None:
+    for key in keys:
+        assert isinstance(row.get(key), float) and row[key] > 0, (key, row)
+
+
+def test_small_cpu_run_writes_every_section(tmp_path):
+    sections = ["attention", "engine", "trainer", "roofline", *(["hf"] if HAS_TRANSFORMERS else [])]
+    out = tmp_path / "results.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "ISOEXEC_COMMIT": "abc1234"}
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--small", "--device", "cpu", *sections, "--json", str(out)]
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(out.read_text())
+
+    assert results["commit"] == "abc1234" and results["device"].startswith("cpu") and results["torch"]
+    assert results["command"][1:] == command[2:] and results["contracts"] == list(CONTRACTS)
+    assert set(results["section_seconds"]) == set(sections) and "gemm" not in results
+    assert "attention.triton: skipped" in done.stdout
+
+    forms = [(row["form"], row["keys"]) for row in results["attention"]]
+    assert forms == [("prefill", 32), ("prefill", 64), ("decode", 32), ("decode", 64)]
+    for row in results["attention"]:
+        unit = "tflops" if row["form"] == "prefill" else "gbps"
+        for impl in ("sdpa", "native", "reference"):
+            _positive(row, f"{impl}_ms", f"{impl}_{unit}")
+        _positive(row, "native_vs_sdpa", "reference_vs_sdpa")
+        assert row["native_max_abs_diff"] < 0.05 and row["reference_max_abs_diff"] < 0.05, row
+
+    assert [row["batch"] for row in results["engine"]] == [1, 4]
+    for row in results["engine"]:
+        _positive(row, *(f"{c}_tokens_per_s" for c in CONTRACTS), *(f"{c}_decode_step_ms" for c in CONTRACTS), "tiny-dense_vs_native")
+
+    roofline = results["roofline"]
+    _positive(roofline, "copy_bandwidth_gbps")
+    assert roofline["weight_bytes"] > 0 and roofline["kv_bytes_per_key"] == 2 * 2 * 2 * 16 * 2  # layers, K and V, Hkv, D, bf16
+    assert [(row["contract"], row["batch"]) for row in roofline["rows"]] == [(c, b) for c in CONTRACTS for b in (1, 4)]
+    for row in roofline["rows"]:
+        _positive(row, "decode_step_ms", "roofline_ms", "fraction_of_roofline")
+        assert row["mean_context"] == 16 + 8 / 2  # prompt + half the new tokens, on average over the decode steps
+        assert row["fraction_of_roofline"] < 1
+
+    trainer, = results["trainer"]
+    _positive(trainer, "tiny-dense_ms", "native_ms", "tiny-dense_vs_native")
+
+    if HAS_TRANSFORMERS:
+        for row in results["hf"]:
+            _positive(row, "hf_tokens_per_s", *(f"{c}_vs_hf" for c in CONTRACTS))
