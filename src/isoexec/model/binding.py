@@ -15,19 +15,27 @@ def _tile_table(impl_id: str) -> dict:
     return linear_triton.HOPPER_CONSTANTS if impl_id in ("linear.triton", "linear.row_parallel.triton") else {}
 
 
-def _split_by_tiles(entry: Entry, spec: ModelSpec) -> list[Entry]:
-    """One entry per distinct tile of its ops' weight shapes (N, K), so each projection runs the tile
-    chosen for its shape; never for M. Ops whose shape has no tile listed keep the entry's constants."""
-    table, groups = _tile_table(entry.impl.id), {}
+def _fit_tiles(entry: Entry, spec: ModelSpec) -> Entry:
+    """The entry with the GEMM tile listed for its ops' weight shapes (N, K); never chosen from M.
+
+    A contract pins one entry per (region, case), so all of an entry's projections share one tile: the
+    tile of the shapes doing most of the work (weight elements over all layers; lm_head counts once).
+    Without a listed tile for any of the ops the entry keeps its constants."""
+    table, work = _tile_table(entry.impl.id), {}
     for op in entry.ops:
-        tiles = table.get(spec.linear_shapes.get(op), {})
-        groups.setdefault(tuple(sorted(tiles.items())), []).append(op)
-    return [dataclasses.replace(entry, ops=ops, constants={**entry.constants, **dict(tiles)}) for tiles, ops in groups.items()]
+        tiles = table.get(spec.linear_shapes.get(op))
+        if tiles is not None:
+            n, k = spec.linear_shapes[op]
+            key = tuple(sorted(tiles.items()))
+            work[key] = work.get(key, 0) + n * k * (1 if op == "lm_head" else spec.num_hidden_layers)
+    if not work:
+        return entry
+    return dataclasses.replace(entry, constants={**entry.constants, **dict(max(work, key=work.get))})
 
 
 def fit_contract(contract: Contract, spec: ModelSpec, profile: str | None = None) -> Contract:
     """The family contract as this model runs it: its architecture, only the ops it has, its parameter
-    dtype at the op boundaries, and the GEMM tile listed for each projection's weight shape (N, K).
+    dtype at the op boundaries, and the GEMM tile listed for its projections' weight shapes (N, K).
     Every change shows in the identities."""
     boundary = next((e.constants[k] for e in contract.composition for k in BOUNDARY_CONSTANTS if k in e.constants), spec.dtype)
     entries = []
@@ -36,7 +44,7 @@ def fit_contract(contract: Contract, spec: ModelSpec, profile: str | None = None
         if not ops:
             continue
         constants = {k: (spec.dtype if k in BOUNDARY_CONSTANTS and v == boundary else v) for k, v in entry.constants.items()}
-        entries += _split_by_tiles(dataclasses.replace(entry, ops=ops, constants=constants), spec)
+        entries.append(_fit_tiles(dataclasses.replace(entry, ops=ops, constants=constants), spec))
     model = Model(family=contract.model.family, architecture=spec.architecture, profile=profile or contract.model.profile)
     return dataclasses.replace(contract, model=model, composition=tuple(Entry(**e.__dict__) for e in entries))
 
