@@ -133,10 +133,14 @@ def test_rows_see_nothing_and_empty_batches():
     assert attention(q[:0], k, v, slot_table, empty, empty, 0.25).shape == (0, 4, 16)
 
 
-def test_tiles_are_runs_of_one_sequence_cut_every_block_m():
-    seq_ids = torch.tensor([0, 0, 0, 1, 2, 2, 0, 0, 0, 0, 0], device=DEVICE)
-    starts = attention_triton.tile_starts(seq_ids, block_m=4).tolist()
-    assert len(starts) == 13 and starts[:12] == [0, 3, 4, 6, 10, 11, 11, 11, 11, 11, 11, 11]  # the 13th is a dump slot
+def test_interleaved_and_non_consecutive_queries_form_their_own_tiles():
+    """Queries of one sequence split by another's, or at positions that skip, start new tiles."""
+    q, k, v, slot_table, _, _ = packed([30, 12])
+    seq_ids = torch.tensor([0, 0, 1, 0, 0, 1, 1, 0, 0, 0], device=DEVICE)
+    positions = torch.tensor([3, 4, 0, 5, 9, 1, 11, 15, 16, 17], device=DEVICE)
+    out = attention(q[:10], k, v, slot_table, seq_ids, positions, 0.25)
+    expected = float64_attention(q[:10], k, v, slot_table, seq_ids, positions, 0.25)
+    assert (out.cpu().double() - expected).abs().max() < 1e-5
 
 
 def _contract_with(impl_id: str, constants: dict):

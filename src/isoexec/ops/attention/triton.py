@@ -4,8 +4,8 @@ The kernel takes the same integer metadata as `reference.attention` (slot table,
 absolute positions; see `metadata.py`), so the packed training batch, a chunk of a prefill and one
 decode token per sequence over the paged cache are the same launch with different integers.
 
-Program (tile, kv_head) owns a run of at most BLOCK_M consecutive queries of one sequence and all
-G = H / Hkv query heads that read kv_head: its BLOCK_M * G rows share every key and value load. It
+A program owns a tile of at most BLOCK_M queries of one sequence at consecutive positions in one
+absolute block of BLOCK_M positions, and all G = H / Hkv query heads that read kv_head: its BLOCK_M * G rows share every key and value load. It
 walks the absolute key blocks [j * BLOCK_N, (j + 1) * BLOCK_N) in ascending order, from the first
 block any of its rows can see to the last, gathering each key's row of the store through the slot
 table. Per block and row, in fp32:
@@ -27,9 +27,11 @@ sum that is zero is canonicalised to +0.0, since keys the row does not see but a
 neighbour whose value is inf or NaN gives 0 * inf = NaN in this row too; the engine and trainer only
 ever expose written (finite) keys to any row.
 
-Tiles are built on the device from `seq_ids` (a tile starts where the sequence changes or after
-BLOCK_M queries of one run), and the grid has one tile slot per query, so nothing syncs with the
-host and decode steps can be captured in a CUDA graph. A visible key whose slot lies outside the
+The grid has one program per query and KV head; the program at query i runs a tile only if one starts
+there (i is the first query, or its sequence differs from query i - 1's, or its position does not
+follow i - 1's, or it opens an absolute block of BLOCK_M positions) and reads the tile's extent from
+the metadata itself, so there is no host sync and no separate tiling kernel, and decode steps can be
+captured in a CUDA graph. A visible key whose slot lies outside the
 store is skipped rather than reported (the kernel cannot raise); `reference.attention` raises there.
 
 The backward pass recomputes the forward with `native.attention` (SDPA) under autograd: gradients
@@ -100,7 +102,7 @@ def _block(
 
 @jit(do_not_specialize=["T", "L", "S", "window"])
 def attention_fwd_kernel(
-    q, k, v, o, slot_table, seq_ids, positions, tile_starts,
+    q, k, v, o, slot_table, seq_ids, positions,
     T, L, S, scale, window,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_sb,
     G: tl.constexpr,
@@ -112,17 +114,27 @@ def attention_fwd_kernel(
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
 ):
-    i_tile, kv_head = tl.program_id(0), tl.program_id(1)
-    start = tl.load(tile_starts + i_tile)
-    end = tl.load(tile_starts + i_tile + 1)
-    if start < T:
-        seq = tl.load(seq_ids + start).to(tl.int64)
+    # Program (i, kv_head) runs the tile starting at query i, if one starts there: a tile is a run of
+    # queries of one sequence at consecutive positions inside one absolute block of BLOCK_M positions.
+    i, kv_head = tl.program_id(0), tl.program_id(1)
+    seq = tl.load(seq_ids + i)
+    pos_i = tl.load(positions + i)
+    prev = tl.maximum(i - 1, 0)
+    starts = (i == 0) | (tl.load(seq_ids + prev) != seq) | (tl.load(positions + prev) + 1 != pos_i) | (pos_i % BLOCK_M == 0)
+    if starts:
         rows = tl.arange(0, ROWS)  # BLOCK_M * G_PAD rows, padded up to tl.dot's 16
-        tok = start + rows // G_PAD  # [ROWS]
+        t = rows // G_PAD
+        tok = i + t  # [ROWS]
+        in_range = tok < T
+        s_tok = tl.load(seq_ids + tok, mask=in_range, other=-1)
+        p_tok = tl.load(positions + tok, mask=in_range, other=-1)
+        p_prev = tl.load(positions + tok - 1, mask=in_range & (t > 0), other=-1)
+        cut = (t > 0) & (~in_range | (s_tok != seq) | (p_prev + 1 != p_tok) | (p_tok % BLOCK_M == 0))
+        length = tl.min(tl.where(cut, t, BLOCK_M), 0)
+        row_ok = (t < length) & (rows < BLOCK_M * G_PAD) & (rows % G_PAD < G)
         head = kv_head * G + rows % G_PAD
-        row_ok = (rows < BLOCK_M * G_PAD) & (tok < end) & (rows % G_PAD < G)
-        tok = tl.where(row_ok, tok, start).to(tl.int64)
-        pos = tl.load(positions + tok, mask=row_ok, other=-1).to(tl.int64)
+        tok = tl.where(row_ok, tok, i).to(tl.int64)
+        pos = tl.where(row_ok, p_tok, -1).to(tl.int64)
         o_d = tl.arange(0, D)
         p_q = q + tok[:, None] * stride_qt + head[:, None] * stride_qh + o_d[None, :]
         b_q = tl.load(p_q, mask=row_ok[:, None], other=0.0)
@@ -140,7 +152,7 @@ def attention_fwd_kernel(
         m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l = tl.zeros([ROWS], dtype=tl.float32)
         acc = tl.zeros([ROWS, D], dtype=tl.float32)
-        seq_row = slot_table + seq * stride_sb
+        seq_row = slot_table + seq.to(tl.int64) * stride_sb
         if DOT_IN_FP32:  # the interpreter cannot take a loaded scalar as a `range` bound
             i_blk = lo_blk
             while i_blk < hi_blk:
@@ -158,21 +170,6 @@ def attention_fwd_kernel(
         tl.store(p_o, out.to(o.dtype.element_ty), mask=row_ok[:, None])
 
 
-def tile_starts(seq_ids: Tensor, block_m: int) -> Tensor:
-    """[T + 2] int32: entry i is the first query of tile i, T for every slot past the last tile (the
-    last entry is a dump for non-starts). Tile i covers queries [starts[i], starts[i + 1]): a run of
-    one sequence's consecutive queries, cut every block_m. All on the device, no host sync."""
-    t = seq_ids.shape[0]
-    idx = torch.arange(t, device=seq_ids.device)
-    new_run = torch.ones_like(seq_ids, dtype=torch.bool)
-    new_run[1:] = seq_ids[1:] != seq_ids[:-1]
-    run_start = torch.where(new_run, idx, 0).cummax(0).values
-    is_start = (idx - run_start) % block_m == 0
-    tile = torch.cumsum(is_start.to(torch.int64), 0) - 1
-    starts = torch.full((t + 2,), t, dtype=torch.int32, device=seq_ids.device)
-    return starts.index_copy_(0, torch.where(is_start, tile, t + 1), idx.to(torch.int32))
-
-
 def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor, scale: float,
                   window: int | None, out_dtype: torch.dtype, block_m: int, block_n: int, num_warps: int,
                   num_stages: int) -> Tensor:
@@ -187,7 +184,7 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
     q, k_store, v_store = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_store, v_store))
     slot_table = slot_table.contiguous()
     attention_fwd_kernel[(num_tokens, num_kv_heads)](
-        q, k_store, v_store, o, slot_table, seq_ids.contiguous(), positions.contiguous(), tile_starts(seq_ids, block_m),
+        q, k_store, v_store, o, slot_table, seq_ids.contiguous(), positions.contiguous(),
         num_tokens, slot_table.shape[1], k_store.shape[0], float(scale), 0 if window is None else int(window),
         q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), o.stride(0), o.stride(1),
         slot_table.stride(0),
