@@ -205,3 +205,21 @@ def test_the_battery_admits_it():
                             registry=registry, device=DEVICE)
     assert result.status == "admitted", result.failures[:5]
     assert result.dtypes == ("bfloat16", "float32") and result.trials >= 60
+
+
+@pytest.mark.parametrize("leaf_tree", ["balanced_binary", "sequential"])
+@pytest.mark.parametrize("leaves", [1, 2, 4, 8, 16])
+def test_the_combine_kernel_adds_in_reduce_tree_sums_order(leaves, leaf_tree):
+    """The one-kernel combine (G in KERNEL_LEAVES) against reduce.tree_sum on the same partials, bit for
+    bit, with a bias; G = 16 takes the torch path. The hazard rows put signed zeros, subnormals and
+    huge magnitudes among the leaves, where a different order of the additions shows."""
+    ctx = SimpleNamespace(dtype=torch.float32, device=DEVICE, generator=torch.Generator().manual_seed(5))
+    planes = torch.cat([torch.randn(leaves, 7, 96, generator=ctx.generator).to(DEVICE),
+                        hazard_rows(ctx, 96 * leaves).reshape(6, leaves, 96).transpose(0, 1)], dim=1)  # [G, M, N]
+    bias = torch.randn(96, generator=ctx.generator).to(DEVICE)
+    got = combine_partials(planes.permute(1, 2, 0), bias, leaf_tree=leaf_tree, out_dtype=torch.float32)
+    want = (row_parallel_triton.reduce.tree_sum(planes.permute(1, 2, 0).cpu(), leaf_tree) + bias.cpu()).to(torch.float32)
+    assert bitwise_equal(got.cpu(), want)
+    if leaves >= 4:  # the check can fail: adding the leaves in another order changes bits
+        other = "sequential" if leaf_tree == "balanced_binary" else "balanced_binary"
+        assert not bitwise_equal(got.cpu(), row_parallel_triton.reduce.tree_sum(planes.permute(1, 2, 0).cpu(), other) + bias.cpu())

@@ -26,8 +26,11 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import reduce, triton_support
 from ..common import ALL_CASES, torch_dtype
-from ..triton_support import triton_available
+from ..triton_support import jit, tl, triton, triton_available
 from . import triton as linear_triton
+
+# Leaf counts whose combine runs as one Triton kernel; others combine with torch ops (same bits).
+KERNEL_LEAVES = (1, 2, 4, 8)
 
 ID = "linear.row_parallel.triton"
 
@@ -45,9 +48,55 @@ def leaf_partials(x: Tensor, weight: Tensor, *, num_leaves: int, block_m: int, b
     return partials.permute(1, 2, 0)
 
 
+@jit(do_not_specialize=["numel", "N", "plane"])
+def combine_kernel(p, b, y, numel, N, plane, G: tl.constexpr, BALANCED: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """y = tree(p[0], …, p[G-1]) (+ b), elementwise over [M, N]; planes `plane` elements apart. The
+    additions are reduce.tree_sum's, written out: balanced_binary adds leaf i to leaf i + G/2 each round."""
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = o < numel
+    x0 = tl.load(p + o, mask=mask, other=0.0)
+    if BALANCED:
+        if G == 1:
+            acc = x0
+        elif G == 2:
+            acc = x0 + tl.load(p + plane + o, mask=mask, other=0.0)
+        elif G == 4:
+            x1 = tl.load(p + plane + o, mask=mask, other=0.0)
+            x2 = tl.load(p + 2 * plane + o, mask=mask, other=0.0)
+            x3 = tl.load(p + 3 * plane + o, mask=mask, other=0.0)
+            acc = (x0 + x2) + (x1 + x3)
+        else:
+            x1 = tl.load(p + plane + o, mask=mask, other=0.0)
+            x2 = tl.load(p + 2 * plane + o, mask=mask, other=0.0)
+            x3 = tl.load(p + 3 * plane + o, mask=mask, other=0.0)
+            x4 = tl.load(p + 4 * plane + o, mask=mask, other=0.0)
+            x5 = tl.load(p + 5 * plane + o, mask=mask, other=0.0)
+            x6 = tl.load(p + 6 * plane + o, mask=mask, other=0.0)
+            x7 = tl.load(p + 7 * plane + o, mask=mask, other=0.0)
+            acc = ((x0 + x4) + (x2 + x6)) + ((x1 + x5) + (x3 + x7))
+    else:
+        acc = x0
+        for g in tl.static_range(1, G):
+            acc = acc + tl.load(p + g * plane + o, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc = acc + tl.load(b + o % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y + o, acc.to(y.dtype.element_ty), mask=mask)
+
+
 def combine_partials(partials: Tensor, bias: Tensor | None, *, leaf_tree: str, out_dtype: torch.dtype) -> Tensor:
     """[M, N, G] fp32 leaf partials (every leaf, in order) -> [M, N] in `out_dtype`: the fixed leaf
-    tree, the bias in fp32, one rounding."""
+    tree, the bias in fp32, one rounding. One kernel when the partials are `leaf_partials`' contiguous
+    planes and G is in KERNEL_LEAVES, torch ops otherwise (the same additions)."""
+    m, n, g = partials.shape
+    planes = partials.permute(2, 0, 1)
+    if g in KERNEL_LEAVES and planes.is_contiguous() and (partials.is_cuda or triton_support.interpreting()) and m * n:
+        y = partials.new_empty((m, n), dtype=out_dtype)
+        block = 1024
+        combine_kernel[(triton.cdiv(m * n, block),)](
+            planes, planes if bias is None else bias.contiguous(), y, m * n, n, m * n,
+            G=g, BALANCED=leaf_tree == "balanced_binary", HAS_BIAS=bias is not None, BLOCK=block)
+        return y
     y = reduce.tree_sum(partials, leaf_tree)
     if bias is not None:
         y = y + bias.to(torch.float32)
@@ -92,4 +141,4 @@ def register(registry) -> None:
     if triton_available():
         registry.register(Impl(id=ID, version=1, region="linear.row_parallel", cases=ALL_CASES, fn=row_parallel_linear,
                                check_constants=check_constants,
-                               sources=(linear_triton.linear_fwd_kernel, linear_triton, reduce, triton_support)))
+                               sources=(linear_triton.linear_fwd_kernel, combine_kernel, linear_triton, reduce, triton_support)))
