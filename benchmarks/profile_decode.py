@@ -1,0 +1,114 @@
+"""Where a decode step's time goes, and how the Triton attention's tile constants move its speed.
+
+    PYTHONPATH=src python3 benchmarks/profile_decode.py [--model qwen3-0.6b-random] [--contract tiny-dense-triton]
+
+decode:    cProfile of `LLMEngine.generate` (host time per function), then the pieces of one decode
+           step timed alone on the device: graph replay, sampling, the metadata the runner builds.
+attention: attention.triton decode (64 x 2048 keys) and prefill (one 2048-key sequence), Qwen3-8B
+           heads, over a grid of block_m / block_n / num_warps / num_stages.
+An experiment script (docs/experiments.md), not a benchmark of record.
+"""
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+
+import torch
+
+from isoexec.contract import load_preset
+from isoexec.engine import EngineConfig, LLMEngine, SamplingParams
+from isoexec.model import PRESETS, fit_contract, init_random
+from timing import kernel_ms
+
+
+def profile_decode(model_name: str, contract_name: str, batch: int, new_tokens: int = 64) -> None:
+    model = init_random(PRESETS[model_name], seed=0).cuda()
+    contract = fit_contract(load_preset(contract_name), model.spec)
+    config = EngineConfig.from_contract(contract, num_pages=batch * 16 + 8, max_num_seqs=max(batch, 2), cuda_graphs=True)
+    engine = LLMEngine(model, contract, config, device="cuda")
+    prompts = [torch.randint(model.spec.vocab_size, (128,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(batch)]
+    params = SamplingParams(temperature=1.0, max_tokens=new_tokens, ignore_eos=True)
+    engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True), progress=False)
+    profiler = cProfile.Profile()
+    torch.cuda.synchronize()
+    profiler.enable()
+    engine.generate(prompts, params, progress=False)
+    torch.cuda.synchronize()
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    print(f"== cProfile, {model_name} under {contract_name}, batch {batch}, {new_tokens} new tokens (tottime)")
+    stats.sort_stats("tottime").print_stats(22)
+    print("\n".join(out.getvalue().splitlines()[:60]))
+
+    runner = engine.runner
+    graphs = runner.decode_graphs
+    b = batch
+    ids = torch.zeros(b, dtype=torch.int64, device="cuda")
+    pos = torch.full((b,), 100, dtype=torch.int64, device="cuda")
+    slots = torch.arange(b * 128, device="cuda").reshape(b, 128)
+    write = slots[:, 100].clone()
+    replay = kernel_ms(lambda: graphs.run(ids, pos, write, slots), torch.device("cuda"))
+    rows = graphs.run(ids, pos, write, slots)
+    ops = runner.ops["engine_decode"]
+    f32 = torch.ones(b, device="cuda")
+    i64 = torch.zeros(b, dtype=torch.int64, device="cuda")
+    sample = kernel_ms(lambda: ops["sample"](rows, f32, i64, f32, i64, i64), torch.device("cuda"))
+    print(f"== device time, batch {b}: graph replay (forward + log-probs) {replay:.3f} ms, sampling {sample:.3f} ms")
+
+
+def sweep_attention() -> None:
+    from isoexec.ops.attention import paged_slot_table, packed_slot_table
+    from isoexec.ops.attention import triton as attention_triton
+
+    heads, kv_heads, dim, device = 32, 8, 128, torch.device("cuda")
+    batch, keys = 64, 2048
+    pages = torch.randperm(batch * keys // 16, device=device).reshape(batch, keys // 16)
+    slot_table = paged_slot_table(pages, 16, keys)
+    k_store = torch.randn(batch * keys, kv_heads, dim, device=device, dtype=torch.bfloat16)
+    v_store = torch.randn_like(k_store)
+    q = torch.randn(batch, heads, dim, device=device, dtype=torch.bfloat16)
+    seq_ids, positions = torch.arange(batch, device=device), torch.full((batch,), keys - 1, device=device)
+    cu = torch.tensor([0, keys], device=device)
+    p_table, p_seq, p_pos = packed_slot_table(cu)
+    pq = torch.randn(keys, heads, dim, device=device, dtype=torch.bfloat16)
+    pk, pv = torch.randn(keys, kv_heads, dim, device=device, dtype=torch.bfloat16), torch.randn(keys, kv_heads, dim, device=device, dtype=torch.bfloat16)
+    print("== attention.triton, Qwen3-8B heads: decode 64 x 2048 keys, prefill 1 x 2048 (ms)")
+    for block_m in (16, 64):
+        for block_n in (16, 32, 64, 128):
+            for num_warps in (4, 8):
+                for num_stages in (1, 2):
+                    op = attention_triton.bench_op(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+                    try:
+                        decode = kernel_ms(lambda: op(q, k_store, v_store, slot_table, seq_ids, positions, dim**-0.5), device)
+                        prefill = kernel_ms(lambda: op(pq, pk, pv, p_table, p_seq, p_pos, dim**-0.5), device)
+                    except Exception as error:  # out of resources for some tiles
+                        print(f"block_m {block_m:>3} block_n {block_n:>3} warps {num_warps} stages {num_stages}: {type(error).__name__}")
+                        continue
+                    print(f"block_m {block_m:>3} block_n {block_n:>3} warps {num_warps} stages {num_stages}: decode {decode:.3f}  prefill {prefill:.3f}",
+                          flush=True)
+    tiles = kernel_ms(lambda: attention_triton.tile_starts(seq_ids, 16), device)
+    print(f"tile_starts alone (64 queries): {tiles:.3f} ms")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", nargs="*", help="decode and/or attention (default: both)")
+    parser.add_argument("--model", default="qwen3-0.6b-random")
+    parser.add_argument("--contract", default="tiny-dense-triton")
+    args = parser.parse_args()
+    args.what = args.what or ["decode", "attention"]
+    if set(args.what) - {"decode", "attention"}:
+        parser.error(f"unknown section(s) {sorted(set(args.what) - {'decode', 'attention'})}: choose decode, attention")
+    print(" ".join(sys.argv), torch.cuda.get_device_name())
+    if "decode" in args.what:
+        for batch in (1, 64):
+            profile_decode(args.model, args.contract, batch)
+    if "attention" in args.what:
+        sweep_attention()
+
+
+if __name__ == "__main__":
+    main()
