@@ -1,0 +1,131 @@
+"""SwiGLU activation silu(gate) * up as one Triton kernel, elementwise in fp32 with one rounding.
+
+Program (i_r, i_n) computes a [BLOCK_R, BLOCK_N] tile of the [R, N] rows as the reference writes them:
+g / (1 + exp(-g)) from exp, a correctly rounded add and a correctly rounded divide (`div_rn`; Triton's
+`/` divides approximately on the GPU), times up, rounded once to the output dtype. An element's bits
+depend on its gate and up only, never on the tile or on how many rows share the call.
+
+On the GPU exp is libdevice's `__nv_expf` without flush-to-zero: CUDA's accurate `expf`, the one torch's
+exp kernel calls, so the bits are meant to be the reference's (`tl.exp` would be the approximate
+`ex2.approx` instruction). Triton's interpreter has no libdevice and uses numpy's exp, whose bits differ
+from torch's CPU exp in the last place for some inputs.
+
+The backward pass uses ordinary ops: gradients must be correct, not batch-invariant.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ...runtime.registry import Impl
+from .. import triton_support
+from ..common import ALL_CASES, expect_dtype, torch_dtype
+from ..triton_support import interpreting, jit, needs_grad, require_device, tl, triton, triton_available
+
+try:
+    from triton.language.extra import libdevice
+except ImportError:
+    libdevice = None
+
+ID = "activation.triton"
+BOUNDARY_DTYPES = ("bfloat16", "float16", "float32")
+
+# An element's bits do not depend on the tile, so the tile is picked from the width for speed alone:
+# 1024 elements (a [1, 1024] slice of a wide row, or 16 rows of 64) over 4 warps give each thread 8
+# contiguous elements (16-byte bf16 loads).
+TILE_ELEMENTS, NUM_WARPS = 1024, 4
+
+
+# One compiled kernel for every number of rows.
+@jit(do_not_specialize=["num_rows"])
+def silu_mul_fwd_kernel(
+    gate, up, y,
+    num_rows,
+    stride_gr, stride_gn, stride_ur, stride_un,
+    N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    USE_LIBDEVICE: tl.constexpr,
+):
+    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    o_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = (o_r < num_rows)[:, None] & (o_n < N)[None, :]
+    b_g = tl.load(gate + o_r[:, None] * stride_gr + o_n[None, :] * stride_gn, mask=m, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_N]
+    b_u = tl.load(up + o_r[:, None] * stride_ur + o_n[None, :] * stride_un, mask=m, other=0.0).to(tl.float32)
+    if USE_LIBDEVICE:
+        b_e = libdevice.exp(-b_g)
+    else:
+        b_e = tl.exp(-b_g)
+    b_y = tl.math.div_rn(b_g, 1.0 + b_e) * b_u
+    tl.store(y + o_r[:, None] * N + o_n[None, :], b_y.to(y.dtype.element_ty), mask=m)
+
+
+def silu_mul_fwd(gate: Tensor, up: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """gate, up [R, N] -> [R, N] in `out_dtype` (contiguous)."""
+    rows, width = gate.shape
+    y = gate.new_empty((rows, width), dtype=out_dtype)
+    if rows == 0 or width == 0:
+        return y
+    block_n = min(TILE_ELEMENTS, triton.next_power_of_2(width))
+    block_r = TILE_ELEMENTS // block_n
+    silu_mul_fwd_kernel[(triton.cdiv(rows, block_r), triton.cdiv(width, block_n))](
+        gate, up, y,
+        rows,
+        gate.stride(0), gate.stride(1), up.stride(0), up.stride(1),
+        N=width, BLOCK_R=block_r, BLOCK_N=block_n, USE_LIBDEVICE=not interpreting(),
+        num_warps=NUM_WARPS,
+        # libdevice's exp without flush-to-zero, as CUDA's expf is compiled by default
+        enable_reflect_ftz=False,
+    )
+    return y
+
+
+class _TritonSiluMul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, out_dtype):
+        ctx.save_for_backward(gate, up)
+        return silu_mul_fwd(_rows(gate), _rows(up), out_dtype).reshape(gate.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up = ctx.saved_tensors
+        dtype = torch.promote_types(gate.dtype, torch.float32)
+        g, u, dy = gate.to(dtype), up.to(dtype), grad.to(dtype)
+        s = torch.sigmoid(g)
+        grad_gate = dy * u * s * (1.0 + g * (1.0 - s))
+        return grad_gate.to(gate.dtype), (dy * g * s).to(up.dtype), None
+
+
+def silu_mul(gate: Tensor, up: Tensor, *, input_dtype: str, output_dtype: str, compute_dtype: str) -> Tensor:
+    """gate, up [..., I] -> [..., I]."""
+    expect_dtype(gate, input_dtype, "activation gate")
+    if up.shape != gate.shape:
+        raise ValueError(f"{ID}: up shape {tuple(up.shape)} must equal the gate's {tuple(gate.shape)}")
+    require_device(ID, gate, up)
+    out_dtype = torch_dtype(output_dtype)
+    if needs_grad(gate, up):
+        return _TritonSiluMul.apply(gate, up, out_dtype)
+    return silu_mul_fwd(_rows(gate), _rows(up), out_dtype).reshape(gate.shape)
+
+
+def _rows(t: Tensor) -> Tensor:
+    """[..., I] as [R, I], a view where the layout allows (strides are passed to the kernel)."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
+def check_constants(constants: dict) -> None:
+    if constants["compute_dtype"] != "float32":
+        raise ValueError(f'{ID} computes in float32 only, got compute_dtype = "{constants["compute_dtype"]}"')
+    for name in ("input_dtype", "output_dtype"):
+        if constants[name] not in BOUNDARY_DTYPES:
+            raise ValueError(f"{ID}: {name} must be one of {', '.join(BOUNDARY_DTYPES)}, got \"{constants[name]}\"")
+
+
+def register(registry) -> None:
+    """Register activation.triton@1; without Triton installed, nothing is registered."""
+    if triton_available():
+        registry.register(Impl(id=ID, version=1, region="activation", cases=ALL_CASES, fn=silu_mul, check_constants=check_constants,
+                               sources=(silu_mul_fwd_kernel, triton_support)))

@@ -1,0 +1,110 @@
+"""Residual add as one Triton kernel: x + residual in fp32, rounded once to the output dtype.
+
+Program (i_r, i_n) adds a [BLOCK_R, BLOCK_N] tile of the [R, N] rows. Each element is loaded, widened
+to fp32 (exact from bf16, fp16 and fp32), added and rounded, so its bits depend on its two inputs only,
+never on the tile or on how many rows share the call. It is the arithmetic of `reference.add`, so the
+bits are the reference's wherever both round to nearest (on a GPU; Triton's interpreter truncates
+fp32 -> bf16).
+
+The backward pass hands the gradient to both inputs with ordinary ops.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ...runtime.registry import Impl
+from .. import triton_support
+from ..common import ALL_CASES, expect_dtype, torch_dtype
+from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
+
+ID = "residual.triton"
+BOUNDARY_DTYPES = ("bfloat16", "float16", "float32")
+
+# An element's bits do not depend on the tile, so the tile is picked from the width for speed alone:
+# 1024 elements (a [1, 1024] slice of a wide row, or 16 rows of 64) over 4 warps give each thread 8
+# contiguous elements (16-byte bf16 loads).
+TILE_ELEMENTS, NUM_WARPS = 1024, 4
+
+
+# One compiled kernel for every number of rows.
+@jit(do_not_specialize=["num_rows"])
+def residual_add_fwd_kernel(
+    x, r, y,
+    num_rows,
+    stride_xr, stride_xn, stride_rr, stride_rn,
+    N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    o_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = (o_r < num_rows)[:, None] & (o_n < N)[None, :]
+    b_x = tl.load(x + o_r[:, None] * stride_xr + o_n[None, :] * stride_xn, mask=m, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_N]
+    b_r = tl.load(r + o_r[:, None] * stride_rr + o_n[None, :] * stride_rn, mask=m, other=0.0).to(tl.float32)
+    tl.store(y + o_r[:, None] * N + o_n[None, :], (b_x + b_r).to(y.dtype.element_ty), mask=m)
+
+
+def residual_add_fwd(x: Tensor, residual: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """x, residual [R, N] -> [R, N] in `out_dtype` (contiguous)."""
+    rows, width = x.shape
+    y = x.new_empty((rows, width), dtype=out_dtype)
+    if rows == 0 or width == 0:
+        return y
+    block_n = min(TILE_ELEMENTS, triton.next_power_of_2(width))
+    block_r = TILE_ELEMENTS // block_n
+    residual_add_fwd_kernel[(triton.cdiv(rows, block_r), triton.cdiv(width, block_n))](
+        x, residual, y,
+        rows,
+        x.stride(0), x.stride(1), residual.stride(0), residual.stride(1),
+        N=width, BLOCK_R=block_r, BLOCK_N=block_n,
+        num_warps=NUM_WARPS,
+    )
+    return y
+
+
+class _TritonResidualAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, out_dtype):
+        ctx.dtypes = x.dtype, residual.dtype
+        return residual_add_fwd(_rows(x), _rows(residual), out_dtype).reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x_dtype, residual_dtype = ctx.dtypes
+        return grad.to(x_dtype), grad.to(residual_dtype), None
+
+
+def add(x: Tensor, residual: Tensor, *, input_dtype: str, output_dtype: str, compute_dtype: str) -> Tensor:
+    """x, residual [..., N] -> [..., N]."""
+    expect_dtype(x, input_dtype, "residual input")
+    if residual.shape != x.shape:
+        raise ValueError(f"{ID}: residual shape {tuple(residual.shape)} must equal the input's {tuple(x.shape)}")
+    require_device(ID, x, residual)
+    out_dtype = torch_dtype(output_dtype)
+    if needs_grad(x, residual):
+        return _TritonResidualAdd.apply(x, residual, out_dtype)
+    return residual_add_fwd(_rows(x), _rows(residual), out_dtype).reshape(x.shape)
+
+
+def _rows(t: Tensor) -> Tensor:
+    """[..., N] as [R, N], a view where the layout allows (strides are passed to the kernel)."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
+def check_constants(constants: dict) -> None:
+    if constants["compute_dtype"] != "float32":
+        raise ValueError(f'{ID} computes in float32 only, got compute_dtype = "{constants["compute_dtype"]}"')
+    for name in ("input_dtype", "output_dtype"):
+        if constants[name] not in BOUNDARY_DTYPES:
+            raise ValueError(f"{ID}: {name} must be one of {', '.join(BOUNDARY_DTYPES)}, got \"{constants[name]}\"")
+
+
+def register(registry) -> None:
+    """Register residual.triton@1; without Triton installed, nothing is registered."""
+    if triton_available():
+        registry.register(Impl(id=ID, version=1, region="residual", cases=ALL_CASES, fn=add, check_constants=check_constants,
+                               sources=(residual_add_fwd_kernel, triton_support)))
