@@ -223,15 +223,3 @@ def test_the_combine_kernel_adds_in_reduce_tree_sums_order(leaves, leaf_tree):
     if leaves >= 4:  # the check can fail: adding the leaves in another order changes bits
         other = "sequential" if leaf_tree == "balanced_binary" else "balanced_binary"
         assert not bitwise_equal(got.cpu(), row_parallel_triton.reduce.tree_sum(planes.permute(1, 2, 0).cpu(), other) + bias.cpu())
-
-
-@pytest.mark.parametrize("k", [128, 80])
-def test_the_fused_sequential_kernel_gives_the_bits_of_partials_then_combine(k):
-    """leaf_tree = sequential runs as one kernel; it must equal leaf_partials + combine_partials (the
-    path a TP rank takes) bit for bit; the balanced tree on the same partials differs, so the check can fail."""
-    x, w, b = randn(37, k, seed=1), randn(24, k, seed=2, scale=k**-0.5), randn(24, seed=3)
-    tiles = dict(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=1)
-    fused = row_parallel_triton.sequential_leaves_fwd(x, w, b, torch.float32, num_leaves=8, **tiles)
-    partials = leaf_partials(x, w, num_leaves=8, **tiles)
-    assert bitwise_equal(fused, combine_partials(partials, b, leaf_tree="sequential", out_dtype=torch.float32))
-    assert not bitwise_equal(fused, combine_partials(partials, b, leaf_tree="balanced_binary", out_dtype=torch.float32))

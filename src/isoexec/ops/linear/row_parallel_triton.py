@@ -103,75 +103,9 @@ def combine_partials(partials: Tensor, bias: Tensor | None, *, leaf_tree: str, o
     return y.to(out_dtype)
 
 
-@jit(do_not_specialize=["M"])
-def sequential_leaves_kernel(
-    x, w, b, y,
-    M, N,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
-    LEAF: tl.constexpr,
-    NUM_LEAVES: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """The sequential leaf tree in one pass: each leaf's partial is accumulated exactly as
-    `linear_fwd_kernel` accumulates it (ascending BLOCK_K blocks of the leaf, from +0.0) and added to
-    the running sum, ((p0 + p1) + p2) + …, before the next leaf starts; no [G, M, N] buffer."""
-    i_m, i_n = tl.program_id(0), tl.program_id(1)
-    o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_m, m_n = o_m < M, o_n < N
-    total = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
-    for g in tl.static_range(NUM_LEAVES):
-        acc = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
-        for i_k in range(0, tl.cdiv(LEAF, BLOCK_K)):
-            o_k = i_k * BLOCK_K + tl.arange(0, BLOCK_K)
-            m_k = o_k < LEAF
-            p_x = x + o_m[:, None] * stride_xm + (g * LEAF + o_k[None, :]) * stride_xk
-            p_w = w + (g * LEAF + o_k[:, None]) * stride_wk + o_n[None, :] * stride_wn
-            b_x = tl.load(p_x, mask=m_m[:, None] & m_k[None, :], other=0.0)
-            b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0)
-            if DOT_IN_FP32:
-                b_x, b_w = b_x.to(tl.float32), b_w.to(tl.float32)
-            acc = tl.dot(b_x, b_w, acc, input_precision="ieee")
-        if g == 0:
-            total = acc
-        else:
-            total = total + acc
-    if HAS_BIAS:
-        total += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-    p_y = y + o_m[:, None] * stride_ym + o_n[None, :] * stride_yn
-    tl.store(p_y, total.to(y.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
-
-
-def sequential_leaves_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, num_leaves: int, block_m: int,
-                          block_n: int, block_k: int, num_warps: int, num_stages: int) -> Tensor:
-    """x [M, K], weight [N, K], bias [N] -> [M, N]: leaf_partials + combine_partials(sequential) in one kernel, same bits."""
-    m, k = x.shape
-    n = weight.shape[0]
-    if k % num_leaves:
-        raise ValueError(f"{ID}: K = {k} is not divisible into {num_leaves} leaves")
-    y = x.new_empty((m, n), dtype=out_dtype)
-    if m == 0 or n == 0:
-        return y
-    sequential_leaves_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
-        x, weight, x if bias is None else bias.contiguous(), y,
-        m, n,
-        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
-        LEAF=k // num_leaves, NUM_LEAVES=num_leaves, HAS_BIAS=bias is not None, DOT_IN_FP32=triton_support.interpreting(),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
-    )
-    return y
-
-
 def row_parallel_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, num_leaves: int, leaf_tree: str,
                      **tiles) -> Tensor:
-    """x [M, K], weight [N, K], bias [N] -> [M, N] in `out_dtype`, on one device (TP = 1). The
-    sequential leaf tree runs fused in one kernel; other trees write the leaf partials, then combine."""
-    if leaf_tree == "sequential":
-        return sequential_leaves_fwd(x, weight, bias, out_dtype, num_leaves=num_leaves, **tiles)
+    """x [M, K], weight [N, K], bias [N] -> [M, N] in `out_dtype`, on one device (TP = 1)."""
     return combine_partials(leaf_partials(x, weight, num_leaves=num_leaves, **tiles), bias, leaf_tree=leaf_tree, out_dtype=out_dtype)
 
 
@@ -184,7 +118,7 @@ def row_parallel_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *
     return linear_triton.run(ID, fwd, x, weight, bias, input_dtype, weight_dtype)
 
 
-def bench_op(num_leaves: int = 8, leaf_tree: str = "sequential"):
+def bench_op(num_leaves: int = 8, leaf_tree: str = "balanced_binary"):
     """y = x Wᵀ with each weight's Hopper tile and `num_leaves` leaves: what `benchmarks/bench.py` times against cuBLAS."""
     def op(x, w, b=None):
         return row_parallel_linear(x, w, b, **linear_triton.hopper_constants(*w.shape, str(x.dtype).removeprefix("torch.")),
@@ -207,4 +141,4 @@ def register(registry) -> None:
     if triton_available():
         registry.register(Impl(id=ID, version=1, region="linear.row_parallel", cases=ALL_CASES, fn=row_parallel_linear,
                                check_constants=check_constants,
-                               sources=(linear_triton.linear_fwd_kernel, combine_kernel, sequential_leaves_kernel, linear_triton, reduce, triton_support)))
+                               sources=(linear_triton.linear_fwd_kernel, combine_kernel, linear_triton, reduce, triton_support)))
