@@ -17,6 +17,9 @@ for contract in tiny-dense-triton native; do
     python3 -m isoexec validate --device cuda --contract "$contract" --json "$OUT/validate_$contract.json" 2>&1 | tail -15 | tee "$OUT/validate_$contract.txt"
 done
 
+# The GPU contract as fitted to the Qwen3-0.6B-sized model (its GEMM tiles and row-kernel constants).
+python3 -m isoexec validate --device cuda --contract tiny-dense-triton --model qwen3-0.6b-random --json "$OUT/validate_0.6b.json" 2>&1 | tail -12 | tee "$OUT/validate_0.6b.txt"
+
 python3 -m isoexec audit --device cuda --quiet --contract tiny-dense-triton --json "$OUT/audit_tiny_triton.json" 2>&1 | tail -12 | tee "$OUT/audit_tiny_triton.txt"
 # No --trace under the GPU contract: tracing runs decode eagerly, and the audit should see the CUDA graphs.
 python3 -m isoexec audit --device cuda --quiet --model qwen3-0.6b-random --contract tiny-dense-triton \

@@ -57,6 +57,27 @@ def profile_decode(model_name: str, contract_name: str, batch: int, new_tokens: 
     i64 = torch.zeros(b, dtype=torch.int64, device="cuda")
     sample = kernel_ms(lambda: ops["sample"](rows, f32, i64, f32, i64, i64), torch.device("cuda"))
     print(f"== device time, batch {b}: graph replay (forward + log-probs) {replay:.3f} ms, sampling {sample:.3f} ms")
+    kernel_table(graphs, b)
+
+
+def kernel_table(graphs, batch: int) -> None:
+    """The padded decode forward run eagerly under torch.profiler: GPU time and launches per kernel name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs._forward(graphs.buckets[0] if batch == 1 else next(x for x in graphs.buckets if x >= batch))
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graphs._forward(next(x for x in graphs.buckets if x >= batch))
+        torch.cuda.synchronize()
+    totals = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            time_us, count = totals.get(event.name, (0.0, 0))
+            totals[event.name] = (time_us + event.device_time, count + 1)
+    total = sum(t for t, _ in totals.values())
+    print(f"== kernels of one eager decode forward, batch {batch}: {sum(c for _, c in totals.values())} launches, {total / 1e3:.3f} ms of GPU time")
+    for name, (time_us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:18]:
+        print(f"  {time_us / 1e3:8.3f} ms  {count:5d}x  {name[:110]}")
 
 
 def sweep_attention() -> None:

@@ -107,6 +107,16 @@ def test_validate_command_writes_the_json_report(tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such file" in bad.stderr
 
 
+def test_validate_fits_the_contract_to_a_model_first():
+    """--model validates the contract as that model runs it (here: float32 boundaries), and names a bad model."""
+    result = subprocess.run([sys.executable, "-m", "isoexec", "validate", "--contract", "tiny-dense", "--model", "tiny-dense",
+                             "--no-record"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "10 admitted, 0 rejected" in result.stdout
+    bad = subprocess.run([sys.executable, "-m", "isoexec", "validate", "--model", "no-such-model"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no-such-model" in bad.stderr
+
+
 def test_validate_refuses_cuda_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")

@@ -3,6 +3,7 @@
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .contract import PROJECTIONS, ContractError, diff_projection, dump_json, identities, load, load_preset, preset_names
 from .contract.diff import render_grouped
@@ -60,6 +61,16 @@ def _validate(args) -> int:
     from .validate import records, validate
 
     contract = load(args.contract)
+    if args.model is not None:
+        from .model import PRESETS, SpecError, fit_contract, read_config
+
+        if args.model not in PRESETS and not Path(args.model).is_dir():
+            raise ContractError("", f"--model {args.model!r} is neither a model preset ({', '.join(PRESETS)}) nor a checkpoint directory")
+        try:
+            spec = PRESETS[args.model] if args.model in PRESETS else read_config(args.model)
+        except (SpecError, OSError) as error:
+            raise ContractError("", f"--model: {error}") from None
+        contract = fit_contract(contract, spec, profile=args.model)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ContractError("", "--device cuda: no CUDA device is available here")
     print(f"validating {contract.name} on {args.device} (torch {torch.__version__})", flush=True)
@@ -206,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
         "rejected, 2 on bad input.",
     )
     check.add_argument("--contract", default="tiny-dense", metavar="PRESET|FILE", help="the contract to validate (default: tiny-dense)")
+    check.add_argument("--model", metavar="PRESET|DIR", help="validate the contract as fitted to this model (its dtype and the "
+                       "kernel tiles chosen for its shapes); a model preset or a checkpoint directory with config.json")
     check.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where to run the battery (default: cpu)")
     check.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
     check.add_argument("--no-record", action="store_true", help="do not write admission records")

@@ -15,12 +15,29 @@ def _tile_table(impl_id: str) -> dict:
     return linear_triton.HOPPER_CONSTANTS if impl_id in ("linear.triton", "linear.row_parallel.triton") else {}
 
 
-def _fit_tiles(entry: Entry, spec: ModelSpec) -> Entry:
-    """The entry with the GEMM tile listed for its ops' weight shapes (N, K); never chosen from M.
+def _row_width_constants(entry: Entry, spec: ModelSpec) -> dict | None:
+    """The listed constants of the row kernels (RMSNorm, log-probs) for this model's row width, keyed
+    on the widest row the entry's ops reduce (the hidden size; the vocabulary) and never on the row count."""
+    from ..ops.logprobs import triton as logprobs_triton
+    from ..ops.rms_norm import triton as rms_norm_triton
 
-    A contract pins one entry per (region, case), so all of an entry's projections share one tile: the
-    tile of the shapes doing most of the work (weight elements over all layers; lm_head counts once).
-    Without a listed tile for any of the ops the entry keeps its constants."""
+    if entry.impl.id == "rms_norm.triton":
+        return rms_norm_triton.HOPPER_CONSTANTS.get(spec.hidden_size)
+    if entry.impl.id == "logprobs.triton":
+        return logprobs_triton.HOPPER_CONSTANTS.get(spec.vocab_size)
+    return None
+
+
+def _fit_tiles(entry: Entry, spec: ModelSpec) -> Entry:
+    """The entry with the kernel constants listed for its ops' shapes; never chosen from M.
+
+    A contract pins one entry per (region, case), so all of an entry's projections share one GEMM tile:
+    the tile of the shapes doing most of the work (weight elements over all layers; lm_head counts
+    once). Row kernels take the constants of their widest row. Without a listed choice the entry keeps
+    its constants."""
+    row = _row_width_constants(entry, spec)
+    if row is not None:
+        return dataclasses.replace(entry, constants={**entry.constants, **row})
     table, work = _tile_table(entry.impl.id), {}
     for op in entry.ops:
         tiles = table.get(spec.linear_shapes.get(op))
@@ -35,7 +52,8 @@ def _fit_tiles(entry: Entry, spec: ModelSpec) -> Entry:
 
 def fit_contract(contract: Contract, spec: ModelSpec, profile: str | None = None) -> Contract:
     """The family contract as this model runs it: its architecture, only the ops it has, its parameter
-    dtype at the op boundaries, and the GEMM tile listed for its projections' weight shapes (N, K).
+    dtype at the op boundaries, and the kernel constants listed for its shapes (GEMM tiles by (N, K), row
+    kernels by row width).
     Every change shows in the identities."""
     boundary = next((e.constants[k] for e in contract.composition for k in BOUNDARY_CONSTANTS if k in e.constants), spec.dtype)
     entries = []
