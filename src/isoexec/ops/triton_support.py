@@ -17,6 +17,8 @@ interpreter are therefore the interpreter's own, never the GPU's: admission reco
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -47,6 +49,23 @@ def jit(fn=None, **options):
     if triton is None:
         return fn
     return (InterpretedFunction if interpreting() else JITFunction)(fn, **options)
+
+
+BOUNDARY_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def as_rows(t: Tensor) -> Tensor:
+    """[..., N] as [R, N], a view where the layout allows (the kernels take strides)."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
+def check_fp32_elementwise(impl_id: str, constants: dict) -> None:
+    """The constants every fp32 elementwise kernel shares: compute_dtype float32, boundary dtypes it loads."""
+    if constants["compute_dtype"] != "float32":
+        raise ValueError(f'{impl_id} computes in float32 only, got compute_dtype = "{constants["compute_dtype"]}"')
+    for name in ("input_dtype", "output_dtype"):
+        if constants[name] not in BOUNDARY_DTYPES:
+            raise ValueError(f"{impl_id}: {name} must be one of {', '.join(BOUNDARY_DTYPES)}, got \"{constants[name]}\"")
 
 
 def needs_grad(*tensors: Tensor | None) -> bool:

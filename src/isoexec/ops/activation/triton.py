@@ -15,15 +15,13 @@ The backward pass uses ordinary ops: gradients must be correct, not batch-invari
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
-from ..triton_support import interpreting, jit, needs_grad, require_device, tl, triton, triton_available
+from ..triton_support import as_rows, check_fp32_elementwise, interpreting, jit, needs_grad, require_device, tl, triton, triton_available
 
 try:
     from triton.language.extra import libdevice
@@ -31,7 +29,6 @@ except ImportError:
     libdevice = None
 
 ID = "activation.triton"
-BOUNDARY_DTYPES = ("bfloat16", "float16", "float32")
 
 # An element's bits do not depend on the tile, so the tile is picked from the width for speed alone:
 # 1024 elements (a [1, 1024] slice of a wide row, or 16 rows of 64) over 4 warps give each thread 8
@@ -87,7 +84,7 @@ class _TritonSiluMul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, out_dtype):
         ctx.save_for_backward(gate, up)
-        return silu_mul_fwd(_rows(gate), _rows(up), out_dtype).reshape(gate.shape)
+        return silu_mul_fwd(as_rows(gate), as_rows(up), out_dtype).reshape(gate.shape)
 
     @staticmethod
     def backward(ctx, grad):
@@ -108,20 +105,12 @@ def silu_mul(gate: Tensor, up: Tensor, *, input_dtype: str, output_dtype: str, c
     out_dtype = torch_dtype(output_dtype)
     if needs_grad(gate, up):
         return _TritonSiluMul.apply(gate, up, out_dtype)
-    return silu_mul_fwd(_rows(gate), _rows(up), out_dtype).reshape(gate.shape)
+    return silu_mul_fwd(as_rows(gate), as_rows(up), out_dtype).reshape(gate.shape)
 
-
-def _rows(t: Tensor) -> Tensor:
-    """[..., I] as [R, I], a view where the layout allows (strides are passed to the kernel)."""
-    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
 
 
 def check_constants(constants: dict) -> None:
-    if constants["compute_dtype"] != "float32":
-        raise ValueError(f'{ID} computes in float32 only, got compute_dtype = "{constants["compute_dtype"]}"')
-    for name in ("input_dtype", "output_dtype"):
-        if constants[name] not in BOUNDARY_DTYPES:
-            raise ValueError(f"{ID}: {name} must be one of {', '.join(BOUNDARY_DTYPES)}, got \"{constants[name]}\"")
+    check_fp32_elementwise(ID, constants)
 
 
 def register(registry) -> None:

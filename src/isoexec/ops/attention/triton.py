@@ -5,8 +5,8 @@ absolute positions; see `metadata.py`), so the packed training batch, a chunk of
 decode token per sequence over the paged cache are the same launch with different integers.
 
 A program owns a tile of at most BLOCK_M queries of one sequence at consecutive positions in one
-absolute block of BLOCK_M positions, and all G = H / Hkv query heads that read kv_head: its BLOCK_M * G rows share every key and value load. It
-walks the absolute key blocks [j * BLOCK_N, (j + 1) * BLOCK_N) in ascending order, from the first
+absolute block of BLOCK_M positions, and all G = H / Hkv query heads that read kv_head: its
+BLOCK_M * G rows share every key and value load. It walks the absolute key blocks [j * BLOCK_N, (j + 1) * BLOCK_N) in ascending order, from the first
 block any of its rows can see to the last, gathering each key's row of the store through the slot
 table. Per block and row, in fp32:
 
@@ -31,8 +31,8 @@ The grid has one program per query and KV head; the program at query i runs a ti
 there (i is the first query, or its sequence differs from query i - 1's, or its position does not
 follow i - 1's, or it opens an absolute block of BLOCK_M positions) and reads the tile's extent from
 the metadata itself, so there is no host sync and no separate tiling kernel, and decode steps can be
-captured in a CUDA graph. A visible key whose slot lies outside the
-store is skipped rather than reported (the kernel cannot raise); `reference.attention` raises there.
+captured in a CUDA graph. A visible key whose slot lies outside the store is skipped rather than
+reported (the kernel cannot raise); `reference.attention` raises there.
 
 The backward pass recomputes the forward with `native.attention` (SDPA) under autograd: gradients
 are correct, not batch-invariant.
@@ -45,7 +45,7 @@ from torch import Tensor
 
 from ...runtime.registry import Impl
 from .. import triton_support
-from ..common import ALL_CASES, expect_dtype, torch_dtype
+from ..common import ALL_CASES, torch_dtype
 from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
 from . import native
 from .reference import _check_inputs
@@ -53,9 +53,10 @@ from .reference import _check_inputs
 ID = "attention.triton"
 DTYPES = ("bfloat16", "float16", "float32")
 
-# Hopper (H100/H200) constants for bf16 head_dim 128 models.
+# Hopper (H100/H200) constants for bf16 head_dim 128 models, as the tiny-dense-triton preset pins them
+# (block_n = 32: the largest key block that divides its 32-token pages; see docs/experiments.md).
 HOPPER_CONSTANTS = dict(input_dtype="bfloat16", output_dtype="bfloat16", kv_cache_dtype="bfloat16", accum_dtype="float32",
-                        block_m=16, block_n=16, num_warps=4, num_stages=2, split_kv_size=0)
+                        block_m=16, block_n=32, num_warps=4, num_stages=2, split_kv_size=0)
 
 
 @jit

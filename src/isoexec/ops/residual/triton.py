@@ -11,18 +11,15 @@ The backward pass hands the gradient to both inputs with ordinary ops.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
-from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
+from ..triton_support import as_rows, check_fp32_elementwise, jit, needs_grad, require_device, tl, triton, triton_available
 
 ID = "residual.triton"
-BOUNDARY_DTYPES = ("bfloat16", "float16", "float32")
 
 # An element's bits do not depend on the tile, so the tile is picked from the width for speed alone:
 # 1024 elements (a [1, 1024] slice of a wide row, or 16 rows of 64) over 4 warps give each thread 8
@@ -70,7 +67,7 @@ class _TritonResidualAdd(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, out_dtype):
         ctx.dtypes = x.dtype, residual.dtype
-        return residual_add_fwd(_rows(x), _rows(residual), out_dtype).reshape(x.shape)
+        return residual_add_fwd(as_rows(x), as_rows(residual), out_dtype).reshape(x.shape)
 
     @staticmethod
     def backward(ctx, grad):
@@ -87,20 +84,12 @@ def add(x: Tensor, residual: Tensor, *, input_dtype: str, output_dtype: str, com
     out_dtype = torch_dtype(output_dtype)
     if needs_grad(x, residual):
         return _TritonResidualAdd.apply(x, residual, out_dtype)
-    return residual_add_fwd(_rows(x), _rows(residual), out_dtype).reshape(x.shape)
+    return residual_add_fwd(as_rows(x), as_rows(residual), out_dtype).reshape(x.shape)
 
-
-def _rows(t: Tensor) -> Tensor:
-    """[..., N] as [R, N], a view where the layout allows (strides are passed to the kernel)."""
-    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
 
 
 def check_constants(constants: dict) -> None:
-    if constants["compute_dtype"] != "float32":
-        raise ValueError(f'{ID} computes in float32 only, got compute_dtype = "{constants["compute_dtype"]}"')
-    for name in ("input_dtype", "output_dtype"):
-        if constants[name] not in BOUNDARY_DTYPES:
-            raise ValueError(f"{ID}: {name} must be one of {', '.join(BOUNDARY_DTYPES)}, got \"{constants[name]}\"")
+    check_fp32_elementwise(ID, constants)
 
 
 def register(registry) -> None:

@@ -24,11 +24,10 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
-from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
+from ..triton_support import check_fp32_elementwise, jit, needs_grad, require_device, tl, triton, triton_available
 from . import reference
 
 ID = "rope.triton"
-BOUNDARY_DTYPES = ("bfloat16", "float16", "float32")
 
 # A row's bits do not depend on the tile, so the tile is picked from the head dim for speed alone: 1024
 # rotated pairs per program over 4 warps, e.g. 16 heads of 128 dims (Qwen3-0.6B's q heads of a token).
@@ -147,12 +146,8 @@ def check_constants(constants: dict) -> None:
     if constants["table_build"] != "cpu_float64":
         raise ValueError(f'{ID} indexes the table built on the CPU in float64: table_build must be "cpu_float64", '
                          f'got "{constants["table_build"]}"')
-    if constants["compute_dtype"] != "float32":
-        raise ValueError(f'{ID} computes in float32 only, got compute_dtype = "{constants["compute_dtype"]}"')
     torch_dtype(constants["table_dtype"])
-    for name in ("input_dtype", "output_dtype"):
-        if constants[name] not in BOUNDARY_DTYPES:
-            raise ValueError(f"{ID}: {name} must be one of {', '.join(BOUNDARY_DTYPES)}, got \"{constants[name]}\"")
+    check_fp32_elementwise(ID, constants)
 
 
 def register(registry) -> None:
