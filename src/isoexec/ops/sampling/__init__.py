@@ -1,9 +1,9 @@
-"""Token sampling: Gumbel-max with (seed, position, token)-hashed noise, and the ordinary batch sampler."""
+"""Token sampling: Gumbel-max with (seed, position, token)-hashed noise (reference and Triton), and the ordinary batch sampler."""
 
 from ...runtime.registry import REGISTRY, Impl
 from .. import reduce
 from ..logprobs import reference as logprobs_reference
-from . import native, probe, reference
+from . import native, probe, reference, triton
 
 ENGINE_CASES = frozenset(("engine_prefill", "engine_decode"))
 
@@ -13,3 +13,4 @@ REGISTRY.register(
 )
 REGISTRY.register(Impl(id="sampling.native", version=1, region="sampling", cases=ENGINE_CASES, fn=native.sample))
 REGISTRY.register_probe("sampling", probe.probe)
+triton.register(REGISTRY, ENGINE_CASES)  # skipped where Triton is not installed
