@@ -60,7 +60,9 @@ class Engines:
             page_size = contract.deployment.engine.kv_page_size
             pages_per_seq = -(-(self.sizes.prompt_len + self.sizes.new_tokens) // page_size) + 1
             max_batch = max(self.sizes.batches)
-            overrides = {"max_num_seqs": max_batch}
+            # max_model_len: the decode graphs' slot table is as wide as the longest request, not the
+            # model's context (native's decode attention scans the table whole).
+            overrides = {"max_num_seqs": max_batch, "max_model_len": self.sizes.prompt_len + self.sizes.new_tokens}
             if self.cuda_graphs:
                 overrides["cuda_graphs"] = True
             config = EngineConfig.from_contract(contract, num_pages=max_batch * pages_per_seq + 8, **overrides)

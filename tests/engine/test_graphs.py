@@ -163,6 +163,23 @@ def test_steps_past_the_decode_shape_domain_run_eagerly():
     assert all(same_bits(a, b) for a, b in zip(eager, padded))
 
 
+def test_max_model_len_bounds_requests_and_the_graph_table():
+    """max_model_len refuses longer requests (the others still run) and narrows the decode graphs' slot
+    table; the bits stay those of the engine without it."""
+    model, contract = setup("tiny-dense", "float32")
+    prompts, params = requests(5)
+    longest = max(len(p) + q.max_tokens for p, q in zip(prompts, params))
+    eager, _, _ = generate(model, contract, prompts, params, cuda_graphs=False)
+    narrow, engine, _ = generate(model, contract, prompts, params, cuda_graphs=True, max_model_len=longest)
+    assert engine.runner.decode_graphs.max_num_keys == longest
+    assert all(same_bits(a, b) for a, b in zip(eager, narrow))
+    too_long, _, _ = generate(model, contract, prompts, params, cuda_graphs=True, max_model_len=longest - 1)
+    refused = [c for c in too_long if c.error]
+    assert len(refused) == 1 and f"max_model_len {longest - 1}" in refused[0].error
+    with pytest.raises(ValueError, match="max_model_len: expected None or a positive int"):
+        EngineConfig.from_contract(contract, num_pages=8, max_model_len=0)
+
+
 class PassThrough:
     def wrap(self, ops: dict, case: str) -> dict:
         return ops

@@ -38,12 +38,18 @@ class EngineConfig:
     prefix_caching: bool = True
     cuda_graphs: bool = False
     """Run each decode step padded to a batch-size bucket, as a CUDA graph on a GPU (see graphs.py)."""
+    max_model_len: int | None = None
+    """Most tokens (prompt + generated) one sequence may hold; longer requests are refused. None: the
+    model's max_position_embeddings. With cuda_graphs it is also the width of the decode graphs' slot
+    table, which an op may scan whole (native attention does)."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.type is int and (not _is_int(value) or value < 1):
                 raise ValueError(f"EngineConfig.{f.name}: expected a positive int, got {value!r}")
+        if self.max_model_len is not None and not (_is_int(self.max_model_len) and self.max_model_len >= 1):
+            raise ValueError(f"EngineConfig.max_model_len: expected None or a positive int, got {self.max_model_len!r}")
         for name in ("prefix_caching", "cuda_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name}: expected a bool, got {getattr(self, name)!r}")
@@ -53,9 +59,10 @@ class EngineConfig:
         """The contract's deployment.engine settings, with `overrides` on top; checked against the contract."""
         engine = contract.deployment.engine
         names = ("kv_page_size", "prefill_chunk_size", "max_num_seqs", "max_num_batched_tokens", "prefix_caching", "cuda_graphs")
-        unknown = sorted(set(overrides) - set(names))
+        unknown = sorted(set(overrides) - set(names) - {"max_model_len"})
         if unknown:
-            raise ValueError(f"EngineConfig.from_contract: unknown setting(s) {', '.join(unknown)} (known: {', '.join(names)})")
+            raise ValueError(f"EngineConfig.from_contract: unknown setting(s) {', '.join(unknown)} "
+                             f"(known: {', '.join(names)}, max_model_len)")
         config = cls(num_pages=num_pages, **{**{n: getattr(engine, n) for n in names}, **overrides})
         config.check(contract)
         return config

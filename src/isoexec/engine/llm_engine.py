@@ -82,6 +82,9 @@ class LLMEngine:
         if len(tokens) + params.max_tokens > spec.max_position_embeddings:
             return tokens, (f"prompt of {len(tokens)} tokens + max_tokens {params.max_tokens} exceeds "
                             f"max_position_embeddings {spec.max_position_embeddings}")
+        if config.max_model_len is not None and len(tokens) + params.max_tokens > config.max_model_len:
+            return tokens, (f"prompt of {len(tokens)} tokens + max_tokens {params.max_tokens} exceeds "
+                            f"the engine's max_model_len {config.max_model_len}")
         # The last drawn token's keys are never computed, hence the - 1.
         pages = -(-(len(tokens) + params.max_tokens - 1) // config.kv_page_size)
         if pages > config.num_pages:

@@ -33,7 +33,8 @@ class ModelRunner:
         if config.cuda_graphs:
             # The most keys an admitted sequence can have, capped at the contract's decode shape domain: a
             # step past it (where the contract claims nothing) runs eagerly rather than widen every graph.
-            max_num_keys = min(scratch_slot, spec.max_position_embeddings, contract.cases["engine_decode"].shape_domain.max_seq_len)
+            max_num_keys = min(scratch_slot, spec.max_position_embeddings, contract.cases["engine_decode"].shape_domain.max_seq_len,
+                               config.max_model_len or spec.max_position_embeddings)
             self.decode_graphs = DecodeGraphs(model, contract, self.ops["engine_decode"], self.k_cache, self.v_cache,
                                               scratch_slot, config.max_num_seqs, max_num_keys)
 
