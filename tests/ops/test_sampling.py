@@ -216,3 +216,25 @@ def test_battery_rejects_the_native_sampler():
     assert result.status == "rejected"
     assert all("raised" not in failure for failure in result.failures), result.failures[:3]
     assert any("vs alone" in failure for failure in result.failures)
+
+
+def test_battery_catches_a_sampler_that_rounds_differently_in_big_batches():
+    """A reference sampler that rounds its input to bf16 once the batch has 8 rows: only the probe's
+    knife-edge rows (near-ties given their own noise) can tell, so without them this passed."""
+    from isoexec.contract import load_preset
+    from isoexec.ops.sampling import probe
+    from isoexec.runtime.registry import Impl, Registry
+    from isoexec.validate.battery import validate_entry
+
+    def rounds_when_batched(logprobs, *args, **constants):
+        if logprobs.shape[0] >= 8:
+            logprobs = logprobs.to(torch.bfloat16).to(logprobs.dtype)
+        return reference.sample(logprobs, *args, **constants)
+
+    registry = Registry()
+    registry.register(Impl(id="sampling.reference", version=1, region="sampling", cases=frozenset({"engine_prefill", "engine_decode"}),
+                           fn=rounds_when_batched, check_constants=reference.check_constants))
+    contract = load_preset("tiny-dense")
+    result = validate_entry(contract, contract.entry("sampling", "engine_decode"), probe.probe, registry=registry, device=torch.device("cpu"))
+    assert result.status == "rejected"
+    assert any("float32" in failure for failure in result.failures)

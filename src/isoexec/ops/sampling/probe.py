@@ -1,13 +1,17 @@
 """Admission trials for `sampling`: each row's drawn token alone vs in batches of other rows.
 
 Rows mix greedy and sampled requests, temperatures, top-k and top-p settings, seeds across the whole
-int64 range, positions, exact ties, masked vocabulary and duplicated requests.
+int64 range, positions, exact ties, masked vocabulary and duplicated requests, and knife-edge rows:
+sampled rows whose leading tokens tie within a few ulps once their own Gumbel noise is added, so that
+a rounding change an impl makes only inside a batch flips their token (on ordinary rows it seldom
+shows at all).
 """
 
 import torch
 
 from ...validate.battery import Trial, rowwise
 from ..common import torch_dtype
+from .reference import gumbel_noise
 
 NUM_ROWS = 72  # above the battery's largest batch size (64)
 TEMPERATURES = (0.0, 0.5, 0.7, 1.0, 1.0, 1.3, 2.0)
@@ -45,6 +49,19 @@ def _requests(ctx, rows: int) -> list[torch.Tensor]:
     return [temperature, top_k, top_p, seed, position]
 
 
+def _knife_edges(logprobs: torch.Tensor, requests: list[torch.Tensor], count: int = 8, candidates: int = 6) -> None:
+    """Turn up to `count` sampled, unfiltered rows into near-ties in place: their first `candidates`
+    tokens reach logp / t + g = -1 given the splitmix64 Gumbel noise g of their (seed, position), the
+    rest of the row -40."""
+    temperature, top_k, top_p, seed, position = requests
+    width = logprobs.shape[-1]
+    plain = (temperature > 0) & ((top_k == 0) | (top_k >= width)) & (top_p >= 1)
+    rows = plain.nonzero().flatten()[:count]
+    g = gumbel_noise(seed[rows], position[rows], width, torch.float32)[:, :candidates]  # [r, c]
+    logprobs[rows] = -40.0
+    logprobs[rows, :candidates] = temperature[rows, None] * (-1.0 - g)
+
+
 def shuffled(ctx, batched: list[torch.Tensor]):
     """Trials for the whole set of rows in a random order, once per case."""
     rows = batched[0].shape[0]
@@ -58,7 +75,8 @@ def shuffled(ctx, batched: list[torch.Tensor]):
 def probe(ctx):
     dtype = torch_dtype(ctx.constants["input_dtype"])
     for width in (257, 1000):
-        logprobs = _logprobs(ctx, NUM_ROWS, width).to(dtype).to(ctx.device)
-        batched = [logprobs, *(t.to(ctx.device) for t in _requests(ctx, NUM_ROWS))]
+        logprobs, requests = _logprobs(ctx, NUM_ROWS, width), _requests(ctx, NUM_ROWS)
+        _knife_edges(logprobs, requests)
+        batched = [logprobs.to(dtype).to(ctx.device), *(t.to(ctx.device) for t in requests)]
         yield from rowwise(ctx, batched, label=f"V = {width}")
         yield from shuffled(ctx, batched)
