@@ -120,6 +120,22 @@ def test_linear_rows_are_bitwise_invariant(dtype):
     assert bitwise_equal(op(x.reshape(3, 11, 40), w, b).reshape(33, 24), op(x, w, b))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_persistent_launch_gives_linear_tritons_bits(dtype):
+    """The persistent candidate (ops/linear/persistent_triton.py) runs the same tile arithmetic in another
+    order of tiles: bit for bit linear.triton's output at several M, with more tiles than programs."""
+    from isoexec.ops.linear.persistent_triton import linear_fwd_persistent
+
+    x, w, b = _linear_rows(dtype)
+    tiles = dict(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=1)
+    for rows in (1, 7, 33):
+        want = linear_triton.linear_fwd(x[:rows], w, b, dtype, **tiles)
+        assert bitwise_equal(linear_fwd_persistent(x[:rows], w, b, dtype, **tiles), want)
+    if dtype == torch.float32:  # the check can fail: another K blocking changes the bits of some row
+        other = linear_fwd_persistent(x, w, b, dtype, **{**tiles, "block_k": 32})
+        assert not bitwise_equal(other, linear_triton.linear_fwd(x, w, b, dtype, **tiles))
+
+
 def _split_k_when_batched(x, w, b=None):
     """Split-K once the batch is large enough, as cuBLAS heuristics do: two K halves summed in fp32."""
     if x.shape[0] < 8:
