@@ -6,6 +6,8 @@ decode:    cProfile of `LLMEngine.generate` (host time per function), then the p
            step timed alone on the device: graph replay, sampling, the metadata the runner builds.
 attention: attention.triton decode (64 x 2048 keys) and prefill (one 2048-key sequence), Qwen3-8B
            heads, over a grid of block_m / block_n / num_warps / num_stages.
+gemm:      decode-sized linear.triton GEMMs (M = 1 … 64, Qwen3-0.6B shapes): smaller tiles with the
+           listed block_k, timed and compared bit for bit with the listed tile.
 An experiment script (docs/experiments.md), not a benchmark of record.
 """
 
@@ -114,21 +116,63 @@ def sweep_attention() -> None:
     print(f"tile_starts alone (64 queries): {tiles:.3f} ms")
 
 
+QWEN3_06B = {"q_proj": (2048, 1024), "kv_proj": (1024, 1024), "o_proj": (1024, 2048), "gate_up": (3072, 1024),
+             "down_proj": (1024, 3072), "lm_head": (151936, 1024)}
+DECODE_TILES = [dict(block_m=m, block_n=n, num_warps=w, num_stages=st) for m in (16, 32, 64) for n in (32, 64, 128)
+                for w in (4, 8) for st in (3, 4)]
+
+
+def sweep_decode_gemm() -> None:
+    """Decode-sized GEMMs (M = 1 … 64) of the 0.6B model: linear.triton with its listed tile vs smaller
+    tiles with the same block_k. Each candidate's output is compared bit for bit with the listed tile's:
+    a tile that keeps the bits could be pinned for engine_decode alone (the battery then proves it)."""
+    from isoexec.ops.linear import triton as linear_triton
+
+    device = torch.device("cuda")
+    print("== decode GEMM tiles, Qwen3-0.6B shapes, bf16 (ms; * = bits differ from the listed tile)")
+    for name, (n, k) in QWEN3_06B.items():
+        listed = linear_triton.hopper_constants(n, k)
+        tiles = {key: listed[key] for key in ("block_m", "block_n", "block_k", "num_warps", "num_stages")}
+        w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * k**-0.5
+        for m in (1, 4, 16, 64):
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            want = linear_triton.linear_fwd(x, w, None, torch.bfloat16, **tiles)
+            base = kernel_ms(lambda: linear_triton.linear_fwd(x, w, None, torch.bfloat16, **tiles), device)
+            results = []
+            for candidate in DECODE_TILES:
+                config = {**candidate, "block_k": tiles["block_k"]}
+                try:
+                    got = linear_triton.linear_fwd(x, w, None, torch.bfloat16, **config)
+                    ms = kernel_ms(lambda: linear_triton.linear_fwd(x, w, None, torch.bfloat16, **config), device)
+                except Exception as error:  # out of resources
+                    print(f"  {name} M={m} {config}: {type(error).__name__}")
+                    continue
+                same = torch.equal(got.view(torch.int16), want.view(torch.int16))
+                results.append((ms, same, config))
+            best = sorted(results, key=lambda r: r[0])[:3]
+            listing = "  ".join(f"{ms:.4f}{'' if same else '*'} {c['block_m']}x{c['block_n']}/w{c['num_warps']}s{c['num_stages']}"
+                                for ms, same, c in best)
+            print(f"{name:<9} M={m:<3} listed {base:.4f}  best: {listing}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="*", help="decode and/or attention (default: both)")
+    parser.add_argument("what", nargs="*", help="decode, attention, gemm (default: decode and attention)")
     parser.add_argument("--model", default="qwen3-0.6b-random")
     parser.add_argument("--contract", default="tiny-dense-triton")
     args = parser.parse_args()
+    sections = {"decode", "attention", "gemm"}
     args.what = args.what or ["decode", "attention"]
-    if set(args.what) - {"decode", "attention"}:
-        parser.error(f"unknown section(s) {sorted(set(args.what) - {'decode', 'attention'})}: choose decode, attention")
+    if set(args.what) - sections:
+        parser.error(f"unknown section(s) {sorted(set(args.what) - sections)}: choose from {', '.join(sorted(sections))}")
     print(" ".join(sys.argv), torch.cuda.get_device_name())
     if "decode" in args.what:
         for batch in (1, 64):
             profile_decode(args.model, args.contract, batch)
     if "attention" in args.what:
         sweep_attention()
+    if "gemm" in args.what:
+        sweep_decode_gemm()
 
 
 if __name__ == "__main__":

@@ -384,3 +384,23 @@ def test_the_battery_admits_the_triton_impl(region):
                             registry=_registry(), device=DEVICE)
     assert result.status == "admitted", result.failures[:5]
     assert result.dtypes == ("bfloat16", "float32") and result.trials >= 60
+
+
+@pytest.mark.parametrize("block_k,admitted", [(32, True), (16, False)])
+def test_a_decode_tile_is_pinned_for_engine_decode_alone_and_proven_against_training(monkeypatch, block_k, admitted):
+    """A tile listed for engine_decode splits the fitted linear entry by case; the battery anchors the
+    decode entry on trainer_fwd (another entry's tile), so a decode tile that keeps the K blocking is
+    admitted and one that changes it (different bits) is rejected."""
+    from isoexec.model import PRESETS, fit_contract
+    from isoexec.runtime import REGISTRY
+
+    if ON_GPU and not admitted:
+        pytest.skip("on sm_90 no tile constant, block_k included, was seen to change bits: the rejection is the interpreter's")
+    decode = dict(block_m=16, block_n=16, block_k=block_k, num_warps=4, num_stages=2)
+    monkeypatch.setattr(linear_triton, "HOPPER_DECODE_CONSTANTS", {(64, 64): decode, (128, 64): decode, (32, 64): decode, (512, 64): decode})
+    contract = fit_contract(load_preset("tiny-dense-triton"), PRESETS["tiny-dense"])
+    entry = contract.entry("linear", "engine_decode")
+    assert entry.cases == ("engine_decode",) and entry.constants["block_m"] == 16
+    assert contract.entry("linear", "trainer_fwd").constants["block_m"] == 64
+    result = validate_entry(contract, entry, linear_probe.probe if ON_GPU else _small_linear_probe, registry=REGISTRY, device=DEVICE)
+    assert (result.status == "admitted") == admitted, result.failures[:3]

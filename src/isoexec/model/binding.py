@@ -8,11 +8,17 @@ from ..validate.battery import BOUNDARY_CONSTANTS
 from .spec import ModelSpec
 
 
-def _tile_table(impl_id: str) -> dict:
-    """(N, K) -> GEMM tile constants for the impls whose tiles the contract keys on the weight shape."""
+GEMM_IMPLS = ("linear.triton", "linear.row_parallel.triton")
+
+
+def _tile_table(impl_id: str, decode: bool = False) -> dict:
+    """(N, K) -> GEMM tile constants for the impls whose tiles the contract keys on the weight shape;
+    with `decode`, the tiles listed for engine_decode alone (same block_k, sized for small batches)."""
     from ..ops.linear import triton as linear_triton
 
-    return linear_triton.HOPPER_CONSTANTS if impl_id in ("linear.triton", "linear.row_parallel.triton") else {}
+    if impl_id not in GEMM_IMPLS:
+        return {}
+    return linear_triton.HOPPER_DECODE_CONSTANTS if decode else linear_triton.HOPPER_CONSTANTS
 
 
 def _row_width_constants(entry: Entry, spec: ModelSpec) -> dict | None:
@@ -28,26 +34,38 @@ def _row_width_constants(entry: Entry, spec: ModelSpec) -> dict | None:
     return None
 
 
-def _fit_tiles(entry: Entry, spec: ModelSpec) -> Entry:
-    """The entry with the kernel constants listed for its ops' shapes; never chosen from M.
-
-    A contract pins one entry per (region, case), so all of an entry's projections share one GEMM tile:
-    the tile of the shapes doing most of the work (weight elements over all layers; lm_head counts
-    once). Row kernels take the constants of their widest row. Without a listed choice the entry keeps
-    its constants."""
-    row = _row_width_constants(entry, spec)
-    if row is not None:
-        return dataclasses.replace(entry, constants={**entry.constants, **row})
-    table, work = _tile_table(entry.impl.id), {}
+def _dominant_tile(entry: Entry, spec: ModelSpec, table: dict) -> dict | None:
+    """The tile listed for the shapes doing most of the entry's work (weight elements over all layers;
+    lm_head counts once), or None when no shape of the entry is listed."""
+    work = {}
     for op in entry.ops:
         tiles = table.get(spec.linear_shapes.get(op))
         if tiles is not None:
             n, k = spec.linear_shapes[op]
             key = tuple(sorted(tiles.items()))
             work[key] = work.get(key, 0) + n * k * (1 if op == "lm_head" else spec.num_hidden_layers)
-    if not work:
-        return entry
-    return dataclasses.replace(entry, constants={**entry.constants, **dict(max(work, key=work.get))})
+    return dict(max(work, key=work.get)) if work else None
+
+
+def _fit_tiles(entry: Entry, spec: ModelSpec) -> list[Entry]:
+    """The entry with the kernel constants listed for its ops' shapes; never chosen from M.
+
+    A contract pins one entry per (region, case), so all of an entry's projections share one GEMM tile:
+    the tile of the shapes doing most of the work. Where a decode tile is listed too, engine_decode gets
+    an entry of its own with it (the battery must then show decode rows bitwise equal to the other
+    cases' rows). Row kernels take the constants of their widest row. Without a listed choice the entry
+    keeps its constants."""
+    row = _row_width_constants(entry, spec)
+    if row is not None:
+        return [dataclasses.replace(entry, constants={**entry.constants, **row})]
+    tile = _dominant_tile(entry, spec, _tile_table(entry.impl.id))
+    fitted = dataclasses.replace(entry, constants={**entry.constants, **tile}) if tile else entry
+    decode = _dominant_tile(entry, spec, _tile_table(entry.impl.id, decode=True))
+    if decode is None or "engine_decode" not in entry.cases or len(entry.cases) == 1:
+        return [fitted]
+    others = [case for case in entry.cases if case != "engine_decode"]
+    return [dataclasses.replace(fitted, cases=others),
+            dataclasses.replace(fitted, cases=["engine_decode"], constants={**fitted.constants, **decode})]
 
 
 def fit_contract(contract: Contract, spec: ModelSpec, profile: str | None = None) -> Contract:
@@ -62,7 +80,7 @@ def fit_contract(contract: Contract, spec: ModelSpec, profile: str | None = None
         if not ops:
             continue
         constants = {k: (spec.dtype if k in BOUNDARY_CONSTANTS and v == boundary else v) for k, v in entry.constants.items()}
-        entries.append(_fit_tiles(dataclasses.replace(entry, ops=ops, constants=constants), spec))
+        entries += _fit_tiles(dataclasses.replace(entry, ops=ops, constants=constants), spec)
     model = Model(family=contract.model.family, architecture=spec.architecture, profile=profile or contract.model.profile)
     return dataclasses.replace(contract, model=model, composition=tuple(Entry(**e.__dict__) for e in entries))
 

@@ -68,6 +68,13 @@ HOPPER_CONSTANTS = {
 }
 
 
+# Tiles for engine_decode alone (a batch of at most max_num_seqs rows), keyed by (N, K), each with its
+# shape's block_k above. `fit_contract` gives them to a decode entry of their own, and the battery must
+# show decode rows bitwise equal to the other cases' rows. Empty until `benchmarks/profile_decode.py
+# gemm` has timed the candidates and checked their bits on the GPU.
+HOPPER_DECODE_CONSTANTS: dict[tuple[int, int], dict] = {}
+
+
 def hopper_constants(n: int, k: int, dtype: str = "bfloat16") -> dict:
     """Every constant of linear.triton for an [N, K] weight on Hopper (the wide tile where (N, K) is not listed)."""
     return dict(input_dtype=dtype, weight_dtype=dtype, output_dtype=dtype, accum_dtype="float32", **HOPPER_CONSTANTS.get((n, k), _WIDE))
