@@ -147,3 +147,11 @@ def test_parity_command_runs_from_the_console_entry(tmp_path):
     assert json.loads((tmp_path / "p.json").read_text())["passed"] is True
     missing = isoexec("parity", "--model", str(tmp_path / "nope"))
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_building_the_cli_does_not_import_torch():
+    """`isoexec contract …` and `--help` answer without loading torch (about 2 s): only the commands that
+    run a model import it."""
+    script = "import sys\nfrom isoexec.cli import build_parser\nbuild_parser()\nassert 'torch' not in sys.modules, 'torch was imported'\n"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

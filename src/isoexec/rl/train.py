@@ -2,22 +2,22 @@
 
 A run killed at any point and started again with the same config continues from its newest
 checkpoint and ends bitwise identical to one never interrupted (given the same torch thread count).
+torch and the loop are imported when a run starts, not when the CLI registers the command.
 """
+
+from __future__ import annotations
 
 import argparse
 import contextlib
 import json
 import random
 import sys
+from typing import TYPE_CHECKING
 
-import torch
-from tqdm.auto import tqdm
-
-from . import checkpoint
 from .config import RLConfig, add_config_flags, config_from_args
-from .gate import GateError
-from .loop import RLRun
-from .tasks import load_task
+
+if TYPE_CHECKING:
+    from .loop import RLRun
 
 
 def train(config: RLConfig, *, progress: bool = True, log_jsonl: str | None = None) -> RLRun:
@@ -26,6 +26,12 @@ def train(config: RLConfig, *, progress: bool = True, log_jsonl: str | None = No
     `log_jsonl` gets one JSON line of metrics per step; it is rewritten from the run's history on
     every start, so a resumed run's log has each step exactly once.
     """
+    import torch
+    from tqdm.auto import tqdm
+
+    from . import checkpoint
+    from .loop import RLRun
+
     directory = config.checkpoint_dir
     run = checkpoint.restore(config, directory) if directory else None
     if run is None:
@@ -77,6 +83,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 def _run(args) -> int:
     from ..contract import ContractError
+    from . import checkpoint
+    from .gate import GateError
+    from .tasks import load_task
 
     try:
         config = config_from_args(args)
