@@ -2,9 +2,9 @@
 
 `linear_fwd_kernel` launches one program per output tile. Here a fixed number of programs (one per
 SM, or fewer when there are fewer tiles) each loop over tiles `pid, pid + P, pid + 2P, …`, taken in
-grouped order (GROUP_M tile rows per band, so consecutive tiles share weight columns in L2). What a
-program does for one tile is `linear_fwd_kernel`'s body, line for line: the same ascending BLOCK_K
-walk into one fp32 accumulator from +0.0, the same bias add and single rounding. Which program
+grouped order (GROUP_M tile rows per band, so consecutive tiles share weight columns in L2). For each
+tile it calls `linear_triton.linear_tile`, the function `linear_fwd_kernel` calls: the same ascending
+BLOCK_K walk into one fp32 accumulator from +0.0, the same bias add and single rounding. Which program
 computes a tile, and when, cannot enter a tile's arithmetic, so the output must be bitwise the
 `linear.triton` output for the same tile constants; `tests/ops/test_triton_kernels.py` checks it.
 
@@ -46,24 +46,8 @@ def linear_persistent_kernel(
         i_m = first_m + tile % rows_in_band
         i_n = (tile % (GROUP * num_n)) // rows_in_band
 
-        o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-        o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_m, m_n = o_m < M, o_n < N
-        b_acc = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
-        for i_k in range(0, NK):
-            o_k = i_k * BLOCK_K + tl.arange(0, BLOCK_K)
-            m_k = o_k < K
-            p_x = x + o_m[:, None] * stride_xm + o_k[None, :] * stride_xk
-            p_w = w + o_k[:, None] * stride_wk + o_n[None, :] * stride_wn
-            b_x = tl.load(p_x, mask=m_m[:, None] & m_k[None, :], other=0.0)
-            b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0)
-            if DOT_IN_FP32:
-                b_x, b_w = b_x.to(tl.float32), b_w.to(tl.float32)
-            b_acc = tl.dot(b_x, b_w, b_acc, input_precision="ieee")
-        if HAS_BIAS:
-            b_acc += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-        p_y = y + o_m[:, None] * stride_ym + o_n[None, :] * stride_yn
-        tl.store(p_y, b_acc.to(y.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
+        linear_triton.linear_tile(x, w, b, y, i_m, i_n, M, N, stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+                                  K, NK, HAS_BIAS, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K)
         tile += num_programs
 
 

@@ -141,4 +141,4 @@ def register(registry) -> None:
     if triton_available():
         registry.register(Impl(id=ID, version=1, region="linear.row_parallel", cases=ALL_CASES, fn=row_parallel_linear,
                                check_constants=check_constants,
-                               sources=(linear_triton.linear_fwd_kernel, combine_kernel, linear_triton, reduce, triton_support)))
+                               sources=(linear_triton.linear_fwd_kernel, linear_triton.linear_tile, combine_kernel, linear_triton, reduce, triton_support)))

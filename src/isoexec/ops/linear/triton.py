@@ -80,24 +80,14 @@ def hopper_constants(n: int, k: int, dtype: str = "bfloat16") -> dict:
     return dict(input_dtype=dtype, weight_dtype=dtype, output_dtype=dtype, accum_dtype="float32", **HOPPER_CONSTANTS.get((n, k), _WIDE))
 
 
-# One compiled kernel for every M: nothing about M may reach the code, the leaf planes' stride M·N included.
-@jit(do_not_specialize=["M", "stride_yg"])
-def linear_fwd_kernel(
-    x, w, b, y,
-    M, N,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_yg, stride_ym, stride_yn,
-    K: tl.constexpr,
-    NK: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+@jit
+def linear_tile(
+    x, w, b, y, i_m, i_n, M, N,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+    K: tl.constexpr, NK: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    i_m, i_n, i_g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    x += i_g.to(tl.int64) * K * stride_xk
-    w += i_g.to(tl.int64) * K * stride_wk
-    y += i_g.to(tl.int64) * stride_yg
+    """Output tile (i_m, i_n): the one place the GEMM's arithmetic is written, for every launch scheme."""
     o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_m, m_n = o_m < M, o_n < N
@@ -119,6 +109,28 @@ def linear_fwd_kernel(
         b_acc += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
     p_y = y + o_m[:, None] * stride_ym + o_n[None, :] * stride_yn
     tl.store(p_y, b_acc.to(y.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
+
+
+# One compiled kernel for every M: nothing about M may reach the code, the leaf planes' stride M·N included.
+@jit(do_not_specialize=["M", "stride_yg"])
+def linear_fwd_kernel(
+    x, w, b, y,
+    M, N,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_yg, stride_ym, stride_yn,
+    K: tl.constexpr,
+    NK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    i_m, i_n, i_g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    x += i_g.to(tl.int64) * K * stride_xk
+    w += i_g.to(tl.int64) * K * stride_wk
+    y += i_g.to(tl.int64) * stride_yg
+    linear_tile(x, w, b, y, i_m, i_n, M, N, stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+                K, NK, HAS_BIAS, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 def launch(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, block_m: int, block_n: int, block_k: int,
@@ -210,4 +222,4 @@ def register(registry) -> None:
     """Register linear.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(id=ID, version=1, region="linear", cases=ALL_CASES, fn=linear, check_constants=check_constants,
-                               sources=(linear_fwd_kernel, triton_support)))
+                               sources=(linear_fwd_kernel, linear_tile, triton_support)))
