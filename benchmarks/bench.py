@@ -2,7 +2,7 @@
 
     ISOEXEC_COMMIT=<sha> PYTHONPATH=src python3 benchmarks/bench.py [SECTION ...] --json results.json
 
-gemm:      invariant GEMM impls (linear.triton, its persistent-launch candidate, and the row-parallel
+gemm:      invariant GEMM impls (linear.triton, launched persistently with TMA loads, and the row-parallel
            Triton GEMM) vs cuBLAS (F.linear) in TFLOP/s, Qwen3-8B layer shapes, M in 1..4096;
 attention: the Triton attention and attention.native vs SDPA (flash), Qwen3-8B heads, prefill of one
            sequence and decode of 64 sequences (attention.py);
@@ -98,7 +98,6 @@ def bench_gemm(sizes: Sizes, device: torch.device) -> list[dict]:
         print("linear.triton: skipped (no CUDA device)")
     else:
         impls["triton"] = _optional_op("linear.triton", (("isoexec.ops.linear.triton", "bench_op"),))
-        impls["persistent"] = _optional_op("persistent linear.triton", (("isoexec.ops.linear.persistent_triton", "bench_op"),))
         row_parallel = _optional_op("row-parallel Triton GEMM", (
             ("isoexec.ops.linear.triton", "bench_row_parallel_op"),
             ("isoexec.ops.linear.row_parallel_triton", "bench_op"),

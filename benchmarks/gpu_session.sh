@@ -16,6 +16,6 @@ grep -E "passed|failed|admitted, |audit:|tokens equal|trainer_|every sampled|MIS
 timeout 160 python3 benchmarks/bench.py --cuda-graphs --json "$R/results.json" > "$R/bench.log" 2>&1
 timeout 70 python3 benchmarks/bench.py engine roofline --json "$R/results_native_eager.json" > "$R/bench_eager.log" 2>&1
 grep -v "^gemm\|^attention" "$R/bench.log" | cut -c1-200
-timeout 90 python3 benchmarks/profile_decode.py decode > "$R/profile.log" 2>&1
+timeout 90 python3 benchmarks/profile_gpu.py decode > "$R/profile.log" 2>&1
 grep -A 12 "kernels of one" "$R/profile.log" | cut -c1-140
 tar czf "$OUT/results.tgz" -C "$OUT" r && rm -rf "$R"

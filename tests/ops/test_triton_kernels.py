@@ -121,19 +121,39 @@ def test_linear_rows_are_bitwise_invariant(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_persistent_launch_gives_linear_tritons_bits(dtype):
-    """The persistent candidate (ops/linear/persistent_triton.py) runs the same tile arithmetic in another
-    order of tiles: bit for bit linear.triton's output at several M, with more tiles than programs."""
-    from isoexec.ops.linear.persistent_triton import linear_fwd_persistent
+def test_the_persistent_launch_gives_the_grid_kernels_bits(dtype):
+    """linear.triton's persistent TMA launch (ops/linear/persistent_triton.py) and the one-program-per-tile
+    grid kernel compute the same tiles: bit for bit equal at several M, with more tiles than programs,
+    from contiguous and strided inputs, into NaN-poisoned outputs."""
+    from isoexec.ops.linear import persistent_triton
 
     x, w, b = _linear_rows(dtype)
+    assert persistent_triton.fits(x.shape[1], dtype)
     tiles = dict(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=1)
+
+    def run(launch, x, **overrides):
+        y = torch.full((x.shape[0], w.shape[0]), float("nan"), dtype=dtype, device=x.device)
+        launch(x, w, b, y, **{**tiles, **overrides})
+        return y
+
+    grid = lambda x, w, b, y, **t: linear_triton.launch(x, w, b, y[None], **t)  # noqa: E731
     for rows in (1, 7, 33):
-        want = linear_triton.linear_fwd(x[:rows], w, b, dtype, **tiles)
-        assert bitwise_equal(linear_fwd_persistent(x[:rows], w, b, dtype, **tiles), want)
-    if dtype == torch.float32:  # the check can fail: another K blocking changes the bits of some row
-        other = linear_fwd_persistent(x, w, b, dtype, **{**tiles, "block_k": 32})
-        assert not bitwise_equal(other, linear_triton.linear_fwd(x, w, b, dtype, **tiles))
+        assert bitwise_equal(run(persistent_triton.linear_fwd_persistent, x[:rows]), run(grid, x[:rows]))
+    assert bitwise_equal(run(persistent_triton.linear_fwd_persistent, strided(x)), run(grid, x))
+    if dtype == torch.float32 and not ON_GPU:  # the check can fail: in the interpreter another K blocking changes some row's bits
+        assert not bitwise_equal(run(persistent_triton.linear_fwd_persistent, x, block_k=32), run(grid, x))
+
+
+def test_a_k_tma_cannot_take_runs_on_the_grid_kernel():
+    """bf16 rows of 36 elements (72 bytes) are not 16-byte aligned: linear.triton falls back to the grid
+    kernel for that layer, at every M, and its rows stay batch-invariant."""
+    from isoexec.ops.linear import persistent_triton
+
+    x, w, b = randn(33, 36, seed=3).bfloat16(), randn(24, 36, seed=4, scale=36**-0.5).bfloat16(), None
+    assert not persistent_triton.fits(36, torch.bfloat16)
+    op = linear(boundary(LINEAR, torch.bfloat16))
+    assert batch_dependent(op, [x], w, b) == []
+    torch.testing.assert_close(op(x, w).float(), x.float() @ w.float().T, atol=2e-2, rtol=2e-2)
 
 
 def _split_k_when_batched(x, w, b=None):

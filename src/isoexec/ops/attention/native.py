@@ -56,8 +56,11 @@ def _sequence(q: Tensor, k_store: Tensor, v_store: Tensor, slots: Tensor, positi
     k = k_store[slots].transpose(0, 1).to(q.dtype)  # [Hkv, L, D]
     v = v_store[slots].transpose(0, 1).to(q.dtype)
     num_queries, num_keys = q.shape[0], slots.shape[0]
+    # Expanded K/V heads rather than `enable_gqa`, which kept bf16 on SDPA's fp32 math backend on an H200.
+    group = num_heads // num_kv_heads
+    k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
     if window is None and num_queries == num_keys and torch.equal(positions, torch.arange(num_keys, device=q.device)):
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, is_causal=True, scale=scale, enable_gqa=True)
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, is_causal=True, scale=scale)
         return out.transpose(0, 1)
     keys = torch.arange(num_keys, device=q.device)
     mask = keys <= positions[:, None]  # [n, L]
@@ -65,9 +68,7 @@ def _sequence(q: Tensor, k_store: Tensor, v_store: Tensor, slots: Tensor, positi
         mask = mask & (keys > positions[:, None] - window)
     has_keys = mask.any(dim=1)  # [n]
     mask[:, 0] |= ~has_keys
-    group = num_heads // num_kv_heads
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0),
-                                         attn_mask=mask, scale=scale)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=scale)
     return torch.where(has_keys[:, None, None], out.transpose(0, 1), 0.0)
 
 

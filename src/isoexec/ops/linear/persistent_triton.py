@@ -1,14 +1,18 @@
-"""A persistent launch of linear.triton's tile arithmetic: a candidate, timed by benchmarks/bench.py.
+"""linear.triton's persistent launch: one program per SM walks output tiles, loading them through TMA.
 
-`linear_fwd_kernel` launches one program per output tile. Here a fixed number of programs (one per
-SM, or fewer when there are fewer tiles) each loop over tiles `pid, pid + P, pid + 2P, …`, taken in
-grouped order (GROUP_M tile rows per band, so consecutive tiles share weight columns in L2). For each
-tile it calls `linear_triton.linear_tile`, the function `linear_fwd_kernel` calls: the same ascending
-BLOCK_K walk into one fp32 accumulator from +0.0, the same bias add and single rounding. Which program
-computes a tile, and when, cannot enter a tile's arithmetic, so the output must be bitwise the
-`linear.triton` output for the same tile constants; `tests/ops/test_triton_kernels.py` checks it.
+A fixed number of programs (the SM count, or fewer when there are fewer tiles) each take tiles
+`pid, pid + P, pid + 2P, …` in grouped order (GROUP_M tile rows per band, so consecutive tiles share
+weight columns in L2). A tile's x and W blocks arrive through tensor descriptors (the Hopper TMA unit);
+a box reaching past M, N or K reads +0.0, which is what the grid kernel's masked loads read. The tile's
+arithmetic is the grid kernel's (`triton.linear_tile`): K in ascending BLOCK_K blocks, `tl.dot` into one
+fp32 accumulator from +0.0, the bias added in fp32, one rounding. Which program computes a tile, when,
+and how its operands reach shared memory cannot enter that arithmetic, so for the same constants the
+output is bitwise the grid kernel's: `tests/ops/test_triton_kernels.py` checks it under the
+interpreter, and on an H200 `benchmarks/sweep_gemm.py` found it so at Qwen3-8B shapes.
 
-Not registered: it becomes part of `linear.triton` only if it is measured faster on the GPU.
+TMA needs a unit-stride row and 16-byte aligned row strides: `fits` says whether a K (and dtype) can
+take this path. That is a property of the weight's shape, never of M, so a layer always takes the
+same path.
 """
 
 from __future__ import annotations
@@ -17,67 +21,110 @@ import torch
 from torch import Tensor
 
 from .. import triton_support
-from ..triton_support import jit, tl, triton
-from . import triton as linear_triton
+from ..triton_support import jit, tl, triton, triton_available
+
+if triton_available():
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
 GROUP_M = 8
 
 
+@jit
+def grouped_tile(tile, num_m, num_n, GROUP: tl.constexpr):
+    """Tile index -> (i_m, i_n), GROUP tile rows at a time, column by column within a band."""
+    band = tile // (GROUP * num_n)
+    first_m = band * GROUP
+    rows_in_band = tl.minimum(num_m - first_m, GROUP)
+    return first_m + tile % rows_in_band, (tile % (GROUP * num_n)) // rows_in_band
+
+
+@jit
+def tma_tile(
+    x_desc, w_desc, b, y, tile, M, N, stride_ym, stride_yn,
+    NK: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+):
+    i_m, i_n = grouped_tile(tile, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP)
+    b_acc = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
+    for i_k in range(0, NK):
+        b_x = x_desc.load([i_m * BLOCK_M, i_k * BLOCK_K])  # [BLOCK_M, BLOCK_K]
+        b_w = tl.trans(w_desc.load([i_n * BLOCK_N, i_k * BLOCK_K]))  # [BLOCK_K, BLOCK_N]
+        if DOT_IN_FP32:  # the interpreter has no bfloat16 arithmetic; bf16 -> fp32 is exact
+            b_x, b_w = b_x.to(tl.float32), b_w.to(tl.float32)
+            # numpy's matmul sums a column-major operand in an order that depends on the tile shape:
+            # selecting under a row-major mask makes a row-major copy (NaN and -0.0 kept), as the
+            # grid kernel's loads are.
+            m_all = (tl.arange(0, BLOCK_K) >= 0)[:, None] & (tl.arange(0, BLOCK_N) >= 0)[None, :]
+            b_w = tl.where(m_all, b_w, b_w)
+        b_acc = tl.dot(b_x, b_w, b_acc, input_precision="ieee")
+
+    o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_n = o_n < N
+    if HAS_BIAS:
+        b_acc += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+    p_y = y + o_m[:, None] * stride_ym + o_n[None, :] * stride_yn
+    tl.store(p_y, b_acc.to(y.dtype.element_ty), mask=(o_m < M)[:, None] & m_n[None, :])
+
+
+# One compiled kernel for every M, as for the grid kernel.
 @jit(do_not_specialize=["M", "num_programs"])
 def linear_persistent_kernel(
-    x, w, b, y,
+    x_desc, w_desc, b, y,
     M, N, num_programs,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
-    K: tl.constexpr,
+    stride_ym, stride_yn,
     NK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
+    INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr,
 ):
-    num_m, num_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    tile = tl.program_id(0)
-    while tile < num_m * num_n:  # a while loop: the interpreter cannot take a runtime `range` bound
-        band = tile // (GROUP * num_n)
-        first_m = band * GROUP
-        rows_in_band = tl.minimum(num_m - first_m, GROUP)
-        i_m = first_m + tile % rows_in_band
-        i_n = (tile % (GROUP * num_n)) // rows_in_band
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    if INTERPRETED:  # the interpreter cannot take a runtime `range` bound; the same tiles in the same order
+        tile = tl.program_id(0)
+        while tile < num_tiles:
+            tma_tile(x_desc, w_desc, b, y, tile, M, N, stride_ym, stride_yn, NK, HAS_BIAS, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
+            tile += num_programs
+    else:
+        for tile in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=True):
+            tma_tile(x_desc, w_desc, b, y, tile, M, N, stride_ym, stride_yn, NK, HAS_BIAS, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
 
-        linear_triton.linear_tile(x, w, b, y, i_m, i_n, M, N, stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
-                                  K, NK, HAS_BIAS, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K)
-        tile += num_programs
+
+def fits(k: int, dtype: torch.dtype) -> bool:
+    """Whether rows of K elements of `dtype` meet TMA's 16-byte stride alignment."""
+    return (k * dtype.itemsize) % 16 == 0
+
+
+def _tma_ready(t: Tensor) -> Tensor:
+    """t, or a contiguous copy (the same bits) where its layout cannot be described to TMA."""
+    if t.stride(-1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+        return t.contiguous()
+    return t
 
 
 def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def linear_fwd_persistent(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, block_m: int, block_n: int,
-                          block_k: int, num_warps: int, num_stages: int) -> Tensor:
-    """x [M, K], weight [N, K], bias [N] -> [M, N] in `out_dtype`; the bits of `linear_triton.linear_fwd`."""
+def linear_fwd_persistent(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, block_m: int, block_n: int,
+                          block_k: int, num_warps: int, num_stages: int) -> None:
+    """x [M, K], weight [N, K], bias [N] -> y [M, N] (written), where `fits(K, x.dtype)`."""
     m, k = x.shape
     n = weight.shape[0]
-    y = x.new_empty((m, n), dtype=out_dtype)
     if m == 0 or n == 0:
-        return y
+        return
+    x, weight = _tma_ready(x), _tma_ready(weight)
+    x_desc = TensorDescriptor.from_tensor(x, [block_m, block_k])
+    w_desc = TensorDescriptor.from_tensor(weight, [block_n, block_k])
     num_programs = min(_num_sms(x.device), triton.cdiv(m, block_m) * triton.cdiv(n, block_n))
     linear_persistent_kernel[(num_programs,)](
-        x, weight, x if bias is None else bias.contiguous(), y,
+        x_desc, w_desc, x if bias is None else bias.contiguous(), y,
         m, n, num_programs,
-        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
-        K=k, NK=triton.cdiv(k, block_k), HAS_BIAS=bias is not None, DOT_IN_FP32=triton_support.interpreting(),
+        y.stride(0), y.stride(1),
+        NK=triton.cdiv(k, block_k), HAS_BIAS=bias is not None, DOT_IN_FP32=triton_support.interpreting(),
+        INTERPRETED=triton_support.interpreting(),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP=GROUP_M, num_warps=num_warps, num_stages=num_stages,
     )
-    return y
-
-
-def bench_op():
-    """linear.triton's Hopper tiles, launched persistently: what `benchmarks/bench.py gemm` times beside it."""
-    def op(x, w, b=None):
-        constants = linear_triton.hopper_constants(*w.shape, str(x.dtype).removeprefix("torch."))
-        tiles = {k: constants[k] for k in ("block_m", "block_n", "block_k", "num_warps", "num_stages")}
-        return linear_fwd_persistent(x, w, b, x.dtype, **tiles)
-    return op

@@ -44,9 +44,15 @@ def combine_leaves(partials: Tensor, leaf_tree: str) -> Tensor:
 
 def linear_grads(ctx, grad: Tensor) -> tuple:
     """(grad_x, grad_w, grad_b) of y = x Wᵀ + b by ordinary matmuls, for any linear impl whose
-    autograd Function saved (x, weight) and `has_bias`: gradients must be correct, not invariant."""
+    autograd Function saved (x, weight) and `has_bias`: gradients must be correct, not invariant.
+
+    On a GPU the matmuls take the weight's dtype, as F.linear's own backward does (bf16 tensor cores,
+    fp32 accumulation inside); promoting them to fp32 ran them on the CUDA cores and took half of a
+    training step's GPU time (benchmarks/profile_gpu.py trainer, docs/experiments.md). On the CPU they
+    run in fp32 at least."""
     x, weight = ctx.saved_tensors
-    g = grad.reshape(-1, weight.shape[0]).to(torch.promote_types(weight.dtype, torch.float32))
+    dtype = weight.dtype if grad.is_cuda else torch.promote_types(weight.dtype, torch.float32)
+    g = grad.reshape(-1, weight.shape[0]).to(dtype)
     grad_x = grad_w = grad_b = None
     if ctx.needs_input_grad[0]:
         grad_x = (g @ weight.to(g.dtype)).to(x.dtype).reshape(x.shape)

@@ -10,10 +10,15 @@ rows, whichever tile row it lands in. K is a compile-time constant (a layer's K 
 also keeps the loop bound a Python int for Triton 3.6's interpreter, whose runtime scalars are
 one-element arrays that numpy >= 2.4 refuses to turn into a `range` bound.
 
-The same kernel computes the leaf partials of `linear.row_parallel.triton` (`row_parallel_triton.py`):
+Where a row of K elements is 16-byte aligned, `linear.triton` launches the same tiles persistently,
+one program per SM loading them through TMA (`persistent_triton.py`): on an H200 that reached
+0.93-1.06x cuBLAS at M >= 1024 where this grid kernel reached 0.86-1.03x with the same tiles
+(benchmarks/sweep_gemm.py). Which launch a layer takes depends on K alone.
+
+The grid kernel also computes the leaf partials of `linear.row_parallel.triton` (`row_parallel_triton.py`):
 a third grid axis runs one leaf per program, offsetting x and W by the leaf's first K column and
 writing its fp32 accumulator, unrounded and without bias, to its own plane of a [G, M, N] buffer. K is
-then the leaf width, so the K mask stops every leaf at its own end. `linear.triton` is one leaf.
+then the leaf width, so the K mask stops every leaf at its own end.
 
 The backward pass uses ordinary matmuls: gradients must be correct, not batch-invariant.
 """
@@ -29,19 +34,20 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
+from . import persistent_triton
 from .reference import linear_grads
 
 ID = "linear.triton"
 DOT_DTYPES = ("bfloat16", "float16", "float32")
 
-# Hopper (H100/H200) tiles for bf16 boundaries, keyed by (N, K) of the weight: per shape, of eleven
-# configurations timed under CUDA graphs against cuBLAS on one H200 (triton 3.6) for M = 1 … 4096, the
-# one with the smallest geometric-mean slowdown, preferring large-M speed on near ties, since one tile
-# must serve every M. On sm_90 no tile below changed a bit of the output (checked against 64x64x32 at
-# one shape, bf16 and fp32), so these are speed choices; the battery still proves each on its device.
-_WIDE = dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)
-_WIDER = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
-_MID = dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
+# Hopper (H100/H200) tiles for bf16 boundaries, keyed by (N, K) of the weight. On one H200 (triton 3.6,
+# benchmarks/sweep_gemm.py) no tile changed a bit of the output, BLOCK_K included, so these are speed
+# choices; the battery still proves each on its device. One tile serves every M, so it is the fastest
+# at M = 1024 and 4096 (the trainer's and prefill's sizes): 128x256x64 reached 0.93-1.06x cuBLAS with the
+# persistent launch at Qwen3-8B shapes. N = 1024 layers have too few 128x256 tiles to fill the GPU at
+# M = 1024 and take 64x256. Decode batches get tiles of their own below.
+_BIG = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
+_NARROW = dict(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=4)
 _TINY = dict(block_m=64, block_n=32, block_k=32, num_warps=4, num_stages=2)  # not timed
 HOPPER_CONSTANTS = {
     # tiny-dense: hidden 64, intermediate 128, 4 heads / 2 KV heads of 16, vocab 512
@@ -51,33 +57,52 @@ HOPPER_CONSTANTS = {
     (64, 128): _TINY,  # down_proj
     (512, 64): _TINY,  # lm_head
     # Qwen3-8B: hidden 4096, intermediate 12288, 32 heads / 8 KV heads of 128, vocab 151936
-    (4096, 4096): _MID,  # q_proj, o_proj
-    (1024, 4096): _MID,  # k_proj, v_proj
-    (6144, 4096): _MID,  # fused qkv_proj
-    (12288, 4096): _WIDE,  # gate_proj, up_proj
-    (24576, 4096): _WIDE,  # fused gate_up_proj (not timed; as gate_proj)
-    (4096, 12288): _MID,  # down_proj
-    (151936, 4096): _WIDER,  # lm_head
-    # Qwen3-0.6B (not timed): hidden 1024, intermediate 3072, 16 heads / 8 KV heads of 128, vocab 151936
-    (2048, 1024): _MID,  # q_proj
-    (1024, 1024): _MID,  # k_proj, v_proj
-    (1024, 2048): _MID,  # o_proj
-    (3072, 1024): _MID,  # gate_proj, up_proj
-    (1024, 3072): _MID,  # down_proj
-    (151936, 1024): _WIDER,  # lm_head
+    (4096, 4096): _BIG,  # q_proj, o_proj
+    (1024, 4096): _NARROW,  # k_proj, v_proj
+    (6144, 4096): _BIG,  # fused qkv_proj (not timed)
+    (12288, 4096): _BIG,  # gate_proj, up_proj
+    (24576, 4096): _BIG,  # fused gate_up_proj (not timed)
+    (4096, 12288): _BIG,  # down_proj
+    (151936, 4096): _BIG,  # lm_head
+    # Qwen3-0.6B (timed at decode sizes only): hidden 1024, intermediate 3072, 16 heads / 8 KV heads of 128
+    (2048, 1024): _BIG,  # q_proj
+    (1024, 1024): _NARROW,  # k_proj, v_proj
+    (1024, 2048): _NARROW,  # o_proj
+    (3072, 1024): _BIG,  # gate_proj, up_proj
+    (1024, 3072): _NARROW,  # down_proj
+    (151936, 1024): _BIG,  # lm_head
 }
 
 
-# Tiles for engine_decode alone (a batch of at most max_num_seqs rows), keyed by (N, K), each with its
-# shape's block_k above. `fit_contract` gives them to a decode entry of their own, and the battery must
-# show decode rows bitwise equal to the other cases' rows. Empty until `benchmarks/profile_decode.py
-# gemm` has timed the candidates and checked their bits on the GPU.
-HOPPER_DECODE_CONSTANTS: dict[tuple[int, int], dict] = {}
+# Tiles for engine_decode alone (a batch of at most max_num_seqs rows), keyed by (N, K). `fit_contract`
+# gives them to a decode entry of their own, and the battery must show decode rows bitwise equal to the
+# other cases' rows. Of 36 candidates per shape timed at M = 1, 16, 64 on one H200
+# (`benchmarks/profile_gpu.py gemm`), none changed a bit, and 16-row tiles with BLOCK_K = 128 took
+# 0.6-0.9x the large tile's time.
+_DECODE = dict(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)
+HOPPER_DECODE_CONSTANTS: dict[tuple[int, int], dict] = {
+    (2048, 1024): _DECODE,  # Qwen3-0.6B q_proj
+    (1024, 1024): _DECODE,  # k_proj, v_proj
+    (1024, 2048): _DECODE,  # o_proj
+    (3072, 1024): _DECODE,  # gate_proj, up_proj
+    (1024, 3072): _DECODE,  # down_proj
+    (151936, 1024): dict(_DECODE, block_n=64),  # lm_head
+}
+
+
+# Pipeline stages decide only when tiles are loaded, never the arithmetic. A tile chosen for bf16 runs
+# with as many of its stages as fit in 200 KiB of shared memory (an H100/H200 SM has 227 KiB) when its
+# operands are wider: fp32 in the battery's float32 pass. The count depends on the tile and dtype alone.
+SHARED_MEMORY_BYTES = 200 * 1024
+
+
+def pipeline_stages(num_stages: int, block_m: int, block_n: int, block_k: int, itemsize: int) -> int:
+    return max(1, min(num_stages, SHARED_MEMORY_BYTES // ((block_m + block_n) * block_k * itemsize)))
 
 
 def hopper_constants(n: int, k: int, dtype: str = "bfloat16") -> dict:
-    """Every constant of linear.triton for an [N, K] weight on Hopper (the wide tile where (N, K) is not listed)."""
-    return dict(input_dtype=dtype, weight_dtype=dtype, output_dtype=dtype, accum_dtype="float32", **HOPPER_CONSTANTS.get((n, k), _WIDE))
+    """Every constant of linear.triton for an [N, K] weight on Hopper (the big tile where (N, K) is not listed)."""
+    return dict(input_dtype=dtype, weight_dtype=dtype, output_dtype=dtype, accum_dtype="float32", **HOPPER_CONSTANTS.get((n, k), _BIG))
 
 
 @jit
@@ -141,6 +166,7 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, block_m
     leaf = x.shape[1] // num_leaves
     if m == 0 or n == 0:
         return
+    num_stages = pipeline_stages(num_stages, block_m, block_n, block_k, x.element_size())
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), num_leaves)
     linear_fwd_kernel[grid](
         x, weight, x if bias is None else bias.contiguous(), y,
@@ -156,9 +182,15 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, block_m
 
 def linear_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, block_m: int, block_n: int,
                block_k: int, num_warps: int, num_stages: int) -> Tensor:
-    """x [M, K], weight [N, K], bias [N] -> [M, N] in `out_dtype`."""
+    """x [M, K], weight [N, K], bias [N] -> [M, N] in `out_dtype`: the persistent TMA launch where K allows
+    it (a property of the layer, never of M), else one program per tile; the same bits either way."""
     y = x.new_empty((x.shape[0], weight.shape[0]), dtype=out_dtype)
-    launch(x, weight, bias, y[None], block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+    num_stages = pipeline_stages(num_stages, block_m, block_n, block_k, x.element_size())
+    tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+    if persistent_triton.fits(x.shape[1], x.dtype):
+        persistent_triton.linear_fwd_persistent(x, weight, bias, y, **tiles)
+    else:
+        launch(x, weight, bias, y[None], **tiles)
     return y
 
 
@@ -222,4 +254,4 @@ def register(registry) -> None:
     """Register linear.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(id=ID, version=1, region="linear", cases=ALL_CASES, fn=linear, check_constants=check_constants,
-                               sources=(linear_fwd_kernel, linear_tile, triton_support)))
+                               sources=(linear_fwd_kernel, linear_tile, persistent_triton, triton_support)))

@@ -1,6 +1,6 @@
-"""Where a decode step's time goes, and how the Triton attention's tile constants move its speed.
+"""Where a decode step's and a training step's GPU time goes, and how tile constants move kernel speed.
 
-    PYTHONPATH=src python3 benchmarks/profile_decode.py [--model qwen3-0.6b-random] [--contract tiny-dense-triton]
+    PYTHONPATH=src:benchmarks python3 benchmarks/profile_gpu.py [SECTION ...] [--model qwen3-0.6b-random] [--contract tiny-dense-triton]
 
 decode:    cProfile of `LLMEngine.generate` (host time per function), then the pieces of one decode
            step timed alone on the device: graph replay, sampling, the metadata the runner builds.
@@ -8,6 +8,8 @@ attention: attention.triton decode (64 x 2048 keys) and prefill (one 2048-key se
            heads, over a grid of block_m / block_n / num_warps / num_stages.
 gemm:      decode-sized linear.triton GEMMs (M = 1 … 64, Qwen3-0.6B shapes): smaller tiles with the
            listed block_k, timed and compared bit for bit with the listed tile.
+trainer:   one trainer_fwd forward + backward (bench.py's trainer workload) under the contract and under
+           native, each under torch.profiler: wall time, GPU busy time, and GPU time per kernel name.
 An experiment script (docs/experiments.md), not a benchmark of record.
 """
 
@@ -62,24 +64,56 @@ def profile_decode(model_name: str, contract_name: str, batch: int, new_tokens: 
     kernel_table(graphs, b)
 
 
-def kernel_table(graphs, batch: int) -> None:
-    """The padded decode forward run eagerly under torch.profiler: GPU time and launches per kernel name."""
+def profiled_kernels(fn, title: str, rows: int = 18) -> None:
+    """fn() run once under torch.profiler (after one warm-up call): wall time, and GPU time and launches per kernel name."""
+    import time
+
     from torch.profiler import ProfilerActivity, profile
 
-    graphs._forward(graphs.buckets[0] if batch == 1 else next(x for x in graphs.buckets if x >= batch))
+    fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        graphs._forward(next(x for x in graphs.buckets if x >= batch))
+        start = time.perf_counter()
+        fn()
         torch.cuda.synchronize()
+        wall = time.perf_counter() - start
     totals = {}
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             time_us, count = totals.get(event.name, (0.0, 0))
             totals[event.name] = (time_us + event.device_time, count + 1)
     total = sum(t for t, _ in totals.values())
-    print(f"== kernels of one eager decode forward, batch {batch}: {sum(c for _, c in totals.values())} launches, {total / 1e3:.3f} ms of GPU time")
-    for name, (time_us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:18]:
+    print(f"== {title}: {sum(c for _, c in totals.values())} launches, {total / 1e3:.3f} ms of GPU time, "
+          f"{wall * 1e3:.3f} ms wall (profiled)")
+    for name, (time_us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:rows]:
         print(f"  {time_us / 1e3:8.3f} ms  {count:5d}x  {name[:110]}")
+
+
+def kernel_table(graphs, batch: int) -> None:
+    """The padded decode forward run eagerly under torch.profiler."""
+    bucket = next(x for x in graphs.buckets if x >= batch)
+    profiled_kernels(lambda: graphs._forward(bucket), f"kernels of one eager decode forward, batch {batch}")
+
+
+def profile_trainer(model_name: str, contracts: list[str], num_seqs: int = 8, seq_len: int = 512) -> None:
+    """bench.py's trainer workload: trainer_fwd log-probs of num_seqs x seq_len tokens, their sum, backward."""
+    from isoexec.trainer import sequence_logprobs
+
+    model = init_random(PRESETS[model_name], seed=0).cuda()
+    generator = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(model.spec.vocab_size, (seq_len,), generator=generator).tolist() for _ in range(num_seqs)]
+    for name in contracts:
+        contract = fit_contract(load_preset(name), model.spec)
+
+        def step():
+            rows = sequence_logprobs(model, contract, seqs, case="trainer_fwd", device="cuda")
+            torch.stack([r.sum() for r in rows]).sum().backward()
+            model.zero_grad(set_to_none=True)
+
+        forward = lambda: sequence_logprobs(model, contract, seqs, case="trainer_score", device="cuda")  # noqa: E731
+        profiled_kernels(step, f"{model_name} trainer_fwd forward + backward, {num_seqs} x {seq_len} tokens, {name}", rows=24)
+        profiled_kernels(forward, f"{model_name} trainer_score forward alone, {name}", rows=12)
+        torch.cuda.empty_cache()
 
 
 def sweep_attention() -> None:
@@ -118,8 +152,9 @@ def sweep_attention() -> None:
 
 QWEN3_06B = {"q_proj": (2048, 1024), "kv_proj": (1024, 1024), "o_proj": (1024, 2048), "gate_up": (3072, 1024),
              "down_proj": (1024, 3072), "lm_head": (151936, 1024)}
-DECODE_TILES = [dict(block_m=m, block_n=n, num_warps=w, num_stages=st) for m in (16, 32, 64) for n in (32, 64, 128)
-                for w in (4, 8) for st in (3, 4)]
+# block_k is the listed one or twice it: whether a tile with another block_k keeps the bits is measured, not assumed.
+DECODE_TILES = [dict(block_m=m, block_n=n, num_warps=4, num_stages=st, k_factor=kf) for m in (16, 32, 64) for n in (32, 64, 128)
+                for st in (3, 4) for kf in (1, 2)]
 
 
 def sweep_decode_gemm() -> None:
@@ -134,13 +169,14 @@ def sweep_decode_gemm() -> None:
         listed = linear_triton.hopper_constants(n, k)
         tiles = {key: listed[key] for key in ("block_m", "block_n", "block_k", "num_warps", "num_stages")}
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * k**-0.5
-        for m in (1, 4, 16, 64):
+        for m in (1, 16, 64):
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             want = linear_triton.linear_fwd(x, w, None, torch.bfloat16, **tiles)
             base = kernel_ms(lambda: linear_triton.linear_fwd(x, w, None, torch.bfloat16, **tiles), device)
             results = []
             for candidate in DECODE_TILES:
-                config = {**candidate, "block_k": tiles["block_k"]}
+                config = {key: v for key, v in candidate.items() if key != "k_factor"}
+                config["block_k"] = tiles["block_k"] * candidate["k_factor"]
                 try:
                     got = linear_triton.linear_fwd(x, w, None, torch.bfloat16, **config)
                     ms = kernel_ms(lambda: linear_triton.linear_fwd(x, w, None, torch.bfloat16, **config), device)
@@ -150,18 +186,23 @@ def sweep_decode_gemm() -> None:
                 same = torch.equal(got.view(torch.int16), want.view(torch.int16))
                 results.append((ms, same, config))
             best = sorted(results, key=lambda r: r[0])[:3]
-            listing = "  ".join(f"{ms:.4f}{'' if same else '*'} {c['block_m']}x{c['block_n']}/w{c['num_warps']}s{c['num_stages']}"
+            listing = "  ".join(f"{ms:.4f}{'' if same else '*'} {c['block_m']}x{c['block_n']}x{c['block_k']}/w{c['num_warps']}s{c['num_stages']}"
                                 for ms, same, c in best)
+            best_same = min((r for r in results if r[1]), key=lambda r: r[0], default=None)
+            if best_same:
+                c = best_same[2]
+                listing += f"  | best same-bits {best_same[0]:.4f} {c['block_m']}x{c['block_n']}x{c['block_k']}/w{c['num_warps']}s{c['num_stages']}"
+            listing += f"  | {sum(not r[1] for r in results)}/{len(results)} differ"
             print(f"{name:<9} M={m:<3} listed {base:.4f}  best: {listing}", flush=True)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="*", help="decode, attention, gemm (default: decode and attention)")
+    parser.add_argument("what", nargs="*", help="decode, attention, gemm, trainer (default: decode and attention)")
     parser.add_argument("--model", default="qwen3-0.6b-random")
     parser.add_argument("--contract", default="tiny-dense-triton")
     args = parser.parse_args()
-    sections = {"decode", "attention", "gemm"}
+    sections = {"decode", "attention", "gemm", "trainer"}
     args.what = args.what or ["decode", "attention"]
     if set(args.what) - sections:
         parser.error(f"unknown section(s) {sorted(set(args.what) - sections)}: choose from {', '.join(sorted(sections))}")
@@ -173,6 +214,8 @@ def main():
         sweep_attention()
     if "gemm" in args.what:
         sweep_decode_gemm()
+    if "trainer" in args.what:
+        profile_trainer(args.model, [args.contract, "native"])
 
 
 if __name__ == "__main__":
