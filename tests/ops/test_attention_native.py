@@ -1,4 +1,5 @@
-"""attention.native, both paths (one SDPA call per row, one per sequence), against attention.reference."""
+"""attention.native's paths (one SDPA call per row, one for packed whole sequences, one per sequence)
+against attention.reference."""
 
 import pytest
 import torch
@@ -82,16 +83,45 @@ def test_both_paths_match_reference(path, dtype, num_heads, num_kv_heads, window
     assert_matches_reference(PATHS[path](*args, SCALE, window), args, window, dtype)
 
 
-@pytest.mark.parametrize("form", ["packed", "paged prefill", "paged decode"])
+@pytest.mark.parametrize("form", ["packed", "paged prefill", "paged decode", "packed, windowed"])
 def test_attention_picks_the_path_from_shapes(form, monkeypatch):
-    """Decode (no more queries than sequences) runs per row; packed and prefill batches per sequence."""
+    """Decode (no more queries than sequences) runs per row, packed whole sequences in one padded call,
+    prefill chunks and windows per sequence."""
     lengths = (3, 17, 30)
-    args = packed(lengths, 4, 2, torch.float32) if form == "packed" else paged(lengths, 4, 2, torch.float32, 1 if form == "paged decode" else 6)
-    expected = "per_row" if form == "paged decode" else "per_sequence"
-    for name in PATHS:
+    args = packed(lengths, 4, 2, torch.float32) if form.startswith("packed") else paged(lengths, 4, 2, torch.float32, 1 if form == "paged decode" else 6)
+    window = 5 if form.endswith("windowed") else None
+    expected = {"packed": "packed", "paged decode": "per_row"}.get(form, "per_sequence")
+    for name in ("per_row", "packed", "per_sequence"):
         if name != expected:
             monkeypatch.setattr(native, f"_{name}", lambda *a, name=name: pytest.fail(f"{form} ran the {name} path"))
-    assert_matches_reference(native_op(torch.float32)(*args, SCALE), args, None, torch.float32)
+    assert_matches_reference(native_op(torch.float32)(*args, SCALE, window), args, window, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 2), (4, 1), (2, 2)])
+def test_packed_sequences_match_reference_forward_and_backward(dtype, num_heads, num_kv_heads):
+    """The trainer's layout in one padded causal call: values, and float64 gradients, as the reference's."""
+    lengths = (1, 7, 23, 40)
+    args = packed(lengths, num_heads, num_kv_heads, dtype)
+    assert native._packed_layout(*args[1:2], *args[3:]) == 40
+    assert_matches_reference(native._packed(*args, SCALE, 40), args, None, dtype)
+    q, k_store, v_store, *metadata = packed(lengths, num_heads, num_kv_heads, torch.float64)
+    grads = []
+    for op in (lambda *a: native._packed(*a, SCALE, 40), lambda *a: reference_op(torch.float64)(*a, SCALE, None)):
+        leaves = [t.clone().requires_grad_() for t in (q, k_store, v_store)]
+        op(*leaves, *metadata).square().sum().backward()
+        grads.append([t.grad for t in leaves])
+    for ours, theirs in zip(*grads):
+        torch.testing.assert_close(ours, theirs, atol=1e-10, rtol=1e-10)
+
+
+def test_a_layout_that_is_not_packed_is_not_taken_for_one():
+    """Keys elsewhere than the queries' own rows, or sequences out of order, go per sequence."""
+    q, k_store, v_store, slot_table, seq_ids, positions = packed((3, 5), 2, 1, torch.float32)
+    assert native._packed_layout(k_store, slot_table, seq_ids, positions) == 5
+    assert native._packed_layout(k_store, slot_table.flip(0), seq_ids, positions) is None
+    assert native._packed_layout(k_store, slot_table, seq_ids.flip(0), positions.flip(0)) is None
+    assert native._packed_layout(torch.cat([k_store, k_store]), slot_table, seq_ids, positions) is None
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -9,9 +9,12 @@ baseline the benchmarks time, so it is written the way an ordinary engine would 
   `slot_table[seq_ids]` and all rows go through one SDPA call with a key mask. This is correct for any
   metadata, and decided from shapes alone, so it never waits on the device and can be captured in a
   CUDA graph;
-- per sequence otherwise (prefill, training): one SDPA call per sequence shares the key/value loads
-  among its queries; a sequence whose queries are exactly positions 0 … n-1 without a window runs
-  with `is_causal` (the flash kernel). Finding the sequences waits on the device.
+- whole sequences packed back to back with their own keys (the trainer's batches, no window): one
+  causal SDPA call (flash) over the sequences padded to the longest. Checking the layout waits on the
+  device once;
+- per sequence otherwise (prefill): one SDPA call per sequence shares the key/value loads among its
+  queries; a sequence whose queries are exactly positions 0 … n-1 without a window runs with
+  `is_causal` (the flash kernel). Finding the sequences waits on the device.
 
 SDPA gives NaN for a row whose mask hides every key, so such a row is shown one zeroed key (per row)
 or its result is replaced by zero (per sequence): a row that sees no key is zero, as in the reference.
@@ -72,6 +75,38 @@ def _sequence(q: Tensor, k_store: Tensor, v_store: Tensor, slots: Tensor, positi
     return torch.where(has_keys[:, None, None], out.transpose(0, 1), 0.0)
 
 
+def _packed_layout(k_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor) -> int | None:
+    """The longest sequence when the T queries are whole sequences in order, back to back, whose keys
+    are the queries' own rows (`packed_slot_table`); otherwise None. One wait on the device."""
+    num_tokens, num_keys = seq_ids.shape[0], slot_table.shape[1]
+    if k_store.shape[0] != num_tokens:
+        return None
+    rows = torch.arange(num_tokens, device=seq_ids.device)
+    counts = torch.bincount(seq_ids, minlength=slot_table.shape[0])  # [B]
+    starts = counts.cumsum(0) - counts
+    own = slot_table[seq_ids, positions.clamp(0, num_keys - 1)] == rows
+    ordered = torch.all(seq_ids[1:] >= seq_ids[:-1])
+    ok, longest = torch.stack([torch.all((positions == rows - starts[seq_ids]) & own) & ordered, counts.max()]).tolist()
+    return int(longest) if ok else None
+
+
+def _packed(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor,
+            scale: float, longest: int) -> Tensor:
+    """Packed whole sequences in one causal SDPA call: each sequence padded to `longest` rows at its end,
+    where only padding queries see the padding keys."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_seqs, group = slot_table.shape[0], num_heads // k_store.shape[1]
+    dest = seq_ids * longest + positions  # [T] row in the padded batch
+
+    def padded(t: Tensor) -> Tensor:  # [T, h, D] -> [B, h, longest, D]
+        rows = t.new_zeros(num_seqs * longest, *t.shape[1:]).index_copy(0, dest, t.to(q.dtype))
+        return rows.view(num_seqs, longest, *t.shape[1:]).transpose(1, 2)
+
+    k, v = padded(k_store).repeat_interleave(group, dim=1), padded(v_store).repeat_interleave(group, dim=1)
+    out = F.scaled_dot_product_attention(padded(q), k, v, is_causal=True, scale=scale)  # [B, H, longest, D]
+    return out.transpose(1, 2).reshape(num_seqs * longest, num_heads, head_dim)[dest]
+
+
 def _per_sequence(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor,
                   scale: float, window: int | None) -> Tensor:
     out = q.new_zeros(q.shape)
@@ -95,6 +130,8 @@ def attention(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, s
         out = q.new_zeros(q.shape)
     elif q.shape[0] <= slot_table.shape[0]:
         out = _per_row(q, k_store, v_store, slot_table, seq_ids, positions, scale, window)
+    elif window is None and (longest := _packed_layout(k_store, slot_table, seq_ids, positions)) is not None:
+        out = _packed(q, k_store, v_store, slot_table, seq_ids, positions, scale, longest)
     else:
         out = _per_sequence(q, k_store, v_store, slot_table, seq_ids, positions, scale, window)
     expect_dtype(out, output_dtype, "attention output")
