@@ -83,3 +83,34 @@ def run_battery(preset: str, region: str, case: str = "trainer_fwd"):
 
     contract = load_preset(preset)
     return validate_entry(contract, contract.entry(region, case), REGISTRY.probe(region), registry=REGISTRY, device=torch.device("cpu"))
+
+
+def fused_norms(data: dict, impl_id: str, constants: dict | None = None) -> Contract:
+    """A preset's dict with the norms after a residual add moved out of its rms_norm entry into an
+    rms_norm.residual entry pinning `impl_id`@1 with `constants` (default: the rms_norm entry's), and
+    without its residual entry."""
+    from isoexec.model.spec import RESIDUAL_NORM_OPS
+
+    def edit(d):
+        plain = d["composition"][entry_index(d, "rms_norm")]
+        fused = {**copy.deepcopy(plain), "region": "rms_norm.residual", "ops": list(RESIDUAL_NORM_OPS),
+                 "impl": {"id": impl_id, "version": 1}}
+        if constants is not None:
+            fused["constants"] = constants
+        plain["ops"] = [op for op in plain["ops"] if op not in RESIDUAL_NORM_OPS]
+        d["composition"] = [e for e in d["composition"] if e["region"] != "residual"] + [fused]
+
+    return mutated(data, edit)
+
+
+def unfused_norms(data: dict, residual_impl_id: str, residual_constants: dict) -> Contract:
+    """The reverse of `fused_norms`: the rms_norm.residual entry's norms back in the rms_norm entry,
+    composed with a residual entry pinning `residual_impl_id`@1."""
+
+    def edit(d):
+        fused = d["composition"].pop(entry_index(d, "rms_norm.residual"))
+        d["composition"][entry_index(d, "rms_norm")]["ops"] += fused["ops"]
+        d["composition"].append({**copy.deepcopy(fused), "region": "residual", "ops": ["residual_add"],
+                                 "impl": {"id": residual_impl_id, "version": 1}, "constants": residual_constants})
+
+    return mutated(data, edit)

@@ -39,6 +39,28 @@ def test_trace_names_the_first_diverging_region():
     assert trace["engine_digest"] != trace["trainer_digest"] and trace["op"]
 
 
+@pytest.mark.parametrize("fused,region", [(False, "residual"), (True, "rms_norm.residual")])
+def test_trace_digests_both_outputs_of_a_norm_after_a_residual_add(fused, region):
+    """(normed, residual stream): the stream is recorded first, as `<op>.residual`, and put on the region
+    that computed it — the residual add where the norm is composed from it."""
+    import torch
+
+    from conftest import fused_norms, preset_dict
+    from isoexec.model import PackedKV, Step, current_step, step, tracing
+
+    contract = fused_norms(preset_dict("tiny-dense"), "rms_norm.residual.reference") if fused else load_preset("tiny-dense")
+    tracer, x = Tracer(), torch.ones(2, 4)
+    for case, offset in (("engine_decode", 0.0), ("trainer_score", 1.0)):
+        ops = {"norm": lambda x, residual, weight, eps, offset=offset: (x * weight, x + residual + offset)}
+        labels = torch.tensor([(7 << 32) | 0, (7 << 32) | 1])
+        current = Step(case=case, ops=ops, slot_table=torch.zeros(1, 2), seq_ids=torch.zeros(2), kv=PackedKV(), labels=labels)
+        with tracing(tracer), step(current):
+            current_step().ops["norm"](x, x, 2.0, 1e-6)
+    assert [op for op, _ in tracer.records[(7 << 32) | 1]["engine_decode"]] == ["norm.residual", "norm"]
+    explained = tracer.explain(7, 1, contract)
+    assert explained["op"] == "norm.residual" and explained["region"] == region
+
+
 def test_audit_command_json_and_exit_codes(tmp_path):
     out = tmp_path / "audit.json"
     run = lambda *a: subprocess.run([sys.executable, "-m", "isoexec", "audit", "--quiet", *a], capture_output=True, text=True, timeout=300)  # noqa: E731

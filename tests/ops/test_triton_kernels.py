@@ -306,7 +306,7 @@ def _registry() -> Registry:
 def test_the_three_impls_register_and_check_their_constants():
     registry = _registry()
     impls = {impl.ref: impl for impl in registry}
-    assert set(impls) == {"linear.triton@1", "rms_norm.triton@1", "logprobs.triton@1"}
+    assert set(impls) == {"linear.triton@1", "rms_norm.triton@1", "rms_norm.residual.triton@1", "logprobs.triton@1"}
     impls["linear.triton@1"].check(boundary(LINEAR, torch.bfloat16))
     for constants, message in [({**LINEAR, "accum_dtype": "float64"}, "float32 only"), ({**LINEAR, "block_k": 24}, "power of two"),
                                ({**LINEAR, "block_tree": "sequential"}, "unsupported constants")]:

@@ -3,7 +3,9 @@
 While tracing, each step's ops are wrapped (`model.context.tracing`) so every op output whose rows are
 the step's tokens is digested row by row, keyed by the token's label (request_id << 32 | position).
 Both sides call the same ops in the same order for a token, so aligning the two digest lists names
-the first op — and the contract region behind it — where the engine and the trainer part ways.
+the first op — and the contract region behind it — where the engine and the trainer part ways. A norm
+after a residual add returns (normed, new residual stream); the stream is recorded first, as
+`<op>.residual`, since it is computed first.
 """
 
 import hashlib
@@ -22,6 +24,14 @@ def _digest(row: Tensor) -> str:
     return hashlib.sha256(row.numpy().tobytes()).hexdigest()[:16]
 
 
+def _region(contract, op: str, case: str) -> str:
+    """The region behind a traced output; a norm's `.residual` output comes from `residual` where the norm
+    is pinned in plain `rms_norm` (composed with `residual_add` when bound)."""
+    base = op.removesuffix(".residual")
+    region = next((e.region for e in contract.composition if base in e.ops and case in e.cases), "?")
+    return "residual" if op != base and region == "rms_norm" else region
+
+
 class Tracer:
     def __init__(self):
         self.records: dict[int, dict[str, list[tuple[str, str]]]] = defaultdict(lambda: defaultdict(list))
@@ -33,9 +43,11 @@ class Tracer:
         def call(*args, **kwargs):
             out = fn(*args, **kwargs)
             labels = current_step().labels
-            if labels is not None and isinstance(out, Tensor) and out.dim() >= 1 and out.shape[0] == labels.shape[0]:
-                for row, label in enumerate(labels.tolist()):
-                    self.records[label][case].append((name, _digest(out[row])))
+            outputs = [(f"{name}.residual", out[1]), (name, out[0])] if isinstance(out, tuple) else [(name, out)]
+            for key, t in outputs:
+                if labels is not None and isinstance(t, Tensor) and t.dim() >= 1 and t.shape[0] == labels.shape[0]:
+                    for row, label in enumerate(labels.tolist()):
+                        self.records[label][case].append((key, _digest(t[row])))
             return out
 
         return call
@@ -54,7 +66,7 @@ class Tracer:
             if op != op_b:
                 return {"request": request_id, "position": position, "summary": f"the two sides ran different ops ({op} vs {op_b})"}
             if a != b:
-                region = next((e.region for e in contract.composition if op in e.ops and engine_case in e.cases), "?")
+                region = _region(contract, op, engine_case)
                 return {
                     "request": request_id, "position": position, "op": op, "occurrence": index, "region": region,
                     "engine_case": engine_case, "engine_digest": a, "trainer_digest": b,

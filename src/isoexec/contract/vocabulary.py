@@ -20,6 +20,7 @@ REGIONS = {
     "linear": ROLES,
     "linear.row_parallel": ROLES,
     "rms_norm": ROLES,
+    "rms_norm.residual": ROLES,
     "rope": ROLES,
     "attention": ROLES,
     "activation": ROLES,

@@ -5,7 +5,7 @@ import dataclasses
 from ..contract.schema import Contract, Entry, Model
 from ..runtime.registry import REGISTRY, Registry
 from ..validate.battery import BOUNDARY_CONSTANTS
-from .spec import ModelSpec
+from .spec import RESIDUAL_NORM_OPS, ModelSpec
 
 
 GEMM_IMPLS = ("linear.triton", "linear.row_parallel.triton")
@@ -23,12 +23,14 @@ def _tile_table(impl_id: str, decode: bool = False) -> dict:
 
 def _row_width_constants(entry: Entry, spec: ModelSpec) -> dict | None:
     """The listed constants of the row kernels (RMSNorm, log-probs) for this model's row width, keyed
-    on the widest row the entry's ops reduce (the hidden size; the vocabulary) and never on the row count."""
+    on the widest row the entry's ops reduce (the hidden size, or the head dim for an entry holding only
+    q_norm/k_norm; the vocabulary) and never on the row count."""
     from ..ops.logprobs import triton as logprobs_triton
     from ..ops.rms_norm import triton as rms_norm_triton
 
-    if entry.impl.id == "rms_norm.triton":
-        return rms_norm_triton.HOPPER_CONSTANTS.get(spec.hidden_size)
+    if entry.impl.id in ("rms_norm.triton", "rms_norm.residual.triton"):
+        width = max(spec.head_dim if op in ("q_norm", "k_norm") else spec.hidden_size for op in entry.ops)
+        return rms_norm_triton.HOPPER_CONSTANTS.get(width)
     if entry.impl.id == "logprobs.triton":
         return logprobs_triton.HOPPER_CONSTANTS.get(spec.vocab_size)
     return None
@@ -73,10 +75,11 @@ def fit_contract(contract: Contract, spec: ModelSpec, profile: str | None = None
     dtype at the op boundaries, and the kernel constants listed for its shapes (GEMM tiles by (N, K), row
     kernels by row width).
     Every change shows in the identities."""
+    model_ops = _model_ops(contract, spec, contract.cases)
     boundary = next((e.constants[k] for e in contract.composition for k in BOUNDARY_CONSTANTS if k in e.constants), spec.dtype)
     entries = []
     for entry in contract.composition:
-        ops = [op for op in entry.ops if op in spec.ops]
+        ops = [op for op in entry.ops if op in model_ops]
         if not ops:
             continue
         constants = {k: (spec.dtype if k in BOUNDARY_CONSTANTS and v == boundary else v) for k, v in entry.constants.items()}
@@ -85,13 +88,40 @@ def fit_contract(contract: Contract, spec: ModelSpec, profile: str | None = None
     return dataclasses.replace(contract, model=model, composition=tuple(Entry(**e.__dict__) for e in entries))
 
 
+def _composed_norms(contract: Contract, cases) -> set[str]:
+    """The norms after a residual add that `contract` pins in plain `rms_norm` in any of `cases`: `bind`
+    composes each with the contract's `residual_add` op."""
+    return {op for entry in contract.composition if entry.region == "rms_norm" and not set(entry.cases).isdisjoint(cases)
+            for op in entry.ops if op in RESIDUAL_NORM_OPS}
+
+
+def _model_ops(contract: Contract, spec: ModelSpec, cases) -> frozenset[str]:
+    """The ops the model needs `contract` to pin in `cases`: its own, and `residual_add` where a norm is composed."""
+    return spec.ops | ({"residual_add"} if _composed_norms(contract, cases) else set())
+
+
+def _add_then_norm(add, norm):
+    """A plain norm in the model's fused shape: `add` then `norm`, called one after the other as if unfused."""
+
+    def rms_norm_residual(x, residual, weight, eps, zero_centered=False):
+        s = x if residual is None else add(x, residual)
+        return norm(s, weight, eps, zero_centered), s
+
+    return rms_norm_residual
+
+
 def bind(contract: Contract, spec: ModelSpec, case: str, registry: Registry = REGISTRY) -> dict:
-    """The bound ops of `case`; refuses a contract that leaves one of the model's ops unpinned."""
+    """The bound ops of `case`; refuses a contract that leaves one of the model's ops unpinned.
+
+    The norms after a residual add are called as (x, residual) -> (y, x + residual): an op pinned in
+    `rms_norm.residual` is that already; one pinned in plain `rms_norm` is composed with `residual_add`."""
     from .. import ops  # noqa: F401  (registers the op families)
 
     bound = registry.bind_ops(contract, case)
-    needed = spec.ops - ({"sample"} if contract.cases[case].role == "trainer" else set())
+    needed = _model_ops(contract, spec, [case]) - ({"sample"} if contract.cases[case].role == "trainer" else set())
     missing = sorted(needed - set(bound))
     if missing:
         raise ValueError(f"contract {contract.name} does not pin op(s) {', '.join(missing)} for case {case}")
+    for op in _composed_norms(contract, [case]):
+        bound[op] = _add_then_norm(bound["residual_add"], bound[op])
     return bound

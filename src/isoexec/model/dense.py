@@ -3,6 +3,12 @@
 Attribute names follow the Hugging Face checkpoints, so `state_dict()` keys are the checkpoint's keys.
 Every arithmetic op goes through the bound op the contract pins for the current case
 (`current_step().ops[name]`); the model itself only reshapes, gathers and routes.
+
+The residual stream travels beside the hidden state, as in vLLM: a decoder layer takes (the previous
+layer's MLP output, the stream before it) and each norm after a residual add returns (normed, new
+stream) from one call, `x, residual = ops[norm](x, residual, weight, eps)`; the first layer's input
+norm gets residual None (nothing to add yet). How the add and the norm are computed — one fused kernel
+or the two ops one after the other — is the contract's choice (`model/binding.py`).
 """
 
 import torch
@@ -77,10 +83,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = Norm(spec.hidden_size, dtype)
         self.eps = spec.rms_norm_eps
 
-    def forward(self, h: Tensor, positions: Tensor) -> Tensor:
+    def forward(self, h: Tensor, residual: Tensor | None, positions: Tensor) -> tuple[Tensor, Tensor]:
         ops = current_step().ops
-        h = ops["residual_add"](self.self_attn(ops["input_layernorm"](h, self.input_layernorm.weight, self.eps), positions), h)
-        return ops["residual_add"](self.mlp(ops["post_attention_layernorm"](h, self.post_attention_layernorm.weight, self.eps)), h)
+        h, residual = ops["input_layernorm"](h, residual, self.input_layernorm.weight, self.eps)
+        h = self.self_attn(h, positions)
+        h, residual = ops["post_attention_layernorm"](h, residual, self.post_attention_layernorm.weight, self.eps)
+        return self.mlp(h), residual
 
 
 class Body(nn.Module):
@@ -106,10 +114,10 @@ class DenseModel(nn.Module):
 
     def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
         ops = current_step().ops
-        h = ops["embed_tokens"](input_ids, self.model.embed_tokens.weight)
+        h, residual = ops["embed_tokens"](input_ids, self.model.embed_tokens.weight), None
         for layer in self.model.layers:
-            h = layer(h, positions)
-        return ops["norm"](h, self.model.norm.weight, self.spec.rms_norm_eps)
+            h, residual = layer(h, residual, positions)
+        return ops["norm"](h, residual, self.model.norm.weight, self.spec.rms_norm_eps)[0]
 
     def logprobs(self, hidden: Tensor) -> Tensor:
         """Full-vocabulary log-probabilities of the next token: hidden [T, hidden] -> [T, V]."""

@@ -12,6 +12,11 @@ ARCHITECTURES = {
 }
 DTYPES = ("float32", "bfloat16")
 
+# The norms that follow a residual add. The model calls each fused, (h, residual) -> (normed, h + residual),
+# as `rms_norm.residual` computes it; a contract that pins one in plain `rms_norm` has it composed with
+# its `residual_add` op when the ops are bound (`model/binding.py`).
+RESIDUAL_NORM_OPS = ("input_layernorm", "post_attention_layernorm", "norm")
+
 
 class SpecError(ValueError):
     """A config that cannot describe a supported model; the message names the field."""
@@ -64,10 +69,10 @@ class ModelSpec:
 
     @property
     def ops(self) -> frozenset[str]:
-        """The contract ops this architecture runs."""
+        """The contract ops this architecture calls (`residual_add` only through a composed norm, see
+        RESIDUAL_NORM_OPS)."""
         names = {"embed_tokens", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head",
-                 "input_layernorm", "post_attention_layernorm", "norm", "rotary_emb", "self_attn", "silu_mul",
-                 "residual_add", "logprobs", "sample"}
+                 "rotary_emb", "self_attn", "silu_mul", "logprobs", "sample", *RESIDUAL_NORM_OPS}
         return frozenset(names | ({"q_norm", "k_norm"} if self.qk_norm else set()))
 
     @property

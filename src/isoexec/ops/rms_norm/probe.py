@@ -1,4 +1,6 @@
-"""Admission trials for `rms_norm`, plain and zero-centred, with hazardous rows."""
+"""Admission trials for `rms_norm` and `rms_norm.residual`, plain and zero-centred, with hazardous rows."""
+
+import dataclasses
 
 import torch
 
@@ -12,3 +14,26 @@ def probe(ctx):
     weight = ctx.randn(HIDDEN)
     yield from rowwise(ctx, [x], weight, 1e-6)
     yield from rowwise(ctx, [x], weight, 1e-5, True, sizes=(1, 7, 33), label="zero-centred")
+
+
+def _both_outputs(op):
+    """The fused op with its two outputs (y, s) side by side in one row, for `rowwise` to compare."""
+    return lambda *args: torch.cat(op(*args), -1)
+
+
+# Fewer rows and batch sizes than `rms_norm`'s probe, which already walks every batch size through the
+# same kernel: the battery runs this probe under Triton's interpreter in CI.
+RESIDUAL_RANDOM_ROWS, RESIDUAL_SIZES = 12, (1, 3, 16)
+
+
+def probe_residual(ctx):
+    """Both outputs of the fused op; hazard rows meet their negations and each other, and the first
+    layer's form (no residual yet) is tried too."""
+    ctx = dataclasses.replace(ctx, ops={case: _both_outputs(op) for case, op in ctx.ops.items()})
+    hazards = hazard_rows(ctx, HIDDEN)
+    x = torch.cat([ctx.randn(RESIDUAL_RANDOM_ROWS, HIDDEN), hazards, hazards])
+    residual = torch.cat([ctx.randn(RESIDUAL_RANDOM_ROWS, HIDDEN), hazards.neg(), hazards.flip(0)])
+    weight = ctx.randn(HIDDEN)
+    yield from rowwise(ctx, [x, residual], weight, 1e-6, sizes=RESIDUAL_SIZES)
+    yield from rowwise(ctx, [x, residual], weight, 1e-5, True, sizes=(5,), label="zero-centred")
+    yield from rowwise(ctx, [x], None, weight, 1e-6, sizes=(5,), label="no residual")
