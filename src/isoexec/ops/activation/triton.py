@@ -10,7 +10,8 @@ exp kernel calls, so the bits are meant to be the reference's (`tl.exp` would be
 `ex2.approx` instruction). Triton's interpreter has no libdevice and uses numpy's exp, whose bits differ
 from torch's CPU exp in the last place for some inputs.
 
-The backward pass uses ordinary ops: gradients must be correct, not batch-invariant.
+The backward pass is one fp32 kernel too (`silu_mul_bwd_kernel`): gradients must be correct, not
+batch-invariant.
 """
 
 from __future__ import annotations
@@ -80,6 +81,46 @@ def silu_mul_fwd(gate: Tensor, up: Tensor, out_dtype: torch.dtype) -> Tensor:
     return y
 
 
+@jit(do_not_specialize=["num_rows"])
+def silu_mul_bwd_kernel(
+    gate, up, dy, d_gate, d_up,
+    num_rows,
+    stride_gr, stride_gn, stride_ur, stride_un, stride_dr, stride_dn,
+    N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """d_gate = dy u s (1 + g (1 - s)), d_up = dy g s with s = sigmoid(g), in fp32 (correct, not invariant)."""
+    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    o_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = (o_r < num_rows)[:, None] & (o_n < N)[None, :]
+    b_g = tl.load(gate + o_r[:, None] * stride_gr + o_n[None, :] * stride_gn, mask=m, other=0.0).to(tl.float32)
+    b_u = tl.load(up + o_r[:, None] * stride_ur + o_n[None, :] * stride_un, mask=m, other=0.0).to(tl.float32)
+    b_dy = tl.load(dy + o_r[:, None] * stride_dr + o_n[None, :] * stride_dn, mask=m, other=0.0).to(tl.float32)
+    b_s = tl.sigmoid(b_g)
+    p = o_r[:, None] * N + o_n[None, :]
+    tl.store(d_gate + p, (b_dy * b_u * b_s * (1.0 + b_g * (1.0 - b_s))).to(d_gate.dtype.element_ty), mask=m)
+    tl.store(d_up + p, (b_dy * b_g * b_s).to(d_up.dtype.element_ty), mask=m)
+
+
+def silu_mul_bwd(gate: Tensor, up: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+    """gate, up, grad [R, N] -> (grad_gate, grad_up) [R, N] in the inputs' dtypes."""
+    rows, width = gate.shape
+    d_gate, d_up = torch.empty_like(gate, memory_format=torch.contiguous_format), torch.empty_like(up, memory_format=torch.contiguous_format)
+    if rows == 0 or width == 0:
+        return d_gate, d_up
+    block_n = min(TILE_ELEMENTS, triton.next_power_of_2(width))
+    block_r = TILE_ELEMENTS // block_n
+    silu_mul_bwd_kernel[(triton.cdiv(rows, block_r), triton.cdiv(width, block_n))](
+        gate, up, grad, d_gate, d_up,
+        rows,
+        gate.stride(0), gate.stride(1), up.stride(0), up.stride(1), grad.stride(0), grad.stride(1),
+        N=width, BLOCK_R=block_r, BLOCK_N=block_n,
+        num_warps=NUM_WARPS,
+    )
+    return d_gate, d_up
+
+
 class _TritonSiluMul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, out_dtype):
@@ -89,11 +130,8 @@ class _TritonSiluMul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         gate, up = ctx.saved_tensors
-        dtype = torch.promote_types(gate.dtype, torch.float32)
-        g, u, dy = gate.to(dtype), up.to(dtype), grad.to(dtype)
-        s = torch.sigmoid(g)
-        grad_gate = dy * u * s * (1.0 + g * (1.0 - s))
-        return grad_gate.to(gate.dtype), (dy * g * s).to(up.dtype), None
+        grad_gate, grad_up = silu_mul_bwd(as_rows(gate), as_rows(up), as_rows(grad))
+        return grad_gate.reshape(gate.shape), grad_up.reshape(up.shape), None
 
 
 def silu_mul(gate: Tensor, up: Tensor, *, input_dtype: str, output_dtype: str, compute_dtype: str) -> Tensor:
