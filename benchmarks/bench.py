@@ -3,7 +3,9 @@
     ISOEXEC_COMMIT=<sha> PYTHONPATH=src python3 benchmarks/bench.py [SECTION ...] --json results.json
 
 gemm:      invariant GEMM impls (linear.triton, launched persistently with TMA loads, and the row-parallel
-           Triton GEMM) vs cuBLAS (F.linear) in TFLOP/s, Qwen3-8B layer shapes, M in 1..4096;
+           Triton GEMM) vs cuBLAS (F.linear) in TFLOP/s, Qwen3-8B layer shapes, M in 1..4096; each call
+           timed as a CUDA-graph replay (device time, as decode graphs run) and eagerly (host launch cost
+           included, as the trainer runs);
 attention: the Triton attention and attention.native vs SDPA (flash), Qwen3-8B heads, prefill of one
            sequence and decode of 64 sequences (attention.py);
 engine:    tokens/s of the IsoExec engine under each contract of --contracts, batch 1 and 64 (engine.py);
@@ -40,7 +42,7 @@ from isoexec.contract import load_preset
 from isoexec.engine import EngineConfig
 from isoexec.model import PRESETS, fit_contract, init_random
 from isoexec.trainer import sequence_logprobs
-from timing import device_name, kernel_ms, wall_ms
+from timing import device_name, graphed_ms, kernel_ms, wall_ms
 
 SECTIONS = ("gemm", "attention", "engine", "hf", "roofline", "trainer")
 QWEN3_8B = {  # (N, K) of the projections of one Qwen3-8B layer
@@ -110,13 +112,16 @@ def bench_gemm(sizes: Sizes, device: torch.device) -> list[dict]:
         ops = {**impls, **({"row_parallel_triton": row_parallel} if row_parallel and name in ROW_PARALLEL else {})}
         for m in sizes.m_values:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-            row = {"layer": name, "M": m, "N": n, "K": k, "cublas_ms": kernel_ms(lambda: F.linear(x, w), device)}
+            row = {"layer": name, "M": m, "N": n, "K": k, "cublas_ms": graphed_ms(lambda: F.linear(x, w), device),
+                   "cublas_eager_ms": kernel_ms(lambda: F.linear(x, w), device)}
             for impl, op in ops.items():
-                row[f"{impl}_ms"] = kernel_ms(lambda op=op: op(x, w), device)
-            for key in [key for key in row if key.endswith("_ms")]:
+                row[f"{impl}_ms"] = graphed_ms(lambda op=op: op(x, w), device)
+                row[f"{impl}_eager_ms"] = kernel_ms(lambda op=op: op(x, w), device)
+            for key in [key for key in row if key.endswith("_ms") and not key.endswith("_eager_ms")]:
                 row[key.replace("_ms", "_tflops")] = 2 * m * n * k / row[key] / 1e9
                 if key != "cublas_ms":
                     row[key.replace("_ms", "_vs_cublas")] = row["cublas_ms"] / row[key]
+                    row[key.replace("_ms", "_eager_vs_cublas")] = row["cublas_eager_ms"] / row[key.replace("_ms", "_eager_ms")]
             rows.append(row)
             print(f"gemm {name:<13} M={m:<5} " + "  ".join(f"{key.removesuffix('_tflops')} {v:.1f} TFLOP/s" for key, v in row.items()
                                                    if key.endswith("_tflops")), flush=True)

@@ -24,6 +24,22 @@ def kernel_ms(fn, device: torch.device) -> float:
     return wall_ms(fn, device, reps=5)
 
 
+def graphed_ms(fn, device: torch.device) -> float:
+    """Median time of one replay of fn captured in a CUDA graph, in ms: the device's time without the
+    host's launch cost (as the engine's decode graphs run). On the CPU, `kernel_ms`."""
+    if device.type != "cuda":
+        return kernel_ms(fn, device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        fn()  # compiles, and allocates outside the capture
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return kernel_ms(graph.replay, device)
+
+
 def wall_ms(fn, device: torch.device, reps: int = 3) -> float:
     """Median wall time of fn after one warm-up call, in ms; for calls too slow for do_bench's
     dozens of repetitions (a training step, a whole generate)."""
