@@ -115,6 +115,19 @@ def test_packed_sequences_match_reference_forward_and_backward(dtype, num_heads,
         torch.testing.assert_close(ours, theirs, atol=1e-10, rtol=1e-10)
 
 
+def test_the_layout_check_waits_on_the_device_once_per_metadata(monkeypatch):
+    """Every layer passes the same metadata tensors: the second check reads nothing back; new or modified
+    metadata is checked again."""
+    q, k_store, v_store, slot_table, seq_ids, positions = packed((3, 5), 2, 1, torch.float32)
+    assert native._packed_layout(k_store, slot_table, seq_ids, positions) == 5
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("waited on the device again"))
+    assert native._packed_layout(k_store, slot_table, seq_ids, positions) == 5
+    monkeypatch.undo()
+    assert native._packed_layout(k_store, slot_table, seq_ids.clone(), positions) == 5
+    positions[0] = 1  # in place: the cached answer no longer holds
+    assert native._packed_layout(k_store, slot_table, seq_ids, positions) is None
+
+
 def test_a_layout_that_is_not_packed_is_not_taken_for_one():
     """Keys elsewhere than the queries' own rows, or sequences out of order, go per sequence."""
     q, k_store, v_store, slot_table, seq_ids, positions = packed((3, 5), 2, 1, torch.float32)
