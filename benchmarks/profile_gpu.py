@@ -113,7 +113,23 @@ def profile_trainer(model_name: str, contracts: list[str], num_seqs: int = 8, se
         forward = lambda: sequence_logprobs(model, contract, seqs, case="trainer_score", device="cuda")  # noqa: E731
         profiled_kernels(step, f"{model_name} trainer_fwd forward + backward, {num_seqs} x {seq_len} tokens, {name}", rows=24)
         profiled_kernels(forward, f"{model_name} trainer_score forward alone, {name}", rows=12)
+        host_profile(step, f"{model_name} trainer_fwd forward + backward, {name}")
         torch.cuda.empty_cache()
+
+
+def host_profile(fn, title: str, rows: int = 28) -> None:
+    """Where the host's time goes in one call of fn (after a warm-up): cProfile, by own time."""
+    fn()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    fn()
+    torch.cuda.synchronize()
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(rows)
+    print(f"== host time (cProfile, own time), {title}")
+    print("\n".join(line[:170] for line in out.getvalue().splitlines()[:rows + 12]))
 
 
 def sweep_attention() -> None:

@@ -91,9 +91,9 @@ def test_attention_picks_the_path_from_shapes(form, monkeypatch):
     args = packed(lengths, 4, 2, torch.float32) if form.startswith("packed") else paged(lengths, 4, 2, torch.float32, 1 if form == "paged decode" else 6)
     window = 5 if form.endswith("windowed") else None
     expected = {"packed": "packed", "paged decode": "per_row"}.get(form, "per_sequence")
-    for name in ("per_row", "packed", "per_sequence"):
-        if name != expected:
-            monkeypatch.setattr(native, f"_{name}", lambda *a, name=name: pytest.fail(f"{form} ran the {name} path"))
+    for name in ("_per_row", "packed", "_per_sequence"):
+        if name.strip("_") != expected:
+            monkeypatch.setattr(native, name, lambda *a, name=name: pytest.fail(f"{form} ran the {name} path"))
     assert_matches_reference(native_op(torch.float32)(*args, SCALE, window), args, window, torch.float32)
 
 
@@ -103,11 +103,11 @@ def test_packed_sequences_match_reference_forward_and_backward(dtype, num_heads,
     """The trainer's layout in one padded causal call: values, and float64 gradients, as the reference's."""
     lengths = (1, 7, 23, 40)
     args = packed(lengths, num_heads, num_kv_heads, dtype)
-    assert native._packed_layout(*args[1:2], *args[3:]) == 40
-    assert_matches_reference(native._packed(*args, SCALE, 40), args, None, dtype)
+    assert native.packed_layout(*args[1:2], *args[3:]) == 40
+    assert_matches_reference(native.packed(*args, SCALE, 40), args, None, dtype)
     q, k_store, v_store, *metadata = packed(lengths, num_heads, num_kv_heads, torch.float64)
     grads = []
-    for op in (lambda *a: native._packed(*a, SCALE, 40), lambda *a: reference_op(torch.float64)(*a, SCALE, None)):
+    for op in (lambda *a: native.packed(*a, SCALE, 40), lambda *a: reference_op(torch.float64)(*a, SCALE, None)):
         leaves = [t.clone().requires_grad_() for t in (q, k_store, v_store)]
         op(*leaves, *metadata).square().sum().backward()
         grads.append([t.grad for t in leaves])
@@ -119,22 +119,22 @@ def test_the_layout_check_waits_on_the_device_once_per_metadata(monkeypatch):
     """Every layer passes the same metadata tensors: the second check reads nothing back; new or modified
     metadata is checked again."""
     q, k_store, v_store, slot_table, seq_ids, positions = packed((3, 5), 2, 1, torch.float32)
-    assert native._packed_layout(k_store, slot_table, seq_ids, positions) == 5
+    assert native.packed_layout(k_store, slot_table, seq_ids, positions) == 5
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("waited on the device again"))
-    assert native._packed_layout(k_store, slot_table, seq_ids, positions) == 5
+    assert native.packed_layout(k_store, slot_table, seq_ids, positions) == 5
     monkeypatch.undo()
-    assert native._packed_layout(k_store, slot_table, seq_ids.clone(), positions) == 5
+    assert native.packed_layout(k_store, slot_table, seq_ids.clone(), positions) == 5
     positions[0] = 1  # in place: the cached answer no longer holds
-    assert native._packed_layout(k_store, slot_table, seq_ids, positions) is None
+    assert native.packed_layout(k_store, slot_table, seq_ids, positions) is None
 
 
 def test_a_layout_that_is_not_packed_is_not_taken_for_one():
     """Keys elsewhere than the queries' own rows, or sequences out of order, go per sequence."""
     q, k_store, v_store, slot_table, seq_ids, positions = packed((3, 5), 2, 1, torch.float32)
-    assert native._packed_layout(k_store, slot_table, seq_ids, positions) == 5
-    assert native._packed_layout(k_store, slot_table.flip(0), seq_ids, positions) is None
-    assert native._packed_layout(k_store, slot_table, seq_ids.flip(0), positions.flip(0)) is None
-    assert native._packed_layout(torch.cat([k_store, k_store]), slot_table, seq_ids, positions) is None
+    assert native.packed_layout(k_store, slot_table, seq_ids, positions) == 5
+    assert native.packed_layout(k_store, slot_table.flip(0), seq_ids, positions) is None
+    assert native.packed_layout(k_store, slot_table, seq_ids.flip(0), positions.flip(0)) is None
+    assert native.packed_layout(torch.cat([k_store, k_store]), slot_table, seq_ids, positions) is None
 
 
 @pytest.mark.parametrize("path", PATHS)

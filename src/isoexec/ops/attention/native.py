@@ -82,7 +82,7 @@ def _sequence(q: Tensor, k_store: Tensor, v_store: Tensor, slots: Tensor, positi
 _last_layout: tuple = ()
 
 
-def _packed_layout(k_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor) -> int | None:
+def packed_layout(k_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor) -> int | None:
     """The longest sequence when the T queries are whole sequences in order, back to back, whose keys
     are the queries' own rows (`packed_slot_table`); otherwise None. One wait on the device per new
     set of metadata tensors."""
@@ -94,17 +94,20 @@ def _packed_layout(k_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positio
     versions = tuple(t._version for t in metadata)
     if _last_layout and all(ref() is t for ref, t in zip(_last_layout[0], metadata)) and _last_layout[1] == versions:
         return _last_layout[2]
+    num_seqs = slot_table.shape[0]
     rows = torch.arange(num_tokens, device=seq_ids.device)
-    counts = torch.bincount(seq_ids, minlength=slot_table.shape[0])  # [B]
+    in_range = torch.all((seq_ids >= 0) & (seq_ids < num_seqs))
+    seqs = seq_ids.clamp(0, num_seqs - 1)
+    counts = torch.zeros(num_seqs, dtype=torch.int64, device=seq_ids.device).index_add_(0, seqs, torch.ones_like(seqs))  # [B]
     starts = counts.cumsum(0) - counts
-    own = slot_table[seq_ids, positions.clamp(0, num_keys - 1)] == rows
+    own = slot_table[seqs, positions.clamp(0, num_keys - 1)] == rows
     ordered = torch.all(seq_ids[1:] >= seq_ids[:-1])
-    ok, longest = torch.stack([torch.all((positions == rows - starts[seq_ids]) & own) & ordered, counts.max()]).tolist()
+    ok, longest = torch.stack([torch.all((positions == rows - starts[seqs]) & own) & ordered & in_range, counts.max()]).tolist()
     _last_layout = (tuple(weakref.ref(t) for t in metadata), versions, int(longest) if ok else None)
     return _last_layout[2]
 
 
-def _packed(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor,
+def packed(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor,
             scale: float, longest: int) -> Tensor:
     """Packed whole sequences in one causal SDPA call: each sequence padded to `longest` rows at its end,
     where only padding queries see the padding keys."""
@@ -144,8 +147,8 @@ def attention(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, s
         out = q.new_zeros(q.shape)
     elif q.shape[0] <= slot_table.shape[0]:
         out = _per_row(q, k_store, v_store, slot_table, seq_ids, positions, scale, window)
-    elif window is None and (longest := _packed_layout(k_store, slot_table, seq_ids, positions)) is not None:
-        out = _packed(q, k_store, v_store, slot_table, seq_ids, positions, scale, longest)
+    elif window is None and (longest := packed_layout(k_store, slot_table, seq_ids, positions)) is not None:
+        out = packed(q, k_store, v_store, slot_table, seq_ids, positions, scale, longest)
     else:
         out = _per_sequence(q, k_store, v_store, slot_table, seq_ids, positions, scale, window)
     expect_dtype(out, output_dtype, "attention output")

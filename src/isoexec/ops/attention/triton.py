@@ -34,8 +34,8 @@ the metadata itself, so there is no host sync and no separate tiling kernel, and
 captured in a CUDA graph. A visible key whose slot lies outside the store is skipped rather than
 reported (the kernel cannot raise); `reference.attention` raises there.
 
-The backward pass recomputes the forward with `native.attention` (SDPA) under autograd: gradients
-are correct, not batch-invariant.
+The backward pass recomputes the forward with `native.attention` (SDPA) under autograd, trainer
+batches with one padded flash call (`native.packed`): gradients are correct, not batch-invariant.
 """
 
 from __future__ import annotations
@@ -201,6 +201,12 @@ class _TritonAttention(torch.autograd.Function):
     def forward(ctx, q, k_store, v_store, slot_table, seq_ids, positions, scale, window, dtypes, config):
         ctx.save_for_backward(q, k_store, v_store, slot_table, seq_ids, positions)
         ctx.scale, ctx.window, ctx.dtypes = scale, window, dtypes
+        # The backward recomputes trainer batches with one padded flash call. Checking that layout waits
+        # on the device, and does it here, where the first layer finds the device's queue nearly empty
+        # (every later layer reuses the answer); in the backward it stalled the host for the whole
+        # forward's queue (25 ms per step on an H200).
+        packed = window is None and q.shape[0] > slot_table.shape[0]
+        ctx.longest = native.packed_layout(k_store, slot_table, seq_ids, positions) if packed else None
         return attention_fwd(q, k_store, v_store, slot_table, seq_ids, positions, scale, window, torch_dtype(dtypes["output_dtype"]), **config)
 
     @staticmethod
@@ -208,7 +214,10 @@ class _TritonAttention(torch.autograd.Function):
         q, k_store, v_store, slot_table, seq_ids, positions = ctx.saved_tensors
         inputs = [t.detach().requires_grad_(need) for t, need in zip((q, k_store, v_store), ctx.needs_input_grad[:3])]
         with torch.enable_grad():
-            out = native.attention(*inputs, slot_table, seq_ids, positions, ctx.scale, ctx.window, **ctx.dtypes)
+            if ctx.longest is not None:
+                out = native.packed(*inputs, slot_table, seq_ids, positions, ctx.scale, ctx.longest)
+            else:
+                out = native.attention(*inputs, slot_table, seq_ids, positions, ctx.scale, ctx.window, **ctx.dtypes)
         wanted = [t for t in inputs if t.requires_grad]
         grads = iter(torch.autograd.grad(out, wanted, grad.to(out.dtype)))
         return (*(next(grads) if t.requires_grad else None for t in inputs), None, None, None, None, None, None, None)
