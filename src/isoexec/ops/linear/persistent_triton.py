@@ -3,12 +3,14 @@
 A fixed number of programs (the SM count, or fewer when there are fewer tiles) each take tiles
 `pid, pid + P, pid + 2P, …` in grouped order (GROUP_M tile rows per band, so consecutive tiles share
 weight columns in L2). A tile's x and W blocks arrive through tensor descriptors (the Hopper TMA unit);
-a box reaching past M, N or K reads +0.0, which is what the grid kernel's masked loads read. The tile's
-arithmetic is the grid kernel's (`triton.linear_tile`): K in ascending BLOCK_K blocks, `tl.dot` into one
-fp32 accumulator from +0.0, the bias added in fp32, one rounding. Which program computes a tile, when,
-and how its operands reach shared memory cannot enter that arithmetic, so for the same constants the
-output is bitwise the grid kernel's: `tests/ops/test_triton_kernels.py` checks it under the
-interpreter, and on an H200 `benchmarks/sweep_gemm.py` found it so at Qwen3-8B shapes.
+a box reaching past M, N or K reads +0.0, which is what the grid kernel's masked loads read. Only the
+loads differ from the grid kernel's `triton.linear_tile`; the arithmetic after them is the same
+sequence: K in ascending BLOCK_K blocks, `tl.dot` into one fp32 accumulator from +0.0, the bias added
+in fp32, one rounding. Which program computes a tile, when, and how its operands reach shared memory
+cannot enter that arithmetic, so for the same constants the output is bitwise the grid kernel's.
+`tests/ops/test_triton_kernels.py` checks it under the interpreter, and on an H200
+`benchmarks/sweep_gemm.py` found it so at Qwen3-8B shapes. (Folding both load paths into one tile
+function behind a constexpr is a cleanup left for a session that can re-time it on the GPU.)
 
 TMA needs a unit-stride row and 16-byte aligned row strides: `fits` says whether a K (and dtype) can
 take this path. That is a property of the weight's shape, never of M, so a layer always takes the
