@@ -8,10 +8,56 @@ import torch
 
 # Triton's interpreter mode is fixed by its first import (isoexec.ops imports the kernels): without a
 # GPU, run the Triton kernels in the interpreter so the CPU suite covers their logic.
-if not torch.cuda.is_available():
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from isoexec.contract import Contract
+
+# Where the Triton kernel tests put their tensors: the GPU when there is one, else the interpreter's CPU.
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+
+# The hazard rows overflow in numpy on purpose (the interpreter's arithmetic).
+INTERPRETER_WARNINGS = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                                                  "ignore:invalid value encountered:RuntimeWarning")
+
+
+def triton_runs_here() -> bool:
+    """Whether Triton kernels can run in this session: compiled for a GPU, or in the interpreter (which
+    needs TRITON_INTERPRET set, as above, before anything imported triton)."""
+    try:
+        from isoexec.ops import triton_support
+    except ImportError:
+        return False
+    return triton_support.triton_available() and (ON_GPU or triton_support.interpreting())
+
+
+def require_triton() -> None:
+    """Skip the calling test module unless `triton_runs_here()`."""
+    pytest.importorskip("triton")
+    if not triton_runs_here():
+        pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+
+
+def randn(*shape: int, seed: int, scale: float = 1.0, dtype=torch.float32) -> torch.Tensor:
+    """Seeded normal values on DEVICE (drawn in float32 on the CPU, so the same on every machine)."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
+
+
+def hazards(width: int, dtype=torch.float32) -> torch.Tensor:
+    """The battery's hazardous rows (signed zeros, subnormals, huge magnitudes, ties) on DEVICE: [6, width]."""
+    from types import SimpleNamespace
+
+    from isoexec.validate.battery import hazard_rows
+
+    return hazard_rows(SimpleNamespace(dtype=dtype, device=DEVICE, generator=torch.Generator().manual_seed(99)), width)
+
+
+def boundary(constants: dict, dtype: torch.dtype) -> dict:
+    """`constants` with their float32 boundary dtypes (input, weight, output) replaced by `dtype`."""
+    name = str(dtype).removeprefix("torch.")
+    return {k: name if k in ("input_dtype", "weight_dtype", "output_dtype") and v == "float32" else v for k, v in constants.items()}
 
 
 def preset_dict(name: str) -> dict:

@@ -3,19 +3,14 @@ a contract pins them in `rms_norm.residual`, or in plain `rms_norm` composed wit
 bound. Both forms must give the same bits."""
 
 import dataclasses
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from conftest import bitwise_equal, fused_norms, mutated, preset_dict, unfused_norms  # noqa: E402
-from isoexec.contract import load_preset  # noqa: E402
-from isoexec.model import PRESETS, bind, fit_contract, init_random  # noqa: E402
-from isoexec.ops import triton_support  # noqa: E402
-from isoexec.trainer import sequence_logprobs  # noqa: E402
+from conftest import bitwise_equal, fused_norms, mutated, preset_dict, triton_runs_here, unfused_norms
+from isoexec.contract import load_preset
+from isoexec.model import PRESETS, bind, fit_contract, init_random
+from isoexec.trainer import sequence_logprobs
 
 TINY = PRESETS["tiny-dense"]
 
@@ -71,8 +66,7 @@ def test_the_fused_reference_gives_the_bits_of_the_composed_reference(dtype):
         assert not _same_rows(model, composed, native, seqs, "trainer_score")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() and not triton_support.interpreting(),
-                    reason="no GPU, and Triton is missing or was imported before TRITON_INTERPRET=1 was set")
+@pytest.mark.skipif(not triton_runs_here(), reason="no GPU, and Triton is missing or was imported before TRITON_INTERPRET=1 was set")
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 def test_tiny_dense_triton_gives_the_bits_of_the_unfused_triton_composition():
     """The shipped fused preset against the same contract with the add and the norm as two kernels."""

@@ -9,30 +9,23 @@ on a GPU it runs the family's full probe.
 
 import dataclasses
 import functools
-import os
 
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-pytest.importorskip("triton")
+from conftest import DEVICE, INTERPRETER_WARNINGS, ON_GPU, randn, require_triton
+
+require_triton()
 
 from isoexec.contract import load_preset  # noqa: E402
 from isoexec.contract.schema import ImplRef  # noqa: E402
-from isoexec.ops import triton_support  # noqa: E402
 from isoexec.ops.attention import packed_slot_table, paged_slot_table, probe  # noqa: E402
 from isoexec.ops.attention import triton as attention_triton  # noqa: E402
 from isoexec.runtime.registry import REGISTRY, Impl, Registry  # noqa: E402
 from isoexec.validate.battery import validate_entry  # noqa: E402
 
-if not ON_GPU and not triton_support.interpreting():
-    pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+pytestmark = INTERPRETER_WARNINGS
 
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning")
-
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 CONSTANTS = dict(input_dtype="float32", output_dtype="float32", kv_cache_dtype="float32", accum_dtype="float32", block_m=8,
                  block_n=16, num_warps=4, num_stages=1, split_kv_size=0)
 BF16 = {**CONSTANTS, "input_dtype": "bfloat16", "output_dtype": "bfloat16", "kv_cache_dtype": "bfloat16"}
@@ -40,11 +33,6 @@ BF16 = {**CONSTANTS, "input_dtype": "bfloat16", "output_dtype": "bfloat16", "kv_
 
 def attention(*args, constants=CONSTANTS, **kwargs):
     return attention_triton.attention(*args, **kwargs, **constants)
-
-
-def randn(*shape, seed, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).to(dtype).to(DEVICE)
 
 
 def float64_attention(q, k_store, v_store, slot_table, seq_ids, positions, scale, window=None):

@@ -11,20 +11,16 @@ reference's bits only on a GPU.
 
 import dataclasses
 import inspect
-import os
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-pytest.importorskip("triton")
+from conftest import DEVICE, INTERPRETER_WARNINGS, ON_GPU, batch_dependent, bitwise_equal, boundary, hazards, randn, require_triton
 
-from conftest import batch_dependent, bitwise_equal  # noqa: E402
+require_triton()
+
 from isoexec.contract import load_preset  # noqa: E402
 from isoexec.contract.schema import ImplRef  # noqa: E402
 from isoexec.ops import triton_support  # noqa: E402
@@ -40,13 +36,8 @@ from isoexec.ops.rope import triton as rope_triton  # noqa: E402
 from isoexec.runtime.registry import Impl, Registry  # noqa: E402
 from isoexec.validate.battery import hazard_rows, rowwise, strided, validate_entry  # noqa: E402
 
-if not ON_GPU and not triton_support.interpreting():
-    pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+pytestmark = INTERPRETER_WARNINGS
 
-# The hazard rows overflow in numpy on purpose (the interpreter's arithmetic).
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning")
-
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 MAX_POSITIONS = 4096
 
 ROPE = dict(input_dtype="float32", output_dtype="float32", table_dtype="float32", compute_dtype="float32", table_build="cpu_float64")
@@ -56,23 +47,6 @@ FAMILIES = {  # region: (triton module, its fn, the reference's fn, float32 cons
     "residual": (residual_triton, residual_triton.add, residual_reference.add, ELEMENTWISE),
     "activation": (activation_triton, activation_triton.silu_mul, activation_reference.silu_mul, ELEMENTWISE),
 }
-
-
-def boundary(constants: dict, dtype: torch.dtype) -> dict:
-    """`constants` with their input and output dtypes set to `dtype`."""
-    name = str(dtype).removeprefix("torch.")
-    return constants | {"input_dtype": name, "output_dtype": name}
-
-
-def randn(*shape: int, seed: int, scale: float = 1.0, dtype=torch.float32) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
-
-
-def hazards(width: int, dtype=torch.float32) -> torch.Tensor:
-    """The battery's hazardous rows (signed zeros, subnormals, huge magnitudes, ties): [6, width]."""
-    ctx = SimpleNamespace(dtype=dtype, device=DEVICE, generator=torch.Generator().manual_seed(99))
-    return hazard_rows(ctx, width)
 
 
 def positions(count: int, seed: int) -> torch.Tensor:

@@ -7,21 +7,17 @@ shapes are small and the battery probe is a reduced version of the family's own.
 """
 
 import dataclasses
-import os
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-pytest.importorskip("triton")
+from conftest import DEVICE, INTERPRETER_WARNINGS, ON_GPU, batch_dependent, bitwise_equal, boundary, randn, require_triton
 
-from conftest import batch_dependent, bitwise_equal  # noqa: E402
+require_triton()
+
 from isoexec.contract import load_preset  # noqa: E402
 from isoexec.contract.schema import ImplRef  # noqa: E402
-from isoexec.ops import triton_support  # noqa: E402
 from isoexec.ops.linear import native  # noqa: E402
 from isoexec.ops.linear import probe as linear_probe  # noqa: E402
 from isoexec.ops.linear import row_parallel_triton  # noqa: E402
@@ -31,27 +27,11 @@ from isoexec.runtime import REGISTRY  # noqa: E402
 from isoexec.runtime.registry import Registry  # noqa: E402
 from isoexec.validate.battery import hazard_rows, rowwise, validate_entry  # noqa: E402
 
-if not ON_GPU and not triton_support.interpreting():
-    pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+pytestmark = INTERPRETER_WARNINGS
 
-# The hazard rows overflow in numpy on purpose (the interpreter's arithmetic).
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning")
-
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 TILES = dict(block_m=16, block_n=32, block_k=16, num_warps=4, num_stages=2)
 ROW_PARALLEL = dict(input_dtype="float32", weight_dtype="float32", output_dtype="float32", accum_dtype="float32", **TILES,
                     num_leaves=4, leaf_tree="balanced_binary")
-
-
-def boundary(constants: dict, dtype: torch.dtype) -> dict:
-    """`constants` with their float32 boundary dtypes replaced by `dtype`."""
-    name = str(dtype).removeprefix("torch.")
-    return {k: name if k in ("input_dtype", "weight_dtype", "output_dtype") and v == "float32" else v for k, v in constants.items()}
-
-
-def randn(*shape: int, seed: int, scale: float = 1.0, dtype=torch.float32) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
 
 
 def poisoned(t: torch.Tensor) -> torch.Tensor:

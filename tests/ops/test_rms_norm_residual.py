@@ -2,34 +2,25 @@
 
 Each fused impl must give, bit for bit, its family's residual add followed by its norm; rows must not
 depend on the batch; gradients must match float64. Without a GPU the Triton kernel runs in Triton's
-interpreter (TRITON_INTERPRET is set before anything imports triton, see tests/ops/test_triton_kernels.py),
+interpreter (tests/conftest.py sets TRITON_INTERPRET before anything imports triton),
 which truncates fp32 -> bf16, so the Triton impl is compared with the Triton add and norm, not with the
 reference.
 """
 
-import os
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from conftest import DEVICE, INTERPRETER_WARNINGS, batch_dependent, bitwise_equal, fused_norms, preset_dict, triton_runs_here
+from isoexec.contract import load_preset
+from isoexec.ops.residual import reference as residual_reference
+from isoexec.ops.rms_norm import native, reference
+from isoexec.runtime import REGISTRY, Impl, Registry
+from isoexec.validate.battery import hazard_rows, strided, validate_entry
 
-from conftest import batch_dependent, bitwise_equal, fused_norms, preset_dict  # noqa: E402
-from isoexec.contract import load_preset  # noqa: E402
-from isoexec.ops import triton_support  # noqa: E402
-from isoexec.ops.residual import reference as residual_reference  # noqa: E402
-from isoexec.ops.rms_norm import native, reference  # noqa: E402
-from isoexec.runtime import REGISTRY, Impl, Registry  # noqa: E402
-from isoexec.validate.battery import hazard_rows, strided, validate_entry  # noqa: E402
-
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
-needs_triton = pytest.mark.skipif(not ON_GPU and not triton_support.interpreting(),
-                                  reason="no GPU, and Triton is missing or was imported before TRITON_INTERPRET=1 was set")
-# The hazard rows overflow in numpy on purpose (the interpreter's arithmetic).
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning")
+needs_triton = pytest.mark.skipif(not triton_runs_here(), reason="no GPU, and Triton is missing or was imported before TRITON_INTERPRET=1 was set")
+pytestmark = INTERPRETER_WARNINGS
 
 REFERENCE = dict(accum_dtype="float32", reduce_block=16, block_tree="balanced_binary", tree="sequential")
 TRITON = dict(accum_dtype="float32", reduce_block=32, num_warps=1)  # H = 48: two chunks, the last padded

@@ -19,12 +19,10 @@ import textwrap
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-pytest.importorskip("triton")
+from conftest import DEVICE, ON_GPU, batch_dependent, bitwise_equal, require_triton
 
-from conftest import batch_dependent, bitwise_equal  # noqa: E402
+require_triton()
+
 from isoexec.contract import load_preset  # noqa: E402
 from isoexec.contract.schema import ImplRef  # noqa: E402
 from isoexec.ops import triton_support  # noqa: E402
@@ -37,10 +35,6 @@ from isoexec.ops.triton_support import jit, tl  # noqa: E402
 from isoexec.runtime.registry import REGISTRY  # noqa: E402
 from isoexec.validate.battery import rowwise, validate_entry  # noqa: E402
 
-if not ON_GPU and not triton_support.interpreting():
-    pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
-
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 INF, NAN = float("inf"), float("nan")
 CONSTANTS = {"input_dtype": "float32", "compute_dtype": "float32", "noise": "splitmix64", "method": "gumbel_max"}
 

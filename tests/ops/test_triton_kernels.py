@@ -5,26 +5,22 @@ through the battery.
 On a machine with a GPU the kernels are compiled for it. Without one they run in Triton's interpreter
 (numpy on the CPU, a few milliseconds per program), so shapes are small and the rms_norm and logprobs
 battery probes are reduced versions of the families' own. Triton 3.6 fixes interpreted vs compiled
-when `triton` is first imported (see `ops/triton_support.py`), so TRITON_INTERPRET is set below before
-anything imports it; if something in this session imported it earlier without the variable, the
-module is skipped with that reason (set the variable in the environment or in tests/conftest.py).
+when `triton` is first imported (see `ops/triton_support.py`), so tests/conftest.py sets
+TRITON_INTERPRET before anything imports it; if something imported it earlier without the variable,
+the module is skipped with that reason (`require_triton`).
 """
 
 import dataclasses
-import os
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-pytest.importorskip("triton")
+from conftest import DEVICE, INTERPRETER_WARNINGS, ON_GPU, batch_dependent, bitwise_equal, boundary, hazards, randn, require_triton
 
-from conftest import batch_dependent, bitwise_equal  # noqa: E402
+require_triton()
+
 from isoexec.contract import load_preset  # noqa: E402
 from isoexec.contract.schema import ImplRef  # noqa: E402
 from isoexec.ops import triton_support  # noqa: E402
@@ -37,36 +33,14 @@ from isoexec.ops.rms_norm import triton as rms_norm_triton  # noqa: E402
 from isoexec.runtime.registry import Registry  # noqa: E402
 from isoexec.validate.battery import hazard_rows, rowwise, validate_entry  # noqa: E402
 
-if not ON_GPU and not triton_support.interpreting():
-    pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+pytestmark = INTERPRETER_WARNINGS
 
-# The hazard rows overflow in numpy on purpose (the interpreter's arithmetic).
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning")
-
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 INF = float("inf")
 
 LINEAR = dict(input_dtype="float32", weight_dtype="float32", output_dtype="float32", accum_dtype="float32", block_m=32,
               block_n=32, block_k=16, num_warps=4, num_stages=2)
 RMS_NORM = dict(input_dtype="float32", output_dtype="float32", accum_dtype="float32", reduce_block=32, num_warps=1)
 LOGPROBS = dict(input_dtype="float32", output_dtype="float32", accum_dtype="float32", vocab_block=64, num_warps=4)
-
-
-def boundary(constants: dict, dtype: torch.dtype) -> dict:
-    """`constants` with their float32 boundary dtypes replaced by `dtype`."""
-    name = str(dtype).removeprefix("torch.")
-    return {k: name if k in ("input_dtype", "weight_dtype", "output_dtype") and v == "float32" else v for k, v in constants.items()}
-
-
-def randn(*shape: int, seed: int, scale: float = 1.0, dtype=torch.float32) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
-
-
-def hazards(width: int) -> torch.Tensor:
-    """The battery's hazardous rows (signed zeros, subnormals, huge magnitudes, ties) in float32: [6, width]."""
-    ctx = SimpleNamespace(dtype=torch.float32, device=DEVICE, generator=torch.Generator().manual_seed(99))
-    return hazard_rows(ctx, width)
 
 
 def strided(t: torch.Tensor) -> torch.Tensor:
@@ -145,15 +119,16 @@ def test_the_persistent_launch_gives_the_grid_kernels_bits(dtype):
 
 
 def test_a_k_tma_cannot_take_runs_on_the_grid_kernel():
-    """bf16 rows of 36 elements (72 bytes) are not 16-byte aligned: linear.triton falls back to the grid
-    kernel for that layer, at every M, and its rows stay batch-invariant."""
+    """fp32 rows of 38 elements (152 bytes) are not 16-byte aligned: linear.triton falls back to the grid
+    kernel for that layer, at every M; its rows stay batch-invariant where a split-K variant's do not."""
     from isoexec.ops.linear import persistent_triton
 
-    x, w, b = randn(33, 36, seed=3).bfloat16(), randn(24, 36, seed=4, scale=36**-0.5).bfloat16(), None
-    assert not persistent_triton.fits(36, torch.bfloat16)
-    op = linear(boundary(LINEAR, torch.bfloat16))
+    x, w, b = randn(33, 38, seed=3), randn(24, 38, seed=4, scale=38**-0.5), randn(24, seed=5)
+    assert not persistent_triton.fits(38, torch.float32)
+    op = linear(LINEAR)
     assert batch_dependent(op, [x], w, b) == []
-    torch.testing.assert_close(op(x, w).float(), x.float() @ w.float().T, atol=2e-2, rtol=2e-2)
+    assert batch_dependent(_split_k_when_batched, [x], w, b), "the invariance check missed a batch-dependent linear"
+    torch.testing.assert_close(op(x, w, b).double(), x.double() @ w.double().T + b.double(), atol=1e-5, rtol=1e-5)
 
 
 def _split_k_when_batched(x, w, b=None):

@@ -59,6 +59,19 @@ def as_rows(t: Tensor) -> Tensor:
     return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
 
 
+# An elementwise kernel's element bits depend on its inputs only, never on the tile, so the tile is
+# picked from the row width for speed alone: 1024 elements (a [1, 1024] slice of a wide row, or 16 rows
+# of 64) over 4 warps give each thread 8 contiguous elements (16-byte bf16 loads).
+ELEMENTWISE_TILE, ELEMENTWISE_WARPS = 1024, 4
+
+
+def elementwise_tiles(rows: int, width: int) -> tuple[tuple[int, int], int, int]:
+    """(grid, BLOCK_R, BLOCK_N) of an elementwise kernel over [rows, width] in ELEMENTWISE_TILE tiles."""
+    block_n = min(ELEMENTWISE_TILE, triton.next_power_of_2(width))
+    block_r = ELEMENTWISE_TILE // block_n
+    return (triton.cdiv(rows, block_r), triton.cdiv(width, block_n)), block_r, block_n
+
+
 def check_fp32_elementwise(impl_id: str, constants: dict) -> None:
     """The constants every fp32 elementwise kernel shares: compute_dtype float32, boundary dtypes it loads."""
     if constants["compute_dtype"] != "float32":

@@ -22,7 +22,7 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
-from ..triton_support import as_rows, check_fp32_elementwise, interpreting, jit, needs_grad, require_device, tl, triton, triton_available
+from ..triton_support import ELEMENTWISE_WARPS, as_rows, check_fp32_elementwise, elementwise_tiles, interpreting, jit, needs_grad, require_device, tl, triton_available
 
 try:
     from triton.language.extra import libdevice
@@ -30,12 +30,6 @@ except ImportError:
     libdevice = None
 
 ID = "activation.triton"
-
-# An element's bits do not depend on the tile, so the tile is picked from the width for speed alone:
-# 1024 elements (a [1, 1024] slice of a wide row, or 16 rows of 64) over 4 warps give each thread 8
-# contiguous elements (16-byte bf16 loads).
-TILE_ELEMENTS, NUM_WARPS = 1024, 4
-
 
 # One compiled kernel for every number of rows.
 @jit(do_not_specialize=["num_rows"])
@@ -67,14 +61,13 @@ def silu_mul_fwd(gate: Tensor, up: Tensor, out_dtype: torch.dtype) -> Tensor:
     y = gate.new_empty((rows, width), dtype=out_dtype)
     if rows == 0 or width == 0:
         return y
-    block_n = min(TILE_ELEMENTS, triton.next_power_of_2(width))
-    block_r = TILE_ELEMENTS // block_n
-    silu_mul_fwd_kernel[(triton.cdiv(rows, block_r), triton.cdiv(width, block_n))](
+    grid, block_r, block_n = elementwise_tiles(rows, width)
+    silu_mul_fwd_kernel[grid](
         gate, up, y,
         rows,
         gate.stride(0), gate.stride(1), up.stride(0), up.stride(1),
         N=width, BLOCK_R=block_r, BLOCK_N=block_n, USE_LIBDEVICE=not interpreting(),
-        num_warps=NUM_WARPS,
+        num_warps=ELEMENTWISE_WARPS,
         # libdevice's exp without flush-to-zero, as CUDA's expf is compiled by default
         enable_reflect_ftz=False,
     )
@@ -109,14 +102,13 @@ def silu_mul_bwd(gate: Tensor, up: Tensor, grad: Tensor) -> tuple[Tensor, Tensor
     d_gate, d_up = torch.empty_like(gate, memory_format=torch.contiguous_format), torch.empty_like(up, memory_format=torch.contiguous_format)
     if rows == 0 or width == 0:
         return d_gate, d_up
-    block_n = min(TILE_ELEMENTS, triton.next_power_of_2(width))
-    block_r = TILE_ELEMENTS // block_n
-    silu_mul_bwd_kernel[(triton.cdiv(rows, block_r), triton.cdiv(width, block_n))](
+    grid, block_r, block_n = elementwise_tiles(rows, width)
+    silu_mul_bwd_kernel[grid](
         gate, up, grad, d_gate, d_up,
         rows,
         gate.stride(0), gate.stride(1), up.stride(0), up.stride(1), grad.stride(0), grad.stride(1),
         N=width, BLOCK_R=block_r, BLOCK_N=block_n,
-        num_warps=NUM_WARPS,
+        num_warps=ELEMENTWISE_WARPS,
     )
     return d_gate, d_up
 

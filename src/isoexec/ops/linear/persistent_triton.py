@@ -4,13 +4,12 @@ A fixed number of programs (the SM count, or fewer when there are fewer tiles) e
 `pid, pid + P, pid + 2P, …` in grouped order (GROUP_M tile rows per band, so consecutive tiles share
 weight columns in L2). A tile's x and W blocks arrive through tensor descriptors (the Hopper TMA unit);
 a box reaching past M, N or K reads +0.0, which is what the grid kernel's masked loads read. Only the
-loads differ from the grid kernel's `triton.linear_tile`; the arithmetic after them is the same
-sequence: K in ascending BLOCK_K blocks, `tl.dot` into one fp32 accumulator from +0.0, the bias added
-in fp32, one rounding. Which program computes a tile, when, and how its operands reach shared memory
-cannot enter that arithmetic, so for the same constants the output is bitwise the grid kernel's.
-`tests/ops/test_triton_kernels.py` checks it under the interpreter, and on an H200
-`benchmarks/sweep_gemm.py` found it so at Qwen3-8B shapes. (Folding both load paths into one tile
-function behind a constexpr is a cleanup left for a session that can re-time it on the GPU.)
+loads differ from the grid kernel's `triton.linear_tile`; both hand their blocks to `tile_triton`,
+which holds the arithmetic: K in ascending BLOCK_K blocks, `tl.dot` into one fp32 accumulator from
++0.0, the bias added in fp32, one rounding. Which program computes a tile, when, and how its operands
+reach shared memory cannot enter that arithmetic, so for the same constants the output is bitwise the
+grid kernel's: `tests/ops/test_triton_kernels.py` checks it under the interpreter, and on an H200
+`benchmarks/sweep_gemm.py` found it so at Qwen3-8B shapes.
 
 TMA needs a unit-stride row and 16-byte aligned row strides: `fits` says whether a K (and dtype) can
 take this path. That is a property of the weight's shape, never of M, so a layer always takes the
@@ -24,6 +23,7 @@ from torch import Tensor
 
 from .. import triton_support
 from ..triton_support import jit, tl, triton, triton_available
+from . import tile_triton
 
 if triton_available():
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -51,22 +51,14 @@ def tma_tile(
     for i_k in range(0, NK):
         b_x = x_desc.load([i_m * BLOCK_M, i_k * BLOCK_K])  # [BLOCK_M, BLOCK_K]
         b_w = tl.trans(w_desc.load([i_n * BLOCK_N, i_k * BLOCK_K]))  # [BLOCK_K, BLOCK_N]
-        if DOT_IN_FP32:  # the interpreter has no bfloat16 arithmetic; bf16 -> fp32 is exact
-            b_x, b_w = b_x.to(tl.float32), b_w.to(tl.float32)
+        if DOT_IN_FP32:
             # numpy's matmul sums a column-major operand in an order that depends on the tile shape:
             # selecting under a row-major mask makes a row-major copy (NaN and -0.0 kept), as the
             # grid kernel's loads are.
             m_all = (tl.arange(0, BLOCK_K) >= 0)[:, None] & (tl.arange(0, BLOCK_N) >= 0)[None, :]
             b_w = tl.where(m_all, b_w, b_w)
-        b_acc = tl.dot(b_x, b_w, b_acc, input_precision="ieee")
-
-    o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_n = o_n < N
-    if HAS_BIAS:
-        b_acc += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-    p_y = y + o_m[:, None] * stride_ym + o_n[None, :] * stride_yn
-    tl.store(p_y, b_acc.to(y.dtype.element_ty), mask=(o_m < M)[:, None] & m_n[None, :])
+        b_acc = tile_triton.accumulate(b_x, b_w, b_acc, DOT_IN_FP32)
+    tile_triton.store_tile(b_acc, b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N)
 
 
 # One compiled kernel for every M, as for the grid kernel.

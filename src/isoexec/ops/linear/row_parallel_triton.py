@@ -27,6 +27,7 @@ from ...runtime.registry import Impl
 from .. import reduce, triton_support
 from ..common import ALL_CASES, torch_dtype
 from ..triton_support import jit, tl, triton, triton_available
+from . import tile_triton
 from . import triton as linear_triton
 
 # Leaf counts whose combine runs as one Triton kernel; others combine with torch ops (same bits).
@@ -141,4 +142,4 @@ def register(registry) -> None:
     if triton_available():
         registry.register(Impl(id=ID, version=1, region="linear.row_parallel", cases=ALL_CASES, fn=row_parallel_linear,
                                check_constants=check_constants,
-                               sources=(linear_triton.linear_fwd_kernel, linear_triton.linear_tile, combine_kernel, linear_triton, reduce, triton_support)))
+                               sources=(linear_triton.linear_fwd_kernel, linear_triton.linear_tile, tile_triton, combine_kernel, linear_triton, reduce, triton_support)))

@@ -34,7 +34,7 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
-from . import persistent_triton
+from . import persistent_triton, tile_triton
 from .reference import linear_grads
 
 ID = "linear.triton"
@@ -112,7 +112,7 @@ def linear_tile(
     K: tl.constexpr, NK: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Output tile (i_m, i_n): the one place the GEMM's arithmetic is written, for every launch scheme."""
+    """Output tile (i_m, i_n) through masked pointer loads; its arithmetic is `tile_triton`'s."""
     o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_m, m_n = o_m < M, o_n < N
@@ -125,15 +125,8 @@ def linear_tile(
         p_w = w + o_k[:, None] * stride_wk + o_n[None, :] * stride_wn
         b_x = tl.load(p_x, mask=m_m[:, None] & m_k[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
         b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
-        if DOT_IN_FP32:  # the interpreter has no bfloat16 arithmetic; bf16 -> fp32 is exact
-            b_x, b_w = b_x.to(tl.float32), b_w.to(tl.float32)
-        # ieee: fp32 operands are multiplied in full fp32, never silently in tf32.
-        b_acc = tl.dot(b_x, b_w, b_acc, input_precision="ieee")
-
-    if HAS_BIAS:
-        b_acc += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-    p_y = y + o_m[:, None] * stride_ym + o_n[None, :] * stride_yn
-    tl.store(p_y, b_acc.to(y.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
+        b_acc = tile_triton.accumulate(b_x, b_w, b_acc, DOT_IN_FP32)
+    tile_triton.store_tile(b_acc, b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N)
 
 
 # One compiled kernel for every M: nothing about M may reach the code, the leaf planes' stride M·N included.
@@ -254,4 +247,4 @@ def register(registry) -> None:
     """Register linear.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(id=ID, version=1, region="linear", cases=ALL_CASES, fn=linear, check_constants=check_constants,
-                               sources=(linear_fwd_kernel, linear_tile, persistent_triton, triton_support)))
+                               sources=(linear_fwd_kernel, linear_tile, tile_triton, persistent_triton, triton_support)))

@@ -17,15 +17,9 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
-from ..triton_support import as_rows, check_fp32_elementwise, jit, needs_grad, require_device, tl, triton, triton_available
+from ..triton_support import ELEMENTWISE_WARPS, as_rows, check_fp32_elementwise, elementwise_tiles, jit, needs_grad, require_device, tl, triton_available
 
 ID = "residual.triton"
-
-# An element's bits do not depend on the tile, so the tile is picked from the width for speed alone:
-# 1024 elements (a [1, 1024] slice of a wide row, or 16 rows of 64) over 4 warps give each thread 8
-# contiguous elements (16-byte bf16 loads).
-TILE_ELEMENTS, NUM_WARPS = 1024, 4
-
 
 # One compiled kernel for every number of rows.
 @jit(do_not_specialize=["num_rows"])
@@ -51,14 +45,13 @@ def residual_add_fwd(x: Tensor, residual: Tensor, out_dtype: torch.dtype) -> Ten
     y = x.new_empty((rows, width), dtype=out_dtype)
     if rows == 0 or width == 0:
         return y
-    block_n = min(TILE_ELEMENTS, triton.next_power_of_2(width))
-    block_r = TILE_ELEMENTS // block_n
-    residual_add_fwd_kernel[(triton.cdiv(rows, block_r), triton.cdiv(width, block_n))](
+    grid, block_r, block_n = elementwise_tiles(rows, width)
+    residual_add_fwd_kernel[grid](
         x, residual, y,
         rows,
         x.stride(0), x.stride(1), residual.stride(0), residual.stride(1),
         N=width, BLOCK_R=block_r, BLOCK_N=block_n,
-        num_warps=NUM_WARPS,
+        num_warps=ELEMENTWISE_WARPS,
     )
     return y
 

@@ -1,0 +1,35 @@
+"""The arithmetic of one linear.triton output tile, shared by its launch schemes.
+
+The grid kernel (`triton.linear_tile`, one program per tile, masked pointer loads) and the persistent
+kernel (`persistent_triton.tma_tile`, TMA loads) differ only in how a tile's x and W blocks reach the
+program. What happens to them is written once, here: each K block is added into one fp32 accumulator
+by `tl.dot` (started from +0.0 by the caller), then the bias is added in fp32 and the sum is rounded
+once to the output dtype and stored.
+"""
+
+from __future__ import annotations
+
+from ..triton_support import jit, tl
+
+
+@jit
+def accumulate(b_x, b_w, b_acc, DOT_IN_FP32: tl.constexpr):
+    """b_acc + b_x [BLOCK_M, BLOCK_K] @ b_w [BLOCK_K, BLOCK_N], in fp32."""
+    if DOT_IN_FP32:  # the interpreter has no bfloat16 arithmetic; bf16 -> fp32 is exact
+        b_x, b_w = b_x.to(tl.float32), b_w.to(tl.float32)
+    # ieee: fp32 operands are multiplied in full fp32, never silently in tf32.
+    return tl.dot(b_x, b_w, b_acc, input_precision="ieee")
+
+
+@jit
+def store_tile(b_acc, b, y, i_m, i_n, M, N, stride_ym, stride_yn,
+               HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Tile (i_m, i_n) of y: the accumulator plus the bias in fp32, rounded once; rows past M and columns
+    past N are not stored."""
+    o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_n = o_n < N
+    if HAS_BIAS:
+        b_acc += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+    p_y = y + o_m[:, None] * stride_ym + o_n[None, :] * stride_yn
+    tl.store(p_y, b_acc.to(y.dtype.element_ty), mask=(o_m < M)[:, None] & m_n[None, :])
