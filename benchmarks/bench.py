@@ -11,10 +11,14 @@ attention: the Triton attention and attention.native vs SDPA (flash), Qwen3-8B h
 engine:    tokens/s of the IsoExec engine under each contract of --contracts, batch 1 and 64 (engine.py);
 hf:        the engine vs Hugging Face `generate` on the same model, weights and prompts (engine.py);
 roofline:  the engine's decode step time vs weights + KV bytes / measured copy bandwidth (engine.py);
-trainer:   forward + backward of `sequence_logprobs` (trainer_fwd) under each contract.
+trainer:   forward + backward of `sequence_logprobs` (trainer_fwd) under each contract, one micro-batch
+           per step, at each of the trainer shapes (sequences x tokens).
 
+--contracts takes preset names or contract files; on CUDA the default compares tiny-dense-triton with
+two baselines: benchmarks/contracts/fast-baseline.toml (cuBLAS GEMMs and torch log_softmax, the Triton
+kernels elsewhere: the fastest non-invariant composition we have) and native.
 Ratios are speed ratios: `<a>_vs_<b>` = b's time / a's time (or a's tokens/s / b's), so 0.9 reads
-"a runs at 90% of b's speed"; the baseline of a contract is the last one in --contracts (native).
+"a runs at 90% of b's speed"; the first contract in --contracts is compared with each of the others.
 Timing: kernels by `triton.testing.do_bench` (median, CUDA events); steps and whole generates by
 wall clock after a warm-up (timing.py). Inputs are random (never zeros). A section whose optional piece
 is missing (the Triton attention, transformers, a contract the model cannot run) says why and goes on.
@@ -38,7 +42,7 @@ import torch.nn.functional as F
 
 from attention import bench_attention
 from engine import Engines, bench_engine, bench_hf, bench_roofline
-from isoexec.contract import load_preset
+from isoexec.contract import ContractError, load
 from isoexec.engine import EngineConfig
 from isoexec.model import PRESETS, fit_contract, init_random
 from isoexec.trainer import sequence_logprobs
@@ -52,6 +56,8 @@ QWEN3_8B = {  # (N, K) of the projections of one Qwen3-8B layer
     "down_proj": (4096, 12288),
 }
 ROW_PARALLEL = ("o_proj", "down_proj")  # the projections whose K is split across TP ranks
+HERE = Path(__file__).resolve().parent
+GPU_CONTRACTS = ("tiny-dense-triton", str(HERE / "contracts" / "fast-baseline.toml"), "native")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,17 +76,17 @@ class Sizes:
     batches: tuple[int, ...]
     prompt_len: int
     new_tokens: int
-    trainer_seqs: int
-    trainer_len: int
+    trainer_shapes: tuple[tuple[int, int], ...]
+    """(sequences, tokens each) of the trainer steps; each step is one micro-batch of all of them."""
     copy_bytes: int
 
 
 FULL = Sizes(model="qwen3-0.6b-random", gemm_shapes=QWEN3_8B, m_values=(1, 16, 64, 256, 1024, 4096), attention_heads=(32, 8, 128),
              prefill_lengths=(512, 2048, 8192), decode_batch=64, decode_contexts=(512, 2048, 8192), attention_reference=False,
-             batches=(1, 64), prompt_len=128, new_tokens=128, trainer_seqs=8, trainer_len=512, copy_bytes=2 << 30)
+             batches=(1, 64), prompt_len=128, new_tokens=128, trainer_shapes=((8, 512), (32, 512), (8, 2048)), copy_bytes=2 << 30)
 SMALL = Sizes(model="tiny-dense", gemm_shapes={"qkv_proj": (128, 64), "o_proj": (64, 64), "gate_up_proj": (256, 64), "down_proj": (64, 128)},
               m_values=(1, 16, 64), attention_heads=(4, 2, 32), prefill_lengths=(32, 64), decode_batch=4, decode_contexts=(32, 64),
-              attention_reference=True, batches=(1, 4), prompt_len=16, new_tokens=8, trainer_seqs=4, trainer_len=32, copy_bytes=64 << 20)
+              attention_reference=True, batches=(1, 4), prompt_len=16, new_tokens=8, trainer_shapes=((4, 32),), copy_bytes=64 << 20)
 
 
 def _optional_op(what: str, candidates: tuple[tuple[str, str], ...]):
@@ -128,34 +134,43 @@ def bench_gemm(sizes: Sizes, device: torch.device) -> list[dict]:
     return rows
 
 
-def bench_trainer(model, sizes: Sizes, contracts: list[str], device: torch.device) -> list[dict]:
-    generator = torch.Generator().manual_seed(0)
-    seqs = [torch.randint(model.spec.vocab_size, (sizes.trainer_len,), generator=generator).tolist() for _ in range(sizes.trainer_seqs)]
-    row = {"model": sizes.model, "sequences": sizes.trainer_seqs, "tokens": sizes.trainer_seqs * sizes.trainer_len}
-    for name in contracts:
-        contract = fit_contract(load_preset(name), model.spec)
+def bench_trainer(model, sizes: Sizes, contracts: dict, device: torch.device) -> list[dict]:
+    """contracts: label -> Contract, the one under test first."""
+    names = list(contracts)
+    rows = []
+    for num_seqs, seq_len in sizes.trainer_shapes:
+        generator = torch.Generator().manual_seed(0)
+        seqs = [torch.randint(model.spec.vocab_size, (seq_len,), generator=generator).tolist() for _ in range(num_seqs)]
+        row = {"model": sizes.model, "sequences": num_seqs, "tokens": num_seqs * seq_len}
+        for name, contract in contracts.items():
+            contract = fit_contract(contract, model.spec)
 
-        def step():
-            rows = sequence_logprobs(model, contract, seqs, case="trainer_fwd", device=device)
-            torch.stack([r.sum() for r in rows]).sum().backward()
+            def step():
+                rows = sequence_logprobs(model, contract, seqs, case="trainer_fwd", device=device, micro_batch_tokens=num_seqs * seq_len)
+                torch.stack([r.sum() for r in rows]).sum().backward()
 
-        try:
-            row[f"{name}_ms"] = wall_ms(step, device, reps=3)
-        except (RuntimeError, ValueError) as error:  # out of memory, a contract the model cannot run
-            row[f"{name}_error"] = str(error).splitlines()[0]
-            print(f"trainer {name}: failed ({row[f'{name}_error']})")
-        finally:
-            model.zero_grad(set_to_none=True)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-    baseline = f"{contracts[-1]}_ms"
-    for name in contracts[:-1]:
-        if f"{name}_ms" in row and baseline in row:
-            row[f"{name}_vs_{contracts[-1]}"] = row[baseline] / row[f"{name}_ms"]
-    print(f"trainer {sizes.model} fwd+bwd {row['sequences']} x {sizes.trainer_len} tokens  " + "  ".join(
-        f"{k.removesuffix('_ms')} {v:.1f} ms" for k, v in row.items() if k.endswith("_ms"))
-        + "".join(f"  {k} {v:.2f}" for k, v in row.items() if "_vs_" in k), flush=True)
-    return [row]
+            try:
+                row[f"{name}_ms"] = wall_ms(step, device, reps=3)
+            except (RuntimeError, ValueError) as error:  # out of memory, a contract the model cannot run
+                row[f"{name}_error"] = str(error).splitlines()[0]
+                print(f"trainer {name}: failed ({row[f'{name}_error']})")
+            finally:
+                model.zero_grad(set_to_none=True)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+        for baseline in names[1:]:
+            if f"{names[0]}_ms" in row and f"{baseline}_ms" in row:
+                row[f"{names[0]}_vs_{baseline}"] = row[f"{baseline}_ms"] / row[f"{names[0]}_ms"]
+        print(f"trainer {sizes.model} fwd+bwd {num_seqs} x {seq_len} tokens  " + "  ".join(
+            f"{k.removesuffix('_ms')} {v:.1f} ms" for k, v in row.items() if k.endswith("_ms"))
+            + "".join(f"  {k} {v:.2f}" for k, v in row.items() if "_vs_" in k), flush=True)
+        rows.append(row)
+    return rows
+
+
+def _label(spec: str) -> str:
+    """A contract's name in results: the preset's name, or a contract file's stem."""
+    return Path(spec).stem if spec.endswith((".toml", ".json")) else spec
 
 
 def _commit() -> str:
@@ -186,8 +201,8 @@ def _parse(argv):
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     parser.add_argument("--small", action="store_true", help="tiny sizes and the tiny-dense model: a CPU smoke run in seconds")
     parser.add_argument("--model", help=f"model preset (default: {FULL.model}, or {SMALL.model} with --small)")
-    parser.add_argument("--contracts", help="contracts to compare, the baseline last (default: tiny-dense-triton,native on cuda, "
-                                            "tiny-dense,native on cpu)")
+    parser.add_argument("--contracts", help="contracts to compare, preset names or files, the one under test first (default: "
+                                            f"{','.join(GPU_CONTRACTS)} on cuda, tiny-dense,native on cpu)")
     parser.add_argument("--new-tokens", type=int, help="new tokens per request in engine, hf and roofline (default: 128, or 8 with --small)")
     parser.add_argument("--cuda-graphs", action="store_true", help="run the engine with CUDA graphs (where EngineConfig has them)")
     parser.add_argument("--json", help="write the results here (rewritten after every section)")
@@ -208,7 +223,16 @@ def main(argv=None) -> int:
         sizes = dataclasses.replace(sizes, model=args.model)
     if args.new_tokens:
         sizes = dataclasses.replace(sizes, new_tokens=args.new_tokens)
-    contracts = (args.contracts or ("tiny-dense-triton,native" if device.type == "cuda" else "tiny-dense,native")).split(",")
+    specs = args.contracts.split(",") if args.contracts else list(GPU_CONTRACTS if device.type == "cuda" else ("tiny-dense", "native"))
+    try:
+        loaded = {_label(spec): load(spec) for spec in specs}
+    except ContractError as error:
+        print(f"bench: {error}", file=sys.stderr)
+        return 2
+    if len(loaded) != len(specs):
+        print(f"bench: --contracts names one contract twice (labels: {', '.join(map(_label, specs))})", file=sys.stderr)
+        return 2
+    contracts = list(loaded)
     results = {"commit": _commit(), "device": device_name(device), **_versions(), "command": sys.argv if argv is None else ["bench.py", *argv],
                "sizes": dataclasses.asdict(sizes), "contracts": contracts, "section_seconds": {}}
     cuda_graphs = args.cuda_graphs and "cuda_graphs" in {f.name for f in dataclasses.fields(EngineConfig)}
@@ -226,7 +250,7 @@ def main(argv=None) -> int:
             if section in ("engine", "hf", "roofline", "trainer") and model is None:
                 model = init_random(PRESETS[sizes.model], seed=0).to(device)
             if section in ("engine", "hf", "roofline") and engines is None:
-                engines = Engines(model, sizes, device, cuda_graphs)
+                engines = Engines(model, sizes, device, cuda_graphs, loaded)
             if section == "trainer" and engines is not None:
                 engines.close()  # the trainer wants the KV caches' memory
                 engines = None
@@ -236,7 +260,7 @@ def main(argv=None) -> int:
                 "engine": lambda: bench_engine(engines, contracts),
                 "hf": lambda: bench_hf(engines, contracts),
                 "roofline": lambda: bench_roofline(engines, contracts),
-                "trainer": lambda: bench_trainer(model, sizes, contracts, device),
+                "trainer": lambda: bench_trainer(model, sizes, loaded, device),
             }[section]()
         except Exception as error:  # noqa: BLE001  (one broken section must not lose the others' figures)
             traceback.print_exc()

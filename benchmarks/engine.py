@@ -6,7 +6,7 @@ kernels are compiled for the same shapes). `engine.step` is wrapped to take the 
 (each step already ends in a host read of the drawn tokens, so nothing extra is synchronised):
 
 engine:   tokens/s = batch x new_tokens / wall time of the whole generate (prefill included), per
-          contract, and the contract's ratio to the last contract in --contracts (native);
+          contract, and the first contract's ratio to each of the others (the baselines);
 hf:       the same model, weights and prompts in Hugging Face `generate` (sdpa attention, left padded,
           do_sample, min_new_tokens = max_new_tokens so both draw the same number of tokens), and the
           engine's tokens/s over HF's;
@@ -24,7 +24,6 @@ import time
 
 import torch
 
-from isoexec.contract import load_preset
 from isoexec.engine import EngineConfig, LLMEngine, SamplingParams
 from isoexec.model import fit_contract, save
 from timing import kernel_ms, sync
@@ -47,8 +46,10 @@ class Run:
 class Engines:
     """One engine per contract (sized for the largest batch), each (contract, batch) run once and kept."""
 
-    def __init__(self, model, sizes, device: torch.device, cuda_graphs: bool):
+    def __init__(self, model, sizes, device: torch.device, cuda_graphs: bool, contracts: dict):
+        """contracts: label -> Contract (bench.py's --contracts, loaded)."""
         self.model, self.sizes, self.device, self.cuda_graphs = model, sizes, device, cuda_graphs
+        self.contracts = contracts
         generator = torch.Generator().manual_seed(0)
         spec = model.spec
         self.prompts = [torch.randint(spec.vocab_size, (sizes.prompt_len,), generator=generator).tolist() for _ in range(max(sizes.batches))]
@@ -56,7 +57,7 @@ class Engines:
 
     def _engine(self, name: str):
         if name not in self.engines:
-            contract = fit_contract(load_preset(name), self.model.spec)
+            contract = fit_contract(self.contracts[name], self.model.spec)
             page_size = contract.deployment.engine.kv_page_size
             pages_per_seq = -(-(self.sizes.prompt_len + self.sizes.new_tokens) // page_size) + 1
             max_batch = max(self.sizes.batches)
@@ -139,10 +140,9 @@ def bench_engine(engines: Engines, contracts: list[str]) -> list[dict]:
                 continue
             row[f"{name}_tokens_per_s"] = run.tokens_per_s
             row[f"{name}_decode_step_ms"] = run.decode_step_ms
-        baseline = f"{contracts[-1]}_tokens_per_s"
-        for name in contracts[:-1]:
-            if f"{name}_tokens_per_s" in row and baseline in row:
-                row[f"{name}_vs_{contracts[-1]}"] = row[f"{name}_tokens_per_s"] / row[baseline]
+        for baseline in contracts[1:]:
+            if f"{contracts[0]}_tokens_per_s" in row and f"{baseline}_tokens_per_s" in row:
+                row[f"{contracts[0]}_vs_{baseline}"] = row[f"{contracts[0]}_tokens_per_s"] / row[f"{baseline}_tokens_per_s"]
         rows.append(row)
         print(f"engine {row['model']} batch {batch:<3} " + "  ".join(
             f"{k.removesuffix('_tokens_per_s')} {v:.0f} tok/s" for k, v in row.items() if k.endswith("_tokens_per_s"))

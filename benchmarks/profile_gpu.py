@@ -10,6 +10,9 @@ gemm:      decode-sized linear.triton GEMMs (M = 1 … 64, Qwen3-0.6B shapes): s
            listed block_k, timed and compared bit for bit with the listed tile.
 trainer:   one trainer_fwd forward + backward (bench.py's trainer workload) under the contract and under
            native, each under torch.profiler: wall time, GPU busy time, and GPU time per kernel name.
+launch:    host time per call (no profiler: perf_counter over many calls of a tiny problem, so the GPU
+           keeps up) of the trainer's ops under the contract and native, and of the layers beneath
+           linear.triton: tensor descriptors, Triton's launch, our wrapper, autograd.
 An experiment script (docs/experiments.md), not a benchmark of record.
 """
 
@@ -18,6 +21,7 @@ import cProfile
 import io
 import pstats
 import sys
+import time
 
 import torch
 
@@ -118,7 +122,8 @@ def profile_trainer(model_name: str, contracts: list[str], num_seqs: int = 8, se
 
 
 def host_profile(fn, title: str, rows: int = 28) -> None:
-    """Where the host's time goes in one call of fn (after a warm-up): cProfile, by own time."""
+    """Where the host's time goes in one call of fn (after a warm-up): cProfile, by own time and by
+    cumulative time. cProfile inflates Python-heavy paths (Triton's launch) more than C++ ones."""
     fn()
     torch.cuda.synchronize()
     profiler = cProfile.Profile()
@@ -126,10 +131,82 @@ def host_profile(fn, title: str, rows: int = 28) -> None:
     fn()
     torch.cuda.synchronize()
     profiler.disable()
-    out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(rows)
-    print(f"== host time (cProfile, own time), {title}")
-    print("\n".join(line[:170] for line in out.getvalue().splitlines()[:rows + 12]))
+    for order in ("tottime", "cumulative"):
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats(order).print_stats(rows)
+        print(f"== host time (cProfile, {order}), {title}")
+        print("\n".join(line[:170] for line in out.getvalue().splitlines()[:rows + 12]))
+
+
+def host_us(fn, calls: int = 300) -> float:
+    """Host microseconds per call of fn, which must enqueue less GPU work than its host cost."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def profile_launch(model_name: str, contract_name: str) -> None:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from isoexec.model import bind
+    from isoexec.ops.linear import persistent_triton
+    from isoexec.ops.linear import triton as linear_triton
+
+    spec = PRESETS[model_name]
+    n, k, m = spec.num_attention_heads * spec.head_dim, spec.hidden_size, 16
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+    wg = w.clone().requires_grad_()
+    y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    tiles = {key: linear_triton.hopper_constants(n, k)[key] for key in ("block_m", "block_n", "block_k", "num_warps", "num_stages")}
+    bm, bn, bk = tiles["block_m"], tiles["block_n"], tiles["block_k"]
+    programs = min(torch.cuda.get_device_properties(0).multi_processor_count, -(-m // bm) * -(-n // bn))
+    xd, wd = TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk])
+    kernel = persistent_triton.linear_persistent_kernel
+    consts = dict(NK=-(-k // bk), HAS_BIAS=False, DOT_IN_FP32=False, INTERPRETED=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                  GROUP=persistent_triton.GROUP_M, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"])
+    raw = lambda: kernel[(programs,)](xd, wd, x, y, m, n, programs, y.stride(0), y.stride(1), **consts)  # noqa: E731
+    compiled = raw()
+    print(f"== host time per call (us), {model_name} q_proj shape N={n} K={k}, M={m}")
+    rows = [("torch x + x", lambda: x + x), ("torch F.linear", lambda: torch.nn.functional.linear(x, w)),
+            ("TensorDescriptor.from_tensor x2", lambda: (TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]))),
+            ("persistent kernel[grid](...), descriptors built", raw)]
+    try:
+        runner = compiled[(programs, 1, 1)]
+        args = (xd, wd, x, y, m, n, programs, y.stride(0), y.stride(1), *[v for key, v in consts.items() if key not in ("num_warps", "num_stages")])
+        runner(*args)
+        rows.append(("CompiledKernel[grid](...) runner", lambda: runner(*args)))
+    except Exception as error:  # noqa: BLE001  (an internal API: report, go on)
+        print(f"CompiledKernel runner: {type(error).__name__}: {str(error)[:120]}")
+    rows += [("linear_triton.launch (grid kernel)", lambda: linear_triton.launch(x, w, None, y[None], **tiles)),
+             ("persistent_triton.linear_fwd_persistent", lambda: persistent_triton.linear_fwd_persistent(x, w, None, y, **tiles)),
+             ("linear_triton.linear_fwd", lambda: linear_triton.linear_fwd(x, w, None, torch.bfloat16, **tiles))]
+    for name in (contract_name, "native"):
+        contract = fit_contract(load_preset(name), spec)
+        ops = bind(contract, spec, "trainer_fwd")
+        h = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        norm_w = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(m, spec.num_attention_heads, spec.head_dim, device="cuda", dtype=torch.bfloat16)
+        positions = torch.arange(m, device="cuda")
+        o_w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) * n**-0.5
+        o_x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            rows += [(f"{name}: q_proj, no grad", lambda ops=ops: ops["q_proj"](x, w, None)),
+                     (f"{name}: o_proj, no grad", lambda ops=ops: ops["o_proj"](o_x, o_w, None)),
+                     (f"{name}: input_layernorm, no grad", lambda ops=ops: ops["input_layernorm"](h, h, norm_w, 1e-6)),
+                     (f"{name}: rotary_emb, no grad", lambda ops=ops: ops["rotary_emb"](q, positions, spec.rope_theta, spec.max_position_embeddings)),
+                     (f"{name}: silu_mul, no grad", lambda ops=ops: ops["silu_mul"](h, h))]
+        rows.append((f"{name}: q_proj, autograd (weight requires grad)", lambda ops=ops: ops["q_proj"](x, wg, None)))
+    for label, fn in rows:
+        grad = torch.enable_grad() if "autograd" in label else torch.no_grad()
+        with grad:
+            print(f"{label:<52} {host_us(fn):8.1f}", flush=True)
 
 
 def sweep_attention() -> None:
@@ -214,11 +291,11 @@ def sweep_decode_gemm() -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="*", help="decode, attention, gemm, trainer (default: decode and attention)")
+    parser.add_argument("what", nargs="*", help="decode, attention, gemm, trainer, launch (default: decode and attention)")
     parser.add_argument("--model", default="qwen3-0.6b-random")
     parser.add_argument("--contract", default="tiny-dense-triton")
     args = parser.parse_args()
-    sections = {"decode", "attention", "gemm", "trainer"}
+    sections = {"decode", "attention", "gemm", "trainer", "launch"}
     args.what = args.what or ["decode", "attention"]
     if set(args.what) - sections:
         parser.error(f"unknown section(s) {sorted(set(args.what) - sections)}: choose from {', '.join(sorted(sections))}")
@@ -230,6 +307,8 @@ def main():
         sweep_attention()
     if "gemm" in args.what:
         sweep_decode_gemm()
+    if "launch" in args.what:
+        profile_launch(args.model, args.contract)
     if "trainer" in args.what:
         profile_trainer(args.model, [args.contract, "native"])
 

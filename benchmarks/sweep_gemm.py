@@ -28,7 +28,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from isoexec.ops.linear import triton as linear_triton
 from timing import kernel_ms
 
-QWEN3_8B = {"q_proj": (4096, 4096), "k_proj": (1024, 4096), "gate_proj": (12288, 4096), "down_proj": (4096, 12288),
+QWEN3_8B = {"qkv_proj": (6144, 4096), "q_proj": (4096, 4096), "k_proj": (1024, 4096), "gate_proj": (12288, 4096), "down_proj": (4096, 12288),
             "lm_head": (151936, 4096)}
 GROUP_M = 8
 TILES = [
@@ -146,7 +146,7 @@ CANDIDATES = {"masked": masked, "wrapped": wrapped, "tma": tma, "tma_persistent"
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--m", type=int, nargs="+", default=[1024, 4096])
-    parser.add_argument("--layers", nargs="+", default=list(QWEN3_8B), choices=list(QWEN3_8B))
+    parser.add_argument("--layers", nargs="+", default=list(QWEN3_8B)[1:], choices=list(QWEN3_8B))
     args = parser.parse_args()
     device = torch.device("cuda")
     print(" ".join(sys.argv), torch.cuda.get_device_name(), "triton", triton.__version__)
