@@ -10,6 +10,8 @@ gemm:      decode-sized linear.triton GEMMs (M = 1 … 64, Qwen3-0.6B shapes): s
            listed block_k, timed and compared bit for bit with the listed tile.
 trainer:   one trainer_fwd forward + backward (bench.py's trainer workload) under the contract and under
            native, each under torch.profiler: wall time, GPU busy time, and GPU time per kernel name.
+decode-kernels: one decode step's graph replay and kernels under the contract and under
+           contracts/fast-baseline.toml, batch 1 and 64.
 launch:    host time per call (no profiler: perf_counter over many calls of a tiny problem, so the GPU
            keeps up) of the trainer's ops under the contract and native, and of the layers beneath
            linear.triton: tensor descriptors, Triton's launch, our wrapper, autograd.
@@ -21,11 +23,12 @@ import cProfile
 import io
 import pstats
 import sys
+from pathlib import Path
 import time
 
 import torch
 
-from isoexec.contract import load_preset
+from isoexec.contract import load, load_preset
 from isoexec.engine import EngineConfig, LLMEngine, SamplingParams
 from isoexec.model import PRESETS, fit_contract, init_random
 from timing import kernel_ms
@@ -66,6 +69,29 @@ def profile_decode(model_name: str, contract_name: str, batch: int, new_tokens: 
     sample = kernel_ms(lambda: ops["sample"](rows, f32, i64, f32, i64, i64), torch.device("cuda"))
     print(f"== device time, batch {b}: graph replay (forward + log-probs) {replay:.3f} ms, sampling {sample:.3f} ms")
     kernel_table(graphs, b)
+
+
+def decode_kernels(model_name: str, contracts: list[str], batches=(1, 64)) -> None:
+    """Per contract (preset or file) and batch: one decode step's graph replay, and the eager decode
+    forward's kernels under torch.profiler."""
+    model = init_random(PRESETS[model_name], seed=0).cuda()
+    for spec in contracts:
+        contract = fit_contract(load(spec), model.spec)
+        batch_max = max(batches)
+        config = EngineConfig.from_contract(contract, num_pages=batch_max * 16 + 8, max_num_seqs=max(batch_max, 2), cuda_graphs=True)
+        engine = LLMEngine(model, contract, config, device="cuda")
+        engine.generate([[1, 2, 3]], SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True), progress=False)
+        graphs = engine.runner.decode_graphs
+        for b in batches:
+            ids = torch.zeros(b, dtype=torch.int64, device="cuda")
+            pos = torch.full((b,), 100, dtype=torch.int64, device="cuda")
+            slots = torch.arange(b * 128, device="cuda").reshape(b, 128)
+            write = slots[:, 100].clone()
+            replay = kernel_ms(lambda: graphs.run(ids, pos, write, slots), torch.device("cuda"))
+            print(f"== {contract.name}, batch {b}: decode graph replay (forward + log-probs) {replay:.3f} ms")
+            kernel_table(graphs, b)
+        del engine, graphs
+        torch.cuda.empty_cache()
 
 
 def profiled_kernels(fn, title: str, rows: int = 18) -> None:
@@ -246,56 +272,58 @@ def sweep_attention() -> None:
 QWEN3_06B = {"q_proj": (2048, 1024), "kv_proj": (1024, 1024), "o_proj": (1024, 2048), "gate_up": (3072, 1024),
              "down_proj": (1024, 3072), "lm_head": (151936, 1024)}
 # block_k is the listed one or twice it: whether a tile with another block_k keeps the bits is measured, not assumed.
-DECODE_TILES = [dict(block_m=m, block_n=n, num_warps=4, num_stages=st, k_factor=kf) for m in (16, 32, 64) for n in (32, 64, 128)
-                for st in (3, 4) for kf in (1, 2)]
+DECODE_TILES = [dict(block_m=m, block_n=n, num_warps=w, num_stages=st, k_factor=kf) for m in (16, 32, 64) for n in (32, 64, 128)
+                for w in (4, 8) for st in (3, 4) for kf in (1, 2) if w == 4 or m == 64]
 
 
 def sweep_decode_gemm() -> None:
-    """Decode-sized GEMMs (M = 1 … 64) of the 0.6B model: linear.triton with its listed tile vs smaller
-    tiles with the same block_k. Each candidate's output is compared bit for bit with the listed tile's:
-    a tile that keeps the bits could be pinned for engine_decode alone (the battery then proves it)."""
+    """Decode-sized GEMMs (M = 1 … 64) of the 0.6B model: linear.triton with the decode tile listed now
+    vs candidate tiles with the listed block_k or twice it, and cuBLAS. Each candidate's output is
+    compared bit for bit with the listed tile's: a tile that keeps the bits could be pinned for
+    engine_decode alone (the battery then proves it). One tile serves every decode batch, so candidates
+    are ranked by their time summed over M."""
     from isoexec.ops.linear import triton as linear_triton
 
     device = torch.device("cuda")
-    print("== decode GEMM tiles, Qwen3-0.6B shapes, bf16 (ms; * = bits differ from the listed tile)")
+    ms_of = lambda fn: kernel_ms(fn, device)  # noqa: E731
+    print("== decode GEMM tiles, Qwen3-0.6B shapes, bf16: ms at M = 1, 16, 64 and their sum (* = bits differ from the listed tile)")
     for name, (n, k) in QWEN3_06B.items():
-        listed = linear_triton.hopper_constants(n, k)
+        listed = dict(linear_triton.HOPPER_DECODE_CONSTANTS.get((n, k)) or linear_triton.hopper_constants(n, k))
         tiles = {key: listed[key] for key in ("block_m", "block_n", "block_k", "num_warps", "num_stages")}
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * k**-0.5
-        for m in (1, 16, 64):
-            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-            want = linear_triton.linear_fwd(x, w, None, torch.bfloat16, **tiles)
-            base = kernel_ms(lambda: linear_triton.linear_fwd(x, w, None, torch.bfloat16, **tiles), device)
-            results = []
-            for candidate in DECODE_TILES:
-                config = {key: v for key, v in candidate.items() if key != "k_factor"}
-                config["block_k"] = tiles["block_k"] * candidate["k_factor"]
-                try:
-                    got = linear_triton.linear_fwd(x, w, None, torch.bfloat16, **config)
-                    ms = kernel_ms(lambda: linear_triton.linear_fwd(x, w, None, torch.bfloat16, **config), device)
-                except Exception as error:  # out of resources
-                    print(f"  {name} M={m} {config}: {type(error).__name__}")
-                    continue
-                same = torch.equal(got.view(torch.int16), want.view(torch.int16))
-                results.append((ms, same, config))
-            best = sorted(results, key=lambda r: r[0])[:3]
-            listing = "  ".join(f"{ms:.4f}{'' if same else '*'} {c['block_m']}x{c['block_n']}x{c['block_k']}/w{c['num_warps']}s{c['num_stages']}"
-                                for ms, same, c in best)
-            best_same = min((r for r in results if r[1]), key=lambda r: r[0], default=None)
-            if best_same:
-                c = best_same[2]
-                listing += f"  | best same-bits {best_same[0]:.4f} {c['block_m']}x{c['block_n']}x{c['block_k']}/w{c['num_warps']}s{c['num_stages']}"
-            listing += f"  | {sum(not r[1] for r in results)}/{len(results)} differ"
-            print(f"{name:<9} M={m:<3} listed {base:.4f}  best: {listing}", flush=True)
+        xs = {m: torch.randn(m, k, device=device, dtype=torch.bfloat16) for m in (1, 16, 64)}
+        wants = {m: linear_triton.linear_fwd(x, w, None, torch.bfloat16, **tiles) for m, x in xs.items()}
+        cublas = [ms_of(lambda x=x: torch.nn.functional.linear(x, w)) for x in xs.values()]
+        results = []
+        for candidate in DECODE_TILES:
+            config = {key: v for key, v in candidate.items() if key != "k_factor"}
+            config["block_k"] = tiles["block_k"] * candidate["k_factor"]
+            try:
+                same = all(torch.equal(linear_triton.linear_fwd(x, w, None, torch.bfloat16, **config).view(torch.int16), wants[m].view(torch.int16))
+                           for m, x in xs.items())
+                times = [ms_of(lambda x=x: linear_triton.linear_fwd(x, w, None, torch.bfloat16, **config)) for x in xs.values()]
+            except Exception as error:  # noqa: BLE001  (out of resources)
+                print(f"  {name} {config}: {type(error).__name__}")
+                continue
+            results.append((sum(times), times, same, config))
+        label = lambda c: f"{c['block_m']}x{c['block_n']}x{c['block_k']}/w{c['num_warps']}s{c['num_stages']}"  # noqa: E731
+        print(f"{name:<9} N={n} K={k}  cuBLAS {' '.join(f'{t:.4f}' for t in cublas)} = {sum(cublas):.4f}  "
+              f"({sum(not r[2] for r in results)}/{len(results)} candidates differ in bits)")
+        for total, times, same, config in sorted(results, key=lambda r: r[0])[:6]:
+            mark = " (listed)" if config == tiles else ""
+            print(f"    {' '.join(f'{t:.4f}' for t in times)} = {total:.4f}{'' if same else '*'}  {label(config)}{mark}", flush=True)
+        listed_row = next((r for r in results if r[3] == tiles), None)
+        if listed_row:
+            print(f"    listed {label(tiles)}: {' '.join(f'{t:.4f}' for t in listed_row[1])} = {listed_row[0]:.4f}")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="*", help="decode, attention, gemm, trainer, launch (default: decode and attention)")
+    parser.add_argument("what", nargs="*", help="decode, decode-kernels, attention, gemm, trainer, launch (default: decode and attention)")
     parser.add_argument("--model", default="qwen3-0.6b-random")
     parser.add_argument("--contract", default="tiny-dense-triton")
     args = parser.parse_args()
-    sections = {"decode", "attention", "gemm", "trainer", "launch"}
+    sections = {"decode", "decode-kernels", "attention", "gemm", "trainer", "launch"}
     args.what = args.what or ["decode", "attention"]
     if set(args.what) - sections:
         parser.error(f"unknown section(s) {sorted(set(args.what) - sections)}: choose from {', '.join(sorted(sections))}")
@@ -307,6 +335,8 @@ def main():
         sweep_attention()
     if "gemm" in args.what:
         sweep_decode_gemm()
+    if "decode-kernels" in args.what:
+        decode_kernels(args.model, [args.contract, str(Path(__file__).resolve().parent / "contracts" / "fast-baseline.toml")])
     if "launch" in args.what:
         profile_launch(args.model, args.contract)
     if "trainer" in args.what:
