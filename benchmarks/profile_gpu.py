@@ -6,8 +6,9 @@ decode:    cProfile of `LLMEngine.generate` (host time per function), then the p
            step timed alone on the device: graph replay, sampling, the metadata the runner builds.
 attention: attention.triton decode (64 x 2048 keys) and prefill (one 2048-key sequence), Qwen3-8B
            heads, over a grid of block_m / block_n / num_warps / num_stages.
-gemm:      decode-sized linear.triton GEMMs (M = 1 … 64, Qwen3-0.6B shapes): smaller tiles with the
-           listed block_k, timed and compared bit for bit with the listed tile.
+gemm:      decode-sized linear.triton GEMMs (M = 1 … 64, Qwen3-0.6B shapes) as CUDA-graph replays: candidate
+           tiles with the listed block_k or twice it, timed beside cuBLAS and compared bit for bit with
+           the listed tile.
 trainer:   one trainer_fwd forward + backward (bench.py's trainer workload) under the contract and under
            native, each under torch.profiler: wall time, GPU busy time, and GPU time per kernel name.
 decode-kernels: one decode step's graph replay and kernels under the contract and under
@@ -31,7 +32,7 @@ import torch
 from isoexec.contract import load, load_preset
 from isoexec.engine import EngineConfig, LLMEngine, SamplingParams
 from isoexec.model import PRESETS, fit_contract, init_random
-from timing import kernel_ms
+from timing import graphed_ms, kernel_ms
 
 
 def profile_decode(model_name: str, contract_name: str, batch: int, new_tokens: int = 64) -> None:
@@ -277,7 +278,8 @@ DECODE_TILES = [dict(block_m=m, block_n=n, num_warps=w, num_stages=st, k_factor=
 
 
 def sweep_decode_gemm() -> None:
-    """Decode-sized GEMMs (M = 1 … 64) of the 0.6B model: linear.triton with the decode tile listed now
+    """Decode-sized GEMMs (M = 1 … 64) of the 0.6B model, each call a CUDA-graph replay as in the engine's
+    decode: linear.triton with the decode tile listed now
     vs candidate tiles with the listed block_k or twice it, and cuBLAS. Each candidate's output is
     compared bit for bit with the listed tile's: a tile that keeps the bits could be pinned for
     engine_decode alone (the battery then proves it). One tile serves every decode batch, so candidates
@@ -285,8 +287,9 @@ def sweep_decode_gemm() -> None:
     from isoexec.ops.linear import triton as linear_triton
 
     device = torch.device("cuda")
-    ms_of = lambda fn: kernel_ms(fn, device)  # noqa: E731
-    print("== decode GEMM tiles, Qwen3-0.6B shapes, bf16: ms at M = 1, 16, 64 and their sum (* = bits differ from the listed tile)")
+    ms_of = lambda fn: graphed_ms(fn, device)  # noqa: E731  (decode runs as CUDA graphs: device time, no host launch cost)
+    print("== decode GEMM tiles, Qwen3-0.6B shapes, bf16: ms of a CUDA-graph replay at M = 1, 16, 64 and their sum "
+          "(* = bits differ from the listed tile)")
     for name, (n, k) in QWEN3_06B.items():
         listed = dict(linear_triton.HOPPER_DECODE_CONSTANTS.get((n, k)) or linear_triton.hopper_constants(n, k))
         tiles = {key: listed[key] for key in ("block_m", "block_n", "block_k", "num_warps", "num_stages")}

@@ -27,6 +27,8 @@ try:
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
+
+    from .triton_launch import CachedLaunchJITFunction
 except ImportError:  # the Triton impls are then simply not registered
     triton = tl = None
 
@@ -43,12 +45,17 @@ def interpreting() -> bool:
 def jit(fn=None, **options):
     """`@jit` or `@jit(do_not_specialize=[...])`: a Triton kernel in the mode of `triton.language`.
 
-    Without Triton installed the function is returned undecorated; it is then never launched."""
+    Compiled kernels are `triton_launch.CachedLaunchJITFunction`s, whose repeat launches skip Triton's
+    per-call specialization, where the installed Triton is the one that class was written against (3.6);
+    otherwise, and in the interpreter, Triton's own classes. Without Triton installed the function is
+    returned undecorated; it is then never launched."""
     if fn is None:
         return lambda f: jit(f, **options)
     if triton is None:
         return fn
-    return (InterpretedFunction if interpreting() else JITFunction)(fn, **options)
+    if interpreting():
+        return InterpretedFunction(fn, **options)
+    return (CachedLaunchJITFunction if triton.__version__.startswith("3.6.") else JITFunction)(fn, **options)
 
 
 BOUNDARY_DTYPES = ("bfloat16", "float16", "float32")

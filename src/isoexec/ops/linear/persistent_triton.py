@@ -18,6 +18,8 @@ same path.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -99,6 +101,7 @@ def _tma_ready(t: Tensor) -> Tensor:
     return t
 
 
+@functools.cache
 def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
