@@ -68,12 +68,11 @@ class CachedLaunchJITFunction(JITFunction):
     def __init__(self, fn, **options):
         super().__init__(fn, **options)
         self.launches = {}  # argument key -> CompiledKernel
-        self._constexprs = frozenset(p.name for p in self.params if p.is_constexpr)
+        self._runtime = frozenset(p.name for p in self.params if not p.is_constexpr)
         self._defaults = {p.name: p.default for p in self.params if p.default is not inspect.Parameter.empty}
 
     def _key(self, device, args, kwargs) -> tuple:
-        named = tuple((name, value if name in self._constexprs or name not in self.arg_names else arg_key(value))
-                      for name, value in kwargs.items())
+        named = tuple((name, arg_key(value) if name in self._runtime else value) for name, value in kwargs.items())
         return device, tuple(map(arg_key, args)), named
 
     def run(self, *args, grid, warmup, **kwargs):

@@ -48,6 +48,9 @@ DOT_DTYPES = ("bfloat16", "float16", "float32")
 # M = 1024 and take 64x256. Decode batches get tiles of their own below.
 _BIG = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
 _NARROW = dict(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=4)
+# N = 6144 at K = 4096 (Qwen3-8B's q, k and v as one GEMM): 192 tiles of 128x256 make 1.45 waves on 132 SMs
+# at M = 1024 (0.76x cuBLAS); 128x128 reached 0.88x there and 0.90x at M = 4096 (128x256: 0.97x).
+_WAVES = dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4)
 _TINY = dict(block_m=64, block_n=32, block_k=32, num_warps=4, num_stages=2)  # not timed
 HOPPER_CONSTANTS = {
     # tiny-dense: hidden 64, intermediate 128, 4 heads / 2 KV heads of 16, vocab 512
@@ -59,7 +62,7 @@ HOPPER_CONSTANTS = {
     # Qwen3-8B: hidden 4096, intermediate 12288, 32 heads / 8 KV heads of 128, vocab 151936
     (4096, 4096): _BIG,  # q_proj, o_proj
     (1024, 4096): _NARROW,  # k_proj, v_proj
-    (6144, 4096): _BIG,  # fused qkv_proj (not timed)
+    (6144, 4096): _WAVES,  # fused qkv_proj
     (12288, 4096): _BIG,  # gate_proj, up_proj
     (24576, 4096): _BIG,  # fused gate_up_proj (not timed)
     (4096, 12288): _BIG,  # down_proj
@@ -76,17 +79,19 @@ HOPPER_CONSTANTS = {
 
 # Tiles for engine_decode alone (a batch of at most max_num_seqs rows), keyed by (N, K). `fit_contract`
 # gives them to a decode entry of their own, and the battery must show decode rows bitwise equal to the
-# other cases' rows. Of 36 candidates per shape timed at M = 1, 16, 64 on one H200
-# (`benchmarks/profile_gpu.py gemm`), none changed a bit, and 16-row tiles with BLOCK_K = 128 took
-# 0.6-0.9x the large tile's time.
-_DECODE = dict(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)
+# other cases' rows. `benchmarks/profile_gpu.py gemm` times candidates as CUDA-graph replays (as decode
+# runs) at M = 1, 16 and 64 on one H200; none of 48 per shape changed a bit. 64x32x256 (4 warps, 4
+# stages) was the fastest or within 4% of it in the sum over M at every layer shape, level with cuBLAS
+# for q_proj and gate/up and faster for k/v; one row tile holds the whole batch, so each weight tile is
+# read once. The 16x32x128 tile it replaces re-read weights for every 16 rows: 1.15-1.7x slower at M = 64.
+_DECODE = dict(block_m=64, block_n=32, block_k=256, num_warps=4, num_stages=4)
 HOPPER_DECODE_CONSTANTS: dict[tuple[int, int], dict] = {
     (2048, 1024): _DECODE,  # Qwen3-0.6B q_proj
     (1024, 1024): _DECODE,  # k_proj, v_proj
     (1024, 2048): _DECODE,  # o_proj
     (3072, 1024): _DECODE,  # gate_proj, up_proj
     (1024, 3072): _DECODE,  # down_proj
-    (151936, 1024): dict(_DECODE, block_n=64),  # lm_head
+    (151936, 1024): _DECODE,  # lm_head (shares its entry's tile, the layers' one: `model/binding.py`)
 }
 
 
