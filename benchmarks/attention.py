@@ -7,7 +7,7 @@ decode:  B sequences with a context of L keys each, one query per sequence. SDPA
          from a paged cache (pages of 16 slots in random order, `paged_slot_table`).
 SDPA runs under the flash backend where torch offers it (else its default, recorded). Each impl's
 `<impl>_vs_sdpa` is sdpa_ms / impl_ms (1.0: as fast as SDPA), and its max |output - SDPA's| is kept, so
-a wrong kernel cannot pass as a fast one. Achieved TFLOP/s counts the causal half (prefill); GB/s
+a wrong kernel cannot pass as a fast one. Achieved TFLOP/s counts the causal half (prefill); TB/s
 counts the K and V bytes a decode step must read.
 """
 
@@ -79,7 +79,7 @@ def _measure(row: dict, impls: dict, args: tuple, expected: torch.Tensor, device
 
 def _print(row: dict, unit: str) -> None:
     impls = [k.removesuffix("_ms") for k in row if k.endswith("_ms")]
-    label = {"tflops": "TFLOP/s", "gbps": "GB/s"}[unit]
+    label = {"tflops": "TFLOP/s", "tbps": "TB/s"}[unit]
     timings = "  ".join(f"{i} {row[f'{i}_ms']:.3f} ms ({row[f'{i}_{unit}']:.1f} {label})" for i in impls)
     ratios = "  ".join(f"{i}/sdpa {row[f'{i}_vs_sdpa']:.2f}" for i in impls if i != "sdpa")
     print(f"attention {row['form']:<7} batch {row['batch']:<3} keys {row['keys']:<5} {timings}  speed: {ratios}", flush=True)
@@ -115,7 +115,7 @@ def decode(impls, batch, context, heads, device, dtype, generator) -> dict:
     positions = torch.full((batch,), context - 1, device=device)
     row = {"form": "decode", "batch": batch, "keys": context, "sdpa_backend": backend, "sdpa_ms": sdpa_ms}
     kv_bytes = 2 * batch * context * num_kv_heads * head_dim * k.element_size()
-    return _measure(row, impls, (q, k_store, v_store, slot_table, seq_ids, positions, scale), expected[:, :, 0], device, kv_bytes, "gbps")
+    return _measure(row, impls, (q, k_store, v_store, slot_table, seq_ids, positions, scale), expected[:, :, 0], device, kv_bytes, "tbps")
 
 
 def bench_attention(sizes, device: torch.device) -> list[dict]:
@@ -128,5 +128,5 @@ def bench_attention(sizes, device: torch.device) -> list[dict]:
         _print(rows[-1], "tflops")
     for context in sizes.decode_contexts:
         rows.append(decode(impls, sizes.decode_batch, context, sizes.attention_heads, device, dtype, generator))
-        _print(rows[-1], "gbps")
+        _print(rows[-1], "tbps")
     return rows

@@ -31,6 +31,7 @@ import importlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -134,35 +135,44 @@ def bench_gemm(sizes: Sizes, device: torch.device) -> list[dict]:
     return rows
 
 
-def bench_trainer(model, sizes: Sizes, contracts: dict, device: torch.device) -> list[dict]:
-    """contracts: label -> Contract, the one under test first."""
+def bench_trainer(model, sizes: Sizes, contracts: dict, device: torch.device, reps: int = 7) -> list[dict]:
+    """contracts: label -> Contract, the one under test first. A step this small is host-bound and its
+    wall time drifts with the host, so the contracts take turns, rep by rep, and each keeps its median."""
     names = list(contracts)
     rows = []
     for num_seqs, seq_len in sizes.trainer_shapes:
         generator = torch.Generator().manual_seed(0)
         seqs = [torch.randint(model.spec.vocab_size, (seq_len,), generator=generator).tolist() for _ in range(num_seqs)]
-        row = {"model": sizes.model, "sequences": num_seqs, "tokens": num_seqs * seq_len}
+        row = {"model": sizes.model, "sequences": num_seqs, "tokens": num_seqs * seq_len, "reps": reps}
+
+        def step(contract):
+            rows = sequence_logprobs(model, contract, seqs, case="trainer_fwd", device=device, micro_batch_tokens=num_seqs * seq_len)
+            torch.stack([r.sum() for r in rows]).sum().backward()
+            model.zero_grad(set_to_none=True)
+
+        fitted, times = {}, {name: [] for name in names}
         for name, contract in contracts.items():
-            contract = fit_contract(contract, model.spec)
-
-            def step():
-                rows = sequence_logprobs(model, contract, seqs, case="trainer_fwd", device=device, micro_batch_tokens=num_seqs * seq_len)
-                torch.stack([r.sum() for r in rows]).sum().backward()
-
             try:
-                row[f"{name}_ms"] = wall_ms(step, device, reps=3)
+                fitted[name] = fit_contract(contract, model.spec)
+                step(fitted[name])  # warm-up: compiles
             except (RuntimeError, ValueError) as error:  # out of memory, a contract the model cannot run
                 row[f"{name}_error"] = str(error).splitlines()[0]
                 print(f"trainer {name}: failed ({row[f'{name}_error']})")
-            finally:
+                fitted.pop(name, None)
                 model.zero_grad(set_to_none=True)
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+        for _ in range(reps):
+            for name, contract in fitted.items():
+                times[name].append(wall_ms(lambda: step(contract), device, reps=1, warmup=False))
+        for name in fitted:
+            row[f"{name}_ms"] = statistics.median(times[name])
+            row[f"{name}_all_ms"] = times[name]
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         for baseline in names[1:]:
             if f"{names[0]}_ms" in row and f"{baseline}_ms" in row:
                 row[f"{names[0]}_vs_{baseline}"] = row[f"{baseline}_ms"] / row[f"{names[0]}_ms"]
         print(f"trainer {sizes.model} fwd+bwd {num_seqs} x {seq_len} tokens  " + "  ".join(
-            f"{k.removesuffix('_ms')} {v:.1f} ms" for k, v in row.items() if k.endswith("_ms"))
+            f"{k.removesuffix('_ms')} {v:.1f} ms" for k, v in row.items() if k.endswith("_ms") and "_all" not in k)
             + "".join(f"  {k} {v:.2f}" for k, v in row.items() if "_vs_" in k), flush=True)
         rows.append(row)
     return rows

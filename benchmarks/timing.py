@@ -40,10 +40,11 @@ def graphed_ms(fn, device: torch.device) -> float:
     return kernel_ms(graph.replay, device)
 
 
-def wall_ms(fn, device: torch.device, reps: int = 3) -> float:
-    """Median wall time of fn after one warm-up call, in ms; for calls too slow for do_bench's
-    dozens of repetitions (a training step, a whole generate)."""
-    fn()
+def wall_ms(fn, device: torch.device, reps: int = 3, warmup: bool = True) -> float:
+    """Median wall time of fn (after one warm-up call unless told not to), in ms; for calls too slow
+    for do_bench's dozens of repetitions (a training step, a whole generate)."""
+    if warmup:
+        fn()
     times = []
     for _ in range(reps):
         sync(device)

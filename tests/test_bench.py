@@ -34,7 +34,7 @@ def test_small_cpu_run_writes_every_section(tmp_path):
     forms = [(row["form"], row["keys"]) for row in results["attention"]]
     assert forms == [("prefill", 32), ("prefill", 64), ("decode", 32), ("decode", 64)]
     for row in results["attention"]:
-        unit = "tflops" if row["form"] == "prefill" else "gbps"
+        unit = "tflops" if row["form"] == "prefill" else "tbps"
         for impl in ("sdpa", "native", "reference"):
             _positive(row, f"{impl}_ms", f"{impl}_{unit}")
         _positive(row, "native_vs_sdpa", "reference_vs_sdpa")
