@@ -18,7 +18,10 @@ fine as Triton's specialization (`tests/ops/test_triton_launch.py` checks this a
   every launch and re-encoded by the launcher);
 - constexpr arguments and launch options (num_warps, num_stages): their values; and the device.
 A call with any other kind of argument, a callable grid, or pre-run hooks takes Triton's own path. The
-first call with a new key takes it too, so compilation, caching on disk and errors are Triton's.
+first call with a new key takes it too, so compilation, caching on disk and errors are Triton's. Two
+checks Triton makes on every call are made on that first one only: that the globals a kernel reads have
+not changed since it was compiled (ours read none), and the debug and instrumentation knobs (set them
+before the first launch).
 
 Which compiled kernel runs never changes what it computes, so bits are unaffected either way; the
 kernels' tests run through this path on the GPU. Under the interpreter (`TRITON_INTERPRET=1`) kernels
@@ -88,7 +91,8 @@ class CachedLaunchJITFunction(JITFunction):
             kernel = super().run(*args, grid=grid, warmup=warmup, **kwargs)
             if hasattr(kernel, "result"):
                 kernel = kernel.result()
-            self.launches[key] = kernel
+            if kernel is not None:
+                self.launches[key] = kernel
             return kernel
         bound = [*args, *(kwargs[name] if name in kwargs else self._defaults[name] for name in self.arg_names[len(args):])]
         stream = driver.active.get_current_stream(device)
