@@ -39,6 +39,17 @@ def require_triton() -> None:
         pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
 
 
+class CountingKernel:
+    """Stands in for a module's Triton kernel and counts the launches through it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
 def randn(*shape: int, seed: int, scale: float = 1.0, dtype=torch.float32) -> torch.Tensor:
     """Seeded normal values on DEVICE (drawn in float32 on the CPU, so the same on every machine)."""
     g = torch.Generator().manual_seed(seed)

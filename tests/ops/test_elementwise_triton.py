@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from conftest import DEVICE, INTERPRETER_WARNINGS, ON_GPU, batch_dependent, bitwise_equal, boundary, hazards, randn, require_triton
+from conftest import DEVICE, CountingKernel, INTERPRETER_WARNINGS, ON_GPU, batch_dependent, bitwise_equal, boundary, hazards, randn, require_triton
 
 require_triton()
 
@@ -144,17 +144,6 @@ def test_bad_shapes_are_refused():
             call()
 
 
-class _CountingKernel:
-    """Stands in for a module's kernel and counts the launches through it."""
-
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, 0
-
-    def __getitem__(self, grid):
-        self.launches += 1
-        return self.kernel[grid]
-
-
 @pytest.mark.parametrize("region,kernel_name,call", [
     ("rope", "rope_fwd_kernel", lambda: rope(rotary_dim=12)(randn(20, 3, 16, seed=1), positions(20, seed=1))),
     ("residual", "residual_add_fwd_kernel", lambda: residual()(randn(2, 3, 2100, seed=2), randn(2, 3, 2100, seed=3))),
@@ -162,7 +151,7 @@ class _CountingKernel:
 ])
 def test_a_call_is_one_kernel_launch(monkeypatch, region, kernel_name, call):
     """Many tokens, several heads, a width of three column tiles, partial rotary: still one launch."""
-    counter = _CountingKernel(getattr(FAMILIES[region][0], kernel_name))
+    counter = CountingKernel(getattr(FAMILIES[region][0], kernel_name))
     monkeypatch.setattr(FAMILIES[region][0], kernel_name, counter)
     call()
     assert counter.launches == 1

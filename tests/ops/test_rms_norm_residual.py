@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import DEVICE, INTERPRETER_WARNINGS, batch_dependent, bitwise_equal, fused_norms, preset_dict, triton_runs_here
+from conftest import DEVICE, CountingKernel, INTERPRETER_WARNINGS, batch_dependent, bitwise_equal, fused_norms, preset_dict, triton_runs_here
 from isoexec.contract import load_preset
 from isoexec.ops.residual import reference as residual_reference
 from isoexec.ops.rms_norm import native, reference
@@ -228,21 +228,12 @@ def test_triton_rows_are_batch_invariant_and_a_batch_dependent_chunk_is_caught(d
     assert batch_dependent(both(chunk_from_rows), [x, r], w, sizes=(2, 17))
 
 
-class _CountingKernel:
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, 0
-
-    def __getitem__(self, grid):
-        self.launches += 1
-        return self.kernel[grid]
-
-
 @needs_triton
 def test_a_fused_call_is_one_kernel_launch_and_stores_s_once(monkeypatch):
     from isoexec.ops.residual import triton as residual_triton
     from isoexec.ops.rms_norm import triton as rms_norm_triton
 
-    norm, add = _CountingKernel(rms_norm_triton.rms_norm_fwd_kernel), _CountingKernel(residual_triton.residual_add_fwd_kernel)
+    norm, add = CountingKernel(rms_norm_triton.rms_norm_fwd_kernel), CountingKernel(residual_triton.residual_add_fwd_kernel)
     monkeypatch.setattr(rms_norm_triton, "rms_norm_fwd_kernel", norm)
     monkeypatch.setattr(residual_triton, "residual_add_fwd_kernel", add)
     x, r, w = rows(torch.bfloat16, seed=11, count=3)

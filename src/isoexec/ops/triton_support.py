@@ -79,6 +79,21 @@ def elementwise_tiles(rows: int, width: int) -> tuple[tuple[int, int], int, int]
     return (triton.cdiv(rows, block_r), triton.cdiv(width, block_n)), block_r, block_n
 
 
+@jit
+def elementwise_tile(num_rows, N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's [BLOCK_R, BLOCK_N] tile of a [num_rows, N] launch over `elementwise_tiles`' grid:
+    row offsets (int64), column offsets, and the in-bounds mask."""
+    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    o_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return o_r, o_n, (o_r < num_rows)[:, None] & (o_n < N)[None, :]
+
+
+@jit
+def load_fp32(p, o_r, o_n, m, stride_r, stride_n):
+    """The [BLOCK_R, BLOCK_N] tile of p at rows o_r and columns o_n, widened to fp32 (masked lanes +0.0)."""
+    return tl.load(p + o_r[:, None] * stride_r + o_n[None, :] * stride_n, mask=m, other=0.0).to(tl.float32)
+
+
 def check_fp32_elementwise(impl_id: str, constants: dict) -> None:
     """The constants every fp32 elementwise kernel shares: compute_dtype float32, boundary dtypes it loads."""
     if constants["compute_dtype"] != "float32":

@@ -22,7 +22,10 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
-from ..triton_support import ELEMENTWISE_WARPS, as_rows, check_fp32_elementwise, elementwise_tiles, interpreting, jit, needs_grad, require_device, tl, triton_available
+from ..triton_support import (
+    ELEMENTWISE_WARPS, as_rows, check_fp32_elementwise, elementwise_tile, elementwise_tiles,
+    interpreting, jit, load_fp32, needs_grad, require_device, tl, triton_available,
+)
 
 try:
     from triton.language.extra import libdevice
@@ -42,11 +45,9 @@ def silu_mul_fwd_kernel(
     BLOCK_N: tl.constexpr,
     USE_LIBDEVICE: tl.constexpr,
 ):
-    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    o_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m = (o_r < num_rows)[:, None] & (o_n < N)[None, :]
-    b_g = tl.load(gate + o_r[:, None] * stride_gr + o_n[None, :] * stride_gn, mask=m, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_N]
-    b_u = tl.load(up + o_r[:, None] * stride_ur + o_n[None, :] * stride_un, mask=m, other=0.0).to(tl.float32)
+    o_r, o_n, m = elementwise_tile(num_rows, N, BLOCK_R, BLOCK_N)
+    b_g = load_fp32(gate, o_r, o_n, m, stride_gr, stride_gn)  # [BLOCK_R, BLOCK_N]
+    b_u = load_fp32(up, o_r, o_n, m, stride_ur, stride_un)
     if USE_LIBDEVICE:
         b_e = libdevice.exp(-b_g)
     else:
@@ -84,12 +85,10 @@ def silu_mul_bwd_kernel(
     BLOCK_N: tl.constexpr,
 ):
     """d_gate = dy u s (1 + g (1 - s)), d_up = dy g s with s = sigmoid(g), in fp32 (correct, not invariant)."""
-    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    o_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m = (o_r < num_rows)[:, None] & (o_n < N)[None, :]
-    b_g = tl.load(gate + o_r[:, None] * stride_gr + o_n[None, :] * stride_gn, mask=m, other=0.0).to(tl.float32)
-    b_u = tl.load(up + o_r[:, None] * stride_ur + o_n[None, :] * stride_un, mask=m, other=0.0).to(tl.float32)
-    b_dy = tl.load(dy + o_r[:, None] * stride_dr + o_n[None, :] * stride_dn, mask=m, other=0.0).to(tl.float32)
+    o_r, o_n, m = elementwise_tile(num_rows, N, BLOCK_R, BLOCK_N)
+    b_g = load_fp32(gate, o_r, o_n, m, stride_gr, stride_gn)
+    b_u = load_fp32(up, o_r, o_n, m, stride_ur, stride_un)
+    b_dy = load_fp32(dy, o_r, o_n, m, stride_dr, stride_dn)
     b_s = tl.sigmoid(b_g)
     p = o_r[:, None] * N + o_n[None, :]
     tl.store(d_gate + p, (b_dy * b_u * b_s * (1.0 + b_g * (1.0 - b_s))).to(d_gate.dtype.element_ty), mask=m)

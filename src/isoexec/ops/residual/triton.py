@@ -17,7 +17,10 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
-from ..triton_support import ELEMENTWISE_WARPS, as_rows, check_fp32_elementwise, elementwise_tiles, jit, needs_grad, require_device, tl, triton_available
+from ..triton_support import (
+    ELEMENTWISE_WARPS, as_rows, check_fp32_elementwise, elementwise_tile, elementwise_tiles,
+    jit, load_fp32, needs_grad, require_device, tl, triton_available,
+)
 
 ID = "residual.triton"
 
@@ -31,11 +34,9 @@ def residual_add_fwd_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    o_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m = (o_r < num_rows)[:, None] & (o_n < N)[None, :]
-    b_x = tl.load(x + o_r[:, None] * stride_xr + o_n[None, :] * stride_xn, mask=m, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_N]
-    b_r = tl.load(r + o_r[:, None] * stride_rr + o_n[None, :] * stride_rn, mask=m, other=0.0).to(tl.float32)
+    o_r, o_n, m = elementwise_tile(num_rows, N, BLOCK_R, BLOCK_N)
+    b_x = load_fp32(x, o_r, o_n, m, stride_xr, stride_xn)  # [BLOCK_R, BLOCK_N]
+    b_r = load_fp32(r, o_r, o_n, m, stride_rr, stride_rn)
     tl.store(y + o_r[:, None] * N + o_n[None, :], (b_x + b_r).to(y.dtype.element_ty), mask=m)
 
 
