@@ -4,8 +4,9 @@
 
 decode:    cProfile of `LLMEngine.generate` (host time per function), then the pieces of one decode
            step timed alone on the device: graph replay, sampling, the metadata the runner builds.
-attention: attention.triton decode (64 x 2048 keys) and prefill (one 2048-key sequence), Qwen3-8B
-           heads, over a grid of block_m / block_n / num_warps / num_stages.
+attention: attention.triton in prefill, training (packed) and decode forms over a grid of block_m /
+           num_warps / num_stages, as graph replays beside flash SDPA, each output compared bit for bit
+           with the listed constants'.
 gemm:      decode-sized linear.triton GEMMs (M = 1 … 64, Qwen3-0.6B shapes) as CUDA-graph replays: candidate
            tiles with the listed block_k or twice it, timed beside cuBLAS and compared bit for bit with
            the listed tile.
@@ -237,37 +238,58 @@ def profile_launch(model_name: str, contract_name: str) -> None:
 
 
 def sweep_attention() -> None:
+    """attention.triton's tile constants (block_m, num_warps, num_stages) per form, timed as graph replays
+    beside flash SDPA; each output is compared bit for bit with the listed constants' (tile constants
+    must not move a bit; block_n does, so it stays at the preset's 32)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     from isoexec.ops.attention import paged_slot_table, packed_slot_table
     from isoexec.ops.attention import triton as attention_triton
 
-    heads, kv_heads, dim, device = 32, 8, 128, torch.device("cuda")
-    batch, keys = 64, 2048
-    pages = torch.randperm(batch * keys // 16, device=device).reshape(batch, keys // 16)
-    slot_table = paged_slot_table(pages, 16, keys)
-    k_store = torch.randn(batch * keys, kv_heads, dim, device=device, dtype=torch.bfloat16)
-    v_store = torch.randn_like(k_store)
-    q = torch.randn(batch, heads, dim, device=device, dtype=torch.bfloat16)
-    seq_ids, positions = torch.arange(batch, device=device), torch.full((batch,), keys - 1, device=device)
-    cu = torch.tensor([0, keys], device=device)
-    p_table, p_seq, p_pos = packed_slot_table(cu)
-    pq = torch.randn(keys, heads, dim, device=device, dtype=torch.bfloat16)
-    pk, pv = torch.randn(keys, kv_heads, dim, device=device, dtype=torch.bfloat16), torch.randn(keys, kv_heads, dim, device=device, dtype=torch.bfloat16)
-    print("== attention.triton, Qwen3-8B heads: decode 64 x 2048 keys, prefill 1 x 2048 (ms)")
-    for block_m in (16, 64):
-        for block_n in (16, 32, 64, 128):
-            for num_warps in (4, 8):
-                for num_stages in (1, 2):
-                    op = attention_triton.bench_op(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
-                    try:
-                        decode = kernel_ms(lambda: op(q, k_store, v_store, slot_table, seq_ids, positions, dim**-0.5), device)
-                        prefill = kernel_ms(lambda: op(pq, pk, pv, p_table, p_seq, p_pos, dim**-0.5), device)
-                    except Exception as error:  # out of resources for some tiles
-                        print(f"block_m {block_m:>3} block_n {block_n:>3} warps {num_warps} stages {num_stages}: {type(error).__name__}")
-                        continue
-                    print(f"block_m {block_m:>3} block_n {block_n:>3} warps {num_warps} stages {num_stages}: decode {decode:.3f}  prefill {prefill:.3f}",
-                          flush=True)
-    tiles = kernel_ms(lambda: attention_triton.tile_starts(seq_ids, 16), device)
-    print(f"tile_starts alone (64 queries): {tiles:.3f} ms")
+    device, dim = torch.device("cuda"), 128
+    randn = lambda *shape: torch.randn(*shape, device=device, dtype=torch.bfloat16)  # noqa: E731
+
+    def packed(num_seqs, length, heads, kv_heads):
+        table, seq_ids, positions = packed_slot_table(torch.arange(num_seqs + 1, device=device) * length)
+        q, k, v = randn(num_seqs * length, heads, dim), randn(num_seqs * length, kv_heads, dim), randn(num_seqs * length, kv_heads, dim)
+        dense = [t.view(num_seqs, length, -1, dim).transpose(1, 2).repeat_interleave(heads // t.shape[1], 1) for t in (q, k, v)]
+        return (q, k, v, table, seq_ids, positions, dim**-0.5), lambda: F.scaled_dot_product_attention(*dense, is_causal=True)
+
+    def decode(batch, keys, heads, kv_heads):
+        pages = torch.randperm(batch * keys // 16, device=device).reshape(batch, keys // 16)
+        k_store, v_store = randn(batch * keys, kv_heads, dim), randn(batch * keys, kv_heads, dim)
+        q, seq_ids, positions = randn(batch, heads, dim), torch.arange(batch, device=device), torch.full((batch,), keys - 1, device=device)
+        dense = [q[:, :, None], *(s[paged_slot_table(pages, 16, keys)].transpose(1, 2).repeat_interleave(heads // kv_heads, 1) for s in (k_store, v_store))]
+        return (q, k_store, v_store, paged_slot_table(pages, 16, keys), seq_ids, positions, dim**-0.5), lambda: F.scaled_dot_product_attention(*dense)
+
+    forms = [("prefill 1 x 2048, Qwen3-8B heads", False, packed(1, 2048, 32, 8)),
+             ("training 8 x 2048, Qwen3-0.6B heads", False, packed(8, 2048, 16, 8)),
+             ("training 32 x 512, Qwen3-0.6B heads", False, packed(32, 512, 16, 8)),
+             ("decode 64 x 2048, Qwen3-8B heads", True, decode(64, 2048, 32, 8)),
+             ("decode 64 x 2048, Qwen3-0.6B heads", True, decode(64, 2048, 16, 8))]
+    for title, is_decode, (args, sdpa) in forms:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            flash = graphed_ms(sdpa, device)
+        listed = attention_triton.bench_op(decode=is_decode)(*args)
+        print(f"== attention.triton, {title}: flash SDPA {flash:.3f} ms; listed constants {attention_triton.HOPPER_DECODE_CONSTANTS if is_decode else attention_triton.HOPPER_CONSTANTS}")
+        if is_decode:  # block_m 16: the old decode tile (16 rows, up to 8 queries per tile)
+            grid = [(1, w, st) for w in (2, 4, 8) for st in (1, 2, 3)] + [(16, 4, 2)]
+        else:
+            grid = [(m, w, st) for m in (64, 128, 256) for w in (4, 8) for st in (1, 2, 3) if (m, w) != (256, 4)]
+            for block_n in (64, 128):  # re-blocks the softmax (bits differ): what a larger key block would buy
+                op = attention_triton.bench_op(block_n=block_n)
+                print(f"block_n {block_n} (listed tile): {graphed_ms(lambda op=op: op(*args), device):.3f} ms", flush=True)
+        for block_m, num_warps, num_stages in grid:
+            op = attention_triton.bench_op(decode=is_decode, block_m=block_m, num_warps=num_warps, num_stages=num_stages)
+            try:
+                same = torch.equal(op(*args).view(torch.int16), listed.view(torch.int16))
+                ms = graphed_ms(lambda op=op: op(*args), device)
+            except Exception as error:  # out of resources for some tiles
+                print(f"block_m {block_m:>3} warps {num_warps} stages {num_stages}: {type(error).__name__}: {str(error).splitlines()[0][:80]}")
+                continue
+            print(f"block_m {block_m:>3} warps {num_warps} stages {num_stages}: {ms:.3f} ms ({flash / ms:.2f} of flash)  bits {'equal' if same else 'DIFFER'}",
+                  flush=True)
 
 
 QWEN3_06B = {"q_proj": (2048, 1024), "kv_proj": (1024, 1024), "o_proj": (1024, 2048), "gate_up": (3072, 1024),

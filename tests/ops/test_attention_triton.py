@@ -159,6 +159,17 @@ def test_the_battery_admits_attention_triton_and_rejects_native():
     assert _battery("attention.native", native, small_probe=TINY_PROBE).status == "rejected"
 
 
+def test_the_battery_admits_the_presets_decode_tiles_against_its_training_tiles():
+    """tiny-dense-triton pins one query per tile for decode and 128-row tiles elsewhere: the decode entry
+    is proven against trainer_fwd, in bfloat16 and float32."""
+    contract = load_preset("tiny-dense-triton")
+    decode, trainer = contract.entry("attention", "engine_decode"), contract.entry("attention", "trainer_fwd")
+    assert (decode.constants["block_m"], trainer.constants["block_m"]) == (1, 128)
+    result = validate_entry(contract, decode, probe.probe if ON_GPU else SMALL_PROBE, registry=REGISTRY, device=DEVICE)
+    assert result.status == "admitted", result.failures[:5]
+    assert result.dtypes == ("bfloat16", "float32")
+
+
 def test_a_key_block_chosen_from_the_batch_is_caught():
     """A variant whose key block grows with the number of queries re-blocks the online softmax."""
     def block_from_batch(q, *args, block_n, **constants):
@@ -193,3 +204,17 @@ def test_a_decode_step_can_be_captured_in_a_cuda_graph():
         captured = attention(qd, k, v, slot_table, sd, pd, 0.25, constants=BF16)
     graph.replay()
     assert torch.equal(captured.view(torch.int16), eager.view(torch.int16))
+
+
+@pytest.mark.parametrize("dtype,constants", [(torch.float32, CONSTANTS), (torch.bfloat16, BF16)])
+def test_tile_constants_leave_every_bit(dtype, constants):
+    """block_m (rows per tile: queries per tile and per program), num_warps and num_stages only regroup
+    rows, so every output keeps its bits; block_n re-blocks the online softmax, and the same comparison
+    sees it in float32 (the control; rounding these small rows to bfloat16 hides it)."""
+    args = (*packed([37, 1, 20, 9], dtype=dtype), 0.25)
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    base = attention(*args, constants={**constants, "block_m": 1})
+    for change in ({"block_m": 2}, {"block_m": 4}, {"block_m": 16}, {"block_m": 64, "num_warps": 8, "num_stages": 2}):
+        assert torch.equal(attention(*args, constants={**constants, **change}).view(bits), base.view(bits)), change
+    if dtype == torch.float32:
+        assert not torch.equal(attention(*args, constants={**constants, "block_n": 32}).view(bits), base.view(bits))

@@ -4,11 +4,14 @@ The kernel takes the same integer metadata as `reference.attention` (slot table,
 absolute positions; see `metadata.py`), so the packed training batch, a chunk of a prefill and one
 decode token per sequence over the paged cache are the same launch with different integers.
 
-A program owns a tile of at most BLOCK_M queries of one sequence at consecutive positions in one
-absolute block of BLOCK_M positions, and all G = H / Hkv query heads that read kv_head: its
-BLOCK_M * G rows share every key and value load. It walks the absolute key blocks [j * BLOCK_N, (j + 1) * BLOCK_N) in ascending order, from the first
-block any of its rows can see to the last, gathering each key's row of the store through the slot
-table. Per block and row, in fp32:
+A tile is a run of at most BLOCK_Q queries of one sequence at consecutive positions inside one
+absolute block of BLOCK_Q positions, with all G = H / Hkv query heads that read one KV head: its
+BLOCK_Q * G rows share every key and value load. The contract's `block_m` counts those rows:
+BLOCK_Q = max(1, block_m // G) (G rounded up to a power of two), so `block_m = 128` gives 128-row MMA
+tiles for any head grouping and `block_m = 1` one query per tile (decode, where every query is its own
+sequence). A tile walks the absolute key blocks [j * BLOCK_N, (j + 1) * BLOCK_N) in ascending order,
+from the first block any of its rows can see to the last, gathering each key's row of the store
+through the slot table. Per block and row, in fp32:
 
     s = (q · k) * scale              tl.dot, bf16 operands, fp32 accumulation; -inf where not visible
     m' = max(m, max_j s)             a row that has seen no key yet uses 0 in place of -inf below
@@ -27,12 +30,18 @@ sum that is zero is canonicalised to +0.0, since keys the row does not see but a
 neighbour whose value is inf or NaN gives 0 * inf = NaN in this row too; the engine and trainer only
 ever expose written (finite) keys to any row.
 
-The grid has one program per query and KV head; the program at query i runs a tile only if one starts
-there (i is the first query, or its sequence differs from query i - 1's, or its position does not
-follow i - 1's, or it opens an absolute block of BLOCK_M positions) and reads the tile's extent from
-the metadata itself, so there is no host sync and no separate tiling kernel, and decode steps can be
-captured in a CUDA graph. A visible key whose slot lies outside the store is skipped rather than
-reported (the kernel cannot raise); `reference.attention` raises there.
+Blocks wholly below the tile's first position (most of a long row's walk) are visible to every row
+alike, so `_full_block` runs them without the per-row masks and their reductions; it performs the
+same operations on the same values as `_block`, so a row's bits do not depend on which of the two a
+block took (a decode row takes `_full_block` for blocks a training tile's row gets through `_block`).
+
+The grid has one program per BLOCK_Q consecutive queries and KV head, last queries first (they see
+the most keys). A program finds the tiles that start among its queries (the first query, or one
+whose sequence differs from the previous query's, whose position does not follow it, or that opens an
+absolute block of BLOCK_Q positions), reads each tile's extent from the metadata itself and runs them
+in turn, so there is no host sync and no separate tiling kernel, and decode steps can be captured in
+a CUDA graph. A visible key whose slot lies outside the store is skipped rather than reported (the
+kernel cannot raise); `reference.attention` raises there.
 
 The backward pass recomputes the forward with `native.attention` (SDPA) under autograd, trainer
 batches with one padded flash call (`native.packed`): gradients are correct, not batch-invariant.
@@ -53,10 +62,25 @@ from .reference import _check_inputs
 ID = "attention.triton"
 DTYPES = ("bfloat16", "float16", "float32")
 
-# Hopper (H100/H200) constants for bf16 head_dim 128 models, as the tiny-dense-triton preset pins them
-# (block_n = 32: the largest key block that divides its 32-token pages; see docs/experiments.md).
+# Hopper (H100/H200) constants for bf16 head_dim 128 models, as the tiny-dense-triton preset pins them:
+# 128-row tiles for training and prefill, one query per tile for decode. block_n = 32 in both (it
+# decides bits): the largest key block that divides the preset's 32-token pages; see docs/experiments.md.
 HOPPER_CONSTANTS = dict(input_dtype="bfloat16", output_dtype="bfloat16", kv_cache_dtype="bfloat16", accum_dtype="float32",
-                        block_m=16, block_n=32, num_warps=4, num_stages=2, split_kv_size=0)
+                        block_m=128, block_n=32, num_warps=8, num_stages=1, split_kv_size=0)
+HOPPER_DECODE_CONSTANTS = {**HOPPER_CONSTANTS, "block_m": 1, "num_warps": 4, "num_stages": 3}
+
+
+@jit
+def _row_sum(p, SUM_BY_DOT: tl.constexpr):
+    """sum_j p[:, j] in an order that does not depend on the tile's layout. In bf16 the scores come in
+    the tensor cores' accumulator layout, whose per-row reduction order is the same at every tile size
+    (measured: profile_gpu.py attention, and the battery's decode-vs-trainer trials). fp32 dots run on
+    the CUDA cores in a layout chosen by tile size and warps, which tl.sum's tree follows, so there the
+    sum is a dot with ones: one fused multiply-add per key, in key order."""
+    if SUM_BY_DOT:
+        ones = tl.full([p.shape[1], 16], 1.0, dtype=tl.float32)
+        return tl.max(tl.dot(p, ones, input_precision="ieee"), 1)  # 16 equal columns
+    return tl.sum(p, 1)
 
 
 @jit
@@ -64,9 +88,9 @@ def _block(
     m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head,
     k, v, L, S, scale, window,
     stride_ks, stride_kh, stride_vs, stride_vh,
-    HAS_WINDOW: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
 ):
-    """One online-softmax step of every row over key block i_blk."""
+    """One online-softmax step of every row over key block i_blk, masked per row and key."""
     o_d = tl.arange(0, D)
     keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] absolute key positions
     vis = (keys[None, :] <= pos[:, None]) & (keys[None, :] < L) & row_ok[:, None]  # [ROWS, BLOCK_N]
@@ -90,7 +114,7 @@ def _block(
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp(m - m_safe)
     p = tl.where(vis, tl.exp(s - m_safe[:, None]), 0.0)
-    l_new = l * alpha + tl.sum(p, 1)
+    l_new = l * alpha + _row_sum(p, SUM_BY_DOT)
     pv = tl.dot(p.to(b_v.dtype), b_v, input_precision="ieee")  # [ROWS, D] fp32; ieee: fp32 is never tf32
     pv = tl.where(pv == 0.0, 0.0, pv)  # +0.0: the sign of a zero sum would depend on the neighbours' keys
     acc_new = acc * alpha[:, None] + pv
@@ -99,6 +123,112 @@ def _block(
     l = tl.where(row_active, l_new, l)
     acc = tl.where(row_active[:, None], acc_new, acc)
     return m, l, acc
+
+
+@jit
+def _full_block(
+    m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
+    stride_ks, stride_kh, stride_vs, stride_vh,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
+):
+    """`_block` over a key block that lies wholly below every row's position (and inside the table):
+    there a key is visible to a row iff its slot is in the store, the same for every row, so the
+    per-row masks and their reductions drop out and each op is `_block`'s own on the same values.
+
+    `_block` keeps a row's state where the row sees no key of the block; here that case (every slot
+    outside the store) needs no select, because the update leaves the state's bits as they are: the
+    maximum stays m, so alpha = exp(m - m) = exp(+0) = 1 exactly (ex2 of +0 is +1 in PTX; -inf rows
+    get alpha = 0 with l = 0 and acc = +0), p = 0, l * 1 + 0 = l, and acc * 1 + (+0) = acc since an
+    accumulator is never -0.0 (it starts at +0.0 and each p · v added is non-zero or +0.0)."""
+    o_d = tl.arange(0, D)
+    keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)
+    slots = tl.load(seq_row + keys).to(tl.int64)
+    ok = (slots >= 0) & (slots < S)  # [BLOCK_N]
+    b_k = tl.load(k + slots[None, :] * stride_ks + kv_head * stride_kh + o_d[:, None], mask=ok[None, :], other=0.0)
+    b_v = tl.load(v + slots[:, None] * stride_vs + kv_head * stride_vh + o_d[None, :], mask=ok[:, None], other=0.0)
+    if DOT_IN_FP32:
+        b_k, b_v = b_k.to(tl.float32), b_v.to(tl.float32)
+
+    s = tl.dot(b_q, b_k, input_precision="ieee") * scale
+    s = tl.where(ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - m_safe)
+    p = tl.where(ok[None, :], tl.exp(s - m_safe[:, None]), 0.0)
+    l_new = l * alpha + _row_sum(p, SUM_BY_DOT)
+    pv = tl.dot(p.to(b_v.dtype), b_v, input_precision="ieee")
+    pv = tl.where(pv == 0.0, 0.0, pv)
+    return m_new, l_new, acc * alpha[:, None] + pv
+
+
+@jit
+def _tile(
+    i, q, k, v, o, slot_table, seq_ids, positions, kv_head,
+    T, L, S, scale, window,
+    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_sb,
+    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    SUM_BY_DOT: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+):
+    """The tile that starts at query i: its queries' rows, every key block they see, their outputs."""
+    seq = tl.load(seq_ids + i)
+    rows = tl.arange(0, ROWS)  # BLOCK_Q * G_PAD rows, padded up to tl.dot's 16
+    t = rows // G_PAD
+    tok = i + t  # [ROWS]
+    in_range = tok < T
+    s_tok = tl.load(seq_ids + tok, mask=in_range, other=-1)
+    p_tok = tl.load(positions + tok, mask=in_range, other=-1)
+    p_prev = tl.load(positions + tok - 1, mask=in_range & (t > 0), other=-1)
+    cut = (t > 0) & (~in_range | (s_tok != seq) | (p_prev + 1 != p_tok) | (p_tok % BLOCK_Q == 0))
+    length = tl.min(tl.where(cut, t, BLOCK_Q), 0)
+    row_ok = (t < length) & (rows < BLOCK_Q * G_PAD) & (rows % G_PAD < G)
+    head = kv_head * G + rows % G_PAD
+    tok = tl.where(row_ok, tok, i).to(tl.int64)
+    pos = tl.where(row_ok, p_tok, -1).to(tl.int32)
+    o_d = tl.arange(0, D)
+    p_q = q + tok[:, None] * stride_qt + head[:, None] * stride_qh + o_d[None, :]
+    b_q = tl.load(p_q, mask=row_ok[:, None], other=0.0)
+    if DOT_IN_FP32:
+        b_q = b_q.to(tl.float32)
+
+    # The blocks holding any row's visible keys: [lo_blk, hi_blk); other blocks would be no-ops. Without
+    # a window, those below every row's position (the tile's first) and inside the table are whole:
+    # [lo_blk, full_blk) take `_full_block`, the rest `_block`, in ascending order either way.
+    hi = tl.max(tl.where(row_ok, tl.minimum(pos, L - 1), -1), 0)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.min(tl.where(row_ok, tl.maximum(pos - window + 1, 0), hi), 0)
+    lo_blk = lo // BLOCK_N
+    hi_blk = tl.where(hi >= 0, hi // BLOCK_N + 1, lo_blk)
+    full_blk = lo_blk
+    if not HAS_WINDOW:
+        full_blk = (tl.minimum(tl.load(positions + i), L - 1).to(tl.int32) + 1) // BLOCK_N
+
+    m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, D], dtype=tl.float32)
+    seq_row = slot_table + seq.to(tl.int64) * stride_sb
+    if DOT_IN_FP32:  # the interpreter cannot take a loaded scalar as a `range` bound
+        i_blk = lo_blk
+        while i_blk < full_blk:
+            m, l, acc = _full_block(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
+                                    stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+            i_blk += 1
+        while i_blk < hi_blk:
+            m, l, acc = _block(m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
+                               stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+            i_blk += 1
+    else:
+        for i_blk in range(lo_blk, full_blk):
+            m, l, acc = _full_block(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
+                                    stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+        for i_blk in range(full_blk, hi_blk):
+            m, l, acc = _block(m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
+                               stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+
+    has_keys = l > 0.0
+    out = tl.where(has_keys[:, None], acc / tl.where(has_keys, l, 1.0)[:, None], 0.0)
+    p_o = o + tok[:, None] * stride_ot + head[:, None] * stride_oh + o_d[None, :]
+    tl.store(p_o, out.to(o.dtype.element_ty), mask=row_ok[:, None])
 
 
 @jit(do_not_specialize=["T", "L", "S", "window"])
@@ -111,64 +241,31 @@ def attention_fwd_kernel(
     D: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    SUM_BY_DOT: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
 ):
-    # Program (i, kv_head) runs the tile starting at query i, if one starts there: a tile is a run of
-    # queries of one sequence at consecutive positions inside one absolute block of BLOCK_M positions.
-    i, kv_head = tl.program_id(0), tl.program_id(1)
-    seq = tl.load(seq_ids + i)
-    pos_i = tl.load(positions + i)
-    prev = tl.maximum(i - 1, 0)
-    starts = (i == 0) | (tl.load(seq_ids + prev) != seq) | (tl.load(positions + prev) + 1 != pos_i) | (pos_i % BLOCK_M == 0)
-    if starts:
-        rows = tl.arange(0, ROWS)  # BLOCK_M * G_PAD rows, padded up to tl.dot's 16
-        t = rows // G_PAD
-        tok = i + t  # [ROWS]
-        in_range = tok < T
-        s_tok = tl.load(seq_ids + tok, mask=in_range, other=-1)
-        p_tok = tl.load(positions + tok, mask=in_range, other=-1)
-        p_prev = tl.load(positions + tok - 1, mask=in_range & (t > 0), other=-1)
-        cut = (t > 0) & (~in_range | (s_tok != seq) | (p_prev + 1 != p_tok) | (p_tok % BLOCK_M == 0))
-        length = tl.min(tl.where(cut, t, BLOCK_M), 0)
-        row_ok = (t < length) & (rows < BLOCK_M * G_PAD) & (rows % G_PAD < G)
-        head = kv_head * G + rows % G_PAD
-        tok = tl.where(row_ok, tok, i).to(tl.int64)
-        pos = tl.where(row_ok, p_tok, -1).to(tl.int64)
-        o_d = tl.arange(0, D)
-        p_q = q + tok[:, None] * stride_qt + head[:, None] * stride_qh + o_d[None, :]
-        b_q = tl.load(p_q, mask=row_ok[:, None], other=0.0)
-        if DOT_IN_FP32:
-            b_q = b_q.to(tl.float32)
-
-        # The blocks holding any row's visible keys: [first, last]; other blocks would be no-ops.
-        hi = tl.max(tl.where(row_ok, tl.minimum(pos, L - 1), -1), 0)
-        lo = 0
-        if HAS_WINDOW:
-            lo = tl.min(tl.where(row_ok, tl.maximum(pos - window + 1, 0), hi), 0)
-        lo_blk = lo // BLOCK_N
-        hi_blk = tl.where(hi >= 0, hi // BLOCK_N + 1, lo_blk)
-
-        m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-        l = tl.zeros([ROWS], dtype=tl.float32)
-        acc = tl.zeros([ROWS, D], dtype=tl.float32)
-        seq_row = slot_table + seq.to(tl.int64) * stride_sb
-        if DOT_IN_FP32:  # the interpreter cannot take a loaded scalar as a `range` bound
-            i_blk = lo_blk
-            while i_blk < hi_blk:
-                m, l, acc = _block(m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
-                                   stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32)
-                i_blk += 1
-        else:
-            for i_blk in range(lo_blk, hi_blk):
-                m, l, acc = _block(m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
-                                   stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32)
-
-        has_keys = l > 0.0
-        out = tl.where(has_keys[:, None], acc / tl.where(has_keys, l, 1.0)[:, None], 0.0)
-        p_o = o + tok[:, None] * stride_ot + head[:, None] * stride_oh + o_d[None, :]
-        tl.store(p_o, out.to(o.dtype.element_ty), mask=row_ok[:, None])
+    # Program (r, kv_head) runs, in order, the tiles that start among queries [r * BLOCK_Q, (r + 1) *
+    # BLOCK_Q): a tile is a run of queries of one sequence at consecutive positions inside one absolute
+    # block of BLOCK_Q positions, and starts where a query's sequence or position breaks the run. The
+    # last queries go first: in a causal batch they see the most keys.
+    r, kv_head = tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1)
+    c = tl.arange(0, BLOCK_Q)
+    cand = r * BLOCK_Q + c
+    valid = cand < T
+    has_prev = valid & (cand > 0)
+    seq_c = tl.load(seq_ids + cand, mask=valid, other=-1)
+    pos_c = tl.load(positions + cand, mask=valid, other=-1)
+    seq_p = tl.load(seq_ids + cand - 1, mask=has_prev, other=-1)
+    pos_p = tl.load(positions + cand - 1, mask=has_prev, other=-1)
+    starts = valid & ((cand == 0) | (seq_p != seq_c) | (pos_p + 1 != pos_c) | (pos_c % BLOCK_Q == 0))
+    start = tl.min(tl.where(starts, c, BLOCK_Q), 0)
+    while start < BLOCK_Q:
+        _tile(r * BLOCK_Q + start, q, k, v, o, slot_table, seq_ids, positions, kv_head, T, L, S, scale, window,
+              stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_sb,
+              G, G_PAD, D, HAS_WINDOW, DOT_IN_FP32, SUM_BY_DOT, BLOCK_Q, BLOCK_N, ROWS)
+        start = tl.min(tl.where(starts & (c > start), c, BLOCK_Q), 0)
 
 
 def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor, scale: float,
@@ -182,15 +279,17 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
         return o
     group = num_heads // num_kv_heads
     g_pad = triton.next_power_of_2(group)
+    tile_positions = max(1, block_m // g_pad)
     q, k_store, v_store = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_store, v_store))
     slot_table = slot_table.contiguous()
-    attention_fwd_kernel[(num_tokens, num_kv_heads)](
+    attention_fwd_kernel[(triton.cdiv(num_tokens, tile_positions), num_kv_heads)](
         q, k_store, v_store, o, slot_table, seq_ids.contiguous(), positions.contiguous(),
         num_tokens, slot_table.shape[1], k_store.shape[0], float(scale), 0 if window is None else int(window),
         q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), o.stride(0), o.stride(1),
         slot_table.stride(0),
         G=group, G_PAD=g_pad, D=head_dim, HAS_WINDOW=window is not None,
-        DOT_IN_FP32=triton_support.interpreting(), BLOCK_M=block_m, BLOCK_N=block_n, ROWS=max(16, block_m * g_pad),
+        DOT_IN_FP32=triton_support.interpreting(), SUM_BY_DOT=q.dtype == torch.float32 and not triton_support.interpreting(),
+        BLOCK_Q=tile_positions, BLOCK_N=block_n, ROWS=max(16, tile_positions * g_pad),
         num_warps=num_warps, num_stages=num_stages,
     )
     return o
@@ -242,9 +341,10 @@ def attention(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, s
     return attention_fwd(q, k_store, v_store, slot_table, seq_ids, positions, scale, window, torch_dtype(output_dtype), **config)
 
 
-def bench_op(**overrides):
-    """The op with its Hopper constants, for `benchmarks/bench.py`: (q, k_store, v_store, slot_table, seq_ids, positions, scale)."""
-    constants = {**HOPPER_CONSTANTS, **overrides}
+def bench_op(decode: bool = False, **overrides):
+    """The op with its Hopper constants (decode's, or training and prefill's), for `benchmarks/`:
+    (q, k_store, v_store, slot_table, seq_ids, positions, scale) -> out."""
+    constants = {**(HOPPER_DECODE_CONSTANTS if decode else HOPPER_CONSTANTS), **overrides}
     return lambda q, k_store, v_store, slot_table, seq_ids, positions, scale: attention(
         q, k_store, v_store, slot_table, seq_ids, positions, scale, **constants)
 
@@ -273,4 +373,4 @@ def register(registry) -> None:
     """Register attention.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(id=ID, version=1, region="attention", cases=ALL_CASES, fn=attention, check_constants=check_constants,
-                               sources=(attention_fwd_kernel, _block, triton_support)))
+                               sources=(attention_fwd_kernel, _tile, _full_block, _block, _row_sum, triton_support)))
