@@ -160,11 +160,11 @@ def test_the_battery_admits_attention_triton_and_rejects_native():
 
 
 def test_the_battery_admits_the_presets_decode_tiles_against_its_training_tiles():
-    """tiny-dense-triton pins one query per tile for decode and 128-row tiles elsewhere: the decode entry
+    """tiny-dense-triton pins one query per tile for decode and 64-row tiles elsewhere: the decode entry
     is proven against trainer_fwd, in bfloat16 and float32."""
     contract = load_preset("tiny-dense-triton")
     decode, trainer = contract.entry("attention", "engine_decode"), contract.entry("attention", "trainer_fwd")
-    assert (decode.constants["block_m"], trainer.constants["block_m"]) == (1, 128)
+    assert (decode.constants["block_m"], trainer.constants["block_m"]) == (1, 64)
     result = validate_entry(contract, decode, probe.probe if ON_GPU else SMALL_PROBE, registry=REGISTRY, device=DEVICE)
     assert result.status == "admitted", result.failures[:5]
     assert result.dtypes == ("bfloat16", "float32")

@@ -7,7 +7,7 @@ decode token per sequence over the paged cache are the same launch with differen
 A tile is a run of at most BLOCK_Q queries of one sequence at consecutive positions inside one
 absolute block of BLOCK_Q positions, with all G = H / Hkv query heads that read one KV head: its
 BLOCK_Q * G rows share every key and value load. The contract's `block_m` counts those rows:
-BLOCK_Q = max(1, block_m // G) (G rounded up to a power of two), so `block_m = 128` gives 128-row MMA
+BLOCK_Q = max(1, block_m // G) (G rounded up to a power of two), so `block_m = 64` gives 64-row MMA
 tiles for any head grouping and `block_m = 1` one query per tile (decode, where every query is its own
 sequence). A tile walks the absolute key blocks [j * BLOCK_N, (j + 1) * BLOCK_N) in ascending order,
 from the first block any of its rows can see to the last, gathering each key's row of the store
@@ -63,11 +63,12 @@ ID = "attention.triton"
 DTYPES = ("bfloat16", "float16", "float32")
 
 # Hopper (H100/H200) constants for bf16 head_dim 128 models, as the tiny-dense-triton preset pins them:
-# 128-row tiles for training and prefill, one query per tile for decode. block_n = 32 in both (it
-# decides bits): the largest key block that divides the preset's 32-token pages; see docs/experiments.md.
+# 64-row tiles (one warpgroup) for training and prefill, one query per tile for decode, both with three
+# load stages (benchmarks/profile_gpu.py attention; docs/experiments.md). block_n = 32 in both (it
+# decides bits): the largest key block that divides the preset's 32-token pages.
 HOPPER_CONSTANTS = dict(input_dtype="bfloat16", output_dtype="bfloat16", kv_cache_dtype="bfloat16", accum_dtype="float32",
-                        block_m=128, block_n=32, num_warps=8, num_stages=1, split_kv_size=0)
-HOPPER_DECODE_CONSTANTS = {**HOPPER_CONSTANTS, "block_m": 1, "num_warps": 4, "num_stages": 3}
+                        block_m=64, block_n=32, num_warps=4, num_stages=3, split_kv_size=0)
+HOPPER_DECODE_CONSTANTS = {**HOPPER_CONSTANTS, "block_m": 1}
 
 
 @jit
