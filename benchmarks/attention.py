@@ -23,9 +23,8 @@ from timing import kernel_ms
 PAGE_SIZE = 16
 
 
-def slot_impls(device: torch.device, dtype: torch.dtype, with_reference: bool, decode: bool = False) -> dict:
-    """name -> fn(q, k_store, v_store, slot_table, seq_ids, positions, scale), the impls available here;
-    attention.triton with the preset's decode constants or its training and prefill ones."""
+def slot_impls(device: torch.device, dtype: torch.dtype, with_reference: bool) -> dict:
+    """name -> fn(q, k_store, v_store, slot_table, seq_ids, positions, scale), the impls available here."""
     name = str(dtype).removeprefix("torch.")
     boundary = dict(input_dtype=name, output_dtype=name, kv_cache_dtype=name)
     impls = {}
@@ -35,7 +34,7 @@ def slot_impls(device: torch.device, dtype: torch.dtype, with_reference: bool, d
         try:
             from isoexec.ops.attention import triton as attention_triton
 
-            impls["triton"] = attention_triton.bench_op(decode=decode)
+            impls["triton"] = attention_triton.bench_op()
         except (ImportError, AttributeError) as error:
             print(f"attention.triton: skipped ({error})")
     impls["native"] = REGISTRY.get("attention.native", 1).bind(boundary)
@@ -122,13 +121,12 @@ def decode(impls, batch, context, heads, device, dtype, generator) -> dict:
 def bench_attention(sizes, device: torch.device) -> list[dict]:
     dtype = torch.bfloat16
     impls = slot_impls(device, dtype, with_reference=sizes.attention_reference)
-    decode_impls = slot_impls(device, dtype, with_reference=sizes.attention_reference, decode=True)
     generator = torch.Generator(device).manual_seed(0)  # inputs drawn where they are used: 2 GiB of keys at decode 8192
     rows = []
     for length in sizes.prefill_lengths:
         rows.append(prefill(impls, length, sizes.attention_heads, device, dtype, generator))
         _print(rows[-1], "tflops")
     for context in sizes.decode_contexts:
-        rows.append(decode(decode_impls, sizes.decode_batch, context, sizes.attention_heads, device, dtype, generator))
+        rows.append(decode(impls, sizes.decode_batch, context, sizes.attention_heads, device, dtype, generator))
         _print(rows[-1], "tbps")
     return rows

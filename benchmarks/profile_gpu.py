@@ -271,17 +271,15 @@ def sweep_attention() -> None:
     for title, is_decode, (args, sdpa) in forms:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             flash = graphed_ms(sdpa, device)
-        listed = attention_triton.bench_op(decode=is_decode)(*args)
-        print(f"== attention.triton, {title}: flash SDPA {flash:.3f} ms; listed constants {attention_triton.HOPPER_DECODE_CONSTANTS if is_decode else attention_triton.HOPPER_CONSTANTS}")
-        if is_decode:  # block_m 16: the old decode tile (16 rows, up to 8 queries per tile)
-            grid = [(1, w, st) for w in (2, 4, 8) for st in (1, 2, 3)] + [(16, 4, 2)]
-        else:
-            grid = [(m, w, st) for m in (64, 128, 256) for w in (4, 8) for st in (1, 2, 3) if (m, w) != (256, 4)]
+        listed = attention_triton.bench_op()(*args)
+        print(f"== attention.triton, {title}: flash SDPA {flash:.3f} ms; listed constants {attention_triton.HOPPER_CONSTANTS}")
+        grid = [(m, w, st) for m in (64, 128) for w in (4, 8) for st in (1, 3)]
+        if not is_decode:
             for block_n in (64, 128):  # re-blocks the softmax (bits differ): what a larger key block would buy
                 op = attention_triton.bench_op(block_n=block_n)
                 print(f"block_n {block_n} (listed tile): {graphed_ms(lambda op=op: op(*args), device):.3f} ms", flush=True)
         for block_m, num_warps, num_stages in grid:
-            op = attention_triton.bench_op(decode=is_decode, block_m=block_m, num_warps=num_warps, num_stages=num_stages)
+            op = attention_triton.bench_op(block_m=block_m, num_warps=num_warps, num_stages=num_stages)
             try:
                 same = torch.equal(op(*args).view(torch.int16), listed.view(torch.int16))
                 ms = graphed_ms(lambda op=op: op(*args), device)

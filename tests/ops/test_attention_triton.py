@@ -159,15 +159,38 @@ def test_the_battery_admits_attention_triton_and_rejects_native():
     assert _battery("attention.native", native, small_probe=TINY_PROBE).status == "rejected"
 
 
-def test_the_battery_admits_the_presets_decode_tiles_against_its_training_tiles():
-    """tiny-dense-triton pins one query per tile for decode and 64-row tiles elsewhere: the decode entry
-    is proven against trainer_fwd, in bfloat16 and float32."""
-    contract = load_preset("tiny-dense-triton")
-    decode, trainer = contract.entry("attention", "engine_decode"), contract.entry("attention", "trainer_fwd")
-    assert (decode.constants["block_m"], trainer.constants["block_m"]) == (1, 64)
-    result = validate_entry(contract, decode, probe.probe if ON_GPU else SMALL_PROBE, registry=REGISTRY, device=DEVICE)
-    assert result.status == "admitted", result.failures[:5]
-    assert result.dtypes == ("bfloat16", "float32")
+def _decode_rows_vs_training_rows(op, lengths=(70, 33), steps=((69, 32), (50, 20), (31, 0), (32, 31))):
+    """Qwen3-0.6B's heads (16 / 8 / 128): the trainer's packed forward, and decode steps (one query per
+    sequence) at the listed positions over the same keys. -> (training rows, decode rows), same order."""
+    q, k, v, slot_table, seq_ids, positions = packed(list(lengths), heads=16, kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+    scale = 128**-0.5
+    trained = op(q, k, v, slot_table, seq_ids, positions, scale)
+    starts = [0, lengths[0]]
+    want, got = [], []
+    for step in steps:
+        rows = torch.tensor([starts[b] + p for b, p in enumerate(step)], device=DEVICE)
+        got.append(op(q[rows], k, v, slot_table, torch.arange(len(step), device=DEVICE), torch.tensor(step, device=DEVICE), scale))
+        want.append(trained[rows])
+    return torch.cat(want), torch.cat(got)
+
+
+def test_decode_rows_equal_training_rows_at_model_head_sizes():
+    """The preset's constants at a real model's head sizes, where the battery's small probe (head_dim 16)
+    cannot show an MMA-shape difference: on an H200 16-row decode tiles gave other bits than 64-row
+    training tiles at head_dim 128. The control must fail the same comparison: attention.native on the
+    GPU (flash vs its decode path); on this CPU, whose SDPA gives both forms the same bits here, the
+    kernel with a smaller key block for decode batches."""
+    constants = load_preset("tiny-dense-triton").entry("attention", "engine_decode").constants
+    assert constants == load_preset("tiny-dense-triton").entry("attention", "trainer_fwd").constants
+    want, got = _decode_rows_vs_training_rows(functools.partial(attention_triton.attention, **constants))
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    if ON_GPU:
+        control = REGISTRY.get("attention.native", 1).bind({k: constants[k] for k in ("input_dtype", "output_dtype", "kv_cache_dtype")})
+    else:
+        def control(q, *args):
+            return attention_triton.attention(q, *args, **{**constants, "block_n": 16 if q.shape[0] <= 2 else 32})
+    want, got = _decode_rows_vs_training_rows(control)
+    assert not torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
 def test_a_key_block_chosen_from_the_batch_is_caught():

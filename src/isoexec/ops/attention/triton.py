@@ -8,8 +8,9 @@ A tile is a run of at most BLOCK_Q queries of one sequence at consecutive positi
 absolute block of BLOCK_Q positions, with all G = H / Hkv query heads that read one KV head: its
 BLOCK_Q * G rows share every key and value load. The contract's `block_m` counts those rows:
 BLOCK_Q = max(1, block_m // G) (G rounded up to a power of two), so `block_m = 64` gives 64-row MMA
-tiles for any head grouping and `block_m = 1` one query per tile (decode, where every query is its own
-sequence). A tile walks the absolute key blocks [j * BLOCK_N, (j + 1) * BLOCK_N) in ascending order,
+tiles for any head grouping. A decode query is a tile of its own, in a 64-row tile like every other:
+rows of different MMA shapes (mma.sync for 16 rows, wgmma for 64) differ in the last bits on an H200
+at head_dim 128, so the tile shape is one constant for every case. A tile walks the absolute key blocks [j * BLOCK_N, (j + 1) * BLOCK_N) in ascending order,
 from the first block any of its rows can see to the last, gathering each key's row of the store
 through the slot table. Per block and row, in fp32:
 
@@ -35,8 +36,8 @@ alike, so `_full_block` runs them without the per-row masks and their reductions
 same operations on the same values as `_block`, so a row's bits do not depend on which of the two a
 block took (a decode row takes `_full_block` for blocks a training tile's row gets through `_block`).
 
-The grid has one program per BLOCK_Q consecutive queries and KV head, last queries first (they see
-the most keys). A program finds the tiles that start among its queries (the first query, or one
+The grid has one program per BLOCK_Q consecutive queries (one per query in a decode batch) and KV
+head, last queries first (they see the most keys). A program finds the tiles that start among its queries (the first query, or one
 whose sequence differs from the previous query's, whose position does not follow it, or that opens an
 absolute block of BLOCK_Q positions), reads each tile's extent from the metadata itself and runs them
 in turn, so there is no host sync and no separate tiling kernel, and decode steps can be captured in
@@ -62,13 +63,12 @@ from .reference import _check_inputs
 ID = "attention.triton"
 DTYPES = ("bfloat16", "float16", "float32")
 
-# Hopper (H100/H200) constants for bf16 head_dim 128 models, as the tiny-dense-triton preset pins them:
-# 64-row tiles (one warpgroup) for training and prefill, one query per tile for decode, both with three
-# load stages (benchmarks/profile_gpu.py attention; docs/experiments.md). block_n = 32 in both (it
-# decides bits): the largest key block that divides the preset's 32-token pages.
+# Hopper (H100/H200) constants for bf16 head_dim 128 models, as the tiny-dense-triton preset pins them
+# for every case: 64-row tiles (one warpgroup), three load stages (benchmarks/profile_gpu.py attention;
+# docs/experiments.md). block_n = 32 (it decides bits): the largest key block that divides the preset's
+# 32-token pages.
 HOPPER_CONSTANTS = dict(input_dtype="bfloat16", output_dtype="bfloat16", kv_cache_dtype="bfloat16", accum_dtype="float32",
                         block_m=64, block_n=32, num_warps=4, num_stages=3, split_kv_size=0)
-HOPPER_DECODE_CONSTANTS = {**HOPPER_CONSTANTS, "block_m": 1}
 
 
 @jit
@@ -246,14 +246,15 @@ def attention_fwd_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
+    QUERIES: tl.constexpr,
 ):
-    # Program (r, kv_head) runs, in order, the tiles that start among queries [r * BLOCK_Q, (r + 1) *
-    # BLOCK_Q): a tile is a run of queries of one sequence at consecutive positions inside one absolute
+    # Program (r, kv_head) runs, in order, the tiles that start among queries [r * QUERIES, (r + 1) *
+    # QUERIES): a tile is a run of queries of one sequence at consecutive positions inside one absolute
     # block of BLOCK_Q positions, and starts where a query's sequence or position breaks the run. The
     # last queries go first: in a causal batch they see the most keys.
     r, kv_head = tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1)
-    c = tl.arange(0, BLOCK_Q)
-    cand = r * BLOCK_Q + c
+    c = tl.arange(0, QUERIES)
+    cand = r * QUERIES + c
     valid = cand < T
     has_prev = valid & (cand > 0)
     seq_c = tl.load(seq_ids + cand, mask=valid, other=-1)
@@ -261,12 +262,12 @@ def attention_fwd_kernel(
     seq_p = tl.load(seq_ids + cand - 1, mask=has_prev, other=-1)
     pos_p = tl.load(positions + cand - 1, mask=has_prev, other=-1)
     starts = valid & ((cand == 0) | (seq_p != seq_c) | (pos_p + 1 != pos_c) | (pos_c % BLOCK_Q == 0))
-    start = tl.min(tl.where(starts, c, BLOCK_Q), 0)
-    while start < BLOCK_Q:
-        _tile(r * BLOCK_Q + start, q, k, v, o, slot_table, seq_ids, positions, kv_head, T, L, S, scale, window,
+    start = tl.min(tl.where(starts, c, QUERIES), 0)
+    while start < QUERIES:
+        _tile(r * QUERIES + start, q, k, v, o, slot_table, seq_ids, positions, kv_head, T, L, S, scale, window,
               stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_sb,
               G, G_PAD, D, HAS_WINDOW, DOT_IN_FP32, SUM_BY_DOT, BLOCK_Q, BLOCK_N, ROWS)
-        start = tl.min(tl.where(starts & (c > start), c, BLOCK_Q), 0)
+        start = tl.min(tl.where(starts & (c > start), c, QUERIES), 0)
 
 
 def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor, scale: float,
@@ -281,16 +282,20 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
     group = num_heads // num_kv_heads
     g_pad = triton.next_power_of_2(group)
     tile_positions = max(1, block_m // g_pad)
+    # Which program runs a tile never enters a row's bits. A batch with no more queries than sequences
+    # (decode) gets one program per query: in a range of several, each query would be its own tile, run
+    # one after another.
+    queries = 1 if num_tokens <= slot_table.shape[0] else tile_positions
     q, k_store, v_store = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_store, v_store))
     slot_table = slot_table.contiguous()
-    attention_fwd_kernel[(triton.cdiv(num_tokens, tile_positions), num_kv_heads)](
+    attention_fwd_kernel[(triton.cdiv(num_tokens, queries), num_kv_heads)](
         q, k_store, v_store, o, slot_table, seq_ids.contiguous(), positions.contiguous(),
         num_tokens, slot_table.shape[1], k_store.shape[0], float(scale), 0 if window is None else int(window),
         q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), o.stride(0), o.stride(1),
         slot_table.stride(0),
         G=group, G_PAD=g_pad, D=head_dim, HAS_WINDOW=window is not None,
         DOT_IN_FP32=triton_support.interpreting(), SUM_BY_DOT=q.dtype == torch.float32 and not triton_support.interpreting(),
-        BLOCK_Q=tile_positions, BLOCK_N=block_n, ROWS=max(16, tile_positions * g_pad),
+        BLOCK_Q=tile_positions, BLOCK_N=block_n, ROWS=max(16, tile_positions * g_pad), QUERIES=queries,
         num_warps=num_warps, num_stages=num_stages,
     )
     return o
@@ -342,10 +347,10 @@ def attention(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, s
     return attention_fwd(q, k_store, v_store, slot_table, seq_ids, positions, scale, window, torch_dtype(output_dtype), **config)
 
 
-def bench_op(decode: bool = False, **overrides):
-    """The op with its Hopper constants (decode's, or training and prefill's), for `benchmarks/`:
-    (q, k_store, v_store, slot_table, seq_ids, positions, scale) -> out."""
-    constants = {**(HOPPER_DECODE_CONSTANTS if decode else HOPPER_CONSTANTS), **overrides}
+def bench_op(**overrides):
+    """The op with its Hopper constants, for `benchmarks/`: (q, k_store, v_store, slot_table, seq_ids,
+    positions, scale) -> out."""
+    constants = {**HOPPER_CONSTANTS, **overrides}
     return lambda q, k_store, v_store, slot_table, seq_ids, positions, scale: attention(
         q, k_store, v_store, slot_table, seq_ids, positions, scale, **constants)
 
