@@ -60,7 +60,7 @@ def _validate(args) -> int:
 
     from .validate import records, validate
 
-    contract = load(args.contract)
+    contract, spec = load(args.contract), None
     if args.model is not None:
         from .model import PRESETS, SpecError, fit_contract, read_config
 
@@ -85,7 +85,7 @@ def _validate(args) -> int:
         if len(result.failures) > 3:
             print(f"      … {len(result.failures) - 3} more (see --json)", flush=True)
 
-    report = validate(contract, device=args.device, progress=progress, record=not args.no_record)
+    report = validate(contract, device=args.device, progress=progress, record=not args.no_record, spec=spec)
     print(f"{report['admitted']} admitted, {report['rejected']} rejected in {report['seconds']} s" + ("" if args.no_record else f"; records in {records.records_dir()}"))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:

@@ -6,7 +6,7 @@ from conftest import entry_index, mutated
 from isoexec.contract import load_preset
 from isoexec.ops.attention import reference
 from isoexec.ops.attention.metadata import UNUSED_SLOT, packed_slot_table, paged_slot_table
-from isoexec.runtime.registry import REGISTRY, ResolutionError
+from isoexec.runtime.registry import REGISTRY, Impl, Registry, ResolutionError
 from isoexec.validate.battery import validate_entry
 
 H, HKV, D = 4, 2, 16
@@ -271,3 +271,30 @@ def test_split_kv_is_refused_at_resolve_time(dense):
     with pytest.raises(ValueError, match="split_kv_size must be 0"):
         reference.attention(q, k, v, torch.zeros(1, 1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64),
                             torch.zeros(1, dtype=torch.int64), SCALE, **{**reference_op().keywords, "split_kv_size": 64})
+
+
+def test_a_contract_fitted_to_a_model_is_probed_at_its_head_sizes():
+    """An impl whose decode rows go wrong only at head_dim >= 64 (as 16-row MMA tiles did at head_dim 128
+    on an H200) passes the probe's own small heads and fails when the probe takes the fitted model's
+    head_dim and grouping (`validate(..., spec=...)` passes them as `geometry`)."""
+    from isoexec.model import PRESETS
+
+    reference = REGISTRY.get("attention.reference", 1)
+
+    def wide_heads_drift_in_decode(q, k_store, v_store, slot_table, seq_ids, positions, scale, window=None, **constants):
+        out = reference.fn(q, k_store, v_store, slot_table, seq_ids, positions, scale, window, **constants)
+        if q.shape[-1] >= 64 and 0 < q.shape[0] <= slot_table.shape[0]:  # one query per sequence: decode
+            out = (out.view(torch.int16) ^ 1).view(out.dtype) if out.dtype == torch.bfloat16 else torch.nextafter(out, torch.full_like(out, float("inf")))
+        return out
+
+    registry = Registry()
+    registry.register(Impl(id="attention.reference", version=1, region="attention", cases=reference.cases, fn=wide_heads_drift_in_decode))
+    registry.register_probe("attention", REGISTRY.probe("attention"))
+    dense = load_preset("tiny-dense")
+    entry = dense.entry("attention", "trainer_fwd")
+    spec = PRESETS["qwen3-0.6b-random"]
+    geometry = {"num_heads": spec.num_attention_heads, "num_kv_heads": spec.num_key_value_heads, "head_dim": spec.head_dim}
+    small = validate_entry(dense, entry, registry.probe("attention"), registry=registry, device=torch.device("cpu"))
+    assert small.status == "admitted", small.failures[:3]
+    fitted = validate_entry(dense, entry, registry.probe("attention"), registry=registry, device=torch.device("cpu"), geometry=geometry)
+    assert fitted.status == "rejected" and any("engine_decode" in failure for failure in fitted.failures)

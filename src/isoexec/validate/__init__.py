@@ -12,16 +12,21 @@ from . import records
 from .battery import EntryResult, validate_entry
 
 
-def validate(contract: Contract, *, device: str = "cpu", registry: Registry = REGISTRY, record: bool = True, progress=None) -> dict:
+def validate(contract: Contract, *, device: str = "cpu", registry: Registry = REGISTRY, record: bool = True, progress=None,
+             spec=None) -> dict:
     """Validate every composition entry of `contract`; returns the JSON report.
 
     `progress(entry_result)` is called after each entry; with `record`, admission records are written.
+    `spec` (a ModelSpec), for a contract fitted to that model: probes that depend on the model's shapes
+    (attention: head_dim and query heads per KV head) run at them.
     """
     from .. import ops  # noqa: F401  (registers the op families)
 
     target = torch.device(device)
     runtime = runtime_info(target)
     start = time.perf_counter()
+    geometry = {} if spec is None else {"num_heads": spec.num_attention_heads, "num_kv_heads": spec.num_key_value_heads,
+                                        "head_dim": spec.head_dim}
     kernels = []
     for entry in contract.composition:
         impl = registry.get(entry.impl.id, entry.impl.version)
@@ -30,7 +35,7 @@ def validate(contract: Contract, *, device: str = "cpu", registry: Registry = RE
             missing = f'impl "{entry.impl}" is not registered' if impl is None else f'no probe for region "{entry.region}"'
             result = EntryResult(entry.region, str(entry.impl), entry.cases, entry.constants, [missing], 0, 0.0, ())
         else:
-            result = validate_entry(contract, entry, probe, registry=registry, device=target)
+            result = validate_entry(contract, entry, probe, registry=registry, device=target, geometry=geometry)
             if record:
                 anchor = [entry.discharge.case] if entry.discharge.method == "bitwise_equal_to" else []
                 records.write(impl, entry.constants, runtime, cases=list(entry.cases) + anchor, status=result.status,
@@ -42,6 +47,7 @@ def validate(contract: Contract, *, device: str = "cpu", registry: Registry = RE
     return {
         "contract": {"name": contract.name, **identities(contract).to_dict()},
         "runtime": runtime,
+        "geometry": geometry,
         "kernels": kernels,
         "admitted": admitted,
         "rejected": len(kernels) - admitted,

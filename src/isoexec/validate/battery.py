@@ -59,7 +59,9 @@ def mismatch(trial: Trial) -> str | None:
 
 @dataclass
 class Context:
-    """What a probe needs: the op per case, the grad mode per case, a device, a dtype, randomness."""
+    """What a probe needs: the op per case, the grad mode per case, a device, a dtype, randomness, and
+    the model's shapes where the contract was fitted to one (`geometry`: num_heads, num_kv_heads,
+    head_dim; empty otherwise), for probes whose kernels pick instructions by those shapes."""
 
     region: str
     ops: dict[str, Callable]
@@ -70,6 +72,7 @@ class Context:
     dtype: torch.dtype
     device: torch.device
     constants: dict
+    geometry: dict = field(default_factory=dict)
     generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
 
     def randn(self, *shape: int, scale: float = 1.0, dtype: torch.dtype | None = None) -> Tensor:
@@ -182,8 +185,10 @@ def boundary_dtype(constants: dict) -> str:
     return "float32"
 
 
-def validate_entry(contract: Contract, entry, probe, *, registry: Registry, device: torch.device, dtypes=("bfloat16", "float32")) -> EntryResult:
-    """Run `probe` for one composition entry in each dtype pass; the anchor case may use another entry's impl."""
+def validate_entry(contract: Contract, entry, probe, *, registry: Registry, device: torch.device, dtypes=("bfloat16", "float32"),
+                   geometry: dict | None = None) -> EntryResult:
+    """Run `probe` for one composition entry in each dtype pass; the anchor case may use another entry's impl.
+    `geometry`: the model's shapes (`Context.geometry`), when the contract is fitted to one."""
     anchor = entry.discharge.case if entry.discharge.method == "bitwise_equal_to" else entry.cases[0]
     involved = sorted(set(entry.cases) | {anchor})
     boundary = boundary_dtype(entry.constants)
@@ -207,6 +212,7 @@ def validate_entry(contract: Contract, entry, probe, *, registry: Registry, devi
             dtype=getattr(torch, dtype),
             device=device,
             constants=_dtype_pass(entry.constants, boundary, dtype),
+            geometry=dict(geometry or {}),
         )
         done_dtypes.append(dtype)
         try:

@@ -16,13 +16,27 @@ from torch import Tensor
 from ...validate.battery import Trial, strided
 from .metadata import UNUSED_SLOT, packed_slot_table, paged_slot_table
 
-NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 16
-SCALE = HEAD_DIM**-0.5
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 16  # the probe's own heads, for a contract fitted to no model
 LENGTHS = (70, 1, 40, 16, 17, 15)
 WINDOW, WINDOW_LENGTHS = 20, (70, 40, 17)
 POISON = (float("nan"), float("inf"), float("-inf"))
 # Pages hold whole key blocks (DESIGN §3); impls without a block size (native) get this one.
 DEFAULT_BLOCK_N = 16
+
+
+def heads(ctx) -> tuple[int, int, int]:
+    """(H, Hkv, D) of the probe's sequences. For a contract fitted to a model (`ctx.geometry`), that
+    model's head_dim and query heads per KV head, over at most two KV heads: kernels choose their MMA
+    shapes from those (at head_dim 128 an H200 gave 16-row and 64-row tiles of attention.triton other
+    last bits, which head_dim 16 did not show), while more KV heads only add programs."""
+    if not ctx.geometry:
+        return NUM_HEADS, NUM_KV_HEADS, HEAD_DIM
+    kv_heads = min(2, ctx.geometry["num_kv_heads"])
+    return ctx.geometry["num_heads"] // ctx.geometry["num_kv_heads"] * kv_heads, kv_heads, ctx.geometry["head_dim"]
+
+
+def _scale(ctx) -> float:
+    return heads(ctx)[2] ** -0.5
 
 
 @dataclass
@@ -72,10 +86,10 @@ HAZARDS = {70: _signed_zero_and_ties, 40: _subnormals, 16: _huge, 17: _zeros_onl
 
 def _sequences(ctx, lengths) -> list[Sequence]:
     """One sequence per length in `lengths`, most of them carrying a hazard in their keys/values."""
-    seqs = []
+    seqs, (num_heads, num_kv_heads, head_dim) = [], heads(ctx)
     for length in lengths:
-        q = ctx.randn(length, NUM_HEADS, HEAD_DIM)
-        k, v = ctx.randn(length, NUM_KV_HEADS, HEAD_DIM), ctx.randn(length, NUM_KV_HEADS, HEAD_DIM)
+        q = ctx.randn(length, num_heads, head_dim)
+        k, v = ctx.randn(length, num_kv_heads, head_dim), ctx.randn(length, num_kv_heads, head_dim)
         if length in HAZARDS:
             q, k, v = HAZARDS[length](ctx, q, k, v)
         seqs.append(Sequence(q, k, v))
@@ -89,7 +103,7 @@ def _packed(ctx, case, seqs, order, window, non_contiguous=False):
     slot_table, seq_ids, positions = packed_slot_table(cu_seqlens)
     q = torch.cat([seqs[i].q for i in order])
     k, v = torch.cat([seqs[i].k for i in order]), torch.cat([seqs[i].v for i in order])
-    out = ctx.call(case, strided(q) if non_contiguous else q, k, v, slot_table, seq_ids, positions, SCALE, window)
+    out = ctx.call(case, strided(q) if non_contiguous else q, k, v, slot_table, seq_ids, positions, _scale(ctx), window)
     parts = out.split(lengths.tolist())
     return {i: part for i, part in zip(order, parts)}
 
@@ -107,8 +121,9 @@ class _PagedCache:
             block_table[row, :count] = pages[taken : taken + count]
             taken += count
         self.slot_table = paged_slot_table(block_table, page_size, block_table.shape[1] * page_size).to(ctx.device)  # [B, L]
-        poison = torch.tensor(POISON)[torch.arange(num_pages * page_size * NUM_KV_HEADS * HEAD_DIM) % len(POISON)]
-        self.k = poison.reshape(num_pages * page_size, NUM_KV_HEADS, HEAD_DIM).to(ctx.dtype).to(ctx.device)  # [S, Hkv, D]
+        _, num_kv_heads, head_dim = heads(ctx)
+        poison = torch.tensor(POISON)[torch.arange(num_pages * page_size * num_kv_heads * head_dim) % len(POISON)]
+        self.k = poison.reshape(num_pages * page_size, num_kv_heads, head_dim).to(ctx.dtype).to(ctx.device)  # [S, Hkv, D]
         self.v = self.k.clone()
         self.row = {i: row for row, i in enumerate(order)}
 
@@ -128,7 +143,7 @@ def _engine_steps(ctx, case, seqs, order, window, page_size, spans):
         q = torch.cat([seqs[i].q[start:stop] for i, start, stop in step])
         seq_ids = torch.cat([torch.full((stop - start,), cache.row[i]) for i, start, stop in step]).to(ctx.device)
         positions = torch.cat([torch.arange(start, stop) for i, start, stop in step]).to(ctx.device)
-        out = ctx.call(case, q, cache.k, cache.v, cache.slot_table, seq_ids, positions, SCALE, window)
+        out = ctx.call(case, q, cache.k, cache.v, cache.slot_table, seq_ids, positions, _scale(ctx), window)
         for (i, start, stop), part in zip(step, out.split([stop - start for _, start, stop in step])):
             pieces[i].append(part)
     return {i: torch.cat(pieces[i]) for i in order}
@@ -203,5 +218,5 @@ def probe(ctx, lengths=LENGTHS, window_lengths=WINDOW_LENGTHS):
     k, v = seqs[0].k, seqs[0].v
     slot_table = packed_slot_table(torch.tensor([0, len(seqs[0])], device=ctx.device))[0]
     for case in ctx.cases:
-        out = ctx.call(case, seqs[0].q[:0], k, v, slot_table, empty, empty, SCALE, None)
+        out = ctx.call(case, seqs[0].q[:0], k, v, slot_table, empty, empty, _scale(ctx), None)
         yield Trial(f"{case}, empty query batch", alone[0][:0], out)
