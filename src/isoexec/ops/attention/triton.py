@@ -10,9 +10,10 @@ BLOCK_Q * G rows share every key and value load. The contract's `block_m` counts
 BLOCK_Q = max(1, block_m // G) (G rounded up to a power of two), so `block_m = 64` gives 64-row MMA
 tiles for any head grouping. A decode query is a tile of its own, in a 64-row tile like every other:
 rows of different MMA shapes (mma.sync for 16 rows, wgmma for 64) differ in the last bits on an H200
-at head_dim 128, so the tile shape is one constant for every case. A tile walks the absolute key blocks [j * BLOCK_N, (j + 1) * BLOCK_N) in ascending order,
-from the first block any of its rows can see to the last, gathering each key's row of the store
-through the slot table. Per block and row, in fp32:
+at head_dim 128, so the tile shape is one constant for every case. A tile walks the absolute key
+blocks [j * BLOCK_N, (j + 1) * BLOCK_N) in ascending order, from the first block any of its rows can
+see to the last, gathering each key's row of the store through the slot table. Per block and row, in
+fp32:
 
     s = (q · k) * scale              tl.dot, bf16 operands, fp32 accumulation; -inf where not visible
     m' = max(m, max_j s)             a row that has seen no key yet uses 0 in place of -inf below
@@ -37,10 +38,10 @@ same operations on the same values as `_block`, so a row's bits do not depend on
 block took (a decode row takes `_full_block` for blocks a training tile's row gets through `_block`).
 
 The grid has one program per BLOCK_Q consecutive queries (one per query in a decode batch) and KV
-head, last queries first (they see the most keys). A program finds the tiles that start among its queries (the first query, or one
-whose sequence differs from the previous query's, whose position does not follow it, or that opens an
-absolute block of BLOCK_Q positions), reads each tile's extent from the metadata itself and runs them
-in turn, so there is no host sync and no separate tiling kernel, and decode steps can be captured in
+head, last queries first (they see the most keys). A program finds the tiles that start among its
+queries (the first query, or one whose sequence differs from the previous query's, whose position does
+not follow it, or that opens an absolute block of BLOCK_Q positions), reads each tile's extent from the
+metadata itself and runs them in turn, so there is no host sync and no separate tiling kernel, and decode steps can be captured in
 a CUDA graph. A visible key whose slot lies outside the store is skipped rather than reported (the
 kernel cannot raise); `reference.attention` raises there.
 
@@ -73,11 +74,12 @@ HOPPER_CONSTANTS = dict(input_dtype="bfloat16", output_dtype="bfloat16", kv_cach
 
 @jit
 def _row_sum(p, SUM_BY_DOT: tl.constexpr):
-    """sum_j p[:, j] in an order that does not depend on the tile's layout. In bf16 the scores come in
-    the tensor cores' accumulator layout, whose per-row reduction order is the same at every tile size
-    (measured: profile_gpu.py attention, and the battery's decode-vs-trainer trials). fp32 dots run on
-    the CUDA cores in a layout chosen by tile size and warps, which tl.sum's tree follows, so there the
-    sum is a dot with ones: one fused multiply-add per key, in key order."""
+    """sum_j p[:, j] in an order that does not depend on which rows share the tile. In bf16 the scores
+    come in the tensor cores' accumulator layout, fixed by the tile's shape and warps, which the
+    contract pins for every case (other shapes can change bits: 16 vs 64 rows at head_dim 128, or 2
+    warps with 4 heads per KV head, on an H200). fp32 dots run on the CUDA cores in a blocked layout
+    that tl.sum's tree follows and that the tile constants choose, so there the sum is a dot with ones:
+    one fused multiply-add per key, in key order, whatever the layout."""
     if SUM_BY_DOT:
         ones = tl.full([p.shape[1], 16], 1.0, dtype=tl.float32)
         return tl.max(tl.dot(p, ones, input_precision="ieee"), 1)  # 16 equal columns
