@@ -33,9 +33,12 @@ neighbour whose value is inf or NaN gives 0 * inf = NaN in this row too; the eng
 ever expose written (finite) keys to any row.
 
 Blocks wholly below the tile's first position (most of a long row's walk) are visible to every row
-alike, so `_full_block` runs them without the per-row masks and their reductions; it performs the
-same operations on the same values as `_block`, so a row's bits do not depend on which of the two a
-block took (a decode row takes `_full_block` for blocks a training tile's row gets through `_block`).
+alike, so `_full_block` runs them without the per-row masks and their reductions. Both walks gather
+through `_gather_kv` and update through `_update`, the one copy of the arithmetic, on the same values,
+so a row's bits do not depend on which walk a block took (a decode row takes `_full_block` for blocks a
+training tile's row gets through `_block`). Compiled for sm_90, the split into these helpers left the
+kernel's floating-point instructions as they were (the PTX differs only in the order of integer
+address arithmetic).
 
 The grid has one program per BLOCK_Q consecutive queries (one per query in a decode batch) and KV
 head, last queries first (they see the most keys). A program finds the tiles that start among its
@@ -87,30 +90,21 @@ def _row_sum(p, SUM_BY_DOT: tl.constexpr):
 
 
 @jit
-def _block(
-    m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head,
-    k, v, L, S, scale, window,
-    stride_ks, stride_kh, stride_vs, stride_vh,
-    HAS_WINDOW: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
-):
-    """One online-softmax step of every row over key block i_blk, masked per row and key."""
+def _gather_kv(slots, keep, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """K^T [D, BLOCK_N] and V [BLOCK_N, D] of one key block, gathered through its store slots; keys not
+    in `keep` read +0.0 (their slots may be -1, or hold NaN/inf)."""
     o_d = tl.arange(0, D)
-    keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] absolute key positions
-    vis = (keys[None, :] <= pos[:, None]) & (keys[None, :] < L) & row_ok[:, None]  # [ROWS, BLOCK_N]
-    if HAS_WINDOW:
-        vis = vis & (keys[None, :] > pos[:, None] - window)
-    slots = tl.load(seq_row + keys, mask=keys < L, other=-1).to(tl.int64)  # [BLOCK_N]
-    vis = vis & ((slots >= 0) & (slots < S))[None, :]
-    key_ok = tl.max(vis.to(tl.int32), 0) > 0  # [BLOCK_N] seen by some row: written, finite
-    row_active = tl.max(vis.to(tl.int32), 1) > 0  # [ROWS]
-
-    p_k = k + slots[None, :] * stride_ks + kv_head * stride_kh + o_d[:, None]  # [D, BLOCK_N]
-    b_k = tl.load(p_k, mask=key_ok[None, :], other=0.0)
-    p_v = v + slots[:, None] * stride_vs + kv_head * stride_vh + o_d[None, :]  # [BLOCK_N, D]
-    b_v = tl.load(p_v, mask=key_ok[:, None], other=0.0)
+    b_k = tl.load(k + slots[None, :] * stride_ks + kv_head * stride_kh + o_d[:, None], mask=keep[None, :], other=0.0)
+    b_v = tl.load(v + slots[:, None] * stride_vs + kv_head * stride_vh + o_d[None, :], mask=keep[:, None], other=0.0)
     if DOT_IN_FP32:  # the interpreter has no bfloat16 arithmetic
         b_k, b_v = b_k.to(tl.float32), b_v.to(tl.float32)
+    return b_k, b_v
 
+
+@jit
+def _update(m, l, acc, b_q, b_k, b_v, vis, scale, SUM_BY_DOT: tl.constexpr):
+    """The online-softmax step over one key block, for every row; `vis` (broadcast to [ROWS, BLOCK_N])
+    marks the keys each row sees. The one copy of this arithmetic: both walks call it."""
     s = tl.dot(b_q, b_k, input_precision="ieee") * scale  # [ROWS, BLOCK_N] fp32
     s = tl.where(vis, s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
@@ -120,8 +114,28 @@ def _block(
     l_new = l * alpha + _row_sum(p, SUM_BY_DOT)
     pv = tl.dot(p.to(b_v.dtype), b_v, input_precision="ieee")  # [ROWS, D] fp32; ieee: fp32 is never tf32
     pv = tl.where(pv == 0.0, 0.0, pv)  # +0.0: the sign of a zero sum would depend on the neighbours' keys
-    acc_new = acc * alpha[:, None] + pv
+    return m_new, l_new, acc * alpha[:, None] + pv
 
+
+@jit
+def _block(
+    m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head,
+    k, v, L, S, scale, window,
+    stride_ks, stride_kh, stride_vs, stride_vh,
+    HAS_WINDOW: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
+):
+    """One online-softmax step of every row over key block i_blk, masked per row and key; a row that
+    sees no key of the block keeps its state (selected, not updated)."""
+    keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] absolute key positions
+    vis = (keys[None, :] <= pos[:, None]) & (keys[None, :] < L) & row_ok[:, None]  # [ROWS, BLOCK_N]
+    if HAS_WINDOW:
+        vis = vis & (keys[None, :] > pos[:, None] - window)
+    slots = tl.load(seq_row + keys, mask=keys < L, other=-1).to(tl.int64)  # [BLOCK_N]
+    vis = vis & ((slots >= 0) & (slots < S))[None, :]
+    key_ok = tl.max(vis.to(tl.int32), 0) > 0  # [BLOCK_N] seen by some row: written, finite
+    row_active = tl.max(vis.to(tl.int32), 1) > 0  # [ROWS]
+    b_k, b_v = _gather_kv(slots, key_ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
+    m_new, l_new, acc_new = _update(m, l, acc, b_q, b_k, b_v, vis, scale, SUM_BY_DOT)
     m = tl.where(row_active, m_new, m)
     l = tl.where(row_active, l_new, l)
     acc = tl.where(row_active[:, None], acc_new, acc)
@@ -136,32 +150,18 @@ def _full_block(
 ):
     """`_block` over a key block that lies wholly below every row's position (and inside the table):
     there a key is visible to a row iff its slot is in the store, the same for every row, so the
-    per-row masks and their reductions drop out and each op is `_block`'s own on the same values.
+    per-row masks and their reductions drop out and `_update` gets the same values.
 
     `_block` keeps a row's state where the row sees no key of the block; here that case (every slot
     outside the store) needs no select, because the update leaves the state's bits as they are: the
     maximum stays m, so alpha = exp(m - m) = exp(+0) = 1 exactly (ex2 of +0 is +1 in PTX; -inf rows
     get alpha = 0 with l = 0 and acc = +0), p = 0, l * 1 + 0 = l, and acc * 1 + (+0) = acc since an
     accumulator is never -0.0 (it starts at +0.0 and each p · v added is non-zero or +0.0)."""
-    o_d = tl.arange(0, D)
     keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)
     slots = tl.load(seq_row + keys).to(tl.int64)
     ok = (slots >= 0) & (slots < S)  # [BLOCK_N]
-    b_k = tl.load(k + slots[None, :] * stride_ks + kv_head * stride_kh + o_d[:, None], mask=ok[None, :], other=0.0)
-    b_v = tl.load(v + slots[:, None] * stride_vs + kv_head * stride_vh + o_d[None, :], mask=ok[:, None], other=0.0)
-    if DOT_IN_FP32:
-        b_k, b_v = b_k.to(tl.float32), b_v.to(tl.float32)
-
-    s = tl.dot(b_q, b_k, input_precision="ieee") * scale
-    s = tl.where(ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m - m_safe)
-    p = tl.where(ok[None, :], tl.exp(s - m_safe[:, None]), 0.0)
-    l_new = l * alpha + _row_sum(p, SUM_BY_DOT)
-    pv = tl.dot(p.to(b_v.dtype), b_v, input_precision="ieee")
-    pv = tl.where(pv == 0.0, 0.0, pv)
-    return m_new, l_new, acc * alpha[:, None] + pv
+    b_k, b_v = _gather_kv(slots, ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
+    return _update(m, l, acc, b_q, b_k, b_v, ok[None, :], scale, SUM_BY_DOT)
 
 
 @jit
@@ -381,4 +381,4 @@ def register(registry) -> None:
     """Register attention.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(id=ID, version=1, region="attention", cases=ALL_CASES, fn=attention, check_constants=check_constants,
-                               sources=(attention_fwd_kernel, _tile, _full_block, _block, _row_sum, triton_support)))
+                               sources=(attention_fwd_kernel, _tile, _full_block, _block, _update, _gather_kv, _row_sum, triton_support)))
