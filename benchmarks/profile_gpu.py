@@ -10,8 +10,9 @@ attention: attention.triton in prefill, training (packed) and decode forms over 
 gemm:      decode-sized linear.triton GEMMs (M = 1 … 64, Qwen3-0.6B shapes) as CUDA-graph replays: candidate
            tiles with the listed block_k or twice it, timed beside cuBLAS and compared bit for bit with
            the listed tile.
-trainer:   one trainer_fwd forward + backward (bench.py's trainer workload) under the contract and under
-           native, each under torch.profiler: wall time, GPU busy time, and GPU time per kernel name.
+trainer:   one trainer_fwd forward + backward (bench.py's trainer workload, --seqs x --seq-len tokens) under
+           the contract, contracts/fast-baseline.toml and native, each under torch.profiler: wall time,
+           GPU busy time, and GPU time per kernel name; then a host profile (cProfile) of each.
 decode-kernels: one decode step's graph replay and kernels under the contract and under
            contracts/fast-baseline.toml, batch 1 and 64.
 launch:    host time per call (no profiler: perf_counter over many calls of a tiny problem, so the GPU
@@ -34,6 +35,8 @@ from isoexec.contract import load, load_preset
 from isoexec.engine import EngineConfig, LLMEngine, SamplingParams
 from isoexec.model import PRESETS, fit_contract, init_random
 from timing import graphed_ms, kernel_ms
+
+FAST_BASELINE = str(Path(__file__).resolve().parent / "contracts" / "fast-baseline.toml")
 
 
 def profile_decode(model_name: str, contract_name: str, batch: int, new_tokens: int = 64) -> None:
@@ -135,7 +138,8 @@ def profile_trainer(model_name: str, contracts: list[str], num_seqs: int = 8, se
     generator = torch.Generator().manual_seed(0)
     seqs = [torch.randint(model.spec.vocab_size, (seq_len,), generator=generator).tolist() for _ in range(num_seqs)]
     for name in contracts:
-        contract = fit_contract(load_preset(name), model.spec)
+        contract = fit_contract(load(name), model.spec)
+        name = Path(name).stem
 
         def step():
             rows = sequence_logprobs(model, contract, seqs, case="trainer_fwd", device="cuda")
@@ -345,6 +349,8 @@ def main():
     parser.add_argument("what", nargs="*", help="decode, decode-kernels, attention, gemm, trainer, launch (default: decode and attention)")
     parser.add_argument("--model", default="qwen3-0.6b-random")
     parser.add_argument("--contract", default="tiny-dense-triton")
+    parser.add_argument("--seqs", type=int, default=8, help="trainer: sequences per step")
+    parser.add_argument("--seq-len", type=int, default=512, help="trainer: tokens per sequence")
     args = parser.parse_args()
     sections = {"decode", "decode-kernels", "attention", "gemm", "trainer", "launch"}
     args.what = args.what or ["decode", "attention"]
@@ -359,11 +365,11 @@ def main():
     if "gemm" in args.what:
         sweep_decode_gemm()
     if "decode-kernels" in args.what:
-        decode_kernels(args.model, [args.contract, str(Path(__file__).resolve().parent / "contracts" / "fast-baseline.toml")])
+        decode_kernels(args.model, [args.contract, FAST_BASELINE])
     if "launch" in args.what:
         profile_launch(args.model, args.contract)
     if "trainer" in args.what:
-        profile_trainer(args.model, [args.contract, "native"])
+        profile_trainer(args.model, [args.contract, FAST_BASELINE, "native"], args.seqs, args.seq_len)
 
 
 if __name__ == "__main__":

@@ -118,14 +118,15 @@ def test_bad_checkpoints_and_configs_are_clear_errors(tmp_path):
 def test_fit_contract_pins_the_gemm_tile_of_the_model_shapes():
     """Fitted to a Qwen3-0.6B-sized model, the Triton GEMM entries take the tile listed for the shapes
     that do most of the work; the tiny model keeps the preset's tile, and a tile never depends on M."""
+    from isoexec.ops.linear import row_parallel_triton
     from isoexec.ops.linear.triton import HOPPER_CONSTANTS, HOPPER_DECODE_CONSTANTS
 
     family = load_preset("tiny-dense-triton")
     assert fit_contract(family, PRESETS["tiny-dense"]).entry("linear", "engine_decode").constants == family.entry("linear", "engine_decode").constants
     big = fit_contract(family, PRESETS["qwen3-0.6b-random"])
     # gate/up (3072, 1024) outweigh q, k, v and lm_head in `linear`; down (1024, 3072) outweighs o in `linear.row_parallel`
-    for region, shape in (("linear", (3072, 1024)), ("linear.row_parallel", (1024, 3072))):
-        for case, table in (("trainer_fwd", HOPPER_CONSTANTS), ("engine_decode", HOPPER_DECODE_CONSTANTS)):
+    for region, shape, tiles in (("linear", (3072, 1024), HOPPER_CONSTANTS), ("linear.row_parallel", (1024, 3072), row_parallel_triton.HOPPER_CONSTANTS)):
+        for case, table in (("trainer_fwd", tiles), ("engine_decode", HOPPER_DECODE_CONSTANTS)):
             constants = big.entry(region, case).constants
             assert {k: constants[k] for k in table[shape]} == table[shape], (region, case)
         assert big.entry(region, "engine_decode") is not big.entry(region, "trainer_fwd")

@@ -80,10 +80,11 @@ def _rows(dtype, k=40):
 SIZES = (1, 7, 33, 65)
 
 
+@pytest.mark.parametrize("leaf_tree", ["balanced_binary", "sequential"])  # leaf planes then combine; one fused launch
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rows_are_bitwise_invariant(dtype):
+def test_rows_are_bitwise_invariant(dtype, leaf_tree):
     x, w, b = _rows(dtype)
-    op = row_parallel(boundary(ROW_PARALLEL, dtype))
+    op = row_parallel(boundary(ROW_PARALLEL, dtype) | {"leaf_tree": leaf_tree})
     assert batch_dependent(op, [x], w, b, sizes=SIZES) == []
     assert bitwise_equal(op(x.reshape(1, 71, 40), w, b)[0], op(x, w, b))
 
@@ -103,18 +104,35 @@ def test_batch_dependent_variants_and_the_native_gemm_are_caught():
     assert batch_dependent(native_linear, [x], w, b, sizes=SIZES), "native linear was batch-invariant here"
 
 
+@pytest.mark.parametrize("k", [64, 40, 72])  # leaf widths 16 = BLOCK_K, 10 < BLOCK_K, 18 = BLOCK_K + 2
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_launch_folds_the_leaves_as_the_combine_does(dtype, k):
+    """With the sequential tree one device runs one fused kernel (no leaf planes); its bits are those of
+    the leaf planes folded by `combine_partials`, which is what tensor-parallel ranks compute after
+    gathering them. The control: the same planes under the balanced tree differ (fp32 shows it)."""
+    x, w, b = randn(33, k, seed=k + 20, dtype=dtype), randn(20, k, seed=k + 21, dtype=dtype), randn(20, seed=k + 22, dtype=dtype)
+    fused = row_parallel(boundary(ROW_PARALLEL, dtype) | {"leaf_tree": "sequential"})(poisoned(x), poisoned(w), b)
+    planes = leaf_partials(x, w, num_leaves=4, **TILES)
+    assert bitwise_equal(fused, combine_partials(planes, b, leaf_tree="sequential", out_dtype=dtype))
+    if dtype == torch.float32:
+        assert not bitwise_equal(fused, combine_partials(planes, b, leaf_tree="balanced_binary", out_dtype=dtype)), \
+            "the comparison could not tell the two leaf trees apart"
+
+
+@pytest.mark.parametrize("leaf_tree", ["balanced_binary", "sequential"])
 @pytest.mark.parametrize("tp", [1, 2, 4])
-def test_tensor_parallel_shards_give_the_same_bits(tp):
+def test_tensor_parallel_shards_give_the_same_bits(tp, leaf_tree):
     """Rank r at TP = tp owns leaves [r G/tp, (r + 1) G/tp) and the K columns under them; the partials
-    gathered along the leaves and combined by the same tree reproduce one device bit for bit."""
+    gathered along the leaves and combined by the same tree reproduce one device bit for bit (for the
+    sequential tree, the one device runs the fused kernel)."""
     x, w, b = (randn(*shape, seed=seed, dtype=torch.bfloat16) for shape, seed in [((9, 72), 10), ((20, 72), 11), ((20,), 12)])
-    whole = row_parallel(boundary(ROW_PARALLEL, torch.bfloat16))(x, w, b)
+    whole = row_parallel(boundary(ROW_PARALLEL, torch.bfloat16) | {"leaf_tree": leaf_tree})(x, w, b)
     shard = 72 // tp
     ranks = [leaf_partials(x[:, r * shard : (r + 1) * shard], w[:, r * shard : (r + 1) * shard], num_leaves=4 // tp, **TILES)
              for r in range(tp)]
     gathered = torch.cat([p.permute(2, 0, 1) for p in ranks]).permute(1, 2, 0)  # as an all-gather of [G/tp, M, N] planes
     assert all(p.permute(2, 0, 1).is_contiguous() for p in ranks)
-    assert bitwise_equal(combine_partials(gathered, b, leaf_tree="balanced_binary", out_dtype=torch.bfloat16), whole)
+    assert bitwise_equal(combine_partials(gathered, b, leaf_tree=leaf_tree, out_dtype=torch.bfloat16), whole)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")

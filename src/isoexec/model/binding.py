@@ -14,11 +14,14 @@ GEMM_IMPLS = ("linear.triton", "linear.row_parallel.triton")
 def _tile_table(impl_id: str, decode: bool = False) -> dict:
     """(N, K) -> GEMM tile constants for the impls whose tiles the contract keys on the weight shape;
     with `decode`, the tiles listed for engine_decode alone (same block_k, sized for small batches)."""
+    from ..ops.linear import row_parallel_triton
     from ..ops.linear import triton as linear_triton
 
     if impl_id not in GEMM_IMPLS:
         return {}
-    return linear_triton.HOPPER_DECODE_CONSTANTS if decode else linear_triton.HOPPER_CONSTANTS
+    if decode:
+        return linear_triton.HOPPER_DECODE_CONSTANTS
+    return row_parallel_triton.HOPPER_CONSTANTS if impl_id == row_parallel_triton.ID else linear_triton.HOPPER_CONSTANTS
 
 
 def _row_width_constants(entry: Entry, spec: ModelSpec) -> dict | None:

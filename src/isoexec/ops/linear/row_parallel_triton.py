@@ -13,6 +13,16 @@ its share of the leaves; every rank gathers all partials (bytes only) and calls 
 which gives the same bits as one device at TP = 1. The forward never reads a tensor on the host, so it
 can be captured in a CUDA graph. The [G, M, N] buffer costs G·M·N·4 bytes of memory traffic each way.
 
+With the `sequential` leaf tree one device needs no [G, M, N] buffer: `fused_kernel` runs one program
+per output tile that walks the leaves in order, each leaf's K blocks into an accumulator started from
++0.0 (the arithmetic of a leaf program above), and folds each finished leaf into a running fp32 sum,
+((l0 + l1) + l2) + …, before moving on. That is the combine's sequential fold on the same partials, so
+the bits equal `leaf_partials` then `combine_partials` (tested), and tensor-parallel ranks that gather
+their partials still reproduce them. A balanced tree of G leaves would need log2(G) finished partials
+held beside the running one, more registers than a fast tile has, so it keeps the two launches. The
+fused kernel holds two accumulators, so its tiles (`HOPPER_CONSTANTS`, keyed by (N, K)) are smaller
+than linear.triton's.
+
 The backward pass is linear.triton's: ordinary matmuls, correct but not batch-invariant.
 """
 
@@ -34,6 +44,23 @@ from . import triton as linear_triton
 KERNEL_LEAVES = (1, 2, 4, 8)
 
 ID = "linear.row_parallel.triton"
+
+# Hopper tiles for the fused kernel (two fp32 accumulators: 128x128 over 8 warps is 128 registers a
+# thread for both), keyed by (N, K) like linear.triton's; tiny-dense keeps linear.triton's tiny tile.
+_FUSED = dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)
+HOPPER_CONSTANTS = {
+    (64, 64): linear_triton.HOPPER_CONSTANTS[64, 64],  # tiny-dense o_proj
+    (64, 128): linear_triton.HOPPER_CONSTANTS[64, 128],  # tiny-dense down_proj
+    (4096, 4096): _FUSED,  # Qwen3-8B o_proj
+    (4096, 12288): _FUSED,  # Qwen3-8B down_proj
+    (1024, 2048): _FUSED,  # Qwen3-0.6B o_proj
+    (1024, 3072): _FUSED,  # Qwen3-0.6B down_proj
+}
+
+
+def hopper_constants(n: int, k: int, dtype: str = "bfloat16") -> dict:
+    """linear.triton's Hopper constants with this impl's tile for an [N, K] weight."""
+    return {**linear_triton.hopper_constants(n, k, dtype), **HOPPER_CONSTANTS.get((n, k), _FUSED)}
 
 
 def leaf_partials(x: Tensor, weight: Tensor, *, num_leaves: int, block_m: int, block_n: int, block_k: int, num_warps: int,
@@ -104,9 +131,73 @@ def combine_partials(partials: Tensor, bias: Tensor | None, *, leaf_tree: str, o
     return y.to(out_dtype)
 
 
+# One compiled kernel for every M, as linear.triton's.
+@jit(do_not_specialize=["M"])
+def fused_kernel(
+    x, w, b, y,
+    M, N,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+    LEAF: tl.constexpr,
+    G: tl.constexpr,
+    NK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Output tile (i_m, i_n): leaf g's NK blocks of K columns [g LEAF, (g + 1) LEAF), masked at the
+    leaf's end, into `acc` from +0.0 (as `linear_tile` computes a leaf), each finished leaf folded into
+    `total` in leaf order; then the bias in fp32 and one rounding. One loop over every leaf's blocks, so
+    loads are pipelined across leaf boundaries."""
+    i_m, i_n = tl.program_id(0), tl.program_id(1)
+    o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_m, m_n = o_m < M, o_n < N
+    total = tl.full([BLOCK_M, BLOCK_N], -0.0, dtype=tl.float32)  # -0.0 + l0 is l0, bit for bit
+    acc = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
+    for i in range(0, G * NK):
+        o_k = (i % NK) * BLOCK_K + tl.arange(0, BLOCK_K)  # within the leaf
+        m_k = o_k < LEAF
+        o_k += (i // NK) * LEAF
+        b_x = tl.load(x + o_m[:, None] * stride_xm + o_k[None, :] * stride_xk, mask=m_m[:, None] & m_k[None, :], other=0.0)
+        b_w = tl.load(w + o_k[:, None] * stride_wk + o_n[None, :] * stride_wn, mask=m_k[:, None] & m_n[None, :], other=0.0)
+        acc = tile_triton.accumulate(b_x, b_w, acc, DOT_IN_FP32)
+        if i % NK == NK - 1:
+            total = total + acc
+            acc = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
+    tile_triton.store_tile(total, b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N)
+
+
+def fused_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, num_leaves: int, block_m: int,
+              block_n: int, block_k: int, num_warps: int, num_stages: int) -> Tensor:
+    """x [M, K], weight [N, K], bias [N] -> [M, N]: the leaves folded in order (`sequential`), one launch."""
+    m, k = x.shape
+    if k % num_leaves:
+        raise ValueError(f"{ID}: K = {k} is not divisible into {num_leaves} leaves")
+    n, leaf = weight.shape[0], k // num_leaves
+    y = x.new_empty((m, n), dtype=out_dtype)
+    if m == 0 or n == 0:
+        return y
+    fused_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
+        x, weight, x if bias is None else bias.contiguous(), y,
+        m, n,
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
+        LEAF=leaf, G=num_leaves, NK=max(1, triton.cdiv(leaf, block_k)),
+        HAS_BIAS=bias is not None,
+        DOT_IN_FP32=triton_support.interpreting(),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps, num_stages=linear_triton.pipeline_stages(num_stages, block_m, block_n, block_k, x.element_size()),
+    )
+    return y
+
+
 def row_parallel_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, num_leaves: int, leaf_tree: str,
                      **tiles) -> Tensor:
-    """x [M, K], weight [N, K], bias [N] -> [M, N] in `out_dtype`, on one device (TP = 1)."""
+    """x [M, K], weight [N, K], bias [N] -> [M, N] in `out_dtype`, on one device (TP = 1): one fused
+    launch for the sequential tree, leaf planes then their combine for the balanced one."""
+    if leaf_tree == "sequential":
+        return fused_fwd(x, weight, bias, out_dtype, num_leaves=num_leaves, **tiles)
     return combine_partials(leaf_partials(x, weight, num_leaves=num_leaves, **tiles), bias, leaf_tree=leaf_tree, out_dtype=out_dtype)
 
 
@@ -119,10 +210,10 @@ def row_parallel_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *
     return linear_triton.run(ID, fwd, x, weight, bias, input_dtype, weight_dtype)
 
 
-def bench_op(num_leaves: int = 8, leaf_tree: str = "balanced_binary"):
+def bench_op(num_leaves: int = 8, leaf_tree: str = "sequential"):
     """y = x Wᵀ with each weight's Hopper tile and `num_leaves` leaves: what `benchmarks/bench.py` times against cuBLAS."""
     def op(x, w, b=None):
-        return row_parallel_linear(x, w, b, **linear_triton.hopper_constants(*w.shape, str(x.dtype).removeprefix("torch.")),
+        return row_parallel_linear(x, w, b, **hopper_constants(*w.shape, str(x.dtype).removeprefix("torch.")),
                                    num_leaves=num_leaves, leaf_tree=leaf_tree)
     return op
 
@@ -142,4 +233,5 @@ def register(registry) -> None:
     if triton_available():
         registry.register(Impl(id=ID, version=1, region="linear.row_parallel", cases=ALL_CASES, fn=row_parallel_linear,
                                check_constants=check_constants,
-                               sources=(linear_triton.linear_fwd_kernel, linear_triton.linear_tile, tile_triton, combine_kernel, linear_triton, reduce, triton_support)))
+                               sources=(linear_triton.linear_fwd_kernel, linear_triton.linear_tile, tile_triton, combine_kernel, fused_kernel, linear_triton,
+                                        reduce, triton_support)))
