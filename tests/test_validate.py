@@ -109,13 +109,14 @@ def test_validate_command_writes_the_json_report(tmp_path):
 
 def test_validate_fits_the_contract_to_a_model_first(tmp_path):
     """--model validates the contract as that model runs it (here: float32 boundaries; the attention probe
-    at its head sizes, recorded in the report), and names a bad model."""
+    at its head sizes and the GEMM probes at its projections' K, recorded in the report), and names a
+    bad model."""
     out = tmp_path / "report.json"
     result = subprocess.run([sys.executable, "-m", "isoexec", "validate", "--contract", "tiny-dense", "--model", "tiny-dense",
                              "--no-record", "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "10 admitted, 0 rejected" in result.stdout
-    assert json.loads(out.read_text())["geometry"] == {"num_heads": 4, "num_kv_heads": 2, "head_dim": 16}
+    assert json.loads(out.read_text())["geometry"] == {"num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "linear_k": [64, 128]}
     bad = subprocess.run([sys.executable, "-m", "isoexec", "validate", "--model", "no-such-model"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no-such-model" in bad.stderr
 

@@ -3,9 +3,14 @@
 import pytest
 import torch
 
+import isoexec.ops.linear  # noqa: F401  (registers the impls and the probes)
 from conftest import bitwise_equal
+from isoexec.contract import load_preset
+from isoexec.model import PRESETS
 from isoexec.ops.linear import native, reference
 from isoexec.ops.linear.reference import combine_leaves, leaf_partials
+from isoexec.runtime.registry import REGISTRY, Impl, Registry
+from isoexec.validate.battery import validate_entry
 
 C32 = dict(input_dtype="float32", weight_dtype="float32", output_dtype="float32", accum_dtype="float32", block_k=16, block_tree="balanced_binary", tree="sequential")
 LEAVES = dict(num_leaves=8, leaf_tree="balanced_binary")
@@ -88,3 +93,29 @@ def test_rows_beyond_the_slice_never_leak():
     buffer[:4] = torch.randn(4, 32)
     w = torch.randn(8, 32)
     assert torch.isfinite(reference.linear(buffer[:4], w, **C32)).all()
+
+
+def test_a_contract_fitted_to_a_model_is_probed_at_its_projection_widths():
+    """An impl whose decode rows go wrong only where K is wide (as a row-parallel kernel whose decode
+    tile runs one K block per leaf did on an H200) passes the probe's own K = 64 and fails when the probe
+    also takes the fitted model's K values (`validate(..., spec=...)` passes them as `geometry`)."""
+    honest = REGISTRY.get("linear.row_parallel.reference", 1)
+
+    def wide_k_drifts_in_small_batches(x, weight, bias=None, **constants):
+        out = honest.fn(x, weight, bias, **constants)
+        if x.shape[-1] >= 1024 and 0 < x.reshape(-1, x.shape[-1]).shape[0] <= 8:  # a decode-sized batch
+            out = (out.view(torch.int16) ^ 1).view(out.dtype) if out.dtype == torch.bfloat16 else torch.nextafter(out, torch.full_like(out, float("inf")))
+        return out
+
+    registry = Registry()
+    registry.register(Impl(id="linear.row_parallel.reference", version=1, region="linear.row_parallel", cases=honest.cases,
+                           fn=wide_k_drifts_in_small_batches))
+    registry.register_probe("linear.row_parallel", REGISTRY.probe("linear.row_parallel"))
+    dense = load_preset("tiny-dense")
+    entry = dense.entry("linear.row_parallel", "trainer_fwd")
+    spec = PRESETS["qwen3-0.6b-random"]
+    small = validate_entry(dense, entry, registry.probe("linear.row_parallel"), registry=registry, device=torch.device("cpu"))
+    assert small.status == "admitted", small.failures[:3]
+    geometry = {"linear_k": sorted({k for _, k in spec.linear_shapes.values()})}
+    fitted = validate_entry(dense, entry, registry.probe("linear.row_parallel"), registry=registry, device=torch.device("cpu"), geometry=geometry)
+    assert fitted.status == "rejected" and any("K = " in failure for failure in fitted.failures)

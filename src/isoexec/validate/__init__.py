@@ -18,7 +18,7 @@ def validate(contract: Contract, *, device: str = "cpu", registry: Registry = RE
 
     `progress(entry_result)` is called after each entry; with `record`, admission records are written.
     `spec` (a ModelSpec), for a contract fitted to that model: probes that depend on the model's shapes
-    (attention: head_dim and query heads per KV head) run at them.
+    (attention: head_dim and query heads per KV head; GEMMs: the projections' K) run at them.
     """
     from .. import ops  # noqa: F401  (registers the op families)
 
@@ -26,7 +26,7 @@ def validate(contract: Contract, *, device: str = "cpu", registry: Registry = RE
     runtime = runtime_info(target)
     start = time.perf_counter()
     geometry = {} if spec is None else {"num_heads": spec.num_attention_heads, "num_kv_heads": spec.num_key_value_heads,
-                                        "head_dim": spec.head_dim}
+                                        "head_dim": spec.head_dim, "linear_k": sorted({k for _, k in spec.linear_shapes.values()})}
     kernels = []
     for entry in contract.composition:
         impl = registry.get(entry.impl.id, entry.impl.version)

@@ -61,7 +61,8 @@ def mismatch(trial: Trial) -> str | None:
 class Context:
     """What a probe needs: the op per case, the grad mode per case, a device, a dtype, randomness, and
     the model's shapes where the contract was fitted to one (`geometry`: num_heads, num_kv_heads,
-    head_dim; empty otherwise), for probes whose kernels pick instructions by those shapes."""
+    head_dim, linear_k (the projections' K values); empty otherwise), for probes whose kernels pick
+    instructions or loop structure by those shapes."""
 
     region: str
     ops: dict[str, Callable]

@@ -60,7 +60,7 @@ def tma_tile(
             m_all = (tl.arange(0, BLOCK_K) >= 0)[:, None] & (tl.arange(0, BLOCK_N) >= 0)[None, :]
             b_w = tl.where(m_all, b_w, b_w)
         b_acc = tile_triton.accumulate(b_x, b_w, b_acc, DOT_IN_FP32)
-    tile_triton.store_tile(b_acc, b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N)
+    tile_triton.store_tile(b_acc, b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N, DOT_IN_FP32)
 
 
 # One compiled kernel for every M, as for the grid kernel.

@@ -1,4 +1,10 @@
-"""Admission trials for `linear` and `linear.row_parallel`: rows alone vs in batches, with hazards."""
+"""Admission trials for `linear` and `linear.row_parallel`: rows alone vs in batches, with hazards.
+
+For a contract fitted to a model (`ctx.geometry`), the rows are probed again at each K of the model's
+projections: how many K blocks a tile's loop (or a row-parallel leaf) takes follows K and the tile's
+block_k, and the compiler treats a one-block loop differently (`tile_triton`); at the probe's own K every
+leaf of 8 is one block long for any listed tile, so a decode tile and a training tile met only there.
+"""
 
 import torch
 
@@ -13,3 +19,6 @@ def probe(ctx):
     bias = ctx.randn(N)
     yield from rowwise(ctx, [x], weight, bias)
     yield from rowwise(ctx, [x], weight, None, sizes=(1, 7, 33), label="without bias")
+    for k in ctx.geometry.get("linear_k", ()):
+        x = torch.cat([ctx.randn(24, k), hazard_rows(ctx, k)])
+        yield from rowwise(ctx, [x], ctx.randn(N, k, scale=k**-0.5), ctx.randn(N), sizes=(1, 7, 16), label=f"K = {k}")

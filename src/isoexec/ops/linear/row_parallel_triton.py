@@ -164,9 +164,9 @@ def fused_kernel(
         b_w = tl.load(w + o_k[:, None] * stride_wk + o_n[None, :] * stride_wn, mask=m_k[:, None] & m_n[None, :], other=0.0)
         acc = tile_triton.accumulate(b_x, b_w, acc, DOT_IN_FP32)
         if i % NK == NK - 1:
-            total = total + acc
+            total = total + tile_triton.settled(acc, DOT_IN_FP32)  # never folded into the dot (tile_triton)
             acc = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
-    tile_triton.store_tile(total, b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N)
+    tile_triton.store_tile(total, b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N, DOT_IN_FP32)
 
 
 def fused_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, num_leaves: int, block_m: int,

@@ -5,6 +5,13 @@ kernel (`persistent_triton.tma_tile`, TMA loads) differ only in how a tile's x a
 program. What happens to them is written once, here: each K block is added into one fp32 accumulator
 by `tl.dot` (started from +0.0 by the caller), then the bias is added in fp32 and the sum is rounded
 once to the output dtype and stored.
+
+Triton rewrites `dot(a, b, 0) + c` into `dot(a, b, c)`: where a tile's K loop has one block (and is
+unrolled), it would start that dot's accumulator from the bias (or, in the fused row-parallel kernel,
+from the running sum of the earlier leaves), which is other arithmetic than the same block in a longer
+loop. Compiled for sm_90 it does (`triton.compile`, TTIR inspected; on an H200 it changed the fused
+kernel's bits at one block per leaf). So a finished accumulator passes through `settled`, an opaque
+register copy, before anything is added to it.
 """
 
 from __future__ import annotations
@@ -22,10 +29,20 @@ def accumulate(b_x, b_w, b_acc, DOT_IN_FP32: tl.constexpr):
 
 
 @jit
+def settled(b_acc, INTERPRETED: tl.constexpr):
+    """b_acc unchanged, as an opaque copy that the compiler cannot fold into the `tl.dot` producing it
+    (module doc). The interpreter has no inline assembly and no such rewrite."""
+    if INTERPRETED:
+        return b_acc
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [b_acc], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@jit
 def store_tile(b_acc, b, y, i_m, i_n, M, N, stride_ym, stride_yn,
-               HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+               HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRETED: tl.constexpr):
     """Tile (i_m, i_n) of y: the accumulator plus the bias in fp32, rounded once; rows past M and columns
     past N are not stored."""
+    b_acc = settled(b_acc, INTERPRETED)
     o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < N
