@@ -243,13 +243,27 @@ def test_logprobs_of_masked_and_poisoned_rows():
     assert y[3].isnan().all() and y[4].isnan().all()
 
 
-def test_logprobs_gradients_match_float64():
-    x, g = randn(3, 70, seed=23, scale=2.0), randn(3, 70, seed=24)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logprobs_gradients_match_float64(dtype):
+    """The backward kernel against float64 autograd: rows wider than one vocab block, a -inf logit (its
+    log-prob is -inf, its gradient exactly the incoming one), a gradient given as an expanded (stride 0)
+    tensor, and the logits' own dtype for the result."""
+    x, g = randn(3, 70, seed=23, scale=2.0, dtype=dtype), randn(3, 70, seed=24)
+    x[1, 5] = -INF
     param = x.clone().requires_grad_()
-    logprobs()(param).backward(g)
+    logprobs(boundary(LOGPROBS, dtype) | {"output_dtype": "float32"})(param).backward(g)
     exact = x.double().requires_grad_()
     torch.log_softmax(exact, -1).backward(g.double())
-    assert (param.grad.double() - exact.grad).abs().max() < 1e-5
+    assert param.grad.dtype == dtype and param.grad[1, 5] == g[1, 5].to(dtype)
+    tolerance = 1e-5 if dtype == torch.float32 else 2**-7  # bf16: one rounding of the fp32 result
+
+    def error(got, want):
+        return ((got.double() - want).abs() / (want.abs() + 1)).max()
+
+    assert error(param.grad, exact.grad) < tolerance
+    ones = x.clone().requires_grad_()
+    logprobs(boundary(LOGPROBS, dtype) | {"output_dtype": "float32"})(ones).sum().backward()  # gradient: ones, expanded
+    assert error(ones.grad, 1 - 70 * torch.softmax(x.double(), -1)) < tolerance
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

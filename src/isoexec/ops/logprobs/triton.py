@@ -11,8 +11,11 @@ Rows that are not ordinary probability rows behave as in the reference: -inf ent
 all -inf row gives all -inf (its max replaced by 0 and its sum, 0, by 1); a NaN or +inf anywhere makes
 that row, and only that row, NaN.
 
-The backward pass is grad - softmax · Σ grad with ordinary ops: gradients must be correct, not
-batch-invariant.
+The backward pass, grad - exp(log-probs) · Σ grad, is one more Triton program per row
+(`logprobs_bwd_kernel`: Σ grad over the row, then the difference, rounded once to the logits' dtype).
+Gradients must be correct, not batch-invariant. The same formula in torch ops made four passes over
+[T, V] fp32 tensors (exp, product, difference, cast) after the row sum, where this reads the gradient
+twice and the log-probs once and writes the result once (benchmarks/RESULTS.md, fifth session).
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
-from .reference import log_softmax_grad
 
 ID = "logprobs.triton"
 INPUT_DTYPES = ("bfloat16", "float16", "float32")
@@ -91,18 +93,60 @@ def logprobs_fwd(logits: Tensor, out_dtype: torch.dtype, *, vocab_block: int, nu
     return y
 
 
+@jit
+def logprobs_bwd_kernel(
+    g, lp, dx,
+    stride_gr, stride_gv, stride_lr, stride_lv, stride_dr, stride_dv,
+    V: tl.constexpr,
+    NV: tl.constexpr,
+    VOCAB_BLOCK: tl.constexpr,
+):
+    """Row r of dx = g - exp(lp) · Σ g, in fp32, rounded once (an order of summation like any other: the
+    backward need not be batch-invariant)."""
+    i_r = tl.program_id(0).to(tl.int64)
+    b_sum = tl.zeros([VOCAB_BLOCK], dtype=tl.float32)
+    for i_v in range(0, NV):
+        o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
+        b_sum += tl.load(g + i_r * stride_gr + o_v * stride_gv, mask=o_v < V, other=0.0).to(tl.float32)
+    b_total = tl.sum(b_sum, axis=0)
+    for i_v in range(0, NV):
+        o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
+        m_v = o_v < V
+        b_g = tl.load(g + i_r * stride_gr + o_v * stride_gv, mask=m_v, other=0.0).to(tl.float32)
+        b_lp = tl.load(lp + i_r * stride_lr + o_v * stride_lv, mask=m_v, other=0.0).to(tl.float32)
+        tl.store(dx + i_r * stride_dr + o_v * stride_dv, (b_g - tl.exp(b_lp) * b_total).to(dx.dtype.element_ty), mask=m_v)
+
+
+def logprobs_bwd(grad: Tensor, lp: Tensor, dtype: torch.dtype, *, vocab_block: int, num_warps: int) -> Tensor:
+    """grad and the forward's log-probs [R, V] -> the logits' gradient [R, V] in `dtype`."""
+    rows, vocab = lp.shape
+    dx = lp.new_empty((rows, vocab), dtype=dtype)
+    if rows == 0 or vocab == 0:
+        return dx
+    logprobs_bwd_kernel[(rows,)](
+        grad, lp, dx,
+        grad.stride(0), grad.stride(1), lp.stride(0), lp.stride(1), dx.stride(0), dx.stride(1),
+        V=vocab, NV=triton.cdiv(vocab, vocab_block), VOCAB_BLOCK=vocab_block,
+        num_warps=num_warps,
+    )
+    return dx
+
+
 class _TritonLogSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, out_dtype, config):
         out = logprobs_fwd(logits.reshape(-1, logits.shape[-1]), out_dtype, **config).reshape(logits.shape)
         ctx.save_for_backward(out)
-        ctx.input_dtype = logits.dtype
+        ctx.input_dtype, ctx.config = logits.dtype, config
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        return log_softmax_grad(ctx, grad), None, None
+        (out,) = ctx.saved_tensors
+        vocab = out.shape[-1]
+        dx = logprobs_bwd(grad.reshape(-1, vocab), out.reshape(-1, vocab), ctx.input_dtype, **ctx.config)
+        return dx.reshape(out.shape), None, None
 
 
 def logprobs(logits: Tensor, *, input_dtype: str, output_dtype: str, accum_dtype: str, vocab_block: int, num_warps: int) -> Tensor:
