@@ -2,11 +2,13 @@
 
 Every run is `LLMEngine.generate` on `batch` random prompts of `prompt_len` tokens, `new_tokens` new
 tokens each (temperature 1, ignore_eos), after a warm-up generate of the same batch and 4 tokens (so
-kernels are compiled for the same shapes). `engine.step` is wrapped to take the wall time of every step
+kernels are compiled for the same shapes), timed REPS times; a run's tokens/s is the median's (one
+timed generate per contract gave 0.82 and 1.04 of the baseline at batch 64 in two runs of the same code
+on an H200, benchmarks/RESULTS.md fifth session). `engine.step` is wrapped to take the wall time of every step
 (each step already ends in a host read of the drawn tokens, so nothing extra is synchronised):
 
-engine:   tokens/s = batch x new_tokens / wall time of the whole generate (prefill included), per
-          contract, and the first contract's ratio to each of the others (the baselines);
+engine:   tokens/s = batch x new_tokens / median wall time of the whole generate (prefill included),
+          per contract, and the first contract's ratio to each of the others (the baselines);
 hf:       the same model, weights and prompts in Hugging Face `generate` (sdpa attention, left padded,
           do_sample, min_new_tokens = max_new_tokens so both draw the same number of tokens), and the
           engine's tokens/s over HF's;
@@ -29,14 +31,16 @@ from isoexec.model import fit_contract, save
 from timing import kernel_ms, sync
 
 WARMUP_TOKENS = 4
+REPS = 3  # timed generates per (contract, batch)
 
 
 @dataclasses.dataclass
 class Run:
     contract: str
     batch: int
-    tokens_per_s: float
-    wall_s: float
+    tokens_per_s: float  # of the median wall time
+    wall_s: float  # median over REPS generates
+    all_tokens_per_s: list[float]
     decode_step_ms: float | None  # median over full-batch, decode-only steps
     decode_steps: int
     kv_tokens_per_step: float | None  # keys read per decode step, summed over the batch (mean over those steps)
@@ -86,21 +90,24 @@ class Engines:
         engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=WARMUP_TOKENS, ignore_eos=True), progress=False)
         steps = _time_steps(engine, self.device)
         params = SamplingParams(temperature=1.0, max_tokens=sizes.new_tokens, ignore_eos=True)
+        walls = []
         try:
-            sync(self.device)
-            start = time.perf_counter()
-            completions = engine.generate(prompts, params, progress=False)
-            sync(self.device)
-            wall = time.perf_counter() - start
+            for _ in range(REPS):
+                sync(self.device)
+                start = time.perf_counter()
+                completions = engine.generate(prompts, params, progress=False)
+                sync(self.device)
+                walls.append(time.perf_counter() - start)
+                short = [c.request_id for c in completions if len(c.token_ids) != sizes.new_tokens]
+                if short:
+                    raise RuntimeError(f"{name}: requests {short[:5]} did not generate {sizes.new_tokens} tokens")
         finally:
             del engine.step  # back to the class's step
-        short = [c.request_id for c in completions if len(c.token_ids) != sizes.new_tokens]
-        if short:
-            raise RuntimeError(f"{name}: requests {short[:5]} did not generate {sizes.new_tokens} tokens")
         decodes = [(seconds, kv_tokens) for seconds, prefill_chunks, decoded, kv_tokens in steps if not prefill_chunks and decoded == batch]
-        return Run(name, batch, batch * sizes.new_tokens / wall, wall,
+        wall, tokens = statistics.median(walls), batch * sizes.new_tokens
+        return Run(name, batch, tokens / wall, wall, [tokens / w for w in walls],
                    statistics.median(s for s, _ in decodes) * 1e3 if decodes else None, len(decodes),
-                   statistics.fmean(k for _, k in decodes) if decodes else None, len(steps))
+                   statistics.fmean(k for _, k in decodes) if decodes else None, len(steps) // REPS)
 
     def close(self) -> None:
         self.engines.clear()
@@ -139,13 +146,14 @@ def bench_engine(engines: Engines, contracts: list[str]) -> list[dict]:
                 row[f"{name}_error"] = str(error).splitlines()[0]
                 continue
             row[f"{name}_tokens_per_s"] = run.tokens_per_s
+            row[f"{name}_all_tokens_per_s"] = run.all_tokens_per_s
             row[f"{name}_decode_step_ms"] = run.decode_step_ms
         for baseline in contracts[1:]:
             if f"{contracts[0]}_tokens_per_s" in row and f"{baseline}_tokens_per_s" in row:
                 row[f"{contracts[0]}_vs_{baseline}"] = row[f"{contracts[0]}_tokens_per_s"] / row[f"{baseline}_tokens_per_s"]
         rows.append(row)
         print(f"engine {row['model']} batch {batch:<3} " + "  ".join(
-            f"{k.removesuffix('_tokens_per_s')} {v:.0f} tok/s" for k, v in row.items() if k.endswith("_tokens_per_s"))
+            f"{k.removesuffix('_tokens_per_s')} {v:.0f} tok/s" for k, v in row.items() if k.endswith("_tokens_per_s") and "_all_" not in k)
             + "".join(f"  {k} {v:.2f}" for k, v in row.items() if "_vs_" in k), flush=True)
     return rows
 
