@@ -13,7 +13,8 @@ from isoexec.contract import load_preset
 from isoexec.ops.linear import probe as linear_probe
 from isoexec.ops.linear import reference
 from isoexec.runtime import REGISTRY, Impl, Registry, fingerprint, runtime_info
-from isoexec.validate import records, validate
+from isoexec.model import PRESETS
+from isoexec.validate import geometry_of, records, validate
 from isoexec.validate.battery import validate_entry
 
 CPU = torch.device("cpu")
@@ -94,6 +95,24 @@ def test_records_are_written_and_consulted_by_the_fingerprint():
     assert all(c["admitted"] for c in cells.values())
     assert not records.is_admitted(impl, {**entry.constants, "block_k": 32}, runtime, "trainer_fwd")
     assert not records.is_admitted(impl, entry.constants, {**runtime, "torch": "0.0"}, "trainer_fwd")
+
+
+def test_records_count_only_at_the_model_geometry_they_were_proven_at():
+    """A record from `validate` without a model (the probes' own small shapes) does not admit an impl for
+    a process running a model, nor does one proven at another model's shapes: kernels pick instructions
+    and loop shapes by head_dim and K (docs/validate.md)."""
+    contract = load_preset("tiny-dense")
+    entry = contract.entry("linear", "trainer_fwd")
+    impl, runtime = REGISTRY.get("linear.reference", 1), runtime_info(CPU)
+    tiny, big = geometry_of(PRESETS["tiny-dense"]), geometry_of(PRESETS["qwen3-0.6b-random"])
+    assert tiny != big and tiny["linear_k"] == [64, 128]
+    records.write(impl, entry.constants, runtime, geometry=tiny, cases=["trainer_fwd"], status="admitted", dtypes=[], trials=0, failures=[])
+    assert records.is_admitted(impl, entry.constants, runtime, "trainer_fwd", tiny)
+    assert not records.is_admitted(impl, entry.constants, runtime, "trainer_fwd")  # no model
+    assert not records.is_admitted(impl, entry.constants, runtime, "trainer_fwd", big)
+    installed = {cell: i for cell, i in REGISTRY.resolve(contract, ["trainer_fwd"]).items() if cell == ("linear", "trainer_fwd")}
+    assert fingerprint(contract, installed, role="trainer", geometry=tiny)["installed"]["linear"]["trainer_fwd"]["admitted"]
+    assert not fingerprint(contract, installed, role="trainer", geometry=big)["installed"]["linear"]["trainer_fwd"]["admitted"]
 
 
 def test_validate_command_writes_the_json_report(tmp_path):

@@ -55,11 +55,8 @@ def _contract_diff(args) -> int:
     return 0 if report["numerical_policy"]["equal"] else 1
 
 
-def _validate(args) -> int:
-    import torch
-
-    from .validate import records, validate
-
+def _fitted(args):
+    """(contract, spec): --contract loaded, and fitted to --model where one is given (spec None otherwise)."""
     contract, spec = load(args.contract), None
     if args.model is not None:
         from .model import PRESETS, SpecError, fit_contract, read_config
@@ -71,6 +68,15 @@ def _validate(args) -> int:
         except (SpecError, OSError) as error:
             raise ContractError("", f"--model: {error}") from None
         contract = fit_contract(contract, spec, profile=args.model)
+    return contract, spec
+
+
+def _validate(args) -> int:
+    import torch
+
+    from .validate import records, validate
+
+    contract, spec = _fitted(args)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ContractError("", "--device cuda: no CUDA device is available here")
     print(f"validating {contract.name} on {args.device} (torch {torch.__version__})", flush=True)
@@ -96,13 +102,14 @@ def _validate(args) -> int:
 def _fingerprint(args) -> int:
     from . import ops  # noqa: F401  (registers the op families)
     from .runtime import REGISTRY, ResolutionError, fingerprint
+    from .validate import geometry_of
 
-    contract = load(args.contract)
+    contract, spec = _fitted(args)
     try:
         installed = REGISTRY.resolve(contract, contract.cases_of(args.role))
     except ResolutionError as error:
         raise ContractError("", f"{contract.name}: " + "; ".join(error.problems)) from None
-    fp = fingerprint(contract, installed, role=args.role, device=args.device)
+    fp = fingerprint(contract, installed, role=args.role, device=args.device, geometry=geometry_of(spec))
     if args.json:
         print(json.dumps(fp, indent=2))
         return 0
@@ -213,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="For every composition entry, check bitwise equality of the pinned impl across its cases: a row "
         "alone vs inside batches of many sizes and at many positions, every pair of cases (training, prefill chunks, "
         "decode), contiguous vs strided inputs, fp32 and bf16, and hazardous values. Admitted impls get an admission "
-        "record that the runtime fingerprint consults. Exit status: 0 when every impl is admitted, 1 when any is "
+        "record that the runtime fingerprint consults (for --model, at that model's shapes only). Exit status: 0 when every impl is admitted, 1 when any is "
         "rejected, 2 on bad input.",
     )
     check.add_argument("--contract", default="tiny-dense", metavar="PRESET|FILE", help="the contract to validate (default: tiny-dense)")
@@ -232,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show_fp.add_argument("--contract", default="tiny-dense", metavar="PRESET|FILE", help="the contract (default: tiny-dense)")
     show_fp.add_argument("--role", default="engine", choices=("trainer", "engine"), help="which side's cases (default: engine)")
+    show_fp.add_argument("--model", metavar="PRESET|DIR", help="the contract as fitted to this model; admission is looked up "
+                         "for its shapes (records from `validate --model` with the same model)")
     show_fp.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="the device to describe (default: cpu)")
     show_fp.add_argument("--json", action="store_true", help="print the whole fingerprint as JSON")
     show_fp.set_defaults(run=_fingerprint)

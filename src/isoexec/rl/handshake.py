@@ -2,24 +2,26 @@
 
 from .. import ops  # noqa: F401  (registers the op families)
 from ..runtime import REGISTRY, fingerprint, runtime_info
-from ..validate import records, validate
+from ..validate import geometry_of, records, validate
 
 
-def ensure_admitted(contract, device: str = "cpu") -> None:
-    """Run the admission battery for `contract` on this machine unless records already cover it."""
+def ensure_admitted(contract, device: str = "cpu", spec=None) -> None:
+    """Run the admission battery for `contract` on this machine, at the shapes of the model `spec` it
+    was fitted to, unless records already cover it."""
     if not contract.claims.is_bitwise:
         return
-    runtime = runtime_info(device)
+    runtime, geometry = runtime_info(device), geometry_of(spec)
     installed = REGISTRY.resolve(contract)
-    covered = all(records.is_admitted(impl, contract.entry(region, case).constants, runtime, case)
+    covered = all(records.is_admitted(impl, contract.entry(region, case).constants, runtime, case, geometry)
                   for (region, case), impl in installed.items() if contract.entry(region, case).discharge.method == "bitwise_equal_to")
     if not covered:
-        report = validate(contract, device=device)
+        report = validate(contract, device=device, spec=spec)
         if report["rejected"]:
             rejected = ", ".join(k["impl"] for k in report["kernels"] if k["status"] == "rejected")
             raise RuntimeError(f"the admission battery rejected {rejected} under contract {contract.name}")
 
 
-def side_fingerprint(contract, role: str, device: str = "cpu") -> dict:
-    """What this process runs for `role`'s cases, ready to exchange with the other side."""
-    return fingerprint(contract, REGISTRY.resolve(contract, contract.cases_of(role)), role=role, device=device)
+def side_fingerprint(contract, role: str, device: str = "cpu", spec=None) -> dict:
+    """What this process runs for `role`'s cases (for the model `spec`), ready to exchange with the other side."""
+    return fingerprint(contract, REGISTRY.resolve(contract, contract.cases_of(role)), role=role, device=device,
+                       geometry=geometry_of(spec))

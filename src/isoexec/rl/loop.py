@@ -54,14 +54,14 @@ class Rollout:
     """The engine side: its own copy of the weights, updated only through `load_weights`."""
 
     def __init__(self, config: RLConfig):
-        _, spec, self.contract = setup(config)
-        self.model = init_random(spec, config.seed)
+        _, self.spec, self.contract = setup(config)
+        self.model = init_random(self.spec, config.seed)
         page = self.contract.deployment.engine.kv_page_size
         pages = config.prompts_per_step * config.group_size * -(-(16 + config.max_new_tokens) // page)
         self.engine = LLMEngine(self.model, self.contract, EngineConfig.from_contract(self.contract, num_pages=pages + 1))
 
     def fingerprint(self) -> dict:
-        return side_fingerprint(self.contract, "engine")
+        return side_fingerprint(self.contract, "engine", spec=self.spec)
 
     def generate(self, prompts, params):
         return self.engine.generate(prompts, params, progress=False)
@@ -75,13 +75,13 @@ class Learner:
 
     def __init__(self, config: RLConfig, initial: DenseModel | None = None):
         self.config = config
-        self.task, spec, self.contract = setup(config)
-        self.policy = initial if initial is not None else warmup(init_random(spec, config.seed), self.task, config)
+        self.task, self.spec, self.contract = setup(config)
+        self.policy = initial if initial is not None else warmup(init_random(self.spec, config.seed), self.task, config)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
         self.step = 0  # the RL step being trained on, for reports
 
     def fingerprint(self) -> dict:
-        return side_fingerprint(self.contract, "trainer")
+        return side_fingerprint(self.contract, "trainer", spec=self.spec)
 
     def weights(self) -> tuple[dict, str]:
         return state_bytes(self.policy), weights_digest(self.policy)
@@ -120,8 +120,8 @@ class RLRun:
 
     def __init__(self, config: RLConfig, *, initial: DenseModel | None = None, rollout=None, learner=None):
         self.config = config
-        self.task, _, self.contract = setup(config)
-        ensure_admitted(self.contract)
+        self.task, spec, self.contract = setup(config)
+        ensure_admitted(self.contract, spec=spec)
         self.learner = learner if learner is not None else Learner(config, initial)
         self.rollout = rollout if rollout is not None else Rollout(config)
         if isinstance(self.learner, Learner) and isinstance(self.rollout, Rollout):

@@ -41,7 +41,7 @@ class _Host:
         self.side = side(*args)
         # Admission records are per machine: on the driver's host this is a lookup, elsewhere it
         # runs the battery, as the fingerprint this process sends must be covered where it runs.
-        ensure_admitted(self.side.contract)
+        ensure_admitted(self.side.contract, spec=self.side.spec)
 
     def pid(self) -> int:
         return os.getpid()
@@ -102,7 +102,8 @@ def ray_run(config, *, initial=None, num_threads: int | None = None) -> RLRun:
         raise RuntimeError("ray_run needs ray.init() first (or use run_with_ray)")
     num_threads = num_threads or torch.get_num_threads()
     # Admit once here before the actors look the records up, so two processes never run the battery at once.
-    ensure_admitted(setup(config)[2])
+    _, spec, contract = setup(config)
+    ensure_admitted(contract, spec=spec)
     # Workers get the cluster's environment, not the driver's: pass on where the admission records are.
     env = {"ISOEXEC_HOME": os.environ["ISOEXEC_HOME"]} if "ISOEXEC_HOME" in os.environ else {}
     host = ray.remote(_Host).options(runtime_env={"env_vars": env})

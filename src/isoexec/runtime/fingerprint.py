@@ -67,12 +67,14 @@ def fingerprint(
     role: str,
     parallel: dict | None = None,
     device: str | torch.device = "cpu",
+    geometry: dict | None = None,
 ) -> dict:
     """Fingerprint a process of `role` that runs `installed` ({(region, case): Impl}) under `contract`.
 
     `installed` is what the process really calls, normally `Registry.resolve(contract, cases)`; the
     handshake compares it with the contract, so anything patched in afterwards is caught there. Each
-    cell also says whether an admission record covers it on this device (`isoexec validate`).
+    cell also says whether an admission record covers it on this device and, with `geometry`
+    (`validate.geometry_of` of the model the process runs), at that model's shapes (`isoexec validate --model`).
     The projections travel with the identities so a refusal can name the region, case and field.
     """
     from ..validate import records
@@ -83,7 +85,7 @@ def fingerprint(
     cells: dict[str, dict] = {}
     for (region, case), impl in sorted(installed.items()):
         pinned = contract.entry(region, case)
-        admitted = pinned is not None and records.is_admitted(impl, pinned.constants, runtime, case)
+        admitted = pinned is not None and records.is_admitted(impl, pinned.constants, runtime, case, geometry)
         cells.setdefault(region, {})[case] = {"impl": impl.ref, "source_sha256": impl.source_sha256, "admitted": admitted}
     sizes = {"tp": 1, "ep": 1, "sp": False, "dp": 1, **(parallel or {})}
     return {

@@ -12,21 +12,30 @@ from . import records
 from .battery import EntryResult, validate_entry
 
 
+def geometry_of(spec) -> dict:
+    """The model shapes the probes run at (`Context.geometry`) and admission records are keyed by: the
+    attention heads and head_dim, and the projections' K values. Empty without a model."""
+    if spec is None:
+        return {}
+    return {"num_heads": spec.num_attention_heads, "num_kv_heads": spec.num_key_value_heads, "head_dim": spec.head_dim,
+            "linear_k": sorted({k for _, k in spec.linear_shapes.values()})}
+
+
 def validate(contract: Contract, *, device: str = "cpu", registry: Registry = REGISTRY, record: bool = True, progress=None,
              spec=None) -> dict:
     """Validate every composition entry of `contract`; returns the JSON report.
 
     `progress(entry_result)` is called after each entry; with `record`, admission records are written.
     `spec` (a ModelSpec), for a contract fitted to that model: probes that depend on the model's shapes
-    (attention: head_dim and query heads per KV head; GEMMs: the projections' K) run at them.
+    (attention: head_dim and query heads per KV head; GEMMs: the projections' K) run at them, and the
+    records are keyed by them (`geometry_of`), so they count only for a process running that model.
     """
     from .. import ops  # noqa: F401  (registers the op families)
 
     target = torch.device(device)
     runtime = runtime_info(target)
     start = time.perf_counter()
-    geometry = {} if spec is None else {"num_heads": spec.num_attention_heads, "num_kv_heads": spec.num_key_value_heads,
-                                        "head_dim": spec.head_dim, "linear_k": sorted({k for _, k in spec.linear_shapes.values()})}
+    geometry = geometry_of(spec)
     kernels = []
     for entry in contract.composition:
         impl = registry.get(entry.impl.id, entry.impl.version)
@@ -38,7 +47,7 @@ def validate(contract: Contract, *, device: str = "cpu", registry: Registry = RE
             result = validate_entry(contract, entry, probe, registry=registry, device=target, geometry=geometry)
             if record:
                 anchor = [entry.discharge.case] if entry.discharge.method == "bitwise_equal_to" else []
-                records.write(impl, entry.constants, runtime, cases=list(entry.cases) + anchor, status=result.status,
+                records.write(impl, entry.constants, runtime, geometry=geometry, cases=list(entry.cases) + anchor, status=result.status,
                               dtypes=list(result.dtypes), trials=result.trials, failures=result.failures)
         kernels.append(result.to_dict())
         if progress is not None:

@@ -2,7 +2,10 @@
 
 A record is one JSON file under `$ISOEXEC_HOME/admissions/` (default `~/.cache/isoexec`), named by the
 SHA-256 of everything that could change the impl's bits. The runtime fingerprint looks records up, so
-an impl counts as admitted only on the exact code, constants, torch/triton and device it was proven on.
+an impl counts as admitted only on the exact code, constants, torch/triton and device it was proven on,
+and for the model geometry the probes ran at (`validate.geometry_of`: empty when validated without a
+model): kernels pick instructions and loop shapes by head_dim and K, and an H200 showed entries that
+agreed at the probes' own small shapes and disagreed at a model's (docs/validate.md).
 """
 
 import contextlib
@@ -20,7 +23,7 @@ def records_dir() -> Path:
     return Path(os.environ.get("ISOEXEC_HOME", "~/.cache/isoexec")).expanduser() / "admissions"
 
 
-def _key(impl_ref: str, constants: dict, source_sha256: str | None, runtime: dict) -> dict:
+def _key(impl_ref: str, constants: dict, source_sha256: str | None, runtime: dict, geometry: dict | None) -> dict:
     device = runtime["device"]
     return {
         "impl": impl_ref,
@@ -29,6 +32,7 @@ def _key(impl_ref: str, constants: dict, source_sha256: str | None, runtime: dic
         "torch": runtime["torch"],
         "triton": runtime["triton"],
         "device": {k: device.get(k) for k in ("type", "arch", "isa")},
+        "geometry": dict(geometry or {}),
     }
 
 
@@ -49,12 +53,13 @@ def _locked(folder: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def write(impl, constants: dict, runtime: dict, *, cases: list[str], status: str, dtypes: list[str], trials: int, failures: list[str]) -> Path:
-    key = _key(impl.ref, constants, impl.source_sha256, runtime)
+def write(impl, constants: dict, runtime: dict, *, cases: list[str], status: str, dtypes: list[str], trials: int, failures: list[str],
+          geometry: dict | None = None) -> Path:
+    key = _key(impl.ref, constants, impl.source_sha256, runtime, geometry)
     path = _path(key)
     with _locked(path.parent):
         if status == "admitted":  # entries that split one impl's cases each prove their own
-            previous = lookup(impl, constants, runtime)
+            previous = lookup(impl, constants, runtime, geometry)
             if previous and previous.get("status") == "admitted":
                 cases = sorted(set(cases) | set(previous["cases_proven"]))
         record = {
@@ -80,16 +85,16 @@ def write(impl, constants: dict, runtime: dict, *, cases: list[str], status: str
     return path
 
 
-def lookup(impl, constants: dict, runtime: dict) -> dict | None:
-    """The record for this impl, constants, source and runtime, or None."""
+def lookup(impl, constants: dict, runtime: dict, geometry: dict | None = None) -> dict | None:
+    """The record for this impl, constants, source, runtime and model geometry, or None."""
     if impl.source_sha256 is None:
         return None
     try:
-        return json.loads(_path(_key(impl.ref, constants, impl.source_sha256, runtime)).read_text("utf-8"))
+        return json.loads(_path(_key(impl.ref, constants, impl.source_sha256, runtime, geometry)).read_text("utf-8"))
     except (OSError, ValueError):
         return None
 
 
-def is_admitted(impl, constants: dict, runtime: dict, case: str) -> bool:
-    record = lookup(impl, constants, runtime)
+def is_admitted(impl, constants: dict, runtime: dict, case: str, geometry: dict | None = None) -> bool:
+    record = lookup(impl, constants, runtime, geometry)
     return bool(record) and record.get("status") == "admitted" and case in record.get("cases_proven", [])
