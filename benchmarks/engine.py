@@ -31,7 +31,8 @@ from isoexec.model import fit_contract, save
 from timing import kernel_ms, sync
 
 WARMUP_TOKENS = 4
-REPS = 3  # timed generates per (contract, batch)
+# Timed generates per (contract, batch).
+REPS = 3
 
 
 @dataclasses.dataclass

@@ -75,7 +75,8 @@ class CachedLaunchJITFunction(JITFunction):
         self._defaults = {p.name: p.default for p in self.params if p.default is not inspect.Parameter.empty}
 
     def _key(self, device, args, kwargs) -> tuple:
-        if self._runtime.isdisjoint(kwargs):  # the usual call: runtime arguments by position, constexprs by name
+        # The usual call passes runtime arguments by position and constexprs by name.
+        if self._runtime.isdisjoint(kwargs):
             return device, tuple(map(arg_key, args)), tuple(kwargs.items())
         named = tuple((name, arg_key(value) if name in self._runtime else value) for name, value in kwargs.items())
         return device, tuple(map(arg_key, args)), named

@@ -154,17 +154,19 @@ def fused_kernel(
     o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_m, m_n = o_m < M, o_n < N
-    total = tl.full([BLOCK_M, BLOCK_N], -0.0, dtype=tl.float32)  # -0.0 + l0 is l0, bit for bit
+    # -0.0 + l0 is l0, bit for bit (+0.0 would turn a -0.0 leaf into +0.0).
+    total = tl.full([BLOCK_M, BLOCK_N], -0.0, dtype=tl.float32)
     acc = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
     for i in range(0, G * NK):
-        o_k = (i % NK) * BLOCK_K + tl.arange(0, BLOCK_K)  # within the leaf
+        o_k = (i % NK) * BLOCK_K + tl.arange(0, BLOCK_K)
         m_k = o_k < LEAF
         o_k += (i // NK) * LEAF
         b_x = tl.load(x + o_m[:, None] * stride_xm + o_k[None, :] * stride_xk, mask=m_m[:, None] & m_k[None, :], other=0.0)
         b_w = tl.load(w + o_k[:, None] * stride_wk + o_n[None, :] * stride_wn, mask=m_k[:, None] & m_n[None, :], other=0.0)
         acc = tile_triton.accumulate(b_x, b_w, acc, DOT_IN_FP32)
         if i % NK == NK - 1:
-            total = total + tile_triton.settled(acc, DOT_IN_FP32)  # never folded into the dot (tile_triton)
+            # settled: the leaf's dot must not start from `total` where a leaf is one block (tile_triton)
+            total = total + tile_triton.settled(acc, DOT_IN_FP32)
             acc = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
     tile_triton.store_tile(total, b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N, DOT_IN_FP32)
 
