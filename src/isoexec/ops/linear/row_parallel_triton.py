@@ -37,7 +37,7 @@ from ...runtime.registry import Impl
 from .. import reduce, triton_support
 from ..common import ALL_CASES, torch_dtype
 from ..triton_support import jit, tl, triton, triton_available
-from . import tile_triton
+from . import persistent_triton, tile_triton
 from . import triton as linear_triton
 
 # Leaf counts whose combine runs as one Triton kernel; others combine with torch ops (same bits).
@@ -145,12 +145,15 @@ def fused_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
     """Output tile (i_m, i_n): leaf g's NK blocks of K columns [g LEAF, (g + 1) LEAF), masked at the
     leaf's end, into `acc` from +0.0 (as `linear_tile` computes a leaf), each finished leaf folded into
     `total` in leaf order; then the bias in fp32 and one rounding. One loop over every leaf's blocks, so
-    loads are pipelined across leaf boundaries."""
-    i_m, i_n = tl.program_id(0), tl.program_id(1)
+    loads are pipelined across leaf boundaries. Programs take tiles in the persistent GEMM's grouped
+    order (GROUP tile rows per band), so the tiles that share an x row block run close together and
+    read it from L2; which program runs a tile never enters its arithmetic."""
+    i_m, i_n = persistent_triton.grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP)
     o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_m, m_n = o_m < M, o_n < N
@@ -181,14 +184,14 @@ def fused_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.d
     y = x.new_empty((m, n), dtype=out_dtype)
     if m == 0 or n == 0:
         return y
-    fused_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
+    fused_kernel[(triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)](
         x, weight, x if bias is None else bias.contiguous(), y,
         m, n,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
         LEAF=leaf, G=num_leaves, NK=max(1, triton.cdiv(leaf, block_k)),
         HAS_BIAS=bias is not None,
         DOT_IN_FP32=triton_support.interpreting(),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP=persistent_triton.GROUP_M,
         num_warps=num_warps, num_stages=linear_triton.pipeline_stages(num_stages, block_m, block_n, block_k, x.element_size()),
     )
     return y
@@ -235,5 +238,5 @@ def register(registry) -> None:
     if triton_available():
         registry.register(Impl(id=ID, version=1, region="linear.row_parallel", cases=ALL_CASES, fn=row_parallel_linear,
                                check_constants=check_constants,
-                               sources=(linear_triton.linear_fwd_kernel, linear_triton.linear_tile, tile_triton, combine_kernel, fused_kernel, linear_triton,
-                                        reduce, triton_support)))
+                               sources=(linear_triton.linear_fwd_kernel, linear_triton.linear_tile, tile_triton, combine_kernel, fused_kernel,
+                                        persistent_triton.grouped_tile, linear_triton, reduce, triton_support)))
