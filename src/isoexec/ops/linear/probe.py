@@ -1,9 +1,10 @@
 """Admission trials for `linear` and `linear.row_parallel`: rows alone vs in batches, with hazards.
 
 For a contract fitted to a model (`ctx.geometry`), the rows are probed again at each K of the model's
-projections: how many K blocks a tile's loop (or a row-parallel leaf) takes follows K and the tile's
-block_k, and the compiler treats a one-block loop differently (`tile_triton`); at the probe's own K every
-leaf of 8 is one block long for any listed tile, so a decode tile and a training tile met only there.
+projections. How many K blocks a tile's loop (or a row-parallel leaf) takes follows K and the tile's
+block_k, and the compiler treats a one-block loop differently (`tile_triton`). At the probe's own K = 64
+each of 8 leaves is one block under every listed tile, so a decode tile and a training tile that differ
+there by block count can only disagree at a model's K.
 """
 
 import torch
