@@ -1,6 +1,7 @@
 """The admission battery itself: it must reject impls that change their order of operations."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -95,6 +96,19 @@ def test_records_are_written_and_consulted_by_the_fingerprint():
     assert all(c["admitted"] for c in cells.values())
     assert not records.is_admitted(impl, {**entry.constants, "block_k": 32}, runtime, "trainer_fwd")
     assert not records.is_admitted(impl, entry.constants, {**runtime, "torch": "0.0"}, "trainer_fwd")
+
+
+def test_fingerprint_looks_records_up_at_the_model_it_names(tmp_path):
+    """`validate --model` writes records at that model's geometry, and `fingerprint --model` with the same
+    model finds them (that a record counts only at its own geometry is the test below)."""
+    env = {**os.environ, "ISOEXEC_HOME": str(tmp_path)}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "isoexec", *args], capture_output=True, text=True, timeout=300, env=env)
+
+    assert cli("validate", "--contract", "tiny-dense", "--model", "tiny-dense").returncode == 0
+    fitted = json.loads(cli("fingerprint", "--contract", "tiny-dense", "--model", "tiny-dense", "--role", "trainer", "--json").stdout)
+    assert all(cell["admitted"] for cells in fitted["installed"].values() for cell in cells.values())
 
 
 def test_records_count_only_at_the_model_geometry_they_were_proven_at():
