@@ -109,7 +109,8 @@ def test_batch_dependent_variants_and_the_native_gemm_are_caught():
 def test_the_fused_launch_folds_the_leaves_as_the_combine_does(dtype, k):
     """With the sequential tree one device runs one fused kernel (no leaf planes); its bits are those of
     the leaf planes folded by `combine_partials`, which is what tensor-parallel ranks compute after
-    gathering them. The control: the same planes under the balanced tree differ (fp32 shows it)."""
+    gathering them. The controls (fp32 shows them): the same planes under the balanced tree, and the
+    native GEMM, differ."""
     x, w, b = randn(33, k, seed=k + 20, dtype=dtype), randn(20, k, seed=k + 21, dtype=dtype), randn(20, seed=k + 22, dtype=dtype)
     fused = row_parallel(boundary(ROW_PARALLEL, dtype) | {"leaf_tree": "sequential"})(poisoned(x), poisoned(w), b)
     planes = leaf_partials(x, w, num_leaves=4, **TILES)
@@ -117,6 +118,8 @@ def test_the_fused_launch_folds_the_leaves_as_the_combine_does(dtype, k):
     if dtype == torch.float32:
         assert not bitwise_equal(fused, combine_partials(planes, b, leaf_tree="balanced_binary", out_dtype=dtype)), \
             "the comparison could not tell the two leaf trees apart"
+        native_y = native.linear(x, w, b, input_dtype="float32", weight_dtype="float32", output_dtype="float32")
+        assert not bitwise_equal(fused, native_y), "the native GEMM gave the fused kernel's bits"
 
 
 @pytest.mark.parametrize("leaf_tree", ["balanced_binary", "sequential"])
