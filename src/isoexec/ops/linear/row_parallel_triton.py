@@ -168,36 +168,22 @@ def fused_kernel(
         b_w = tl.load(w + o_k[:, None] * stride_wk + o_n[None, :] * stride_wn, mask=m_k[:, None] & m_n[None, :], other=0.0)
         acc = tile_triton.accumulate(b_x, b_w, acc, DOT_IN_FP32)
         if i % NK == NK - 1:
-            total = tile_triton.fold_leaf(total, acc, DOT_IN_FP32)
+            # settled: the leaf's dot must not start from `total` where a leaf is one block (tile_triton)
+            total = total + tile_triton.settled(acc, DOT_IN_FP32)
             acc = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
     tile_triton.store_tile(total, b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N, DOT_IN_FP32)
 
 
 def fused_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, num_leaves: int, block_m: int,
               block_n: int, block_k: int, num_warps: int, num_stages: int) -> Tensor:
-    """x [M, K], weight [N, K], bias [N] -> [M, N]: the leaves folded in order (`sequential`), one launch:
-    the persistent TMA kernel where K's leaves are whole BLOCK_K blocks (a property of the layer, never
-    of M), else `fused_kernel`; the same bits either way."""
+    """x [M, K], weight [N, K], bias [N] -> [M, N]: the leaves folded in order (`sequential`), one launch."""
     m, k = x.shape
     if k % num_leaves:
         raise ValueError(f"{ID}: K = {k} is not divisible into {num_leaves} leaves")
-    y = x.new_empty((m, weight.shape[0]), dtype=out_dtype)
-    tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps,
-                 num_stages=linear_triton.pipeline_stages(num_stages, block_m, block_n, block_k, x.element_size()))
-    if persistent_triton.fits(k, x.dtype) and persistent_triton.fits_leaves(k, num_leaves, block_k):
-        persistent_triton.linear_fwd_persistent(x, weight, bias, y, num_leaves=num_leaves, **tiles)
-    else:
-        fused_grid(x, weight, bias, y, num_leaves=num_leaves, **tiles)
-    return y
-
-
-def fused_grid(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, num_leaves: int, block_m: int, block_n: int,
-               block_k: int, num_warps: int, num_stages: int) -> None:
-    """`fused_kernel`, one program per output tile, into y [M, N]; the caller checks that the leaves divide K."""
-    (m, k), n = x.shape, weight.shape[0]
+    n, leaf = weight.shape[0], k // num_leaves
+    y = x.new_empty((m, n), dtype=out_dtype)
     if m == 0 or n == 0:
-        return
-    leaf = k // num_leaves
+        return y
     fused_kernel[(triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)](
         x, weight, x if bias is None else bias.contiguous(), y,
         m, n,
@@ -206,8 +192,9 @@ def fused_grid(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, num
         HAS_BIAS=bias is not None,
         DOT_IN_FP32=triton_support.interpreting(),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP=persistent_triton.GROUP_M,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=linear_triton.pipeline_stages(num_stages, block_m, block_n, block_k, x.element_size()),
     )
+    return y
 
 
 def row_parallel_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, num_leaves: int, leaf_tree: str,
