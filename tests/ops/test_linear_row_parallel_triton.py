@@ -119,6 +119,32 @@ def test_the_fused_launch_folds_the_leaves_as_the_combine_does(dtype, k):
             "the comparison could not tell the two leaf trees apart"
 
 
+@pytest.mark.parametrize("k", [512, 64])  # leaves of 8 BLOCK_K blocks (the op's persistent launch), of 1 block
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_persistent_launch_folds_the_leaves_as_the_grid_kernel_does(dtype, k, monkeypatch):
+    """Where a layer's leaves are whole BLOCK_K blocks, PERSISTENT_MIN_LEAF_BLOCKS or more, the sequential
+    fold runs in the persistent TMA kernel: its bits are the leaf planes' folded in order, and so the grid
+    kernel's. At one block a leaf (called directly: the op takes the grid kernel there) the fold must not
+    be rewritten into the leaf's dot (tile_triton). The control (fp32): the balanced tree differs."""
+    from isoexec.ops.linear import persistent_triton
+
+    x, w, b = _fused_case(dtype, k)
+    expected = combine_partials(leaf_partials(x, w, num_leaves=4, **TILES), b, leaf_tree="sequential", out_dtype=dtype)
+    persistent, grid = torch.empty_like(expected), torch.empty_like(expected)
+    persistent_triton.linear_fwd_persistent(x, w, b, persistent, num_leaves=4, **TILES)
+    row_parallel_triton.fused_grid(x, w, b, grid, num_leaves=4, **TILES)
+    assert bitwise_equal(persistent, expected)
+    assert bitwise_equal(grid, expected)
+    assert row_parallel_triton.persistent_fits(k, dtype, 4, TILES["block_k"]) == (k == 512)
+    if k == 512:  # the op itself takes the persistent launch
+        monkeypatch.setattr(row_parallel_triton, "fused_grid", None)
+        op = row_parallel(boundary(ROW_PARALLEL, dtype) | {"leaf_tree": "sequential"})
+        assert bitwise_equal(op(x, w, b), expected)
+    if dtype == torch.float32:
+        balanced = combine_partials(leaf_partials(x, w, num_leaves=4, **TILES), b, leaf_tree="balanced_binary", out_dtype=dtype)
+        assert not bitwise_equal(persistent, balanced), "the comparison could not tell the two leaf trees apart"
+
+
 def test_the_native_gemm_differs_from_the_fused_launch_somewhere():
     """The native control for the test above. It is asked to differ at one of the three widths, not at
     each: cuBLAS on the H200 gave the fused kernel's fp32 bits at K = 64 (why was not examined) and

@@ -11,6 +11,10 @@ reach shared memory cannot enter that arithmetic, so for the same constants the 
 grid kernel's: `tests/ops/test_triton_kernels.py` checks it under the interpreter, and on an H200
 `benchmarks/sweep_gemm.py` found it so at Qwen3-8B shapes.
 
+With G > 1 leaves the same kernel runs `row_parallel_triton`'s sequential fold: each leaf's blocks
+into an accumulator from +0.0, each finished leaf added to a running fp32 sum. A TMA box cannot stop
+at a leaf's end, so every leaf must be whole BLOCK_K blocks (`fits_leaves`).
+
 TMA needs a unit-stride row and 16-byte aligned row strides: `fits` says whether a K (and dtype) can
 take this path. That is a property of the weight's shape, never of M, so a layer always takes the
 same path.
@@ -43,23 +47,45 @@ def grouped_tile(tile, num_m, num_n, GROUP: tl.constexpr):
 
 
 @jit
+def tma_block(x_desc, w_desc, b_acc, i_m, i_n, i_k, DOT_IN_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """b_acc plus the product of K block i_k of the tile's x rows and W columns (loaded through TMA)."""
+    b_x = x_desc.load([i_m * BLOCK_M, i_k * BLOCK_K])  # [BLOCK_M, BLOCK_K]
+    b_w = tl.trans(w_desc.load([i_n * BLOCK_N, i_k * BLOCK_K]))  # [BLOCK_K, BLOCK_N]
+    if DOT_IN_FP32:
+        # numpy's matmul sums a column-major operand in an order that depends on the tile shape:
+        # selecting under a row-major mask makes a row-major copy (NaN and -0.0 kept), as the
+        # grid kernel's loads are.
+        m_all = (tl.arange(0, BLOCK_K) >= 0)[:, None] & (tl.arange(0, BLOCK_N) >= 0)[None, :]
+        b_w = tl.where(m_all, b_w, b_w)
+    return tile_triton.accumulate(b_x, b_w, b_acc, DOT_IN_FP32)
+
+
+@jit
 def tma_tile(
     x_desc, w_desc, b, y, tile, M, N, stride_ym, stride_yn,
-    NK: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    NK: tl.constexpr, G: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
 ):
+    """One output tile over G leaves of NK blocks each. G = 1: every K block into one accumulator.
+    G > 1 (the row-parallel fold, `row_parallel_triton`): each leaf's blocks into an accumulator from
+    +0.0, folded into a running sum after the leaf. The leaf's blocks are a loop of their own, so
+    Triton pipelines their loads as it does the G = 1 loop's; one flat loop over every block with the
+    fold under a condition reached 0.56-0.74 of cuBLAS on an H200 where this reached 0.78-0.95
+    (docs/experiments.md)."""
     i_m, i_n = grouped_tile(tile, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP)
-    b_acc = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
-    for i_k in range(0, NK):
-        b_x = x_desc.load([i_m * BLOCK_M, i_k * BLOCK_K])  # [BLOCK_M, BLOCK_K]
-        b_w = tl.trans(w_desc.load([i_n * BLOCK_N, i_k * BLOCK_K]))  # [BLOCK_K, BLOCK_N]
-        if DOT_IN_FP32:
-            # numpy's matmul sums a column-major operand in an order that depends on the tile shape:
-            # selecting under a row-major mask makes a row-major copy (NaN and -0.0 kept), as the
-            # grid kernel's loads are.
-            m_all = (tl.arange(0, BLOCK_K) >= 0)[:, None] & (tl.arange(0, BLOCK_N) >= 0)[None, :]
-            b_w = tl.where(m_all, b_w, b_w)
-        b_acc = tile_triton.accumulate(b_x, b_w, b_acc, DOT_IN_FP32)
+    if G == 1:
+        b_acc = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
+        for i_k in range(0, NK):
+            b_acc = tma_block(x_desc, w_desc, b_acc, i_m, i_n, i_k, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        b_total = tl.full([BLOCK_M, BLOCK_N], -0.0, dtype=tl.float32)  # -0.0 + l0 is l0, bit for bit
+        for i_g in range(0, G):
+            b_leaf = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
+            for i_b in range(0, NK):
+                b_leaf = tma_block(x_desc, w_desc, b_leaf, i_m, i_n, i_g * NK + i_b, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K)
+            b_total = tile_triton.fold_leaf(b_total, b_leaf, DOT_IN_FP32)
+        b_acc = b_total
     tile_triton.store_tile(b_acc, b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N, DOT_IN_FP32)
 
 
@@ -70,6 +96,7 @@ def linear_persistent_kernel(
     M, N, num_programs,
     stride_ym, stride_yn,
     NK: tl.constexpr,
+    G: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     INTERPRETED: tl.constexpr,
@@ -82,16 +109,22 @@ def linear_persistent_kernel(
     if INTERPRETED:  # the interpreter cannot take a runtime `range` bound; the same tiles in the same order
         tile = tl.program_id(0)
         while tile < num_tiles:
-            tma_tile(x_desc, w_desc, b, y, tile, M, N, stride_ym, stride_yn, NK, HAS_BIAS, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
+            tma_tile(x_desc, w_desc, b, y, tile, M, N, stride_ym, stride_yn, NK, G, HAS_BIAS, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
             tile += num_programs
     else:
         for tile in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=True):
-            tma_tile(x_desc, w_desc, b, y, tile, M, N, stride_ym, stride_yn, NK, HAS_BIAS, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
+            tma_tile(x_desc, w_desc, b, y, tile, M, N, stride_ym, stride_yn, NK, G, HAS_BIAS, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
 
 
 def fits(k: int, dtype: torch.dtype) -> bool:
     """Whether rows of K elements of `dtype` meet TMA's 16-byte stride alignment."""
     return (k * dtype.itemsize) % 16 == 0
+
+
+def fits_leaves(k: int, num_leaves: int, block_k: int) -> bool:
+    """Whether K splits into `num_leaves` leaves of whole BLOCK_K blocks: a TMA box cannot stop at a
+    leaf's end, so a leaf must end where a block does (one leaf ends at K, where boxes read +0.0)."""
+    return num_leaves == 1 or (k % num_leaves == 0 and (k // num_leaves) % block_k == 0)
 
 
 def _tma_ready(t: Tensor) -> Tensor:
@@ -107,12 +140,15 @@ def _num_sms(device: torch.device) -> int:
 
 
 def linear_fwd_persistent(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, block_m: int, block_n: int,
-                          block_k: int, num_warps: int, num_stages: int) -> None:
-    """x [M, K], weight [N, K], bias [N] -> y [M, N] (written), where `fits(K, x.dtype)`."""
+                          block_k: int, num_warps: int, num_stages: int, num_leaves: int = 1) -> None:
+    """x [M, K], weight [N, K], bias [N] -> y [M, N] (written), where `fits(K, x.dtype)`. With
+    `num_leaves` = G > 1, K is G leaves of whole BLOCK_K blocks (`fits_leaves`), folded in order."""
     m, k = x.shape
     n = weight.shape[0]
     if m == 0 or n == 0:
         return
+    if not fits_leaves(k, num_leaves, block_k):
+        raise ValueError(f"persistent launch: K = {k} is not {num_leaves} leaves of whole {block_k}-column blocks")
     x, weight = _tma_ready(x), _tma_ready(weight)
     x_desc = TensorDescriptor.from_tensor(x, [block_m, block_k])
     w_desc = TensorDescriptor.from_tensor(weight, [block_n, block_k])
@@ -121,7 +157,7 @@ def linear_fwd_persistent(x: Tensor, weight: Tensor, bias: Tensor | None, y: Ten
         x_desc, w_desc, x if bias is None else bias.contiguous(), y,
         m, n, num_programs,
         y.stride(0), y.stride(1),
-        NK=triton.cdiv(k, block_k), HAS_BIAS=bias is not None, DOT_IN_FP32=triton_support.interpreting(),
-        INTERPRETED=triton_support.interpreting(),
+        NK=triton.cdiv(k // num_leaves, block_k), G=num_leaves, HAS_BIAS=bias is not None,
+        DOT_IN_FP32=triton_support.interpreting(), INTERPRETED=triton_support.interpreting(),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP=GROUP_M, num_warps=num_warps, num_stages=num_stages,
     )

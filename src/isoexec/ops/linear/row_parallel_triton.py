@@ -19,9 +19,11 @@ per output tile that walks the leaves in order, each leaf's K blocks into an acc
 ((l0 + l1) + l2) + …, before moving on. That is the combine's sequential fold on the same partials, so
 the bits equal `leaf_partials` then `combine_partials` (tested), and tensor-parallel ranks that gather
 their partials still reproduce them. A balanced tree of G leaves would need log2(G) finished partials
-held beside the running one, more registers than a fast tile has, so it keeps the two launches. The
-fused kernel holds two accumulators, so its tiles (`HOPPER_CONSTANTS`, keyed by (N, K)) are smaller
-than linear.triton's.
+held beside the running one, more registers than a fast tile has, so it keeps the two launches.
+Where a layer's leaves are long (`persistent_fits`), the same fold runs in linear.triton's persistent
+TMA kernel instead (`persistent_triton`, G leaves): the same additions in the same order, so the same
+bits (tested against the leaf planes, and on an H200 against `fused_kernel`). Both hold two
+accumulators; their tiles are `HOPPER_CONSTANTS`, keyed by (N, K).
 
 The backward pass is linear.triton's: ordinary matmuls, correct but not batch-invariant.
 """
@@ -48,11 +50,14 @@ ID = "linear.row_parallel.triton"
 # Hopper tiles for the fused kernel (two fp32 accumulators: 128x128 over 8 warps is 128 registers a
 # thread for both), keyed by (N, K) like linear.triton's; tiny-dense keeps linear.triton's tiny tile.
 _FUSED = dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)
+# The persistent launch's tile at Qwen3-8B (`persistent_fits`): 128x256 over 8 warps holds its two
+# accumulators and was the fastest of 6 tiles swept at both layers (docs/experiments.md).
+_PERSISTENT = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
 HOPPER_CONSTANTS = {
     (64, 64): linear_triton.HOPPER_CONSTANTS[64, 64],  # tiny-dense o_proj
     (64, 128): linear_triton.HOPPER_CONSTANTS[64, 128],  # tiny-dense down_proj
-    (4096, 4096): _FUSED,  # Qwen3-8B o_proj
-    (4096, 12288): _FUSED,  # Qwen3-8B down_proj
+    (4096, 4096): _PERSISTENT,  # Qwen3-8B o_proj
+    (4096, 12288): _PERSISTENT,  # Qwen3-8B down_proj
     (1024, 2048): _FUSED,  # Qwen3-0.6B o_proj
     (1024, 3072): _FUSED,  # Qwen3-0.6B down_proj
 }
@@ -168,22 +173,50 @@ def fused_kernel(
         b_w = tl.load(w + o_k[:, None] * stride_wk + o_n[None, :] * stride_wn, mask=m_k[:, None] & m_n[None, :], other=0.0)
         acc = tile_triton.accumulate(b_x, b_w, acc, DOT_IN_FP32)
         if i % NK == NK - 1:
-            # settled: the leaf's dot must not start from `total` where a leaf is one block (tile_triton)
-            total = total + tile_triton.settled(acc, DOT_IN_FP32)
+            total = tile_triton.fold_leaf(total, acc, DOT_IN_FP32)
             acc = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
     tile_triton.store_tile(total, b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N, DOT_IN_FP32)
 
 
 def fused_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, num_leaves: int, block_m: int,
               block_n: int, block_k: int, num_warps: int, num_stages: int) -> Tensor:
-    """x [M, K], weight [N, K], bias [N] -> [M, N]: the leaves folded in order (`sequential`), one launch."""
+    """x [M, K], weight [N, K], bias [N] -> [M, N]: the leaves folded in order (`sequential`), one launch:
+    the persistent TMA kernel where `persistent_fits` (a property of the layer, never of M), else
+    `fused_kernel`; the same bits either way."""
     m, k = x.shape
     if k % num_leaves:
         raise ValueError(f"{ID}: K = {k} is not divisible into {num_leaves} leaves")
-    n, leaf = weight.shape[0], k // num_leaves
-    y = x.new_empty((m, n), dtype=out_dtype)
+    y = x.new_empty((m, weight.shape[0]), dtype=out_dtype)
+    tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps,
+                 num_stages=linear_triton.pipeline_stages(num_stages, block_m, block_n, block_k, x.element_size()))
+    if persistent_fits(k, x.dtype, num_leaves, block_k):
+        persistent_triton.linear_fwd_persistent(x, weight, bias, y, num_leaves=num_leaves, **tiles)
+    else:
+        fused_grid(x, weight, bias, y, num_leaves=num_leaves, **tiles)
+    return y
+
+
+# The persistent launch drains its load pipeline at every leaf's end. On an H200 (docs/experiments.md)
+# it beat the grid kernel at Qwen3-8B's down_proj (24 blocks a leaf: 0.92-0.95 of cuBLAS against
+# 0.72-0.74) and tied it at o_proj (8 blocks: 0.78-0.80 against 0.79-0.80). Shorter leaves keep the
+# grid kernel, which pipelines across leaf ends: Qwen3-0.6B's o_proj and down_proj have 4 and 6.
+PERSISTENT_MIN_LEAF_BLOCKS = 8
+
+
+def persistent_fits(k: int, dtype: torch.dtype, num_leaves: int, block_k: int) -> bool:
+    """Whether the sequential fold of a K-wide weight runs persistently: TMA rows (`persistent_triton.fits`),
+    leaves of whole BLOCK_K blocks, and at least PERSISTENT_MIN_LEAF_BLOCKS of them a leaf."""
+    return (persistent_triton.fits(k, dtype) and persistent_triton.fits_leaves(k, num_leaves, block_k)
+            and k // num_leaves // block_k >= PERSISTENT_MIN_LEAF_BLOCKS)
+
+
+def fused_grid(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, num_leaves: int, block_m: int, block_n: int,
+               block_k: int, num_warps: int, num_stages: int) -> None:
+    """`fused_kernel`, one program per output tile, into y [M, N]; the caller checks that the leaves divide K."""
+    (m, k), n = x.shape, weight.shape[0]
     if m == 0 or n == 0:
-        return y
+        return
+    leaf = k // num_leaves
     fused_kernel[(triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)](
         x, weight, x if bias is None else bias.contiguous(), y,
         m, n,
@@ -192,9 +225,8 @@ def fused_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.d
         HAS_BIAS=bias is not None,
         DOT_IN_FP32=triton_support.interpreting(),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP=persistent_triton.GROUP_M,
-        num_warps=num_warps, num_stages=linear_triton.pipeline_stages(num_stages, block_m, block_n, block_k, x.element_size()),
+        num_warps=num_warps, num_stages=num_stages,
     )
-    return y
 
 
 def row_parallel_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, num_leaves: int, leaf_tree: str,
@@ -239,4 +271,4 @@ def register(registry) -> None:
         registry.register(Impl(id=ID, version=1, region="linear.row_parallel", cases=ALL_CASES, fn=row_parallel_linear,
                                check_constants=check_constants,
                                sources=(linear_triton.linear_fwd_kernel, linear_triton.linear_tile, tile_triton, combine_kernel, fused_kernel,
-                                        persistent_triton.grouped_tile, linear_triton, reduce, triton_support)))
+                                        persistent_triton, linear_triton, reduce, triton_support)))

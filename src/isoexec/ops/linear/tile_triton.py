@@ -38,6 +38,13 @@ def settled(b_acc, INTERPRETED: tl.constexpr):
 
 
 @jit
+def fold_leaf(b_total, b_acc, INTERPRETED: tl.constexpr):
+    """The running sum of a row-parallel tile's finished leaves plus the next one, in fp32. settled:
+    the leaf's dot must not start from the running sum where a leaf is one block (module doc)."""
+    return b_total + settled(b_acc, INTERPRETED)
+
+
+@jit
 def store_tile(b_acc, b, y, i_m, i_n, M, N, stride_ym, stride_yn,
                HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRETED: tl.constexpr):
     """Tile (i_m, i_n) of y: the accumulator plus the bias in fp32, rounded once; rows past M and columns
