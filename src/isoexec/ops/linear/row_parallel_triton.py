@@ -50,8 +50,9 @@ ID = "linear.row_parallel.triton"
 # Hopper tiles for the fused kernel (two fp32 accumulators: 128x128 over 8 warps is 128 registers a
 # thread for both), keyed by (N, K) like linear.triton's; tiny-dense keeps linear.triton's tiny tile.
 _FUSED = dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)
-# The persistent launch's tile at Qwen3-8B (`persistent_fits`): 128x256 over 8 warps holds its two
-# accumulators and was the fastest of 6 tiles swept at both layers (docs/experiments.md).
+# The persistent launch's tile at Qwen3-8B (`persistent_fits`): 128x256 over 8 warps, the fastest of the
+# 5 tiles swept at both layers (docs/experiments.md). Its two accumulators take 256 registers a thread,
+# so some may spill; whether they do was not examined. At M <= 256 it leaves SMs idle.
 _PERSISTENT = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
 HOPPER_CONSTANTS = {
     (64, 64): linear_triton.HOPPER_CONSTANTS[64, 64],  # tiny-dense o_proj
