@@ -182,8 +182,9 @@ def fused_kernel(
 def fused_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, num_leaves: int, block_m: int,
               block_n: int, block_k: int, num_warps: int, num_stages: int) -> Tensor:
     """x [M, K], weight [N, K], bias [N] -> [M, N]: the leaves folded in order (`sequential`), one launch:
-    the persistent TMA kernel where `persistent_fits` (a property of the layer, never of M), else
-    `fused_kernel`; the same bits either way."""
+    the persistent TMA kernel where `persistent_fits` (a property of the layer and its tile, never of
+    M), else `fused_kernel`; the same bits either way, so a decode tile with another BLOCK_K may take
+    the other launch."""
     m, k = x.shape
     if k % num_leaves:
         raise ValueError(f"{ID}: K = {k} is not divisible into {num_leaves} leaves")
