@@ -137,8 +137,8 @@ def test_native_against_the_contract_is_refused_from_both_orders():
 
 def test_runtime_differences_that_decide_bits_refuse():
     trainer, engine = _pair()
-    engine["runtime"]["torch"] = "2.11.0"
-    engine["runtime"]["device"]["isa"] = "AVX2"
+    engine["runtime"]["torch"] = trainer["runtime"]["torch"] + "-other"  # the GPU image runs 2.11.0 itself
+    engine["runtime"]["device"]["isa"] = trainer["runtime"]["device"]["isa"] + "-other"  # differs on any host
     engine["runtime"]["device"]["name"] = "another cpu"
     verdict = check(trainer, engine)
     assert {p.field for p in verdict.problems} == {"torch", "device.isa"}

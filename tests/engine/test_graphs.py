@@ -1,6 +1,7 @@
 """Decode steps padded to batch-size buckets (CUDA graphs on a GPU, the same padded forward run eagerly
 on the CPU) give the same tokens and full-vocabulary rows, bit for bit, as the unpadded engine — under
-a bitwise contract, and visibly not under `native`; padded rows stay on the scratch page."""
+a bitwise contract, and visibly not under a control whose linear is batch-dependent by construction;
+padded rows stay on the scratch page."""
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from isoexec.engine.graphs import DecodeGraphs, decode_buckets
 from isoexec.model import PRESETS, ModelSpec, fit_contract, init_random, tracing
 from isoexec.ops.attention.metadata import UNUSED_SLOT
 from conftest import bitwise_equal, int_view, mutated, preset_dict
+from controls import control_contract
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -212,23 +214,21 @@ def test_graphs_refused_without_the_claim():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_native_contract_shows_the_difference(dtype):
-    """The same comparison on the ordinary fast path must fail somewhere, or it proves nothing.
-
-    Observed on this CPU: padding changes native bits in both dtypes; native decode attention alone
-    does (one batched SDPA call masked over the slot table's width, which padding widens to
-    max_num_keys). With the earlier per-sequence native attention, padding changed float32 bits but
-    left bfloat16 ones alone, so the alone-vs-batched runs stay in: whatever native does with padding,
-    they show that `same_bits` can fail on this path."""
+def test_the_control_shows_the_difference(dtype):
+    """The same comparison must fail on a batch-dependent path, or it proves nothing. The control's
+    linear (`controls.split_k_linear`) takes one reduction order in calls of up to 6 rows and another in
+    larger ones, so a decode step of 5 or 6 sequences padded to its bucket of 8 changes its bits, and so
+    does a prompt prefilled alone rather than in the batch. (Native is no control: whether padding or
+    batching changes its bits depends on the CPU and the library.)"""
     model = init_random(ModelSpec(**{**PRESETS["tiny-dense"].__dict__, "dtype": dtype}), seed=0)
-    contract = fit_contract(load_preset("native"), model.spec)
+    contract = fit_contract(control_contract("linear", small_rows=6), model.spec)
     prompts, params = requests(7)
     eager, _, _ = generate(model, contract, prompts, params, cuda_graphs=False)
     padded, _, recorded = generate(model, contract, prompts, params, cuda_graphs=True, recorder=Recorder)
     alone = [generate(model, contract, [p], q, cuda_graphs=False)[0][0] for p, q in zip(prompts, params)]
-    assert any(batch < bucket for batch, bucket in recorded.steps)
-    differs = [not same_bits(a, b) for runs in (padded, alone) for a, b in zip(runs, eager)]
-    assert any(differs)
+    assert any(batch <= 6 < bucket for batch, bucket in recorded.steps)
+    assert any(not same_bits(a, b) for a, b in zip(padded, eager))
+    assert any(not same_bits(a, b) for a, b in zip(alone, eager))
 
 
 CUDA_CONTRACTS = ["tiny-dense-triton"]

@@ -3,6 +3,7 @@ import torch
 
 import isoexec.ops.attention  # noqa: F401  (registers the impls and the probe)
 from conftest import entry_index, mutated
+from controls import CONTROLS, control_contract
 from isoexec.contract import load_preset
 from isoexec.ops.attention import reference
 from isoexec.ops.attention.metadata import UNUSED_SLOT, packed_slot_table, paged_slot_table
@@ -155,20 +156,34 @@ def test_reference_is_bitwise_equal_in_every_form(dtype, window):
         assert torch.equal(bits(out), bits(alone)), form
 
 
-def test_native_differs_in_some_form():
-    results = dict(forms(native_op(), torch.float32, None))
+def control_op(dtype=torch.float32):
+    """The reference's constants on `controls.key_block_attention`: key blocks twice as wide for more than
+    controls.SMALL queries, so it is batch-dependent by construction."""
+    name = str(dtype).removeprefix("torch.")
+    constants = dict(input_dtype=name, output_dtype=name, kv_cache_dtype=name, accum_dtype="float32", block_n=16, reduce_block=16,
+                     block_tree="balanced_binary", split_kv_size=0)
+    return CONTROLS["attention"].bind(constants)
+
+
+def test_a_batch_dependent_key_block_differs_in_some_form():
+    """The negative control of the test above, in fp32: re-blocking the online softmax moves results by
+    an ulp or so, which a bf16 output hides in most of these 2,368 elements. (Native SDPA cannot serve:
+    whether it gives a row other bits alone and in a batch depends on the CPU and the library build.)"""
+    dtype = torch.float32
+    results = dict(forms(control_op(dtype), dtype, None))
     alone = results.pop("alone")
     differing = [form for form, out in results.items() if not torch.equal(bits(out), bits(alone))]
-    assert differing, "native SDPA matched the reference bit for bit in every form: the invariance test proves nothing"
+    assert "decode alone" in differing and "decode among others" in differing
 
 
-def test_battery_admits_reference_and_rejects_native():
-    dense, fast = load_preset("tiny-dense"), load_preset("native")
+def test_battery_admits_reference_and_rejects_a_batch_dependent_key_block():
+    dense = load_preset("tiny-dense")
     admitted = validate_entry(dense, dense.entry("attention", "trainer_fwd"), REGISTRY.probe("attention"), registry=REGISTRY,
                               device=torch.device("cpu"))
     assert admitted.status == "admitted", admitted.failures[:5]
     assert admitted.dtypes == ("bfloat16", "float32") and admitted.trials > 100
-    rejected = validate_entry(fast, fast.entry("attention", "trainer_fwd"), REGISTRY.probe("attention"), registry=REGISTRY,
+    control = control_contract("attention")
+    rejected = validate_entry(control, control.entry("attention", "trainer_fwd"), REGISTRY.probe("attention"), registry=REGISTRY,
                               device=torch.device("cpu"))
     assert rejected.status == "rejected"
     assert not any("raised" in failure for failure in rejected.failures), rejected.failures[:5]

@@ -1,5 +1,5 @@
 """linear.row_parallel.triton: correctness against float64 (odd leaf widths included), bitwise batch
-invariance next to batch-dependent variants and the native GEMM, the same bits from tensor-parallel
+invariance next to a batch-dependent variant, the same bits from tensor-parallel
 shards of the leaves, gradients, refused constants, and admission through the battery.
 
 Without a GPU the kernel runs in Triton's interpreter (see tests/ops/test_triton_kernels.py), so
@@ -18,7 +18,6 @@ require_triton()
 
 from isoexec.contract import load_preset  # noqa: E402
 from isoexec.contract.schema import ImplRef  # noqa: E402
-from isoexec.ops.linear import native  # noqa: E402
 from isoexec.ops.linear import probe as linear_probe  # noqa: E402
 from isoexec.ops.linear import row_parallel_triton  # noqa: E402
 from isoexec.ops.linear import triton as linear_triton  # noqa: E402
@@ -89,19 +88,15 @@ def test_rows_are_bitwise_invariant(dtype, leaf_tree):
     assert bitwise_equal(op(x.reshape(1, 71, 40), w, b)[0], op(x, w, b))
 
 
-def test_batch_dependent_variants_and_the_native_gemm_are_caught():
-    """The same check must fail where the leaf count follows the batch size; it fails the native GEMM
-    wherever its BLAS changes blocking with M (this CPU from M >= 7 in fp32, cuBLAS from M = 64)."""
+def test_a_batch_dependent_leaf_count_is_caught():
+    """The same check must fail where the leaf count follows the batch size. (Native linear is no
+    control: whether a BLAS changes its blocking with M depends on the library and the CPU model.)"""
     x, w, b = _rows(torch.float32)
 
     def leaves_from_rows(x, w, b):
         return row_parallel(ROW_PARALLEL | {"num_leaves": 2 if x.shape[0] < 8 else 4})(x, w, b)
 
-    def native_linear(x, w, b):
-        return native.linear(x, w, b, input_dtype="float32", weight_dtype="float32", output_dtype="float32")
-
     assert batch_dependent(leaves_from_rows, [x], w, b, sizes=SIZES), "the invariance check missed a batch-dependent leaf count"
-    assert batch_dependent(native_linear, [x], w, b, sizes=SIZES), "native linear was batch-invariant here"
 
 
 @pytest.mark.parametrize("k", [64, 40, 72])  # leaf widths 16 = BLOCK_K, 10 < BLOCK_K, 18 = BLOCK_K + 2
@@ -143,19 +138,6 @@ def test_the_persistent_launch_folds_the_leaves_as_the_grid_kernel_does(dtype, k
     if dtype == torch.float32:
         balanced = combine_partials(leaf_partials(x, w, num_leaves=4, **TILES), b, leaf_tree="balanced_binary", out_dtype=dtype)
         assert not bitwise_equal(persistent, balanced), "the comparison could not tell the two leaf trees apart"
-
-
-def test_the_native_gemm_differs_from_the_fused_launch_somewhere():
-    """The native control for the two tests above (K = 512 takes the persistent launch). It is asked to
-    differ at one of the widths, not at each: cuBLAS on the H200 gave the fused kernel's fp32 bits at
-    K = 64 (why was not examined) and differed at K = 40 and 72."""
-    op = row_parallel(boundary(ROW_PARALLEL, torch.float32) | {"leaf_tree": "sequential"})
-    differs = []
-    for k in (64, 40, 72, 512):
-        x, w, b = _fused_case(torch.float32, k)
-        native_y = native.linear(x, w, b, input_dtype="float32", weight_dtype="float32", output_dtype="float32")
-        differs.append(not bitwise_equal(op(x, w, b), native_y))
-    assert any(differs), "the native GEMM gave the fused kernel's bits at every width"
 
 
 def _fused_case(dtype, k):

@@ -2,11 +2,13 @@ import pytest
 import torch
 
 from conftest import run_battery
+from controls import CONTROLS, control_contract
 
 import isoexec.ops.logprobs  # noqa: F401  (registers the impls and the probe)
 from isoexec.contract.files import load_preset
-from isoexec.ops.logprobs import native, reference
+from isoexec.ops.logprobs import reference
 from isoexec.runtime.registry import REGISTRY
+from isoexec.validate.battery import validate_entry
 
 CONSTANTS = {"output_dtype": "float32", "accum_dtype": "float32", "vocab_block": 256, "block_tree": "balanced_binary",
              "leaf_tree": "balanced_binary"}
@@ -121,16 +123,14 @@ def test_rows_alone_equal_rows_in_batches(dtype):
     assert torch.equal(bits(ref(wide[:, ::2])), bits(alone))
 
 
-def test_native_log_softmax_is_batch_invariant_on_this_cpu():
-    # Observed, not wished for: ATen's CPU log_softmax reduces each row with the same vectorised loop
-    # whatever the batch, so on this CPU the native path gives the same bits alone and in batches
-    # (the battery admits it below). GPU kernels that split rows across blocks do not promise this.
+def test_a_batch_dependent_vocab_block_is_caught():
+    """The negative control of the test above: vocabulary blocks chosen from the row count. (Native
+    log_softmax cannot serve: whether ATen's CPU kernel reduces a row the same way in every batch is a
+    property of the build and the CPU, not something to rely on either way.)"""
     x = logits(70, 1000)
-    run = lambda t: native.logprobs(t, input_dtype="float32", output_dtype="float32")  # noqa: E731
-    alone = torch.cat([run(x[i : i + 1]) for i in range(70)])
-    assert torch.equal(bits(run(x)), bits(alone))
-    # It is not the reference's arithmetic, though: somewhere the bits differ.
-    assert not torch.equal(bits(run(x)), bits(ref(x)))
+    control = CONTROLS["logprobs"].bind(load_preset("tiny-dense").entry("logprobs", "trainer_fwd").constants | {"input_dtype": "float32"})
+    alone = torch.cat([control(x[i : i + 1]) for i in range(70)])
+    assert not torch.equal(bits(control(x)), bits(alone))
 
 
 def test_reference_constants_bind_through_the_registry():
@@ -153,9 +153,8 @@ def test_battery_admits_the_reference():
     assert result.dtypes == ("bfloat16", "float32") and result.trials > 0
 
 
-def test_battery_on_native_log_softmax():
-    # See test_native_log_softmax_is_batch_invariant_on_this_cpu: on this CPU the battery finds no
-    # row whose bits change with the batch, so the native entry is admitted here.
-    result = battery("native")
-    assert result.impl == "logprobs.native@1"
-    assert result.status == "admitted", result.failures
+def test_battery_rejects_a_batch_dependent_vocab_block():
+    control = control_contract("logprobs")
+    result = validate_entry(control, control.entry("logprobs", "trainer_fwd"), REGISTRY.probe("logprobs"), registry=REGISTRY,
+                            device=torch.device("cpu"))
+    assert result.impl == "control.row_count_logprobs@1" and result.status == "rejected"

@@ -111,14 +111,8 @@ def test_rows_are_batch_invariant_and_the_checks_can_fail():
     x, r, w = rows(torch.float32, seed=4, count=30)
     ours = fused_reference(torch.float32)
     assert batch_dependent(both(ours), [x, r], w) == []
-    native_op = lambda x, r, w: native.rms_norm_residual(x, r, w, 1e-6, **boundary(torch.float32))  # noqa: E731
-    # torch's fused RMSNorm reduces a row in another order than the reference: its bits differ ...
-    y_native, s_native = native_op(x, r, w)
-    y, s = ours(x, r, w)
-    assert bitwise_equal(s_native, s) and not bitwise_equal(y_native, y)
-    # ... but on this CPU not with the batch; a fused op that switches its reduction with the batch is caught.
-    assert batch_dependent(both(native_op), [x, r], w) == []
-
+    # The control: a fused op that switches its reduction with the batch. (Native RMSNorm cannot serve:
+    # whether torch's CPU kernel reduces a row alike in every batch depends on the build and the CPU.)
     def mutant(x, r, w):
         return ours(x, r, w) if x.shape[0] <= 4 else fused_reference(torch.float32, block_tree="sequential")(x, r, w)
 

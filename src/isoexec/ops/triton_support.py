@@ -13,12 +13,23 @@ bfloat16 arithmetic (triton-lang/triton#11584: `tl.dot` multiplies the bit patte
 convert bfloat16 tiles to float32 before any arithmetic, and before `tl.dot` when interpreting; its
 float32 -> bfloat16 conversion truncates instead of rounding to nearest. Bits admitted under the
 interpreter are therefore the interpreter's own, never the GPU's: admission records key on the device.
+
+The interpreter computes `tl.dot` with `np.matmul`, that is with numpy's BLAS, which picks its kernels
+by CPU model (OpenBLAS DYNAMIC_ARCH): with the Haswell/Zen kernels a row's products are summed in
+another order depending on which row of the tile it occupies, so a kernel invariant on every GPU
+looked batch-dependent on AMD AVX2 machines and invariant on AVX-512 ones. In the interpreter, `tl.dot`
+is therefore `fixed_order_dot` (installed when this module is imported): each element's products,
+in the accumulator's dtype, summed in ascending k by elementwise IEEE adds (numpy never contracts
+separate ufuncs into an FMA), then added to the accumulator as the interpreter's own dot does. Each
+output element is then a function of its own row and column alone, as an MMA's is, with the same bits
+on every CPU.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -33,6 +44,34 @@ except ImportError:  # the Triton impls are then simply not registered
     triton = tl = None
 
 
+def fixed_order_dot(a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """acc + a [..., M, K] @ b [..., K, N] for floating operands, in a fixed order (module doc)."""
+    a, b = a.astype(acc.dtype), b.astype(acc.dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # the battery's hazard rows overflow on purpose
+        total = a[..., :, 0, None] * b[..., None, 0, :]
+        for k in range(1, a.shape[-1]):
+            total = total + a[..., :, k, None] * b[..., None, k, :]
+        return total + acc
+
+
+def _install_fixed_order_dot() -> None:
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.create_dot, "fixed_order", False):
+        return
+    blas_dot = builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        # Integer dots (exact sums) and operands the interpreter stores as raw bits (bf16, fp8) keep its own.
+        if not all(np.issubdtype(t.data.dtype, np.floating) for t in (a, b, d)):
+            return blas_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        return interpreter.TensorHandle(fixed_order_dot(a.data, b.data, d.data), d.dtype.scalar)
+
+    create_dot.fixed_order = True
+    builder.create_dot = create_dot
+
+
 def triton_available() -> bool:
     return triton is not None
 
@@ -40,6 +79,10 @@ def triton_available() -> bool:
 def interpreting() -> bool:
     """Whether Triton kernels run in the interpreter: whether `triton` was imported with TRITON_INTERPRET=1."""
     return triton is not None and isinstance(tl.zeros, InterpretedFunction)
+
+
+if interpreting():
+    _install_fixed_order_dot()
 
 
 def jit(fn=None, **options):
