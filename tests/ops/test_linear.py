@@ -88,8 +88,9 @@ def test_inputs_in_the_wrong_dtype_or_shape_are_refused():
         reference.linear(torch.randn(2, 16), torch.randn(3, 16).bfloat16(), **_bf16(C32))
     with pytest.raises(ValueError, match="input has K = 16, weight has K = 32"):
         reference.linear(torch.randn(2, 16), torch.randn(3, 32), **C32)
-    with pytest.raises(ValueError, match="not divisible into 8 leaves"):
-        reference.row_parallel_linear(torch.randn(2, 20), torch.randn(3, 20), **C32, **LEAVES)
+    with pytest.raises(ValueError, match="K = 20 is not the width of leaves 4..7 of K = 150 in 8 leaves"):
+        leaf_partials(torch.randn(2, 20), torch.randn(3, 20), num_leaves=8, block_k=16, block_tree="balanced_binary", tree="sequential",
+                      accum=torch.float32, global_k=150, leaves=range(4, 8))
 
 
 def test_rows_beyond_the_slice_never_leak():

@@ -198,9 +198,13 @@ def test_registered_with_its_sources_and_refuses_bad_constants():
         impl.check({k: v for k, v in ROW_PARALLEL.items() if k not in ("num_leaves", "leaf_tree")})
 
 
-def test_inputs_that_do_not_split_into_whole_leaves_are_refused():
-    with pytest.raises(ValueError, match="linear.row_parallel.triton: K = 42 is not divisible into 4 leaves"):
-        row_parallel()(randn(2, 42, seed=16), randn(3, 42, seed=17))
+def test_a_shard_that_is_not_its_leaves_columns_is_refused():
+    """Any K runs (its leaves cut by `reference.leaf_bounds`, tests/ops/test_linear_any_k.py); a rank's
+    x and weight must hold exactly its leaves' columns of the whole K."""
+    x, w = randn(2, 42, seed=16), randn(3, 42, seed=17)
+    assert row_parallel()(x, w).shape == (2, 3)
+    with pytest.raises(ValueError, match="K = 20 is not the width of leaves 2..3 of K = 42 in 4 leaves"):
+        leaf_partials(x[:, :20], w[:, :20], num_leaves=4, global_k=42, leaves=range(2, 4), **TILES)
     with pytest.raises(ValueError, match="input has K = 40, weight has K = 32"):
         row_parallel()(randn(2, 40, seed=16), randn(3, 32, seed=17))
 

@@ -123,7 +123,8 @@ def fits(k: int, dtype: torch.dtype) -> bool:
 
 def fits_leaves(k: int, num_leaves: int, block_k: int) -> bool:
     """Whether K splits into `num_leaves` leaves of whole BLOCK_K blocks: a TMA box cannot stop at a
-    leaf's end, so a leaf must end where a block does (one leaf ends at K, where boxes read +0.0)."""
+    leaf's end, so a leaf must end where a block does (one leaf ends at K, where boxes read +0.0). A K
+    that G does not divide never does: its leaves (`reference.leaf_bounds`) are of two widths one apart."""
     return num_leaves == 1 or (k % num_leaves == 0 and (k // num_leaves) % block_k == 0)
 
 

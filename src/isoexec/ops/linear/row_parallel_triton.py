@@ -1,17 +1,19 @@
 """Batch-invariant row-parallel y = x Wᵀ (+ b) (o_proj, down_proj) on linear.triton's kernel.
 
-K is split into `num_leaves` = G contiguous leaves of K/G columns. One launch with a third grid axis
-over the leaves computes each leaf's partial exactly as linear.triton computes a whole row: ascending
-BLOCK_K blocks of the leaf into one fp32 accumulator starting from 0, masked at the leaf's own end
-(so K/G need not be a multiple of BLOCK_K), written unrounded to plane g of a [G, M, N] fp32 buffer.
-The G partials are then combined by the fixed `leaf_tree` (`reduce.tree_sum`, the lower leaf on the
-left), the bias added in fp32, and the sum rounded once. The tiles depend only on the contract, never
-on M, and the combine is elementwise, so a row's bits do not depend on its batch.
+K is split into `num_leaves` = G contiguous leaves by `reference.leaf_bounds` (leaf i starts at
+floor(i K / G): K/G columns each where G divides K, widths one apart elsewhere). One launch with a
+third grid axis over the leaves computes each leaf's partial exactly as linear.triton computes a whole
+row: ascending BLOCK_K blocks of the leaf into one fp32 accumulator starting from 0, masked at the
+leaf's own end (so a leaf need not be whole BLOCK_K blocks), written unrounded to plane g of a
+[G, M, N] fp32 buffer. The G partials are then combined by the fixed `leaf_tree` (`reduce.tree_sum`,
+the lower leaf on the left), the bias added in fp32, and the sum rounded once. The tiles depend only on
+the contract, never on M, and the combine is elementwise, so a row's bits do not depend on its batch.
 
-A tensor-parallel rank owning a contiguous run of leaves computes `leaf_partials` on its K shard with
-its share of the leaves; every rank gathers all partials (bytes only) and calls `combine_partials`,
-which gives the same bits as one device at TP = 1. The forward never reads a tensor on the host, so it
-can be captured in a CUDA graph. The [G, M, N] buffer costs G·M·N·4 bytes of memory traffic each way.
+A tensor-parallel rank owning a contiguous run of leaves (`reference.rank_leaves`) computes
+`leaf_partials` on its K shard (`reference.leaf_columns`), given the whole K and its leaves; every
+rank gathers all partials (bytes only) and calls `combine_partials`, which gives the same bits as one
+device at TP = 1. The forward never reads a tensor on the host, so it can be captured in a CUDA graph.
+The [G, M, N] buffer costs G·M·N·4 bytes of memory traffic each way.
 
 With the `sequential` leaf tree one device needs no [G, M, N] buffer: `fused_kernel` runs one program
 per output tile that walks the leaves in order, each leaf's K blocks into an accumulator started from
@@ -70,15 +72,17 @@ def hopper_constants(n: int, k: int, dtype: str = "bfloat16") -> dict:
 
 
 def leaf_partials(x: Tensor, weight: Tensor, *, num_leaves: int, block_m: int, block_n: int, block_k: int, num_warps: int,
-                  num_stages: int) -> Tensor:
+                  num_stages: int, global_k: int | None = None, leaves: range | None = None) -> Tensor:
     """x [M, K], weight [N, K] -> the unrounded fp32 leaf partials [M, N, num_leaves], as a view of a
-    contiguous [num_leaves, M, N] buffer (`.permute(2, 0, 1)` gives it back for an all-gather)."""
-    m, k = x.shape
-    if k % num_leaves:
-        raise ValueError(f"{ID}: K = {k} is not divisible into {num_leaves} leaves")
-    partials = x.new_empty((num_leaves, m, weight.shape[0]), dtype=torch.float32)
+    contiguous [num_leaves, M, N] buffer (`.permute(2, 0, 1)` gives it back for an all-gather).
+
+    A tensor-parallel rank passes the whole weight's `global_k` and its `leaves`
+    (`reference.rank_leaves`); x and weight hold their columns -> [M, N, len(leaves)], those leaves'
+    partials of the whole weight bit for bit (the kernel runs every leaf with the same loop)."""
+    leaves = range(num_leaves) if leaves is None else leaves
+    partials = x.new_empty((len(leaves), x.shape[0], weight.shape[0]), dtype=torch.float32)
     linear_triton.launch(x, weight, None, partials, block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps,
-                         num_stages=num_stages)
+                         num_stages=num_stages, num_leaves=num_leaves, global_k=global_k, first_leaf=leaves.start)
     return partials.permute(1, 2, 0)
 
 
@@ -143,7 +147,7 @@ def fused_kernel(
     x, w, b, y,
     M, N,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
-    LEAF: tl.constexpr,
+    K: tl.constexpr,
     G: tl.constexpr,
     NK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -153,12 +157,12 @@ def fused_kernel(
     BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr,
 ):
-    """Output tile (i_m, i_n): leaf g's NK blocks of K columns [g LEAF, (g + 1) LEAF), masked at the
-    leaf's end, into `acc` from +0.0 (as `linear_tile` computes a leaf), each finished leaf folded into
-    `total` in leaf order; then the bias in fp32 and one rounding. One loop over every leaf's blocks, so
-    loads are pipelined across leaf boundaries. Programs take tiles in the persistent GEMM's grouped
-    order (GROUP tile rows per band), so the tiles that share an x row block run close together and
-    read it from L2; which program runs a tile never enters its arithmetic."""
+    """Output tile (i_m, i_n): leaf g's NK blocks from its first column (`reference.leaf_bounds`),
+    masked at the leaf's end, into `acc` from +0.0 (as `linear_tile` computes a leaf), each finished
+    leaf folded into `total` in leaf order; then the bias in fp32 and one rounding. One loop over
+    every leaf's blocks, so loads are pipelined across leaf boundaries. Programs take tiles in the
+    persistent GEMM's grouped order (GROUP tile rows per band), so the tiles that share an x row block
+    run close together and read it from L2; which program runs a tile never enters its arithmetic."""
     i_m, i_n = persistent_triton.grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP)
     o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -168,8 +172,13 @@ def fused_kernel(
     acc = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
     for i in range(0, G * NK):
         o_k = (i % NK) * BLOCK_K + tl.arange(0, BLOCK_K)
-        m_k = o_k < LEAF
-        o_k += (i // NK) * LEAF
+        if K % G == 0:
+            m_k = o_k < K // G
+            o_k += (i // NK) * (K // G)
+        else:  # reference.leaf_bounds: leaf i // NK starts at floor((i // NK) K / G)
+            o_first = (i // NK) * K // G
+            m_k = o_k < ((i // NK) + 1) * K // G - o_first
+            o_k += o_first
         b_x = tl.load(x + o_m[:, None] * stride_xm + o_k[None, :] * stride_xk, mask=m_m[:, None] & m_k[None, :], other=0.0)
         b_w = tl.load(w + o_k[:, None] * stride_wk + o_n[None, :] * stride_wn, mask=m_k[:, None] & m_n[None, :], other=0.0)
         acc = tile_triton.accumulate(b_x, b_w, acc, DOT_IN_FP32)
@@ -186,8 +195,6 @@ def fused_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.d
     M), else `fused_kernel`; the same bits either way, so a decode tile with another BLOCK_K may take
     the other launch."""
     m, k = x.shape
-    if k % num_leaves:
-        raise ValueError(f"{ID}: K = {k} is not divisible into {num_leaves} leaves")
     y = x.new_empty((m, weight.shape[0]), dtype=out_dtype)
     tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps,
                  num_stages=linear_triton.pipeline_stages(num_stages, block_m, block_n, block_k, x.element_size()))
@@ -214,16 +221,15 @@ def persistent_fits(k: int, dtype: torch.dtype, num_leaves: int, block_k: int) -
 
 def fused_grid(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, num_leaves: int, block_m: int, block_n: int,
                block_k: int, num_warps: int, num_stages: int) -> None:
-    """`fused_kernel`, one program per output tile, into y [M, N]; the caller checks that the leaves divide K."""
+    """`fused_kernel`, one program per output tile, into y [M, N]."""
     (m, k), n = x.shape, weight.shape[0]
     if m == 0 or n == 0:
         return
-    leaf = k // num_leaves
     fused_kernel[(triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)](
         x, weight, x if bias is None else bias.contiguous(), y,
         m, n,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
-        LEAF=leaf, G=num_leaves, NK=max(1, triton.cdiv(leaf, block_k)),
+        K=k, G=num_leaves, NK=max(1, linear_triton.leaf_blocks(k, num_leaves, block_k)),
         HAS_BIAS=bias is not None,
         DOT_IN_FP32=triton_support.interpreting(),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP=persistent_triton.GROUP_M,

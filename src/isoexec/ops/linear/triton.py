@@ -17,8 +17,14 @@ one program per SM loading them through TMA (`persistent_triton.py`): on an H200
 
 The grid kernel also computes the leaf partials of `linear.row_parallel.triton` (`row_parallel_triton.py`):
 a third grid axis runs one leaf per program, offsetting x and W by the leaf's first K column and
-writing its fp32 accumulator, unrounded and without bias, to its own plane of a [G, M, N] buffer. K is
-then the leaf width, so the K mask stops every leaf at its own end.
+writing its fp32 accumulator, unrounded and without bias, to its own plane of a [G, M, N] buffer. The
+leaves are `reference.leaf_bounds`' (leaf i starts at floor(i K / G)), and the K mask stops every
+leaf at its own end. Every leaf runs the loop of the widest, ceil(K / G) columns (`leaf_blocks`), a
+function of (K, G, BLOCK_K) alone, so a tensor-parallel rank running its own leaves runs the same loop
+as one device; where a leaf one column short takes a block of masked +0.0 products more than it needs,
+they leave its accumulator's bits as they are (started from +0.0, it never holds -0.0). Where G
+divides K the leaf width and offsets are compile-time constants, as before other K were allowed, so
+those kernels compile as before.
 
 The backward pass uses ordinary matmuls: gradients must be correct, not batch-invariant.
 """
@@ -34,7 +40,7 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
-from . import persistent_triton, tile_triton
+from . import persistent_triton, reference, tile_triton
 from .reference import linear_grads
 
 ID = "linear.triton"
@@ -114,10 +120,12 @@ def hopper_constants(n: int, k: int, dtype: str = "bfloat16") -> dict:
 def linear_tile(
     x, w, b, y, i_m, i_n, M, N,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
-    K: tl.constexpr, NK: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    K, NK: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Output tile (i_m, i_n) through masked pointer loads; its arithmetic is `tile_triton`'s."""
+    """Output tile (i_m, i_n) over K columns of x and w (a compile-time constant where the caller
+    has one, else a leaf's width at run time), through masked pointer loads; its arithmetic is
+    `tile_triton`'s."""
     o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_m, m_n = o_m < M, o_n < N
@@ -141,6 +149,8 @@ def linear_fwd_kernel(
     M, N,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_yg, stride_ym, stride_yn,
     K: tl.constexpr,
+    G: tl.constexpr,
+    FIRST_LEAF: tl.constexpr,
     NK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
@@ -148,34 +158,50 @@ def linear_fwd_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
+    """Plane i_g of y: leaf FIRST_LEAF + i_g of K columns split into G leaves, x and w holding the
+    columns from leaf FIRST_LEAF's first on (a tensor-parallel rank's shard, or all of K)."""
     i_m, i_n, i_g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    x += i_g.to(tl.int64) * K * stride_xk
-    w += i_g.to(tl.int64) * K * stride_wk
+    if K % G == 0:
+        o_first = i_g.to(tl.int64) * (K // G)
+        width = K // G
+    else:  # reference.leaf_bounds: leaf i starts at floor(i K / G)
+        i_leaf = i_g.to(tl.int64) + FIRST_LEAF
+        o_first = i_leaf * K // G - FIRST_LEAF * K // G
+        width = (i_leaf + 1) * K // G - i_leaf * K // G
+    x += o_first * stride_xk
+    w += o_first * stride_wk
     y += i_g.to(tl.int64) * stride_yg
     linear_tile(x, w, b, y, i_m, i_n, M, N, stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
-                K, NK, HAS_BIAS, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K)
+                width, NK, HAS_BIAS, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 def launch(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, block_m: int, block_n: int, block_k: int,
-           num_warps: int, num_stages: int) -> None:
-    """x [M, K], weight [N, K], bias [N] -> y [G, M, N]: plane g is leaf g, x Wᵀ over K columns
-    [g K/G, (g + 1) K/G) (+ bias), rounded to y's dtype. The caller checks that G divides K."""
-    num_leaves, m, n = y.shape
-    leaf = x.shape[1] // num_leaves
-    if m == 0 or n == 0:
+           num_warps: int, num_stages: int, num_leaves: int = 1, global_k: int | None = None, first_leaf: int = 0) -> None:
+    """x [M, K], weight [N, K], bias [N] -> y [L, M, N]: plane l is leaf first_leaf + l of `global_k`
+    (default K) columns split into `num_leaves` leaves by `reference.leaf_bounds`, x Wᵀ over that leaf's
+    columns (+ bias), rounded to y's dtype. x and weight hold exactly the columns of those L leaves."""
+    count, m, n = y.shape
+    global_k = x.shape[1] if global_k is None else global_k
+    reference.shard_bounds(x.shape[1], num_leaves, range(first_leaf, first_leaf + count), global_k)
+    if m == 0 or n == 0 or count == 0:
         return
     num_stages = pipeline_stages(num_stages, block_m, block_n, block_k, x.element_size())
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), num_leaves)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), count)
     linear_fwd_kernel[grid](
         x, weight, x if bias is None else bias.contiguous(), y,
         m, n,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1), y.stride(2),
-        K=leaf, NK=triton.cdiv(leaf, block_k),
+        K=global_k, G=num_leaves, FIRST_LEAF=first_leaf, NK=leaf_blocks(global_k, num_leaves, block_k),
         HAS_BIAS=bias is not None,
         DOT_IN_FP32=triton_support.interpreting(),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=num_stages,
     )
+
+
+def leaf_blocks(k: int, num_leaves: int, block_k: int) -> int:
+    """The K blocks every leaf's loop runs: those of the widest leaf, ceil(K / G) columns (module doc)."""
+    return triton.cdiv(triton.cdiv(k, num_leaves), block_k)
 
 
 def linear_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, block_m: int, block_n: int,

@@ -1,0 +1,85 @@
+"""A checkpoint of odd shapes end to end under the reference contract: `isoexec parity` passes and
+`isoexec audit` is bitwise equal, where down_proj's K = 150 is not divisible into the contract's 8
+row-parallel leaves (`reference.leaf_bounds` cuts them 18 and 19 columns wide).
+
+The audit's control: the same workload under a contract whose row-parallel op cuts other leaves in
+small calls (decode steps) than in the trainer's packed batches; it must see the mismatch. The model
+is float32, where another cut shows in the last bits of every layer after it (rounding to bfloat16
+usually hides a difference of a few float32 ulps).
+"""
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import preset_dict
+from isoexec.audit import all_equal, run_audit
+from isoexec.contract import Contract
+from isoexec.model import ModelSpec, fit_contract, init_random, save
+from isoexec.ops.linear import reference
+from isoexec.runtime.registry import REGISTRY, Impl
+
+# hidden 72, intermediate 150, head_dim 24, vocab 1000, 3 heads over 1 KV head, untied
+ODD = ModelSpec(architecture="LlamaForCausalLM", vocab_size=1000, hidden_size=72, intermediate_size=150, num_hidden_layers=2,
+                num_attention_heads=3, num_key_value_heads=1, head_dim=24, rms_norm_eps=1e-6, rope_theta=5e5,
+                max_position_embeddings=256, tie_word_embeddings=False, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return save(init_random(ODD, seed=3), tmp_path_factory.mktemp("odd") / "ckpt")
+
+
+def _isoexec(*args):
+    return subprocess.run([sys.executable, "-m", "isoexec", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_parity_passes(checkpoint, tmp_path):
+    pytest.importorskip("transformers")
+    result = _isoexec("parity", "--model", str(checkpoint), "--json", str(tmp_path / "parity.json"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads((tmp_path / "parity.json").read_text())["passed"] is True
+
+
+def test_the_audit_is_bitwise_equal(checkpoint):
+    result = _isoexec("audit", "--quiet", "--model", str(checkpoint), "--requests", "2", "--max-new-tokens", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "bitwise equal" in result.stdout and "Traceback" not in result.stderr
+
+
+def other_cut_in_small_calls(x, weight, bias=None, *, num_leaves, **constants):
+    """linear.row_parallel.reference, except that a call of at most 8 rows at a K the leaves do not
+    divide cuts them as if K had one more (zero) column in front: the same sum, other leaves."""
+    k = x.shape[-1]
+    if k % num_leaves == 0 or not 0 < x.reshape(-1, k).shape[0] <= 8:
+        return reference.row_parallel_linear(x, weight, bias, num_leaves=num_leaves, **constants)
+    pad = lambda t: torch.cat([t.new_zeros(*t.shape[:-1], 1), t], -1)  # noqa: E731
+    return reference.row_parallel_linear(pad(x), pad(weight), bias, num_leaves=num_leaves, **constants)
+
+
+CONTROL = Impl(id="control.other_cut_row_parallel", version=1, region="linear.row_parallel",
+               cases=REGISTRY.get("linear.row_parallel.reference", 1).cases, fn=other_cut_in_small_calls)
+if REGISTRY.get(CONTROL.id, CONTROL.version) is None:
+    REGISTRY.register(CONTROL)
+
+
+def _control_contract() -> Contract:
+    """tiny-dense with the row-parallel entry pinning the control, claiming nothing."""
+    data = copy.deepcopy(preset_dict("tiny-dense"))
+    data["name"] = "tiny-dense-control-other-cut"
+    for entry in data["composition"]:
+        if entry["region"] == "linear.row_parallel":
+            entry["impl"] = {"id": CONTROL.id, "version": CONTROL.version}
+        entry["discharge"] = {"method": "none"}
+    data["claims"] = {"tolerances": {}}
+    return Contract.from_dict(data)
+
+
+def test_the_audit_sees_a_row_parallel_op_that_cuts_other_leaves_in_decode():
+    model = init_random(ODD, seed=3)
+    control = run_audit(model, fit_contract(_control_contract(), ODD), requests=2, max_new_tokens=2, progress=False)
+    assert not all_equal(control) and control["bitwise_equal_tokens"] < control["tokens"]
