@@ -9,12 +9,85 @@ from .contract import PROJECTIONS, ContractError, diff_projection, dump_json, id
 from .contract.diff import render_grouped
 from .contract.render import render
 
-EXIT_INPUT_ERROR = 2
+# Exit statuses, the same for every command.
+EXIT_OK = 0
+EXIT_MISMATCH = 1  # the gate stopped a run (train, demo), a mismatch under a bitwise contract (audit),
+#                    a rejected kernel (validate), different numerical policies (contract diff)
+EXIT_INPUT_ERROR = 2  # bad input, said in one line on stderr
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports a process the signal ended
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(EXIT_INPUT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def input_error(problem) -> ContractError:
+    """The exception `main` turns into `isoexec: error: <problem>` and exit status 2."""
+    return ContractError("", str(problem))
+
+
+def require_device(device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise input_error("--device cuda: no CUDA device is available here")
+
+
+def check_output_path(flag: str, path) -> None:
+    """Refuse, before any work, an output FILE that could not be written when the work is done."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise input_error(f"{flag} {path} is a directory")
+    if not path.parent.is_dir():
+        raise input_error(f"{flag} {path}: folder {path.parent} does not exist")
+
+
+def check_runnable(contract, device: str) -> None:
+    """Refuse, before any work, a contract pinning an impl this process does not have, or Triton kernels
+    on a CPU where they would not run (they need a GPU there, or the interpreter, TRITON_INTERPRET=1)."""
+    from . import ops  # noqa: F401  (registers the op families)
+    from .ops import triton_support
+    from .runtime import REGISTRY, ResolutionError
+
+    try:
+        installed = REGISTRY.resolve(contract)
+    except ResolutionError as error:
+        raise input_error(f"contract {contract.name}: {_grouped(error.problems)}") from None
+    # The op families name their Triton impls `<family>.triton` (ops/<family>/triton.py).
+    kernels = sorted({impl.ref for impl in installed.values() if impl.id.rsplit(".", 1)[-1].startswith("triton")})
+    if device == "cpu" and kernels and not triton_support.interpreting():
+        raise input_error(f"contract {contract.name} runs Triton kernels ({', '.join(kernels)}), which need --device cuda "
+                          "or, on a CPU, TRITON_INTERPRET=1 in the environment (slow)")
+
+
+def _grouped(problems: list[str]) -> str:
+    """'region/case: problem' lines as one line, the cases sharing a problem named once:
+    'attention/{engine_decode,trainer_fwd}: impl … is not registered'."""
+    cases: dict[tuple[str, str], list[str]] = {}
+    for line in problems:
+        where, _, problem = line.partition(": ")
+        region, _, case = where.rpartition("/")
+        cases.setdefault((region, problem), []).append(case)
+    return "; ".join(f"{region}/{names[0] if len(names) == 1 else '{' + ','.join(names) + '}'}: {problem}"
+                     for (region, problem), names in cases.items())
+
+
+def check_rl_inputs(config, warn) -> None:
+    """What `train` and `demo` refuse before the warm-up: data the run cannot use (with skip_bad_examples,
+    `warn` is told what is dropped instead), and a contract this machine cannot run (RL runs on the CPU)."""
+    from .rl.loop import setup, usable_task
+
+    try:
+        _, dropped = usable_task(config)
+        _, _, contract = setup(config)
+    except ValueError as error:
+        raise input_error(error) from None
+    if dropped:
+        warn(dropped)
+    check_runnable(contract, "cpu")
 
 
 def _contract_show(args) -> int:
@@ -52,7 +125,7 @@ def _contract_diff(args) -> int:
             print(f"{name}: differs (A {entry['a']}, B {entry['b']})")
             for line in render_grouped(found[name]):
                 print("  " + line.split(": ", 1)[1])
-    return 0 if report["numerical_policy"]["equal"] else 1
+    return EXIT_OK if report["numerical_policy"]["equal"] else EXIT_MISMATCH
 
 
 def _fitted(args):
@@ -77,8 +150,8 @@ def _validate(args) -> int:
     from .validate import records, validate
 
     contract, spec = _fitted(args)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ContractError("", "--device cuda: no CUDA device is available here")
+    require_device(args.device)
+    check_output_path("--json", args.json)
     print(f"validating {contract.name} on {args.device} (torch {torch.__version__})", flush=True)
 
     def progress(result):
@@ -96,7 +169,7 @@ def _validate(args) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(report, out, indent=2)
-    return 1 if report["rejected"] else 0
+    return EXIT_MISMATCH if report["rejected"] else EXIT_OK
 
 
 def _fingerprint(args) -> int:
@@ -105,10 +178,11 @@ def _fingerprint(args) -> int:
     from .validate import geometry_of
 
     contract, spec = _fitted(args)
+    require_device(args.device)
     try:
         installed = REGISTRY.resolve(contract, contract.cases_of(args.role))
     except ResolutionError as error:
-        raise ContractError("", f"{contract.name}: " + "; ".join(error.problems)) from None
+        raise input_error(f"{contract.name}: {_grouped(error.problems)}") from None
     fp = fingerprint(contract, installed, role=args.role, device=args.device, geometry=geometry_of(spec))
     if args.json:
         print(json.dumps(fp, indent=2))
@@ -126,21 +200,20 @@ def _fingerprint(args) -> int:
 
 
 def _audit(args) -> int:
-    import torch
-
     from .audit import FAMILY_CONTRACTS, Tracer, all_equal, render, run_audit
     from .model import SpecError, fit_contract, load_model
 
     if args.requests < 1 or args.max_new_tokens < 1:
-        raise ContractError("", "--requests and --max-new-tokens must be at least 1")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ContractError("", "--device cuda: no CUDA device is available here")
+        raise input_error("--requests and --max-new-tokens must be at least 1")
+    require_device(args.device)
+    check_output_path("--json", args.json)
+    family = load(args.contract) if args.contract else load(FAMILY_CONTRACTS["dense"])
     try:
         model = load_model(args.model, seed=args.seed).to(args.device)
     except SpecError as error:
-        raise ContractError("", str(error)) from None
-    family = load(args.contract) if args.contract else load(FAMILY_CONTRACTS["dense"])
+        raise input_error(error) from None
     contract = fit_contract(family, model.spec, profile=str(args.model))
+    check_runnable(contract, args.device)
     tracer = Tracer() if args.trace else None
     report = run_audit(model, contract, requests=args.requests, max_new_tokens=args.max_new_tokens, seed=args.seed,
                        device=args.device, progress=not args.quiet, tracer=tracer)
@@ -148,28 +221,36 @@ def _audit(args) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(report, out, indent=2)
-    return 0 if all_equal(report) or not contract.claims.is_bitwise else 1
+    return EXIT_OK if all_equal(report) or not contract.claims.is_bitwise else EXIT_MISMATCH
 
 
 def _demo(args) -> int:
+    from .rl import outputs
     from .rl.config import config_from_args
     from .rl.demo import demo
     from .rl.gate import GateError
+    from .rl.handshake import AdmissionError
 
     try:
         config = config_from_args(args)
     except ValueError as error:
-        raise ContractError("", str(error)) from None
+        raise input_error(error) from None
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise input_error(f"--out {args.out} is not a directory")
+    check_output_path("--json", args.json)
+    check_rl_inputs(config, warn=outputs.warn)
     try:
         summary = demo(config, out_dir=args.out, progress=not args.quiet)
+        if args.json:
+            outputs.write_text(args.json, json.dumps(summary, indent=2))
     except GateError as error:
         print(f"isoexec: {error}", file=sys.stderr)
-        return 1
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(summary, out, indent=2)
-    contract = summary["contract"]
-    return 0 if contract["steps_with_mismatch"] == 0 else 1
+        return EXIT_MISMATCH
+    except AdmissionError as error:
+        raise input_error(error) from None
+    except OSError as error:
+        raise input_error(f"{error.filename}: {error.strerror}" if error.filename else error) from None
+    return EXIT_OK if summary["contract"]["steps_with_mismatch"] == 0 else EXIT_MISMATCH
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -273,8 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Warm up a tiny model on an embedded verifiable task, then run the same GRPO/DAPO training under "
         "the IsoExec contract and under the native fast path. Every step's trainer log-probs are compared with the "
         "rollout's: under the contract any difference stops the run (the gate); under native it is measured. Prints "
-        "a per-step table and a summary, writes log.jsonl, plot.png and summary.json. Exit status: 0 when the "
-        "contract path saw zero mismatch on every step, 1 otherwise, 2 on a bad configuration.",
+        "a per-step table and a summary, writes log.jsonl, plot.png and summary.json (together, once both paths are "
+        "done). Exit status: 0 when the contract path saw zero mismatch on every step, 1 otherwise, 2 on bad input, "
+        "130 when interrupted.",
     )
     add_config_flags(demo)
     demo.add_argument("--out", default="isoexec-demo", metavar="DIR", help="where to write log.jsonl, plot.png, summary.json (default: isoexec-demo)")
@@ -291,15 +373,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.run(args)
     except ContractError as error:
         print(f"isoexec: error: {error}", file=sys.stderr)
         return EXIT_INPUT_ERROR
+    except KeyboardInterrupt:
+        print("isoexec: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         sys.stderr.close()
-        return 0
+        return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -192,15 +192,20 @@ def _train_args(*flags):
     return parser.parse_args(["train", *flags])
 
 
-def test_train_command_extends_a_run_and_reports_bad_input(runs, tmp_path):
+FLAGS = [f"--{name.replace('_', '-')}={value}" for name, value in SMALL.items() if name != "steps"]
+
+
+def test_train_command_extends_a_run_and_reports_bad_input(runs, tmp_path, capsys):
     directory = tmp_path / "run"
     shutil.copytree(runs.straight, directory)
-    flags = [f"--{name.replace('_', '-')}={value}" for name, value in SMALL.items() if name != "steps"]
+    flags = FLAGS
     out, log = tmp_path / "final.json", tmp_path / "log.jsonl"
     args = _train_args(*flags, f"--steps={SMALL['steps'] + 1}", f"--checkpoint-dir={directory}", f"--json={out}", f"--log={log}", "--quiet")
     assert args.run(args) == 0
     assert max(checkpoints(directory)) == SMALL["steps"] + 1
     assert json.loads(out.read_text())["step"] == SMALL["steps"]
+    final = capsys.readouterr().out.strip().splitlines()[-1]
+    assert final.startswith(f"trained {SMALL['steps'] + 1} steps (numbered from 0); step {SMALL['steps']}: reward "), final
     logged = [json.loads(line) for line in log.read_text().splitlines()]
     assert without_timings(logged[:-1]) == without_timings(load(latest(runs.straight))["history"])
 
@@ -210,3 +215,76 @@ def test_train_command_extends_a_run_and_reports_bad_input(runs, tmp_path):
     args = _train_args(*flags, "--learning-rate=0.001", f"--checkpoint-dir={directory}", "--quiet")
     with pytest.raises(ContractError, match=r"learning_rate: checkpoint 0.0005, now 0.001"):
         args.run(args)
+
+
+def _torch_file(payload) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return buffer.getvalue()
+
+
+def _damage(kind: str, source) -> bytes:
+    """A file in place of a good checkpoint: torn, not a checkpoint at all, another format, altered."""
+    if kind == "torn":
+        return source.read_bytes()[: source.stat().st_size // 2]
+    if kind == "text":
+        return b"hello world\n"  # torch.load: KeyError
+    if kind == "two-bytes":
+        return b"J}"  # torch.load: struct.error
+    payload = torch.load(source, weights_only=True)
+    if kind == "other-format":
+        return _torch_file({**payload, "format": "isoexec-rl-checkpoint/9"})
+    if kind == "missing-field":
+        del payload["optimizer"]
+        return _torch_file({**payload, "content_sha256": content_digest(payload)})
+    assert kind == "rehashed"
+    int_view(next(iter(payload["policy"].values()))).view(-1)[0] ^= 1
+    return _torch_file({**payload, "content_sha256": content_digest(payload)})
+
+
+STRAYS = ("notes.txt", "step-00000009.pt.bak", "step-9.txt", ".step-00000010.pt.abc.tmp")
+
+
+@pytest.mark.parametrize("kind", ["torn", "text", "two-bytes", "other-format", "missing-field", "rehashed"])
+def test_resume_falls_back_past_a_damaged_newest_checkpoint(runs, tmp_path, kind):
+    """The newest file is skipped with one line naming it and why; files not named like checkpoints are
+    not looked at; the run goes on from the older one, bit for bit."""
+    directory = tmp_path / "run"
+    shutil.copytree(runs.straight, directory)
+    newest = latest(directory)
+    newest.write_bytes(_damage(kind, newest))
+    for name in STRAYS:
+        (directory / name).write_text("not a checkpoint")
+    (directory / "step-00000011.pt").mkdir()
+    warnings = []
+    run = restore(RLConfig(**SMALL), directory, warn=warnings.append)
+    assert run.step == SMALL["steps"] - 1
+    [warning] = warnings
+    assert warning.startswith(f"checkpoint {newest} ") and warning.endswith(f"; skipped it for step-{SMALL['steps'] - 1:08d}.pt")
+    run.run_step()
+    assert run.weights == load(latest(runs.straight))["weights_sha256"]
+
+
+def test_no_intact_checkpoint_left_is_an_error_naming_each(runs, tmp_path):
+    directory = tmp_path / "run"
+    shutil.copytree(runs.straight, directory)
+    older, newest = checkpoints(directory).values()
+    older.write_bytes(b"J}")
+    newest.write_bytes(_damage("other-format", newest))
+    with pytest.raises(CheckpointError, match=rf"^no intact checkpoint in {directory}: checkpoint {newest} has format "
+                                              rf"'isoexec-rl-checkpoint/9'.*; checkpoint {older} is unreadable \(torn or corrupt\): struct.error"):
+        restore(RLConfig(**SMALL), directory)
+
+
+def test_train_command_resumes_past_a_torn_checkpoint_with_one_warning(runs, tmp_path, capsys):
+    directory = tmp_path / "run"
+    shutil.copytree(runs.straight, directory)
+    newest = latest(directory)
+    newest.write_bytes(_damage("torn", newest))
+    args = _train_args(*FLAGS, f"--steps={SMALL['steps']}", f"--checkpoint-dir={directory}", "--quiet")
+    assert args.run(args) == 0
+    [warning] = capsys.readouterr().err.strip().splitlines()
+    assert warning.startswith(f"isoexec: warning: checkpoint {newest} is unreadable (torn or corrupt): ")
+    assert load(latest(directory))["weights_sha256"] == load(latest(runs.straight))["weights_sha256"]

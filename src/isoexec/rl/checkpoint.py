@@ -16,16 +16,19 @@ read back with `torch.load(weights_only=True)` (which unpickles nothing else):
 A file gets its final name only through `os.replace` of a fully written, fsynced temporary file in
 the same folder, so a process killed at any instant leaves the previous checkpoint or the new one,
 never a torn one. One writer per folder: `save` deletes temporary files that earlier writers left.
+A file damaged later (a full disk, a bad copy, a stray file of that name) is skipped on resume in
+favour of the newest intact checkpoint; other files in the folder are not looked at.
 """
 
 import dataclasses
 import hashlib
 import os
-import pickle
 import random
 import re
 import tempfile
+import warnings
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -35,9 +38,12 @@ from .loop import RLRun, setup
 from .sync import weights_digest
 
 FORMAT = "isoexec-rl-checkpoint/1"
-KEEP = 2  # the newest but one survives, to fall back on by hand if the newest is damaged later
+KEEP = 2  # the newest but one survives, for a resume to fall back on if the newest is damaged later
 NAME = re.compile(r"step-(\d+)\.pt")
-TRAJECTORY_FREE = ("steps", "checkpoint_dir", "checkpoint_every", "trace")  # may change between a save and a resume
+# May change between a save and a resume. skip_bad_examples too: a run goes on under either value
+# only when its data has nothing to drop, or with the value it was saved under.
+TRAJECTORY_FREE = ("steps", "checkpoint_dir", "checkpoint_every", "trace", "skip_bad_examples")
+FIELDS = {"step": int, "config": dict, "policy": dict, "optimizer": dict, "history": list, "rng": dict, "weights_sha256": str}
 
 
 class CheckpointError(ValueError):
@@ -49,7 +55,7 @@ def checkpoints(directory) -> dict[int, Path]:
     directory = Path(directory)
     if not directory.is_dir():
         return {}
-    found = {int(m.group(1)): p for p in directory.iterdir() if (m := NAME.fullmatch(p.name))}
+    found = {int(m.group(1)): p for p in directory.iterdir() if (m := NAME.fullmatch(p.name)) and p.is_file()}
     return dict(sorted(found.items()))
 
 
@@ -129,15 +135,19 @@ def _fsync_directory(directory: Path) -> None:
 
 
 def load(path) -> dict:
-    """Read a checkpoint file and check its format and content digest."""
+    """Read a checkpoint file and check its format, its fields and its content digest."""
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as error:
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise CheckpointError(f"checkpoint {path} is unreadable (torn or corrupt): {first_line}") from None
+        with warnings.catch_warnings():  # torch warns about the pickle protocol of files it then refuses
+            warnings.simplefilter("ignore")
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # unpickling arbitrary bytes fails in arbitrary ways (KeyError, struct.error, …)
+        raise CheckpointError(f"checkpoint {path} is unreadable (torn or corrupt): {_briefly(error)}") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise CheckpointError(f"checkpoint {path} has format {found!r}, expected {FORMAT!r}")
+    wrong = [name for name, kind in FIELDS.items() if not isinstance(payload.get(name), kind)]
+    if wrong:
+        raise CheckpointError(f"checkpoint {path} lacks or mistypes {', '.join(wrong)}")
     stored, computed = payload.get("content_sha256"), content_digest(payload)
     if stored != computed:
         raise CheckpointError(f"checkpoint {path} is corrupt: its contents hash to {computed}, but it was written as {stored}")
@@ -153,22 +163,36 @@ def config_differences(saved: dict, config: RLConfig) -> list[str]:
             if name not in TRAJECTORY_FREE and saved.get(name, missing) != current.get(name, missing)]
 
 
-def restore(config: RLConfig, directory) -> RLRun | None:
-    """The run of the newest checkpoint in `directory`, ready for its next step; None when there is none."""
-    path = latest(directory)
-    if path is None:
+def restore(config: RLConfig, directory, warn: Callable[[str], None] | None = None) -> RLRun | None:
+    """The run of the newest intact checkpoint in `directory`, ready for its next step; None when there is none.
+
+    Newer checkpoints that cannot be read or fail a digest are skipped, `warn` told of each in one
+    line; CheckpointError when none is intact, or when the one found was written under another config.
+    """
+    found = checkpoints(directory)
+    if not found:
         return None
-    payload = load(path)
-    differences = config_differences(payload["config"], config)
-    if differences:
-        raise CheckpointError(f"checkpoint {path} was written under a different config ({'; '.join(differences)}); "
-                              "resume with the checkpoint's values or start in another checkpoint folder")
     _, spec, _ = setup(config)
-    policy = DenseModel(spec)
-    policy.load_state_dict(payload["policy"])
-    if weights_digest(policy) != payload["weights_sha256"]:
-        raise CheckpointError(f"checkpoint {path} is corrupt: the policy loaded from it has digest {weights_digest(policy)}, "
-                              f"but it was saved with {payload['weights_sha256']}")
+    skipped = []
+    for path in reversed(found.values()):
+        try:
+            payload = load(path)
+        except CheckpointError as error:
+            skipped.append(error)
+            continue
+        differences = config_differences(payload["config"], config)
+        if differences:
+            raise CheckpointError(f"checkpoint {path} was written under a different config ({'; '.join(differences)}); "
+                                  "resume with the checkpoint's values or start in another checkpoint folder")
+        try:
+            policy = _policy(payload, path, spec)
+            break
+        except CheckpointError as error:
+            skipped.append(error)
+    else:
+        raise CheckpointError(f"no intact checkpoint in {directory}: " + "; ".join(map(str, skipped)))
+    for error in skipped if warn else ():
+        warn(f"{error}; skipped it for {path.name}")
     run = RLRun(config, initial=policy)  # skips the warm-up; its handshake syncs these weights to the engine
     if run.weights != payload["weights_sha256"]:
         raise CheckpointError(f"resuming from {path}: the engine received weights {run.weights}, expected {payload['weights_sha256']}")
@@ -178,3 +202,29 @@ def restore(config: RLConfig, directory) -> RLRun | None:
     torch.set_rng_state(payload["rng"]["torch"])
     random.setstate(payload["rng"]["python"])
     return run
+
+
+def _policy(payload: dict, path: Path, spec) -> DenseModel:
+    """The checkpoint's policy, its weights digest checked; its optimiser state tried on it too, so
+    that whatever fits here also loads into the run."""
+    policy = DenseModel(spec)
+    try:
+        policy.load_state_dict(payload["policy"])
+        torch.optim.AdamW(policy.parameters()).load_state_dict(payload["optimizer"])
+        rng = payload["rng"]
+        torch.Generator().set_state(rng["torch"])
+        random.Random().setstate(rng["python"])
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as error:
+        raise CheckpointError(f"checkpoint {path} holds state this run cannot load: {_briefly(error)}") from None
+    if weights_digest(policy) != payload["weights_sha256"]:
+        raise CheckpointError(f"checkpoint {path} is corrupt: the policy loaded from it has digest {weights_digest(policy)}, "
+                              f"but it was saved with {payload['weights_sha256']}")
+    return policy
+
+
+def _briefly(error: Exception) -> str:
+    """The error's type and first sentence: torch's messages run to paragraphs."""
+    text = (str(error).strip().splitlines() or [""])[0]
+    text = re.split(r"(?<=\.)\s", text, maxsplit=1)[0].rstrip(".")
+    kind = type(error).__name__ if type(error).__module__ == "builtins" else f"{type(error).__module__}.{type(error).__name__}"
+    return f"{kind}: {text}" if text else kind

@@ -18,6 +18,10 @@ class RLConfig:
     """embedded task name, or "jsonl" with `data`"""
     data: str | None = None
     """JSONL file of {"prompt", "answer"} objects (task "jsonl")"""
+    skip_bad_examples: bool = False
+    """drop, with a warning, the examples of the data the run cannot use (an empty prompt or one too long
+    for the model with max_new_tokens more tokens, an answer longer than max_new_tokens) instead of
+    refusing the data"""
     contract: str = "tiny-dense"
     """contract preset or file the rollout and the trainer run under ("native" for the fast path)"""
     algorithm: str = "dapo"
@@ -67,31 +71,39 @@ class RLConfig:
     def __post_init__(self):
         from .tasks import TASKS
 
-        def positive(name, integer=True):
-            value = getattr(self, name)
-            if (integer and (not isinstance(value, int) or isinstance(value, bool))) or not value > 0:
-                raise ValueError(f"{name} must be a positive {'int' if integer else 'number'}, got {value!r}")
-
         if self.task != "jsonl" and self.task not in TASKS:
             raise ValueError(f'unknown task "{self.task}" (known: {", ".join([*TASKS, "jsonl"])})')
         if self.task == "jsonl" and not self.data:
             raise ValueError('task "jsonl" needs a data file')
         if self.data is not None and not Path(self.data).is_file():
-            raise ValueError(f"data file {self.data} does not exist")
+            problem = "is a directory" if Path(self.data).is_dir() else "is not a regular file" if Path(self.data).exists() else "does not exist"
+            raise ValueError(f"data file {self.data} {problem}")
+        if self.checkpoint_dir is not None and Path(self.checkpoint_dir).exists() and not Path(self.checkpoint_dir).is_dir():
+            raise ValueError(f"checkpoint_dir {self.checkpoint_dir} is not a directory")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f'algorithm must be one of {", ".join(ALGORITHMS)}, got "{self.algorithm}"')
-        if not isinstance(self.group_size, int) or self.group_size < 2:
+        if not _is_int(self.group_size) or self.group_size < 2:
             raise ValueError(f"group_size must be at least 2 (advantages are normalised within a group), got {self.group_size!r}")
         for name in ("steps", "prompts_per_step", "max_new_tokens", "optimizer_steps", "checkpoint_every"):
-            positive(name)
+            if not _is_int(getattr(self, name)) or not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        for name in ("warmup_steps", "overlong_buffer"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be an int ≥ 0, got {getattr(self, name)!r}")
+        if not _is_int(self.seed):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
         for name in ("learning_rate", "warmup_learning_rate", "grad_clip", "clip_eps_low"):
-            positive(name, integer=False)
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"temperature must be > 0 for RL rollouts, got {self.temperature!r}")
-        if self.warmup_steps < 0 or self.weight_decay < 0 or self.overlong_buffer < 0 or self.overlong_penalty < 0:
-            raise ValueError("warmup_steps, weight_decay, overlong_buffer and overlong_penalty must be ≥ 0")
-        if self.truncated_is_cap is not None and not self.truncated_is_cap >= 1:
-            raise ValueError(f"truncated_is_cap must be ≥ 1, got {self.truncated_is_cap!r}")
+            if not _is_finite(getattr(self, name)) or not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be a positive number, {_got(getattr(self, name))}")
+        if not _is_finite(self.temperature) or not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 for RL rollouts, {_got(self.temperature)}")
+        for name in ("weight_decay", "overlong_penalty"):
+            if not _is_finite(getattr(self, name)) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a number ≥ 0, {_got(getattr(self, name))}")
+        if self.clip_eps_high is not None and not (_is_finite(self.clip_eps_high) and self.clip_eps_high >= 0):
+            raise ValueError(f"clip_eps_high must be a number ≥ 0 when given, {_got(self.clip_eps_high)}")
+        if self.truncated_is_cap is not None and not (_is_finite(self.truncated_is_cap) and self.truncated_is_cap >= 1):
+            raise ValueError(f"truncated_is_cap must be a number ≥ 1 when given, {_got(self.truncated_is_cap)}")
 
     @property
     def eps_high(self) -> float:
@@ -101,6 +113,20 @@ class RLConfig:
 
     def replace(self, **changes) -> "RLConfig":
         return dataclasses.replace(self, **changes)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite(value) -> bool:
+    """A real number that is neither infinite nor NaN (bools are not numbers here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _got(value) -> str:
+    """'got X', saying why an infinite or NaN X is refused where it would pass a comparison."""
+    return f"got {value!r}" + (", which is not finite" if isinstance(value, float) and not math.isfinite(value) else "")
 
 
 def _field_docs() -> dict[str, str]:

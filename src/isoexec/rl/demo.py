@@ -7,6 +7,8 @@ contract's step-time overhead.
 """
 
 import copy
+import errno
+import functools
 import json
 import statistics
 from pathlib import Path
@@ -16,6 +18,7 @@ from tqdm.auto import tqdm
 from ..model import init_random
 from .config import RLConfig
 from .loop import RLRun, setup
+from .outputs import staged_folder
 from .plot import write_plot
 from .warmup import warmup
 
@@ -69,17 +72,35 @@ def render_summary(summary: dict) -> str:
     ])
 
 
-def demo(config: RLConfig, *, out_dir: str | Path = "isoexec-demo", progress: bool = True, echo=print) -> dict:
-    """Run both paths; write log.jsonl, plot.png and summary.json into `out_dir`; return the summary."""
+def demo(config: RLConfig, *, out_dir: str | Path = "isoexec-demo", progress: bool = True, echo=None) -> dict:
+    """Run both paths; write log.jsonl, plot.png and summary.json into `out_dir`; return the summary.
+
+    The three files appear in `out_dir` together when both paths have finished: a run that fails or is
+    interrupted leaves the folder as it was (outputs.py).
+    """
+    echo = echo or functools.partial(print, flush=True)  # lines as they happen, also through a pipe
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(out))
     task, spec, _ = setup(config)
-    echo(f"warm-up: {config.warmup_steps} supervised steps on task {task.name} (native fast path)…")
-    initial = warmup(init_random(spec, config.seed), task, config)
+    with staged_folder(out) as staging:
+        echo(f"warm-up: {config.warmup_steps} supervised steps on task {task.name} (native fast path)…")
+        initial = warmup(init_random(spec, config.seed), task, config)
+        histories = _run_paths(config, initial, staging / "log.jsonl", progress, echo)
+        write_plot(staging / "plot.png", histories)
+        summary = {"config": {k: v for k, v in vars(config).items()}, **summarize(histories)}
+        (staging / "summary.json").write_text(json.dumps(summary, indent=2), "utf-8")
+    echo(render_summary(summary))
+    echo(f"wrote {out / 'log.jsonl'}, {out / 'plot.png'}, {out / 'summary.json'}")
+    return summary
+
+
+def _run_paths(config: RLConfig, initial, log_path: Path, progress: bool, echo) -> dict[str, list[dict]]:
+    """The contract path, then the native one, each from a copy of `initial`; every step logged and shown."""
     paths = {"contract": config, "native": config.replace(contract="native", checkpoint_dir=None)}
     histories = {}
     echo("  ".join(f"{c:>9}" for c in COLUMNS))
-    with open(out / "log.jsonl", "w", encoding="utf-8") as log, tqdm(total=2 * config.steps, disable=not progress, desc="demo", unit="step") as bar:
+    with open(log_path, "w", encoding="utf-8") as log, tqdm(total=2 * config.steps, disable=not progress, desc="demo", unit="step") as bar:
         for path, path_config in paths.items():
             run = RLRun(path_config, initial=copy.deepcopy(initial))
             for _ in range(config.steps):
@@ -89,9 +110,4 @@ def demo(config: RLConfig, *, out_dir: str | Path = "isoexec-demo", progress: bo
                 bar.write(_row(path, metrics)) if progress else echo(_row(path, metrics))
                 bar.update()
             histories[path] = run.history
-    write_plot(out / "plot.png", histories)
-    summary = {"config": {k: v for k, v in vars(config).items()}, **summarize(histories)}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2), "utf-8")
-    echo(render_summary(summary))
-    echo(f"wrote {out / 'log.jsonl'}, {out / 'plot.png'}, {out / 'summary.json'}")
-    return summary
+    return histories

@@ -5,6 +5,10 @@ from ..runtime import REGISTRY, fingerprint, runtime_info
 from ..validate import geometry_of, records, validate
 
 
+class AdmissionError(RuntimeError):
+    """The admission battery rejected kernels the contract pins: it cannot run bitwise on this machine."""
+
+
 def ensure_admitted(contract, device: str = "cpu", spec=None) -> None:
     """Run the admission battery for `contract` on this machine, at the shapes of the model `spec` it
     was fitted to, unless records already cover it."""
@@ -18,7 +22,8 @@ def ensure_admitted(contract, device: str = "cpu", spec=None) -> None:
         report = validate(contract, device=device, spec=spec)
         if report["rejected"]:
             rejected = ", ".join(k["impl"] for k in report["kernels"] if k["status"] == "rejected")
-            raise RuntimeError(f"the admission battery rejected {rejected} under contract {contract.name}")
+            raise AdmissionError(f"the admission battery rejected {rejected} under contract {contract.name} on this machine "
+                                 "(isoexec validate shows why)")
 
 
 def side_fingerprint(contract, role: str, device: str = "cpu", spec=None) -> dict:

@@ -26,7 +26,7 @@ from .config import RLConfig
 from .gate import gate
 from .handshake import ensure_admitted, side_fingerprint
 from .sync import load_state, state_bytes, weights_digest
-from .tasks import Task, load_task
+from .tasks import Task, checks, load_task
 from .warmup import warmup
 
 
@@ -42,9 +42,17 @@ def request_seed(seed: int, step: int, index: int) -> int:
     return ((seed * 1_000_003 + step) * 65_536 + index) % (1 << 62)
 
 
+def usable_task(config: RLConfig) -> tuple[Task, str | None]:
+    """The config's task, its data checked against the model's length (tasks/checks.py): (task, None),
+    or with `skip_bad_examples` (task without the unusable examples, a note of what was dropped)."""
+    task = load_task(config.task, config.data)
+    length = task_model_spec(task, config.max_new_tokens).max_position_embeddings
+    return checks.usable_task(task, max_length=length, max_new_tokens=config.max_new_tokens, skip=config.skip_bad_examples)
+
+
 def setup(config: RLConfig):
     """What both sides derive from the config alone: the task, the model shape, the fitted contract."""
-    task = load_task(config.task, config.data)
+    task, _ = usable_task(config)
     spec = task_model_spec(task, config.max_new_tokens)
     contract = fit_contract(load_contract(config.contract), spec, profile=f"task:{task.name}")
     return task, spec, contract

@@ -17,10 +17,17 @@ GLYPHS = {
     "p": (7, 5, 7, 4, 4), "q": (7, 5, 5, 7, 1), "r": (6, 5, 6, 5, 5), "s": (7, 4, 7, 1, 7), "t": (7, 2, 2, 2, 2),
     "u": (5, 5, 5, 5, 7), "v": (5, 5, 5, 5, 2), "w": (5, 5, 7, 7, 5), "x": (5, 5, 2, 5, 5), "y": (5, 5, 2, 2, 2),
     "z": (7, 1, 2, 4, 7), ".": (0, 0, 0, 0, 2), "-": (0, 0, 7, 0, 0), "|": (2, 2, 2, 2, 2), "(": (1, 2, 2, 2, 1),
-    ")": (4, 2, 2, 2, 4), ":": (0, 2, 0, 2, 0), " ": (0, 0, 0, 0, 0), "/": (1, 1, 2, 4, 4),
+    ")": (4, 2, 2, 2, 4), ":": (0, 2, 0, 2, 0), " ": (0, 0, 0, 0, 0), "/": (1, 1, 2, 4, 4), "+": (0, 2, 7, 2, 0),
 }
 WHITE, BLACK, GREY = (255, 255, 255), (40, 40, 40), (200, 200, 200)
 COLORS = {"contract": (31, 119, 180), "native": (255, 127, 14)}
+WIDTH, HEIGHT = 720, 520
+LEFT, PANEL_WIDTH, PANEL_HEIGHT = 70, 620, 160
+PANEL_TOPS = {"accuracy": 40, "mismatch": 270}
+# The y range runs this fraction of the data's span past each end, so that a series at its minimum
+# (the contract's mismatch: 0 on every step) lies on a labelled grid line above the x axis, not on it.
+Y_PAD = 0.1
+MAX_X_TICKS = 8
 
 
 class Canvas:
@@ -60,21 +67,44 @@ class Canvas:
         return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
 
 
-def _panel(canvas: Canvas, top: int, title: str, series: dict[str, list[float]], width: int, height: int) -> None:
-    left = 70
-    values = [v for s in series.values() for v in s] or [0.0]
+def x_ticks(first: int, last: int) -> list[int]:
+    """Round step numbers from `first` to `last`: every 1, 2, 5, 10, 20, … steps, at most MAX_X_TICKS."""
+    every = 1
+    while (last - first) // every + 1 > MAX_X_TICKS:
+        every = every * 5 // 2 if str(every)[0] == "2" else every * 2
+    return list(range(-(-first // every) * every, last + 1, every))
+
+
+def _panel(canvas: Canvas, top: int, title: str, series: dict[str, list[tuple[int, float]]]) -> None:
+    """One chart of (step, value) series: y grid lines at the data's min, middle and max, x ticks at round steps."""
+    bottom, right = top + PANEL_HEIGHT, LEFT + PANEL_WIDTH
+    steps = [step for points in series.values() for step, _ in points] or [0]
+    values = [v for points in series.values() for _, v in points] or [0.0]
+    first, last = min(steps), max(steps)
     low, high = min(values), max(values)
     if high == low:
         high = low + 1.0
-    canvas.text(left, top - 18, title)
+    pad = Y_PAD * (high - low)
+
+    def x(step: float) -> float:
+        return LEFT + (step - first) / max(last - first, 1) * PANEL_WIDTH
+
+    def y(value: float) -> float:
+        return bottom - (value - low + pad) / (high - low + 2 * pad) * PANEL_HEIGHT
+
+    canvas.text(LEFT, top - 18, title)
     for frac in (0.0, 0.5, 1.0):
-        y = top + height - frac * height
-        canvas.line(left, y, left + width, y, GREY, 1)
-        canvas.text(4, int(y) - 5, f"{low + frac * (high - low):.2g}", scale=2)
-    canvas.line(left, top, left, top + height, BLACK, 1)
-    for name, points in series.items():
-        n = max(len(points) - 1, 1)
-        xy = [(left + i / n * width, top + height - (v - low) / (high - low) * height) for i, v in enumerate(points)]
+        value = low + frac * (high - low)
+        canvas.line(LEFT, y(value), right, y(value), GREY, 1)
+        canvas.text(4, int(y(value)) - 5, f"{value:.2g}")
+    canvas.line(LEFT, top, LEFT, bottom, BLACK, 1)
+    canvas.line(LEFT, bottom, right, bottom, BLACK, 1)
+    for step in x_ticks(first, last):
+        canvas.line(x(step), bottom, x(step), bottom + 4, BLACK, 1)
+        label = str(step)
+        canvas.text(round(x(step)) - (4 * len(label) - 1), bottom + 7, label)
+    for name in sorted(series, key=lambda n: n == "contract"):  # the contract's series last, on top
+        xy = [(x(step), y(value)) for step, value in series[name]]
         for (x0, y0), (x1, y1) in zip(xy, xy[1:]):
             canvas.line(x0, y0, x1, y1, COLORS.get(name, BLACK))
         if len(xy) == 1:
@@ -83,18 +113,18 @@ def _panel(canvas: Canvas, top: int, title: str, series: dict[str, list[float]],
 
 def write_plot(path, histories: dict[str, list[dict]]) -> None:
     """Accuracy and max |Δlogp| per step for each path ("contract", "native")."""
-    width, height, panel = 720, 480, 170
-    canvas = Canvas(width, height)
-    accuracy = {name: [m["accuracy"] for m in h] for name, h in histories.items()}
-    mismatch = {name: [m.get("rollout_train_logprob_abs_diff_max", 0.0) for m in h] for name, h in histories.items()}
-    _panel(canvas, 40, "accuracy per step", accuracy, width - 100, panel)
-    _panel(canvas, 280, "max |rollout - train logprob| per step", mismatch, width - 100, panel)
-    x = 70
+    canvas = Canvas(WIDTH, HEIGHT)
+    accuracy = {name: [(m["step"], m["accuracy"]) for m in h] for name, h in histories.items()}
+    mismatch = {name: [(m["step"], m.get("rollout_train_logprob_abs_diff_max", 0.0)) for m in h] for name, h in histories.items()}
+    _panel(canvas, PANEL_TOPS["accuracy"], "accuracy per step", accuracy)
+    _panel(canvas, PANEL_TOPS["mismatch"], "max |rollout - train logprob| per step", mismatch)
+    below = PANEL_TOPS["mismatch"] + PANEL_HEIGHT + 24
+    canvas.text(LEFT + PANEL_WIDTH // 2 - 8, below, "step")
+    x = LEFT
     for name, color in COLORS.items():
         if name in histories:
-            canvas.line(x, height - 20, x + 24, height - 20, color, 3)
-            canvas.text(x + 32, height - 25, name, color)
+            canvas.line(x, HEIGHT - 20, x + 24, HEIGHT - 20, color, 3)
+            canvas.text(x + 32, HEIGHT - 25, name, color)
             x += 200
-    canvas.text(width - 100, height - 25, "step")
     with open(path, "wb") as out:
         out.write(canvas.png())

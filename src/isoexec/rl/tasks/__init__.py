@@ -1,4 +1,8 @@
-"""Verifiable tasks: a prompt source and an exact-match reward, over a small character tokenizer."""
+"""Verifiable tasks: a prompt source and an exact-match reward, over a small character tokenizer.
+
+A task read from a data file keeps its examples (`Task.examples`), so that `checks.py` can hold them
+against the run that will use them before any work starts.
+"""
 
 import json
 import random
@@ -13,6 +17,7 @@ from .tokenizer import CharTokenizer
 class Example:
     prompt: str
     answer: str
+    line: int | None = None  # the line of the data file it was read from
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,12 @@ class Task:
     tokenizer: CharTokenizer
     sample: Callable[[random.Random, int], list[Example]]
     reward: Callable[[Example, str], float]
+    examples: tuple[Example, ...] = ()  # the whole data set of a task read from a file; () for generated ones
+
+    def keeping(self, examples) -> "Task":
+        """This task drawing from `examples` only (same name, tokenizer and reward)."""
+        examples = tuple(examples)
+        return Task(self.name, self.tokenizer, _draw_from(examples), self.reward, examples)
 
 
 def exact_match(example: Example, completion: str) -> float:
@@ -47,9 +58,13 @@ def jsonl(path: str | Path) -> Task:
     The tokenizer covers the characters of the file."""
     path = Path(path)
     try:
-        lines = path.read_text("utf-8").splitlines()
+        # "\n" only: splitlines() also splits at U+2028 and other characters a JSON string may hold,
+        # which would shift the line numbers that errors and checks report.
+        lines = path.read_text("utf-8").split("\n")
     except FileNotFoundError:
         raise ValueError(f"data file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"data file {path} is a directory") from None
     except (OSError, UnicodeDecodeError) as error:
         raise ValueError(f"data file {path} is unreadable: {error}") from None
     examples = []
@@ -58,17 +73,21 @@ def jsonl(path: str | Path) -> Task:
             continue
         try:
             record = json.loads(line)
-            examples.append(Example(str(record["prompt"]), str(record["answer"])))
+            examples.append(Example(str(record["prompt"]), str(record["answer"]), number))
         except (ValueError, KeyError, TypeError):
             raise ValueError(f'{path}:{number}: expected a JSON object with "prompt" and "answer"') from None
     if not examples:
         raise ValueError(f"data file {path} holds no examples")
     alphabet = sorted({c for e in examples for c in e.prompt + e.answer})
+    examples = tuple(examples)
+    return Task(f"jsonl:{path.name}", CharTokenizer("".join(alphabet)), _draw_from(examples), exact_match, examples)
 
+
+def _draw_from(examples: tuple[Example, ...]) -> Callable[[random.Random, int], list[Example]]:
     def sample(rng: random.Random, n: int) -> list[Example]:
         return [examples[rng.randrange(len(examples))] for _ in range(n)]
 
-    return Task(f"jsonl:{path.name}", CharTokenizer("".join(alphabet)), sample, exact_match)
+    return sample
 
 
 TASKS = {"addition": addition}
