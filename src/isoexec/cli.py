@@ -56,8 +56,7 @@ def check_runnable(contract, device: str) -> None:
         installed = REGISTRY.resolve(contract)
     except ResolutionError as error:
         raise input_error(f"contract {contract.name}: {_grouped(error.problems)}") from None
-    # The op families name their Triton impls `<family>.triton` (ops/<family>/triton.py).
-    kernels = sorted({impl.ref for impl in installed.values() if impl.id.rsplit(".", 1)[-1].startswith("triton")})
+    kernels = sorted({impl.ref for impl in installed.values() if impl.gpu_kernels})
     if device == "cpu" and kernels and not triton_support.interpreting():
         raise input_error(f"contract {contract.name} runs Triton kernels ({', '.join(kernels)}), which need --device cuda "
                           "or, on a CPU, TRITON_INTERPRET=1 in the environment (slow)")

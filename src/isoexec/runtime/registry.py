@@ -29,7 +29,8 @@ class Impl:
     required, no others are accepted. `cases` are the cases the impl claims to serve;
     `check_constants(constants)` may further refuse values it does not implement (ValueError);
     `sources` are further objects (functions, kernels, modules) whose source text decides its bits,
-    beyond the file that defines `fn`.
+    beyond the file that defines `fn`; `gpu_kernels`, whether `fn` launches compiled GPU (Triton)
+    kernels, which on a CPU run only in Triton's interpreter.
     """
 
     id: str
@@ -39,6 +40,7 @@ class Impl:
     fn: Callable
     check_constants: Callable[[dict], None] | None = None
     sources: tuple = field(default=())
+    gpu_kernels: bool = False
 
     @property
     def ref(self) -> str:

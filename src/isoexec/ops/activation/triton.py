@@ -145,5 +145,5 @@ def check_constants(constants: dict) -> None:
 def register(registry) -> None:
     """Register activation.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
-        registry.register(Impl(id=ID, version=1, region="activation", cases=ALL_CASES, fn=silu_mul, check_constants=check_constants,
+        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="activation", cases=ALL_CASES, fn=silu_mul, check_constants=check_constants,
                                sources=(silu_mul_fwd_kernel, triton_support)))

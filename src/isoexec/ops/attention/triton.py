@@ -380,5 +380,5 @@ def check_constants(constants: dict) -> None:
 def register(registry) -> None:
     """Register attention.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
-        registry.register(Impl(id=ID, version=1, region="attention", cases=ALL_CASES, fn=attention, check_constants=check_constants,
+        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="attention", cases=ALL_CASES, fn=attention, check_constants=check_constants,
                                sources=(attention_fwd_kernel, _tile, _full_block, _block, _update, _gather_kv, _row_sum, triton_support)))

@@ -276,7 +276,7 @@ def check_constants(constants: dict) -> None:
 def register(registry) -> None:
     """Register linear.row_parallel.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
-        registry.register(Impl(id=ID, version=1, region="linear.row_parallel", cases=ALL_CASES, fn=row_parallel_linear,
+        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="linear.row_parallel", cases=ALL_CASES, fn=row_parallel_linear,
                                check_constants=check_constants,
                                sources=(linear_triton.linear_fwd_kernel, linear_triton.linear_tile, tile_triton, combine_kernel, fused_kernel,
                                         persistent_triton, linear_triton, reduce, triton_support)))

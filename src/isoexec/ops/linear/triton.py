@@ -277,5 +277,5 @@ def check_constants(constants: dict, impl_id: str = ID) -> None:
 def register(registry) -> None:
     """Register linear.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
-        registry.register(Impl(id=ID, version=1, region="linear", cases=ALL_CASES, fn=linear, check_constants=check_constants,
+        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="linear", cases=ALL_CASES, fn=linear, check_constants=check_constants,
                                sources=(linear_fwd_kernel, linear_tile, tile_triton, persistent_triton, triton_support)))

@@ -176,5 +176,5 @@ def check_constants(constants: dict) -> None:
 def register(registry) -> None:
     """Register logprobs.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
-        registry.register(Impl(id=ID, version=1, region="logprobs", cases=ALL_CASES, fn=logprobs, check_constants=check_constants,
+        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="logprobs", cases=ALL_CASES, fn=logprobs, check_constants=check_constants,
                                sources=(logprobs_fwd_kernel, triton_support)))

@@ -89,5 +89,5 @@ def check_constants(constants: dict) -> None:
 def register(registry) -> None:
     """Register residual.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
-        registry.register(Impl(id=ID, version=1, region="residual", cases=ALL_CASES, fn=add, check_constants=check_constants,
+        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="residual", cases=ALL_CASES, fn=add, check_constants=check_constants,
                                sources=(residual_add_fwd_kernel, triton_support)))

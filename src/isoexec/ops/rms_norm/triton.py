@@ -258,8 +258,8 @@ def check_constants(constants: dict, impl_id: str = ID) -> None:
 def register(registry) -> None:
     """Register rms_norm.triton@1 and rms_norm.residual.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
-        registry.register(Impl(id=ID, version=1, region="rms_norm", cases=ALL_CASES, fn=rms_norm, check_constants=check_constants,
+        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="rms_norm", cases=ALL_CASES, fn=rms_norm, check_constants=check_constants,
                                sources=(rms_norm_fwd_kernel, row_chunk, triton_support)))
-        registry.register(Impl(id=RESIDUAL_ID, version=1, region="rms_norm.residual", cases=ALL_CASES, fn=rms_norm_residual,
+        registry.register(Impl(gpu_kernels=True, id=RESIDUAL_ID, version=1, region="rms_norm.residual", cases=ALL_CASES, fn=rms_norm_residual,
                                check_constants=functools.partial(check_constants, impl_id=RESIDUAL_ID),
                                sources=(rms_norm_fwd_kernel, row_chunk, triton_support)))

@@ -153,5 +153,5 @@ def check_constants(constants: dict) -> None:
 def register(registry) -> None:
     """Register rope.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
-        registry.register(Impl(id=ID, version=1, region="rope", cases=ALL_CASES, fn=rope, check_constants=check_constants,
+        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="rope", cases=ALL_CASES, fn=rope, check_constants=check_constants,
                                sources=(rope_fwd_kernel, reference, triton_support)))

@@ -246,5 +246,5 @@ def sample(logprobs: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, 
 def register(registry, cases: frozenset) -> None:
     """Register sampling.triton@1 for `cases`; without Triton installed, nothing is registered."""
     if triton_available():
-        registry.register(Impl(id=ID, version=1, region="sampling", cases=cases, fn=sample, check_constants=check_constants,
+        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="sampling", cases=cases, fn=sample, check_constants=check_constants,
                                sources=(sample_kernel, triton_support, reference, reduce, logprobs_reference)))
