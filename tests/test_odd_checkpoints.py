@@ -18,8 +18,8 @@ import torch
 
 from conftest import preset_dict
 from isoexec.audit import all_equal, run_audit
-from isoexec.contract import Contract
-from isoexec.model import ModelSpec, fit_contract, init_random, save
+from isoexec.contract import Contract, load_preset
+from isoexec.model import ModelSpec, SpecError, fit_contract, init_random, save
 from isoexec.ops.linear import reference
 from isoexec.runtime.registry import REGISTRY, Impl
 
@@ -83,3 +83,12 @@ def test_the_audit_sees_a_row_parallel_op_that_cuts_other_leaves_in_decode():
     model = init_random(ODD, seed=3)
     control = run_audit(model, fit_contract(_control_contract(), ODD), requests=2, max_new_tokens=2, progress=False)
     assert not all_equal(control) and control["bitwise_equal_tokens"] < control["tokens"]
+
+
+def test_a_head_dim_the_triton_attention_cannot_tile_is_refused_when_fitted(checkpoint):
+    """head_dim 24 runs under the reference contract; attention.triton tiles powers of two from 16 only,
+    and says so when the contract is fitted to the model, not from inside the forward."""
+    with pytest.raises(SpecError, match="head_dim 24: attention.triton needs a power of two >= 16"):
+        fit_contract(load_preset("tiny-dense-triton"), ODD)
+    result = _isoexec("audit", "--quiet", "--model", str(checkpoint), "--contract", "tiny-dense-triton", "--requests", "1")
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == ["isoexec: error: head_dim 24: attention.triton needs a power of two >= 16"]

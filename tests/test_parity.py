@@ -140,11 +140,18 @@ def _no_weights(path):
     (path / "config.json").write_text(json.dumps(SPECS["llama"].to_hf_config()), "utf-8")
 
 
+def _heads_transformers_refuses(path):
+    """Llama with hidden 72 over 5 heads of 16: our model runs it, transformers' config validator refuses it."""
+    spec = ModelSpec(**{**SPECS["llama"].__dict__, "hidden_size": 72, "num_attention_heads": 5, "num_key_value_heads": 1, "head_dim": 16})
+    save(init_random(spec, seed=0), path)
+
+
 @pytest.mark.parametrize("make, expected", [
     (lambda p: None, "no such directory"),
     (lambda p: p.mkdir(), "no config.json"),
     (_no_weights, "no *.safetensors"),
     (_unsupported, "MistralForCausalLM"),
+    (_heads_transformers_refuses, "transformers cannot load it: "),  # its wording varies by version
 ])
 def test_cli_bad_input_is_one_line_and_exit_two(tmp_path, capsys, make, expected):
     target = tmp_path / "model"

@@ -371,11 +371,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _is_spec_error(error: Exception) -> bool:
+    """A model config the code cannot run (`model.SpecError`), looked up only once one is raised: the
+    model package imports torch, which `isoexec --help` should not wait for."""
+    from .model.spec import SpecError
+
+    return isinstance(error, SpecError)
+
+
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return args.run(args)
     except ContractError as error:
+        print(f"isoexec: error: {error}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+    except ValueError as error:
+        if not _is_spec_error(error):
+            raise
         print(f"isoexec: error: {error}", file=sys.stderr)
         return EXIT_INPUT_ERROR
     except KeyboardInterrupt:

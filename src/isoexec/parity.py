@@ -148,6 +148,12 @@ def _our_forward(model, contract_name: str, lengths: list[int], tokens):
         return ops["logprobs"](logits), logits.float()
 
 
+def _reason(error: Exception) -> str:
+    """An exception's message on one line: its first line, and the next where the first only introduces it."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [type(error).__name__]
+    return " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]
+
+
 def _load_transformers(transformers, model_dir, dtype: str, architecture: str):
     import torch
 
@@ -156,9 +162,10 @@ def _load_transformers(transformers, model_dir, dtype: str, architecture: str):
     transformers.utils.logging.disable_progress_bar()
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype), attn_implementation="eager")
-    except (OSError, ValueError, KeyError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ParityInputError(f"{model_dir}: transformers cannot load it: {first_line}") from None
+    # Whatever transformers raises for a checkpoint it will not build (its config validators raise
+    # huggingface_hub's own errors, not ValueError) is this input's problem: one line, no traceback.
+    except Exception as error:  # noqa: BLE001
+        raise ParityInputError(f"{model_dir}: transformers cannot load it: {_reason(error)}") from None
     finally:
         transformers.logging.set_verbosity(verbosity)
         if progress:

@@ -5,7 +5,7 @@ import dataclasses
 from ..contract.schema import Contract, Entry, Model
 from ..runtime.registry import REGISTRY, Registry
 from ..validate.battery import BOUNDARY_CONSTANTS
-from .spec import RESIDUAL_NORM_OPS, ModelSpec
+from .spec import RESIDUAL_NORM_OPS, ModelSpec, SpecError
 
 
 GEMM_IMPLS = ("linear.triton", "linear.row_parallel.triton")
@@ -87,8 +87,24 @@ def fit_contract(contract: Contract, spec: ModelSpec, profile: str | None = None
             continue
         constants = {k: (spec.dtype if k in BOUNDARY_CONSTANTS and v == boundary else v) for k, v in entry.constants.items()}
         entries += _fit_tiles(dataclasses.replace(entry, ops=ops, constants=constants), spec)
+    _check_geometry(entries, spec)
     model = Model(family=contract.model.family, architecture=spec.architecture, profile=profile or contract.model.profile)
     return dataclasses.replace(contract, model=model, composition=tuple(Entry(**e.__dict__) for e in entries))
+
+
+def _check_geometry(entries: list[Entry], spec: ModelSpec, registry: Registry = REGISTRY) -> None:
+    """Refuse, naming the config field, a model whose shapes a pinned impl cannot run (`Impl.check_geometry`)."""
+    from .. import ops  # noqa: F401  (registers the op families)
+    from ..validate import geometry_of
+
+    geometry = geometry_of(spec)
+    for entry in entries:
+        impl = registry.get(entry.impl.id, entry.impl.version)
+        if impl is not None and impl.check_geometry is not None:
+            try:
+                impl.check_geometry(entry.constants, geometry)
+            except ValueError as error:
+                raise SpecError(str(error)) from None
 
 
 def _composed_norms(contract: Contract, cases) -> set[str]:

@@ -30,7 +30,9 @@ class Impl:
     `check_constants(constants)` may further refuse values it does not implement (ValueError);
     `sources` are further objects (functions, kernels, modules) whose source text decides its bits,
     beyond the file that defines `fn`; `gpu_kernels`, whether `fn` launches compiled GPU (Triton)
-    kernels, which on a CPU run only in Triton's interpreter.
+    kernels, which on a CPU run only in Triton's interpreter; `check_geometry(constants, geometry)`
+    may refuse the shapes of a model (`validate.geometry_of`) the impl cannot run (ValueError naming
+    the config field), so that a contract is refused when it is fitted, not in the forward.
     """
 
     id: str
@@ -41,6 +43,7 @@ class Impl:
     check_constants: Callable[[dict], None] | None = None
     sources: tuple = field(default=())
     gpu_kernels: bool = False
+    check_geometry: Callable[[dict, dict], None] | None = None
 
     @property
     def ref(self) -> str:

@@ -377,8 +377,15 @@ def check_constants(constants: dict) -> None:
         raise ValueError(f"{ID}: num_warps must be a power of two <= 16 and num_stages >= 1")
 
 
+def check_geometry(constants: dict, geometry: dict) -> None:
+    """A model whose head_dim this kernel cannot tile is refused when the contract is fitted to it."""
+    head_dim = geometry.get("head_dim")
+    if head_dim is not None and (head_dim < 16 or head_dim & (head_dim - 1)):
+        raise ValueError(f"head_dim {head_dim}: {ID} needs a power of two >= 16")
+
+
 def register(registry) -> None:
     """Register attention.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
-        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="attention", cases=ALL_CASES, fn=attention, check_constants=check_constants,
+        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="attention", cases=ALL_CASES, fn=attention, check_constants=check_constants, check_geometry=check_geometry,
                                sources=(attention_fwd_kernel, _tile, _full_block, _block, _update, _gather_kv, _row_sum, triton_support)))
