@@ -40,7 +40,12 @@ try:
     from triton.runtime.jit import JITFunction
 
     from .triton_launch import CachedLaunchJITFunction
-except ImportError:  # the Triton impls are then simply not registered
+except ImportError as error:  # the Triton impls are then simply not registered
+    # libtriton is a pybind11 module, which reports any exception raised while it initialises as an
+    # ImportError ("initialization failed", the exception as its context): a Ctrl-C at that moment
+    # would otherwise go unnoticed and leave Triton disabled.
+    if isinstance(error.__context__, KeyboardInterrupt):
+        raise KeyboardInterrupt from None
     triton = tl = None
 
 
