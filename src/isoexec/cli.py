@@ -202,20 +202,24 @@ def _audit(args) -> int:
     from .audit import FAMILY_CONTRACTS, Tracer, all_equal, render, run_audit
     from .model import SpecError, fit_contract, load_model
 
-    if args.requests < 1 or args.max_new_tokens < 1:
+    if (args.requests is not None and args.requests < 1) or args.max_new_tokens < 1:
         raise input_error("--requests and --max-new-tokens must be at least 1")
+    if args.no_chat_template and args.prompts is None:
+        raise input_error("--no-chat-template applies to --prompts only (random prompts are token ids already)")
     require_device(args.device)
     check_output_path("--json", args.json)
     family = load(args.contract) if args.contract else load(FAMILY_CONTRACTS["dense"])
     try:
+        prompts = _file_prompts(args) if args.prompts is not None else None  # before the weights: its errors come cheap
         model = load_model(args.model, seed=args.seed).to(args.device)
     except SpecError as error:
         raise input_error(error) from None
     contract = fit_contract(family, model.spec, profile=str(args.model))
     check_runnable(contract, args.device)
     tracer = Tracer() if args.trace else None
-    report = run_audit(model, contract, requests=args.requests, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                       device=args.device, progress=not args.quiet, tracer=tracer)
+    requests = args.requests if args.requests is not None else len(prompts) if prompts is not None else 16
+    report = run_audit(model, contract, requests=requests, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                       device=args.device, progress=not args.quiet, tracer=tracer, prompts=prompts)
     print(render(report))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
@@ -223,7 +227,31 @@ def _audit(args) -> int:
     return EXIT_OK if all_equal(report) or not contract.claims.is_bitwise else EXIT_MISMATCH
 
 
+def _file_prompts(args) -> list[list[int]]:
+    """--prompts encoded with the tokenizer of the --model checkpoint, through its chat template unless
+    --no-chat-template; each prompt checked against the model's length with --max-new-tokens."""
+    from .audit.workload import file_prompts
+    from .model import PRESETS, read_config
+    from .rl.tasks.tokenizer import checkpoint_tokenizer
+
+    if str(args.model) in PRESETS and not Path(args.model).exists():
+        raise input_error(f"--prompts needs a checkpoint directory for --model, whose tokenizer encodes them; "
+                          f"{args.model} is a preset with random weights and no tokenizer")
+    if not Path(args.prompts).is_file():
+        raise input_error(f"--prompts {args.prompts} {'is a directory' if Path(args.prompts).is_dir() else 'does not exist'}")
+    spec = read_config(args.model)  # a SpecError for a folder that is no checkpoint: one line in _audit
+    try:
+        tokenizer = checkpoint_tokenizer(args.model, spec, chat_template=not args.no_chat_template)
+    except ValueError as error:
+        raise input_error(f"--model {error}") from None
+    try:
+        return file_prompts(args.prompts, tokenizer, max_length=spec.max_position_embeddings, max_new_tokens=args.max_new_tokens)
+    except ValueError as error:
+        raise input_error(f"--prompts {error}") from None
+
+
 def _demo(args) -> int:
+    from .model import SpecError
     from .rl import outputs
     from .rl.config import config_from_args
     from .rl.demo import demo
@@ -245,7 +273,7 @@ def _demo(args) -> int:
     except GateError as error:
         print(f"isoexec: {error}", file=sys.stderr)
         return EXIT_MISMATCH
-    except AdmissionError as error:
+    except (AdmissionError, SpecError) as error:  # SpecError: --model's weights unreadable
         raise input_error(error) from None
     except OSError as error:
         raise input_error(f"{error.filename}: {error.strerror}" if error.filename else error) from None
@@ -329,14 +357,20 @@ def build_parser() -> argparse.ArgumentParser:
         "audit",
         help="roll out a workload, score it in the trainer, compare log-probs bit for bit",
         description="Run a mixed workload through the engine (varied prompt lengths, shared prefixes, chunked prefill, "
-        "preemption, mixed sampling), score the same sequences in the trainer under a different packing (trainer_score "
-        "and trainer_fwd), and compare every sampled token's log-probability and every full-vocabulary row bit for bit. "
+        "preemption, mixed sampling; random token prompts, or a file's with --prompts), score the same sequences in the "
+        "trainer under a different packing (trainer_score and trainer_fwd), and compare every sampled token's log-probability and every full-vocabulary row bit for bit. "
         "Exit status: 0 when everything is bitwise equal (or the contract claims nothing), 1 on a mismatch under a "
         "bitwise contract, 2 on bad input.",
     )
     audit.add_argument("--model", default="tiny-dense", metavar="PRESET|DIR", help="a model preset with seeded random weights (tiny-dense, qwen3-0.6b-random) or a Hugging Face checkpoint directory (default: tiny-dense)")
     audit.add_argument("--contract", metavar="PRESET|FILE", help="the contract (default: the model family's IsoExec contract; 'native' for the fast path)")
-    audit.add_argument("--requests", type=int, default=16, metavar="N", help="number of requests (default: 16)")
+    audit.add_argument("--requests", type=int, metavar="N", help="number of requests (default: 16; with --prompts, one per "
+                       "prompt, and more cycle through them again)")
+    audit.add_argument("--prompts", metavar="FILE", help='JSONL file of {"prompt": ...} objects ("answer" is allowed and '
+                       "ignored): the requests' prompts in place of random tokens, encoded with the --model checkpoint's own "
+                       "tokenizer, through its chat template where it has one")
+    audit.add_argument("--no-chat-template", action="store_true", help="with --prompts: encode each prompt as raw text, "
+                       "not as a user message through the checkpoint's chat template")
     audit.add_argument("--max-new-tokens", type=int, default=16, metavar="T", help="tokens generated per request (default: 16)")
     audit.add_argument("--seed", type=int, default=0, metavar="S", help="seed of prompts, sampling and preset weights (default: 0)")
     audit.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where to run (default: cpu)")
@@ -349,8 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo",
-        help="train a tiny model with RL under the contract and under native, side by side",
-        description="Warm up a tiny model on an embedded verifiable task, then run the same GRPO/DAPO training under "
+        help="train a tiny model (or your checkpoint) with RL under the contract and under native, side by side",
+        description="Warm up a tiny model on an embedded verifiable task (or start from your Hugging Face checkpoint "
+        "with --model: its own tokenizer and chat template, in float32), then run the same GRPO/DAPO training under "
         "the IsoExec contract and under the native fast path. Every step's trainer log-probs are compared with the "
         "rollout's: under the contract any difference stops the run (the gate); under native it is measured. Prints "
         "a per-step table and a summary, writes log.jsonl, plot.png and summary.json (together, once both paths are "

@@ -17,9 +17,10 @@ FAMILY_CONTRACTS = {"dense": "tiny-dense"}
 
 
 def run_audit(model: DenseModel, contract: Contract, *, requests: int = 16, max_new_tokens: int = 16, seed: int = 0,
-              device: str = "cpu", progress: bool = True, tracer=None) -> dict:
+              device: str = "cpu", progress: bool = True, tracer=None, prompts: list[list[int]] | None = None) -> dict:
+    """prompts: token ids (a file's, `workload.file_prompts`) the requests cycle through; None: random ones."""
     start = time.perf_counter()
-    prompts, params = prompts_and_params(model.spec, requests, max_new_tokens, seed)
+    prompts, params = prompts_and_params(model.spec, requests, max_new_tokens, seed, prompts)
     config = engine_config(contract, prompts, max_new_tokens)
     engine = LLMEngine(model, contract, config, device=device)
     with tracing(tracer) if tracer is not None else contextlib.nullcontext():
@@ -41,6 +42,7 @@ def run_audit(model: DenseModel, contract: Contract, *, requests: int = 16, max_
         **{k: report["trainer_score"][k] for k in ("tokens", "bitwise_equal_tokens", "full_vocab_rows", "full_vocab_rows_bitwise_equal",
                                                    "rollout_train_logprob_abs_diff_mean", "rollout_train_logprob_abs_diff_max", "k3_kl")},
         "requests": requests,
+        "prompt_token_ids": [c.prompt for c in completions],
         "failed_requests": [{"request": c.request_id, "error": c.error} for c in failed],
         "engine": dict(engine.stats) | {"num_pages": config.num_pages, "prefill_chunk_size": config.prefill_chunk_size},
         "device": str(device),

@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 
 from ..model import DenseModel
-from .config import RLConfig
+from .config import RLConfig, default_warmup_steps
 from .loop import RLRun, setup
 from .sync import weights_digest
 
@@ -43,6 +43,8 @@ NAME = re.compile(r"step-(\d+)\.pt")
 # May change between a save and a resume. skip_bad_examples too: a run goes on under either value
 # only when its data has nothing to drop, or with the value it was saved under.
 TRAJECTORY_FREE = ("steps", "checkpoint_dir", "checkpoint_every", "trace", "skip_bad_examples")
+# Fields added to RLConfig since the first checkpoints, with the value a checkpoint without them ran under.
+ADDED_FIELDS = {"model": None, "no_chat_template": False}
 FIELDS = {"step": int, "config": dict, "policy": dict, "optimizer": dict, "history": list, "rng": dict, "weights_sha256": str}
 
 
@@ -156,11 +158,20 @@ def load(path) -> dict:
 
 def config_differences(saved: dict, config: RLConfig) -> list[str]:
     """'field: checkpoint X, now Y' for every field that would change the run's trajectory."""
-    current = dataclasses.asdict(config)
+    saved, current = _as_run(saved), _as_run(dataclasses.asdict(config))
     missing = "(absent)"
     return [f"{name}: checkpoint {saved.get(name, missing)!r}, now {current.get(name, missing)!r}"
             for name in sorted(saved.keys() | current.keys())
             if name not in TRAJECTORY_FREE and saved.get(name, missing) != current.get(name, missing)]
+
+
+def _as_run(config: dict) -> dict:
+    """A config as the run it describes: the fields a checkpoint predates at the values it ran under, and
+    the warm-up steps counted (a default of None and the 40 an older checkpoint wrote are the same run)."""
+    config = {**ADDED_FIELDS, **config}
+    if config.get("warmup_steps") is None:
+        config["warmup_steps"] = default_warmup_steps(config["model"])
+    return config
 
 
 def restore(config: RLConfig, directory, warn: Callable[[str], None] | None = None) -> RLRun | None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ALGORITHMS = ("grpo", "dapo")
+# The warm-up teaches the random toy the answer format; a checkpoint is trained from what it already knows.
+TOY_WARMUP_STEPS = 40
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,6 +24,13 @@ class RLConfig:
     """drop, with a warning, the examples of the data the run cannot use (an empty prompt or one too long
     for the model with max_new_tokens more tokens, an answer longer than max_new_tokens) instead of
     refusing the data"""
+    model: str | None = None
+    """a Hugging Face checkpoint directory (config.json + *.safetensors; Qwen3, Qwen2 or Llama) to train with
+    its own tokenizer, loaded in float32 (RL on a CPU trains in float32); default: a tiny random Qwen3 sized
+    for the task's characters"""
+    no_chat_template: bool = False
+    """with model: send each prompt as raw text instead of as a user message through the checkpoint's chat
+    template (which is used where the checkpoint has one)"""
     contract: str = "tiny-dense"
     """contract preset or file the rollout and the trainer run under ("native" for the fast path)"""
     algorithm: str = "dapo"
@@ -55,8 +64,9 @@ class RLConfig:
     """DAPO overlong shaping: the penalty at the limit"""
     truncated_is_cap: float | None = None
     """cap C of truncated importance sampling, min(π_train/π_rollout, C); for the native path"""
-    warmup_steps: int = 40
-    """supervised steps on task answers before RL, so the policy starts in the answer format"""
+    warmup_steps: int | None = None
+    """supervised steps on task answers before RL, so the policy starts in the answer format; None: 40 for
+    the built-in model, 0 with model"""
     warmup_learning_rate: float = 3e-3
     """AdamW learning rate of the warm-up"""
     seed: int = 0
@@ -78,6 +88,11 @@ class RLConfig:
         if self.data is not None and not Path(self.data).is_file():
             problem = "is a directory" if Path(self.data).is_dir() else "is not a regular file" if Path(self.data).exists() else "does not exist"
             raise ValueError(f"data file {self.data} {problem}")
+        if self.model is not None and not (self.model and Path(self.model).is_dir()):
+            problem = "does not exist" if self.model and not Path(self.model).exists() else "is not a directory"
+            raise ValueError(f"model {self.model} {problem} (expected a Hugging Face checkpoint directory)")
+        if self.no_chat_template and self.model is None:
+            raise ValueError("no_chat_template applies to a checkpoint's tokenizer (model); the built-in model has no template")
         if self.checkpoint_dir is not None and Path(self.checkpoint_dir).exists() and not Path(self.checkpoint_dir).is_dir():
             raise ValueError(f"checkpoint_dir {self.checkpoint_dir} is not a directory")
         if self.algorithm not in ALGORITHMS:
@@ -88,8 +103,9 @@ class RLConfig:
             if not _is_int(getattr(self, name)) or not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         for name in ("warmup_steps", "overlong_buffer"):
-            if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be an int ≥ 0, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not (name == "warmup_steps" and value is None) and (not _is_int(value) or value < 0):
+                raise ValueError(f"{name} must be an int ≥ 0, got {value!r}")
         if not _is_int(self.seed):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
         for name in ("learning_rate", "warmup_learning_rate", "grad_clip", "clip_eps_low"):
@@ -111,8 +127,16 @@ class RLConfig:
             return self.clip_eps_high
         return 0.28 if self.algorithm == "dapo" else self.clip_eps_low
 
+    @property
+    def num_warmup_steps(self) -> int:
+        return default_warmup_steps(self.model) if self.warmup_steps is None else self.warmup_steps
+
     def replace(self, **changes) -> "RLConfig":
         return dataclasses.replace(self, **changes)
+
+
+def default_warmup_steps(model: str | None) -> int:
+    return 0 if model else TOY_WARMUP_STEPS
 
 
 def _is_int(value) -> bool:

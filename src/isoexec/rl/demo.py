@@ -1,6 +1,6 @@
 """`isoexec demo`: the same RL run under the IsoExec contract and under the native fast path.
 
-Both paths start from one warmed-up policy with one seed; each step's table row, a JSONL log and a PNG
+Both paths start from one policy (the warmed-up toy, or a checkpoint's weights) with one seed; each step's table row, a JSONL log and a PNG
 plot show reward and rollout/trainer mismatch side by side, and the summary states what was measured:
 zero mismatch on every step under the contract, the mismatch under native, the reward gain, and the
 contract's step-time overhead.
@@ -15,9 +15,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..model import init_random
 from .config import RLConfig
-from .loop import RLRun, setup
+from .loop import RLRun, initial_model, setup, start_lines
 from .outputs import staged_folder
 from .plot import write_plot
 from .warmup import warmup
@@ -84,8 +83,9 @@ def demo(config: RLConfig, *, out_dir: str | Path = "isoexec-demo", progress: bo
         raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(out))
     task, spec, _ = setup(config)
     with staged_folder(out) as staging:
-        echo(f"warm-up: {config.warmup_steps} supervised steps on task {task.name} (native fast path)…")
-        initial = warmup(init_random(spec, config.seed), task, config)
+        for line in start_lines(config, task):
+            echo(line)
+        initial = warmup(initial_model(config, spec), task, config)
         histories = _run_paths(config, initial, staging / "log.jsonl", progress, echo)
         write_plot(staging / "plot.png", histories)
         summary = {"config": {k: v for k, v in vars(config).items()}, **summarize(histories)}

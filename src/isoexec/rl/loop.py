@@ -6,10 +6,14 @@ in `trainer_fwd`, gate them against the rollout's, take `optimizer_steps` AdamW 
 weights to the engine with a digest check on both sides. Everything a step draws is derived from
 (seed, step), so a run resumed from a checkpoint continues bit for bit.
 
+The policy is the built-in toy (a tiny random Qwen3 over the task's characters) or, with `model`, a
+Hugging Face checkpoint with its own tokenizer (`tasks/tokenizer.py`), in float32 either way.
+
 The two sides are `Rollout` and `Learner`; `RLRun` only talks to them through their methods, so the
 same loop drives them in this process or as Ray actors (`ray_mode.py`).
 """
 
+import dataclasses
 import random
 import time
 
@@ -18,7 +22,8 @@ import torch
 from ..audit.trace import Tracer
 from ..contract import load as load_contract
 from ..engine import EngineConfig, LLMEngine, SamplingParams
-from ..model import DenseModel, ModelSpec, fit_contract, init_random, tracing
+from ..model import DenseModel, ModelSpec, fit_contract, init_random, read_config, tracing
+from ..model import load as load_checkpoint
 from ..runtime import check
 from ..trainer import sequence_logprobs
 from . import losses
@@ -27,15 +32,59 @@ from .gate import gate
 from .handshake import ensure_admitted, side_fingerprint
 from .sync import load_state, state_bytes, weights_digest
 from .tasks import Task, checks, load_task
+from .tasks.tokenizer import checkpoint_tokenizer
 from .warmup import warmup
+
+# The policy's dtype, the toy's and a checkpoint's alike: AdamW's small updates vanish in bfloat16
+# weights (the loop keeps no float32 master copy), and a CPU has no fast bfloat16 matmul to gain.
+RL_DTYPE = "float32"
 
 
 def task_model_spec(task: Task, max_new_tokens: int) -> ModelSpec:
     """A tiny Qwen3-style model sized for the task's alphabet, in float32 for training on a CPU."""
     return ModelSpec(architecture="Qwen3ForCausalLM", vocab_size=task.tokenizer.vocab_size, hidden_size=64, intermediate_size=128,
                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
-                     rope_theta=10_000.0, max_position_embeddings=64 + max_new_tokens, tie_word_embeddings=True, dtype="float32",
+                     rope_theta=10_000.0, max_position_embeddings=64 + max_new_tokens, tie_word_embeddings=True, dtype=RL_DTYPE,
                      eos_token_id=task.tokenizer.EOS)
+
+
+def checkpoint_spec(directory) -> ModelSpec:
+    """The checkpoint's config.json as our model spec, in the RL dtype (as `load_checkpoint(dtype=)` builds it)."""
+    return dataclasses.replace(read_config(directory), dtype=RL_DTYPE)
+
+
+def task_and_spec(config: RLConfig) -> tuple[Task, ModelSpec]:
+    """The config's task over its tokenizer, and the policy's shape: the toy sized for the task, or the
+    checkpoint's with its own tokenizer."""
+    if config.model is None:
+        task = load_task(config.task, config.data)
+        return task, task_model_spec(task, config.max_new_tokens)
+    spec = checkpoint_spec(config.model)
+    tokenizer = checkpoint_tokenizer(config.model, spec, chat_template=not config.no_chat_template)
+    return load_task(config.task, config.data, tokenizer), spec
+
+
+def initial_model(config: RLConfig, spec: ModelSpec) -> DenseModel:
+    """The policy before the warm-up: the checkpoint's weights, or the toy's seeded random ones."""
+    if config.model is None:
+        return init_random(spec, config.seed)
+    return load_checkpoint(config.model, dtype=spec.dtype)
+
+
+def longest_prompt(task: Task) -> int:
+    """The most tokens a prompt of the task is sent as."""
+    return max(len(task.tokenizer.encode_prompt(p)) for p in task.prompts)
+
+
+def start_lines(config: RLConfig, task: Task) -> list[str]:
+    """What a fresh run says before its first step: the checkpoint and how its prompts are sent; the warm-up."""
+    lines = []
+    if config.model is not None:
+        sent = "through its chat template" if task.tokenizer.uses_chat_template else "as raw text"
+        lines.append(f"policy: {config.model} in {RL_DTYPE}, prompts sent {sent}")
+    if config.num_warmup_steps:
+        lines.append(f"warm-up: {config.num_warmup_steps} supervised steps on task {task.name} (native fast path)…")
+    return lines
 
 
 def request_seed(seed: int, step: int, index: int) -> int:
@@ -45,16 +94,20 @@ def request_seed(seed: int, step: int, index: int) -> int:
 def usable_task(config: RLConfig) -> tuple[Task, str | None]:
     """The config's task, its data checked against the model's length (tasks/checks.py): (task, None),
     or with `skip_bad_examples` (task without the unusable examples, a note of what was dropped)."""
-    task = load_task(config.task, config.data)
-    length = task_model_spec(task, config.max_new_tokens).max_position_embeddings
-    return checks.usable_task(task, max_length=length, max_new_tokens=config.max_new_tokens, skip=config.skip_bad_examples)
+    return _usable(config, *task_and_spec(config))
+
+
+def _usable(config: RLConfig, task: Task, spec: ModelSpec) -> tuple[Task, str | None]:
+    return checks.usable_task(task, max_length=spec.max_position_embeddings, max_new_tokens=config.max_new_tokens,
+                              skip=config.skip_bad_examples)
 
 
 def setup(config: RLConfig):
     """What both sides derive from the config alone: the task, the model shape, the fitted contract."""
-    task, _ = usable_task(config)
-    spec = task_model_spec(task, config.max_new_tokens)
-    contract = fit_contract(load_contract(config.contract), spec, profile=f"task:{task.name}")
+    task, spec = task_and_spec(config)
+    task, _ = _usable(config, task, spec)
+    profile = config.model if config.model is not None else f"task:{task.name}"
+    contract = fit_contract(load_contract(config.contract), spec, profile=profile)
     return task, spec, contract
 
 
@@ -62,10 +115,10 @@ class Rollout:
     """The engine side: its own copy of the weights, updated only through `load_weights`."""
 
     def __init__(self, config: RLConfig):
-        _, self.spec, self.contract = setup(config)
-        self.model = init_random(self.spec, config.seed)
+        task, self.spec, self.contract = setup(config)
+        self.model = initial_model(config, self.spec)
         page = self.contract.deployment.engine.kv_page_size
-        pages = config.prompts_per_step * config.group_size * -(-(16 + config.max_new_tokens) // page)
+        pages = config.prompts_per_step * config.group_size * -(-(longest_prompt(task) + config.max_new_tokens) // page)
         self.engine = LLMEngine(self.model, self.contract, EngineConfig.from_contract(self.contract, num_pages=pages + 1))
 
     def fingerprint(self) -> dict:
@@ -84,7 +137,7 @@ class Learner:
     def __init__(self, config: RLConfig, initial: DenseModel | None = None):
         self.config = config
         self.task, self.spec, self.contract = setup(config)
-        self.policy = initial if initial is not None else warmup(init_random(self.spec, config.seed), self.task, config)
+        self.policy = initial if initial is not None else warmup(initial_model(config, self.spec), self.task, config)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
         self.step = 0  # the RL step being trained on, for reports
 
@@ -146,9 +199,9 @@ class RLRun:
     def requests(self):
         cfg, tok = self.config, self.task.tokenizer
         examples = self.task.sample(random.Random(f"{cfg.seed}:{self.step}"), cfg.prompts_per_step)
-        prompts = [tok.encode(e.prompt) for e in examples for _ in range(cfg.group_size)]
+        prompts = [tok.encode_prompt(e.prompt) for e in examples for _ in range(cfg.group_size)]
         params = [SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_new_tokens, seed=request_seed(cfg.seed, self.step, i),
-                                 return_full_logprobs=True) for i in range(len(prompts))]
+                                 stop_token_ids=tok.eos_token_ids, return_full_logprobs=True) for i in range(len(prompts))]
         return examples, prompts, params
 
     def run_step(self) -> dict:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import RLConfig, add_config_flags, config_from_args
-from .tasks import load_task
 
 if TYPE_CHECKING:
     from .loop import RLRun
@@ -33,16 +32,15 @@ def train(config: RLConfig, *, progress: bool = True, log_jsonl: str | None = No
     from tqdm.auto import tqdm
 
     from . import checkpoint, outputs
-    from .loop import RLRun
+    from .loop import RLRun, start_lines, task_and_spec
 
     directory = config.checkpoint_dir
     if directory:
         Path(directory).mkdir(parents=True, exist_ok=True)  # a folder that cannot be made fails before the warm-up
     run = checkpoint.restore(config, directory, warn=warn or outputs.warn) if directory else None
     if run is None:
-        if progress:
-            print(f"warm-up: {config.warmup_steps} supervised steps on task {load_task(config.task, config.data).name} "
-                  "(native fast path)…", file=sys.stderr, flush=True)
+        for line in start_lines(config, task_and_spec(config)[0]) if progress else ():
+            print(line, file=sys.stderr, flush=True)
         # The loop draws only from (seed, step); the global generators are seeded too (torch seeds its
         # own differently in every process) so that whatever else draws is reproducible and resumable.
         torch.manual_seed(config.seed)
@@ -83,7 +81,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
     parser = commands.add_parser(
         "train",
         help="run on-policy RL (GRPO/DAPO) with a bitwise gate, resuming from its checkpoints",
-        description="Warm up a tiny policy on a task's answers, then run GRPO or DAPO: roll out in the engine, "
+        description="Warm up a tiny policy on a task's answers (or start from your Hugging Face checkpoint with --model, "
+        "its own tokenizer and chat template, in float32), then run GRPO or DAPO: roll out in the engine, "
         "recompute log-probs in the trainer, gate them bit for bit under the contract, update, and send the weights "
         "to the engine with digests checked on both sides. With --checkpoint-dir, a killed run started again with "
         "the same flags resumes and ends bitwise identical to an uninterrupted one (at the same torch thread count). "
@@ -100,6 +99,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 def _run(args) -> int:
     from ..cli import EXIT_MISMATCH, EXIT_OK, check_output_path, check_rl_inputs, input_error
+    from ..model import SpecError
     from . import checkpoint, outputs
     from .gate import GateError
     from .handshake import AdmissionError
@@ -115,7 +115,7 @@ def _run(args) -> int:
         run = train(config, progress=not args.quiet, log_jsonl=args.log, warn=outputs.warn)
         if args.json:
             outputs.write_text(args.json, json.dumps(run.history[-1], indent=2))
-    except (checkpoint.CheckpointError, AdmissionError) as error:
+    except (checkpoint.CheckpointError, AdmissionError, SpecError) as error:  # SpecError: --model's weights unreadable
         raise input_error(error) from None
     except OSError as error:
         raise input_error(f"{error.filename}: {error.strerror}" if error.filename else error) from None

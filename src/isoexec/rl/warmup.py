@@ -1,6 +1,7 @@
 """A short supervised warm-up on the task's answers, so RL starts from a policy that answers in format.
 
-It runs on the native fast path: only the RL steps need the trainer and the engine to agree.
+It runs on the native fast path: only the RL steps need the trainer and the engine to agree. By
+default it runs for the built-in toy only (`RLConfig.num_warmup_steps`): a checkpoint already writes text.
 """
 
 import random
@@ -15,14 +16,14 @@ WARMUP_BATCH = 64
 
 
 def warmup(model: DenseModel, task, config) -> DenseModel:
-    if config.warmup_steps == 0:
+    if config.num_warmup_steps == 0:
         return model
     contract = fit_contract(load_preset("native"), model.spec)
     tok = task.tokenizer
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.warmup_learning_rate)
-    for i in range(config.warmup_steps):
+    for i in range(config.num_warmup_steps):
         examples = task.sample(random.Random(f"{config.seed}:warmup:{i}"), WARMUP_BATCH)
-        prompts = [tok.encode(e.prompt) for e in examples]
+        prompts = [tok.encode_prompt(e.prompt) for e in examples]
         targets = [tok.encode(e.answer) + [tok.EOS] for e in examples]
         rows = sequence_logprobs(model, contract, [p + t for p, t in zip(prompts, targets)], case="trainer_fwd")
         picked = [r[len(p) - 1 :].gather(-1, torch.tensor(t)[:, None]) for r, p, t in zip(rows, prompts, targets)]

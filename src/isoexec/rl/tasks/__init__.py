@@ -1,4 +1,5 @@
-"""Verifiable tasks: a prompt source and an exact-match reward, over a small character tokenizer.
+"""Verifiable tasks: a prompt source and an exact-match reward, over the built-in toy's character
+tokenizer or a checkpoint's own (`tokenizer.py`).
 
 A task read from a data file keeps its examples (`Task.examples`), so that `checks.py` can hold them
 against the run that will use them before any work starts.
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .tokenizer import CharTokenizer
+from .tokenizer import CharTokenizer, CheckpointTokenizer
 
 
 @dataclass(frozen=True)
@@ -25,37 +26,49 @@ class Task:
     """`sample(rng, n)` draws n examples; `reward(example, completion)` scores a decoded completion."""
 
     name: str
-    tokenizer: CharTokenizer
+    tokenizer: CharTokenizer | CheckpointTokenizer
     sample: Callable[[random.Random, int], list[Example]]
     reward: Callable[[Example, str], float]
     examples: tuple[Example, ...] = ()  # the whole data set of a task read from a file; () for generated ones
+    prompts: tuple[str, ...] = ()  # every prompt `sample` can draw, each once (the engine is sized for the longest)
 
     def keeping(self, examples) -> "Task":
         """This task drawing from `examples` only (same name, tokenizer and reward)."""
         examples = tuple(examples)
-        return Task(self.name, self.tokenizer, _draw_from(examples), self.reward, examples)
+        return Task(self.name, self.tokenizer, _draw_from(examples), self.reward, examples, _prompts_of(examples))
 
 
 def exact_match(example: Example, completion: str) -> float:
     return 1.0 if completion == example.answer else 0.0
 
 
+def stripped_match(example: Example, completion: str) -> float:
+    """Exact match once surrounding whitespace is stripped: a checkpoint's tokenizer may start the
+    completion with a space or a newline that the answer in the data does not have."""
+    return 1.0 if completion.strip() == example.answer.strip() else 0.0
+
+
 ADDITION_DIGITS = "0123456789"
 
 
-def addition(max_operand: int = 9) -> Task:
-    """"a+b=" → the decimal sum: small enough for a tiny model on a CPU, hard enough to improve on."""
+def addition(max_operand: int = 9, tokenizer: CheckpointTokenizer | None = None) -> Task:
+    """"a+b=" → the decimal sum: small enough for a tiny model on a CPU, hard enough to improve on.
+    Over `tokenizer` (a checkpoint's) when given, with `stripped_match`; else over its digits."""
 
     def sample(rng: random.Random, n: int) -> list[Example]:
         pairs = [(rng.randint(0, max_operand), rng.randint(0, max_operand)) for _ in range(n)]
         return [Example(f"{a}+{b}=", str(a + b)) for a, b in pairs]
 
-    return Task("addition", CharTokenizer(ADDITION_DIGITS + "+="), sample, exact_match)
+    prompts = tuple(f"{a}+{b}=" for a in range(max_operand + 1) for b in range(max_operand + 1))
+    if tokenizer is not None:
+        return Task("addition", tokenizer, sample, stripped_match, prompts=prompts)
+    return Task("addition", CharTokenizer(ADDITION_DIGITS + "+="), sample, exact_match, prompts=prompts)
 
 
-def jsonl(path: str | Path) -> Task:
-    """Users' own data: one {"prompt": ..., "answer": ...} object per line, exact-match reward.
-    The tokenizer covers the characters of the file."""
+def jsonl(path: str | Path, tokenizer: CheckpointTokenizer | None = None) -> Task:
+    """Users' own data: one {"prompt": ..., "answer": ...} object per line. Over `tokenizer` (a
+    checkpoint's) when given, with `stripped_match`; else over a character tokenizer covering the
+    characters of the file, with `exact_match`."""
     path = Path(path)
     try:
         # "\n" only: splitlines() also splits at U+2028 and other characters a JSON string may hold,
@@ -78,9 +91,12 @@ def jsonl(path: str | Path) -> Task:
             raise ValueError(f'{path}:{number}: expected a JSON object with "prompt" and "answer"') from None
     if not examples:
         raise ValueError(f"data file {path} holds no examples")
-    alphabet = sorted({c for e in examples for c in e.prompt + e.answer})
     examples = tuple(examples)
-    return Task(f"jsonl:{path.name}", CharTokenizer("".join(alphabet)), _draw_from(examples), exact_match, examples)
+    name, sample, prompts = f"jsonl:{path.name}", _draw_from(examples), _prompts_of(examples)
+    if tokenizer is not None:
+        return Task(name, tokenizer, sample, stripped_match, examples, prompts)
+    alphabet = sorted({c for e in examples for c in e.prompt + e.answer})
+    return Task(name, CharTokenizer("".join(alphabet)), sample, exact_match, examples, prompts)
 
 
 def _draw_from(examples: tuple[Example, ...]) -> Callable[[random.Random, int], list[Example]]:
@@ -90,14 +106,19 @@ def _draw_from(examples: tuple[Example, ...]) -> Callable[[random.Random, int], 
     return sample
 
 
+def _prompts_of(examples) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(e.prompt for e in examples))
+
+
 TASKS = {"addition": addition}
 
 
-def load_task(name: str, data: str | None = None) -> Task:
+def load_task(name: str, data: str | None = None, tokenizer: CheckpointTokenizer | None = None) -> Task:
+    """The task `name` (with `data` for "jsonl"), over `tokenizer` when given (a checkpoint's)."""
     if name == "jsonl":
         if not data:
             raise ValueError('task "jsonl" needs a data file (--data FILE)')
-        return jsonl(data)
+        return jsonl(data, tokenizer)
     if name not in TASKS:
         raise ValueError(f'unknown task "{name}" (known: {", ".join([*TASKS, "jsonl"])})')
-    return TASKS[name]()
+    return TASKS[name](tokenizer=tokenizer)

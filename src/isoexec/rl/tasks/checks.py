@@ -8,7 +8,8 @@ on such data "succeeds" and learns nothing. Two things make an example unusable:
   model's length (the engine's admission rule: prompt + max_tokens ≤ max_position_embeddings);
 - its answer is longer than `max_new_tokens`, so no completion can ever match it.
 
-Lengths are counted in tokens of the task's own tokenizer, whatever it is.
+Lengths are counted in tokens of the task's own tokenizer, whatever it is (a checkpoint's, with
+`--model`), a prompt as the model is sent it: after the checkpoint's chat template where one applies.
 """
 
 from dataclasses import dataclass
@@ -47,14 +48,14 @@ def find_unusable(task: Task, *, max_length: int, max_new_tokens: int) -> list[U
         "an empty prompt": [],
     }
     long_prompt, long_answer, empty = kinds.values()
-    encode = task.tokenizer.encode
+    tokenizer = task.tokenizer
     for example in task.examples:
-        prompt = len(encode(example.prompt))
+        prompt = len(tokenizer.encode_prompt(example.prompt))
         if prompt == 0:
             empty.append(example)
         elif prompt > max_prompt:
             long_prompt.append(example)
-        elif len(encode(example.answer)) > max_new_tokens:
+        elif len(tokenizer.encode(example.answer)) > max_new_tokens:
             long_answer.append(example)
     return [Unusable(problem, tuple(found)) for problem, found in kinds.items() if found]
 
@@ -62,6 +63,9 @@ def find_unusable(task: Task, *, max_length: int, max_new_tokens: int) -> list[U
 def usable_task(task: Task, *, max_length: int, max_new_tokens: int, skip: bool) -> tuple[Task, str | None]:
     """(the task, None) when every example fits the run; with `skip`, (the task without the others,
     a one-line note of what was dropped). Raises DataError otherwise, or when nothing would be left."""
+    if not task.examples:
+        _check_generated(task, max_length=max_length, max_new_tokens=max_new_tokens)
+        return task, None
     unusable = find_unusable(task, max_length=max_length, max_new_tokens=max_new_tokens)
     if not unusable:
         return task, None
@@ -75,3 +79,12 @@ def usable_task(task: Task, *, max_length: int, max_new_tokens: int, skip: bool)
         raise DataError(f"{len(dropped)} of the {total} examples of {source} cannot be trained on: {what} "
                         "(--skip-bad-examples drops them)")
     return task.keeping(kept), f"dropped {len(dropped)} of the {total} examples of {source}: {what}"
+
+
+def _check_generated(task: Task, *, max_length: int, max_new_tokens: int) -> None:
+    """An embedded task's prompts against the model's length: over a checkpoint's tokenizer and chat
+    template they can outgrow a small model, and there is no line of data to drop."""
+    longest = max((len(task.tokenizer.encode_prompt(p)) for p in task.prompts), default=0)
+    if longest > max_length - max_new_tokens:
+        raise DataError(f"task {task.name}: its prompts take up to {longest} tokens, more than {max_length - max_new_tokens} "
+                        f"= the model's length {max_length} - max_new_tokens {max_new_tokens}")
