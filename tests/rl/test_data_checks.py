@@ -102,3 +102,11 @@ def test_nothing_left_after_skipping_is_an_error(tmp_path):
     assert result.returncode == 2
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("isoexec: error: none of the 10 examples of d.jsonl can be trained on: 8 with a prompt")
+
+
+def test_an_embedded_tasks_answers_that_max_new_tokens_cannot_reach_are_refused():
+    """addition's sums 10..18 take two tokens: with one new token no completion could ever match them."""
+    with pytest.raises(DataError, match="task addition: 9 of its 19 answers take more than max_new_tokens = 1 tokens"):
+        usable_task(RLConfig(task="addition", max_new_tokens=1))
+    task, dropped = usable_task(RLConfig(task="addition", max_new_tokens=2))
+    assert task.name == "addition" and dropped is None

@@ -31,6 +31,7 @@ class Task:
     reward: Callable[[Example, str], float]
     examples: tuple[Example, ...] = ()  # the whole data set of a task read from a file; () for generated ones
     prompts: tuple[str, ...] = ()  # every prompt `sample` can draw, each once (the engine is sized for the longest)
+    answers: tuple[str, ...] = ()  # a generated task's every answer, each once (each must fit max_new_tokens)
 
     def keeping(self, examples) -> "Task":
         """This task drawing from `examples` only (same name, tokenizer and reward)."""
@@ -60,9 +61,10 @@ def addition(max_operand: int = 9, tokenizer: CheckpointTokenizer | None = None)
         return [Example(f"{a}+{b}=", str(a + b)) for a, b in pairs]
 
     prompts = tuple(f"{a}+{b}=" for a in range(max_operand + 1) for b in range(max_operand + 1))
+    answers = tuple(str(total) for total in range(2 * max_operand + 1))
     if tokenizer is not None:
-        return Task("addition", tokenizer, sample, stripped_match, prompts=prompts)
-    return Task("addition", CharTokenizer(ADDITION_DIGITS + "+="), sample, exact_match, prompts=prompts)
+        return Task("addition", tokenizer, sample, stripped_match, prompts=prompts, answers=answers)
+    return Task("addition", CharTokenizer(ADDITION_DIGITS + "+="), sample, exact_match, prompts=prompts, answers=answers)
 
 
 def jsonl(path: str | Path, tokenizer: CheckpointTokenizer | None = None) -> Task:

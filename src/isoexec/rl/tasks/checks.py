@@ -82,9 +82,15 @@ def usable_task(task: Task, *, max_length: int, max_new_tokens: int, skip: bool)
 
 
 def _check_generated(task: Task, *, max_length: int, max_new_tokens: int) -> None:
-    """An embedded task's prompts against the model's length: over a checkpoint's tokenizer and chat
-    template they can outgrow a small model, and there is no line of data to drop."""
+    """An embedded task's prompts against the model's length (over a checkpoint's tokenizer and chat
+    template they can outgrow a small model) and its answers against max_new_tokens; there is no line
+    of data to drop, so either is an error."""
     longest = max((len(task.tokenizer.encode_prompt(p)) for p in task.prompts), default=0)
     if longest > max_length - max_new_tokens:
         raise DataError(f"task {task.name}: its prompts take up to {longest} tokens, more than {max_length - max_new_tokens} "
                         f"= the model's length {max_length} - max_new_tokens {max_new_tokens}")
+    unreachable = [a for a in task.answers if len(task.tokenizer.encode(a)) > max_new_tokens]
+    if unreachable:
+        longest = max(len(task.tokenizer.encode(a)) for a in unreachable)
+        raise DataError(f"task {task.name}: {len(unreachable)} of its {len(task.answers)} answers take more than max_new_tokens = "
+                        f"{max_new_tokens} tokens (up to {longest}), so no completion could match them")
