@@ -92,3 +92,13 @@ def test_a_head_dim_the_triton_attention_cannot_tile_is_refused_when_fitted(chec
         fit_contract(load_preset("tiny-dense-triton"), ODD)
     result = _isoexec("audit", "--quiet", "--model", str(checkpoint), "--contract", "tiny-dense-triton", "--requests", "1")
     assert result.returncode == 2 and result.stderr.strip().splitlines() == ["isoexec: error: head_dim 24: attention.triton needs a power of two >= 16"]
+
+
+def test_a_model_too_short_for_any_request_is_one_line(tmp_path):
+    """max_position_embeddings 2 leaves no room for a prompt and 16 new tokens: every request is refused
+    by the engine, and the audit says so instead of failing on an empty workload."""
+    short = save(init_random(ModelSpec(**{**ODD.__dict__, "max_position_embeddings": 2}), seed=0), tmp_path / "short")
+    result = _isoexec("audit", "--quiet", "--model", str(short))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == ["isoexec: error: the engine refused all 16 requests, so nothing was compared; "
+                                                  "request 0: prompt of 1 tokens + max_tokens 16 exceeds max_position_embeddings 2"]

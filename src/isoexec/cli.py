@@ -200,6 +200,7 @@ def _fingerprint(args) -> int:
 
 def _audit(args) -> int:
     from .audit import FAMILY_CONTRACTS, Tracer, all_equal, render, run_audit
+    from .audit.run import AuditError
     from .model import SpecError, fit_contract, load_model
 
     if (args.requests is not None and args.requests < 1) or args.max_new_tokens < 1:
@@ -218,8 +219,11 @@ def _audit(args) -> int:
     check_runnable(contract, args.device)
     tracer = Tracer() if args.trace else None
     requests = args.requests if args.requests is not None else len(prompts) if prompts is not None else 16
-    report = run_audit(model, contract, requests=requests, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                       device=args.device, progress=not args.quiet, tracer=tracer, prompts=prompts)
+    try:
+        report = run_audit(model, contract, requests=requests, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                           device=args.device, progress=not args.quiet, tracer=tracer, prompts=prompts)
+    except AuditError as error:
+        raise input_error(error) from None
     print(render(report))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:

@@ -16,6 +16,10 @@ from .workload import engine_config, prompts_and_params
 FAMILY_CONTRACTS = {"dense": "tiny-dense"}
 
 
+class AuditError(ValueError):
+    """A workload the audit cannot compare anything on."""
+
+
 def run_audit(model: DenseModel, contract: Contract, *, requests: int = 16, max_new_tokens: int = 16, seed: int = 0,
               device: str = "cpu", progress: bool = True, tracer=None, prompts: list[list[int]] | None = None) -> dict:
     """prompts: token ids (a file's, `workload.file_prompts`) the requests cycle through; None: random ones."""
@@ -27,6 +31,8 @@ def run_audit(model: DenseModel, contract: Contract, *, requests: int = 16, max_
         completions = engine.generate(prompts, params, progress=progress)
     failed = [c for c in completions if c.finish_reason == "error"]
     done = [c for c in completions if c.finish_reason != "error"]
+    if not done:
+        raise AuditError(f"the engine refused all {len(failed)} requests, so nothing was compared; request 0: {failed[0].error}")
     sequences = [c.prompt + c.token_ids for c in done]
     # The trainer packs its own way: micro-batches of about a third of the workload, longest first.
     budget = max(len(s) for s in sequences) + sum(len(s) for s in sequences) // 3
