@@ -8,6 +8,7 @@ from pathlib import Path
 from .contract import PROJECTIONS, ContractError, diff_projection, dump_json, identities, load, load_preset, preset_names
 from .contract.diff import render_grouped
 from .contract.render import render
+from .rl.outputs import write_text
 
 # Exit statuses, the same for every command.
 EXIT_OK = 0
@@ -166,8 +167,7 @@ def _validate(args) -> int:
     report = validate(contract, device=args.device, progress=progress, record=not args.no_record, spec=spec)
     print(f"{report['admitted']} admitted, {report['rejected']} rejected in {report['seconds']} s" + ("" if args.no_record else f"; records in {records.records_dir()}"))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(report, out, indent=2)
+        write_text(args.json, json.dumps(report, indent=2))
     return EXIT_MISMATCH if report["rejected"] else EXIT_OK
 
 
@@ -226,8 +226,7 @@ def _audit(args) -> int:
         raise input_error(error) from None
     print(render(report))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(report, out, indent=2)
+        write_text(args.json, json.dumps(report, indent=2))
     return EXIT_OK if all_equal(report) or not contract.claims.is_bitwise else EXIT_MISMATCH
 
 
