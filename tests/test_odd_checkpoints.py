@@ -81,8 +81,10 @@ def _control_contract() -> Contract:
 
 def test_the_audit_sees_a_row_parallel_op_that_cuts_other_leaves_in_decode():
     model = init_random(ODD, seed=3)
-    control = run_audit(model, fit_contract(_control_contract(), ODD), requests=2, max_new_tokens=2, progress=False)
-    assert not all_equal(control) and control["bitwise_equal_tokens"] < control["tokens"]
+    control = run_audit(model, fit_contract(_control_contract(), ODD), requests=4, max_new_tokens=4, progress=False)
+    # Which of the compared rows the other cut changes is the data's business (on an Intel Xeon with
+    # torch 2.11 it changed 2 of 4 full rows and none of the sampled tokens at 2 x 2): any is a mismatch.
+    assert not all_equal(control)
 
 
 def test_a_head_dim_the_triton_attention_cannot_tile_is_refused_when_fitted(checkpoint):
