@@ -1,9 +1,9 @@
 """`isoexec demo`: the same RL run under the IsoExec contract and under the native fast path.
 
-Both paths start from one policy (the warmed-up toy, or a checkpoint's weights) with one seed; each step's table row, a JSONL log and a PNG
-plot show reward and rollout/trainer mismatch side by side, and the summary states what was measured:
-zero mismatch on every step under the contract, the mismatch under native, the reward gain, and the
-contract's step-time overhead.
+Both paths start from one policy (the warmed-up toy, or a checkpoint's weights) with one seed; each
+step's table row, a JSONL log and a PNG plot show reward and rollout/trainer mismatch side by side, and
+the summary states what was measured: zero mismatch on every step under the contract, the mismatch
+under native, the reward gain, and the contract's step-time overhead.
 """
 
 import copy
