@@ -25,7 +25,8 @@ def admitted_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("isoexec_home")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ISOEXEC_HOME", str(home))
-        ensure_admitted(setup(RLConfig(**TINY))[2])
+        _, spec, contract = setup(RLConfig(**TINY))
+        ensure_admitted(contract, spec=spec)  # at the model's shapes, as the runs look records up
     return home
 
 

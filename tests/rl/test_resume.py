@@ -47,7 +47,8 @@ def admitted_home(tmp_path_factory):
         patch.setenv("ISOEXEC_HOME", str(home))
         torch.set_num_threads(NUM_THREADS)
         try:
-            ensure_admitted(setup(RLConfig(**SMALL))[2])
+            _, spec, contract = setup(RLConfig(**SMALL))
+            ensure_admitted(contract, spec=spec)  # at the model's shapes, as the runs look records up
         finally:
             torch.set_num_threads(threads)
     return home

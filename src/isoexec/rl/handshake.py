@@ -1,5 +1,7 @@
 """The contract handshake between the trainer and the engine, before the first step."""
 
+import sys
+
 from .. import ops  # noqa: F401  (registers the op families)
 from ..runtime import REGISTRY, fingerprint, runtime_info
 from ..validate import geometry_of, records, validate
@@ -19,6 +21,9 @@ def ensure_admitted(contract, device: str = "cpu", spec=None) -> None:
     covered = all(records.is_admitted(impl, contract.entry(region, case).constants, runtime, case, geometry)
                   for (region, case), impl in installed.items() if contract.entry(region, case).discharge.method == "bitwise_equal_to")
     if not covered:
+        # Tens of seconds on a CPU, once per machine, contract and model: say what the wait is.
+        print(f"admission: no records cover contract {contract.name} at this model's shapes on this machine; running the "
+              "battery (isoexec validate), once…", file=sys.stderr, flush=True)
         report = validate(contract, device=device, spec=spec)
         if report["rejected"]:
             rejected = ", ".join(k["impl"] for k in report["kernels"] if k["status"] == "rejected")
