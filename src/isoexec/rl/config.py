@@ -163,6 +163,10 @@ def _field_docs() -> dict[str, str]:
     return docs
 
 
+# What a path-valued flag takes, in --help.
+METAVARS = {"data": "FILE", "model": "DIR", "contract": "PRESET|FILE", "checkpoint_dir": "DIR"}
+
+
 def add_config_flags(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:
     """One --flag per RLConfig field (help from the field's docstring), default from RLConfig."""
     docs = _field_docs()
@@ -174,7 +178,7 @@ def add_config_flags(parser: argparse.ArgumentParser, defaults: dict | None = No
             parser.add_argument(flag, action="store_true", default=default, help=help_text)
             continue
         kind = next((t for t in (int, float, str) if t is f.type or t in typing.get_args(f.type)), str)
-        parser.add_argument(flag, type=kind, default=default, metavar=f.name.upper(), help=help_text)
+        parser.add_argument(flag, type=kind, default=default, metavar=METAVARS.get(f.name, f.name.upper()), help=help_text)
 
 
 def config_from_args(args: argparse.Namespace) -> RLConfig:
