@@ -171,3 +171,12 @@ def unfused_norms(data: dict, residual_impl_id: str, residual_constants: dict) -
                                  "impl": {"id": residual_impl_id, "version": 1}, "constants": residual_constants})
 
     return mutated(data, edit)
+
+
+def default_sigint():
+    """preexec_fn for a subprocess a test will Ctrl-C: a process started with SIGINT ignored (a
+    background job of a non-interactive shell) would keep ignoring it; a user's Ctrl-C reaches a
+    foreground process with the default disposition."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

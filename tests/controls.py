@@ -53,6 +53,17 @@ def split_k_linear(x, weight, bias=None, *, small_rows=SMALL, **constants):
     return (low.to(accum) + high.to(accum)).to(low.dtype)
 
 
+def other_leaf_cut_row_parallel(x, weight, bias=None, *, num_leaves, small_rows=8, **constants):
+    """linear.row_parallel.reference, except that a call of at most `small_rows` rows at a K the
+    leaves do not divide cuts them as if K had one more (zero) column in front: the same sum, other
+    leaves. Where G divides K it is the reference, so only probes at such K can catch it."""
+    k = x.shape[-1]
+    if k % num_leaves == 0 or not 0 < _rows(x) <= small_rows:
+        return linear.row_parallel_linear(x, weight, bias, num_leaves=num_leaves, **constants)
+    pad = lambda t: torch.cat([t.new_zeros(*t.shape[:-1], 1), t], -1)  # noqa: E731
+    return linear.row_parallel_linear(pad(x), pad(weight), bias, num_leaves=num_leaves, **constants)
+
+
 def key_block_attention(q, k_store, v_store, slot_table, seq_ids, positions, scale, window=None, *, block_n, small_rows=SMALL,
                         **constants):
     """attention.reference walking keys in blocks twice as wide for more than `small_rows` queries (a prefill
@@ -92,6 +103,8 @@ def vector_tail_silu_mul(gate, up, *, input_dtype, output_dtype, compute_dtype):
 
 CONTROLS = {
     "linear": Impl(id="control.split_k_linear", version=1, region="linear", cases=ALL_CASES, fn=split_k_linear),
+    "linear.row_parallel": Impl(id="control.other_leaf_cut_row_parallel", version=1, region="linear.row_parallel", cases=ALL_CASES,
+                                fn=other_leaf_cut_row_parallel),
     "attention": Impl(id="control.key_block_attention", version=1, region="attention", cases=ALL_CASES, fn=key_block_attention),
     "rms_norm": Impl(id="control.row_count_rms_norm", version=1, region="rms_norm", cases=ALL_CASES, fn=row_count_rms_norm),
     "logprobs": Impl(id="control.row_count_logprobs", version=1, region="logprobs", cases=ALL_CASES, fn=row_count_logprobs),

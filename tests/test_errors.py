@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from conftest import preset_dict
+from conftest import default_sigint, preset_dict
 from isoexec.cli import EXIT_INPUT_ERROR, EXIT_INTERRUPTED
 from isoexec.contract import Contract, dump_json
 
@@ -80,19 +80,13 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, name):
     assert "warm-up" not in result.stdout
 
 
-def _default_sigint():
-    """A process started with SIGINT ignored (a background job of a non-interactive shell) would keep
-    ignoring it; the user's Ctrl-C reaches a foreground process with the default disposition."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def interrupt(tmp_path, args, marker: str, stream: str = "stdout", wait_s: float = 120):
     """Run `isoexec args`, send SIGINT once `marker` appears on `stream` (or after `wait_s`); -> (rc, stdout, stderr)."""
     out, err = tmp_path / "stdout", tmp_path / "stderr"
     env = user_env(PYTHONUNBUFFERED="1")
     with open(out, "w") as stdout, open(err, "w") as stderr:
         process = subprocess.Popen([sys.executable, "-m", "isoexec", *args], stdout=stdout, stderr=stderr, env=env,
-                                   preexec_fn=_default_sigint)
+                                   preexec_fn=default_sigint)
     deadline = time.monotonic() + wait_s
     watched = out if stream == "stdout" else err
     while marker not in watched.read_text() and time.monotonic() < deadline:

@@ -8,20 +8,16 @@ is float32, where another cut shows in the last bits of every layer after it (ro
 usually hides a difference of a few float32 ulps).
 """
 
-import copy
 import json
 import subprocess
 import sys
 
 import pytest
-import torch
 
-from conftest import preset_dict
+from controls import control_contract
 from isoexec.audit import all_equal, run_audit
-from isoexec.contract import Contract, load_preset
+from isoexec.contract import load_preset
 from isoexec.model import ModelSpec, SpecError, fit_contract, init_random, save
-from isoexec.ops.linear import reference
-from isoexec.runtime.registry import REGISTRY, Impl
 
 # hidden 72, intermediate 150, head_dim 24, vocab 1000, 3 heads over 1 KV head, untied
 ODD = ModelSpec(architecture="LlamaForCausalLM", vocab_size=1000, hidden_size=72, intermediate_size=150, num_hidden_layers=2,
@@ -51,37 +47,9 @@ def test_the_audit_is_bitwise_equal(checkpoint):
     assert "bitwise equal" in result.stdout and "Traceback" not in result.stderr
 
 
-def other_cut_in_small_calls(x, weight, bias=None, *, num_leaves, **constants):
-    """linear.row_parallel.reference, except that a call of at most 8 rows at a K the leaves do not
-    divide cuts them as if K had one more (zero) column in front: the same sum, other leaves."""
-    k = x.shape[-1]
-    if k % num_leaves == 0 or not 0 < x.reshape(-1, k).shape[0] <= 8:
-        return reference.row_parallel_linear(x, weight, bias, num_leaves=num_leaves, **constants)
-    pad = lambda t: torch.cat([t.new_zeros(*t.shape[:-1], 1), t], -1)  # noqa: E731
-    return reference.row_parallel_linear(pad(x), pad(weight), bias, num_leaves=num_leaves, **constants)
-
-
-CONTROL = Impl(id="control.other_cut_row_parallel", version=1, region="linear.row_parallel",
-               cases=REGISTRY.get("linear.row_parallel.reference", 1).cases, fn=other_cut_in_small_calls)
-if REGISTRY.get(CONTROL.id, CONTROL.version) is None:
-    REGISTRY.register(CONTROL)
-
-
-def _control_contract() -> Contract:
-    """tiny-dense with the row-parallel entry pinning the control, claiming nothing."""
-    data = copy.deepcopy(preset_dict("tiny-dense"))
-    data["name"] = "tiny-dense-control-other-cut"
-    for entry in data["composition"]:
-        if entry["region"] == "linear.row_parallel":
-            entry["impl"] = {"id": CONTROL.id, "version": CONTROL.version}
-        entry["discharge"] = {"method": "none"}
-    data["claims"] = {"tolerances": {}}
-    return Contract.from_dict(data)
-
-
 def test_the_audit_sees_a_row_parallel_op_that_cuts_other_leaves_in_decode():
     model = init_random(ODD, seed=3)
-    control = run_audit(model, fit_contract(_control_contract(), ODD), requests=4, max_new_tokens=4, progress=False)
+    control = run_audit(model, fit_contract(control_contract("linear.row_parallel"), ODD), requests=4, max_new_tokens=4, progress=False)
     # Which of the compared rows the other cut changes is the data's business (on an Intel Xeon with
     # torch 2.11 it changed 2 of 4 full rows and none of the sampled tokens at 2 x 2): any is a mismatch.
     assert not all_equal(control)

@@ -19,6 +19,7 @@ import torch
 
 import isoexec.ops.linear  # noqa: F401  (registers the impls and the probes)
 from conftest import DEVICE, INTERPRETER_WARNINGS, ON_GPU, batch_dependent, bitwise_equal, boundary, randn, triton_runs_here
+from controls import other_leaf_cut_row_parallel
 from isoexec.contract import load_preset
 from isoexec.model import ModelSpec
 from isoexec.ops.linear import persistent_triton, probe, reference, row_parallel_triton
@@ -177,16 +178,6 @@ def test_matches_float64_at_any_k(k):
     assert ((bf.double() - exact_bf).abs() / (exact_bf.abs() + 1)).max() < 2**-7
 
 
-def _other_cut_in_small_calls(x, weight, bias=None, *, num_leaves, **constants):
-    """linear.row_parallel.reference, except that a call of at most 8 rows at a K the leaves do not
-    divide cuts them as if K had one more (zero) column in front: the same sum, other leaves."""
-    k = x.shape[-1]
-    if k % num_leaves == 0 or not 0 < x.reshape(-1, k).shape[0] <= 8:
-        return reference.row_parallel_linear(x, weight, bias, num_leaves=num_leaves, **constants)
-    pad = lambda t: torch.cat([t.new_zeros(*t.shape[:-1], 1), t], -1)  # noqa: E731
-    return reference.row_parallel_linear(pad(x), pad(weight), bias, num_leaves=num_leaves, **constants)
-
-
 def _battery(fn, geometry=None):
     registry = Registry()
     honest = REGISTRY.get("linear.row_parallel.reference", 1)
@@ -203,12 +194,12 @@ def test_the_battery_probes_a_k_the_leaves_do_not_divide():
     geometry its down_proj K = 150 is probed as well, and the honest reference is admitted there."""
     bounds = leaf_bounds(probe.UNEVEN_K, 8)
     assert {end - start for start, end in zip(bounds, bounds[1:])} == {16, 17}
-    mutant = _battery(_other_cut_in_small_calls)
+    mutant = _battery(other_leaf_cut_row_parallel)
     assert mutant.status == "rejected"
     assert all(f"K = {probe.UNEVEN_K}: " in failure for failure in mutant.failures), mutant.failures[:3]
     geometry = geometry_of(ODD)
     assert 150 in geometry["linear_k"]
-    fitted = _battery(_other_cut_in_small_calls, geometry)
+    fitted = _battery(other_leaf_cut_row_parallel, geometry)
     assert any("K = 150: " in failure for failure in fitted.failures)
     honest = _battery(REGISTRY.get("linear.row_parallel.reference", 1).fn, geometry)
     assert honest.status == "admitted", honest.failures[:3]

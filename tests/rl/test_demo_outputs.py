@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from conftest import default_sigint
 from isoexec.rl import RLConfig
 from isoexec.rl.handshake import ensure_admitted
 from isoexec.rl.loop import setup
@@ -41,17 +42,13 @@ def contents(folder) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir()}
 
 
-def _default_sigint():
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_an_interrupted_demo_leaves_the_previous_output_untouched(tmp_path, admitted_home):
     out = old_output(tmp_path / "demo")
     before = contents(out)
     env = {**os.environ, "ISOEXEC_HOME": str(admitted_home), "PYTHONUNBUFFERED": "1"}
     with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
         process = subprocess.Popen([sys.executable, "-m", "isoexec", "demo", "--out", str(out), *FLAGS, "--steps=200", "--quiet"],
-                                   stdout=stdout, stderr=stderr, env=env, preexec_fn=_default_sigint)
+                                   stdout=stdout, stderr=stderr, env=env, preexec_fn=default_sigint)
     deadline = time.monotonic() + 300
     while " contract " not in (tmp_path / "stdout").read_text():  # the first step's row: the log has a line
         assert process.poll() is None, (tmp_path / "stderr").read_text()

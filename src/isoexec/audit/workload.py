@@ -2,7 +2,6 @@
 configuration small enough to force chunked prefill and preemption. The prompts are random tokens, or
 a JSONL file's prompts encoded with the checkpoint's tokenizer (`file_prompts`)."""
 
-import json
 import math
 from pathlib import Path
 
@@ -51,10 +50,10 @@ def file_prompts(path, tokenizer, *, max_length: int, max_new_tokens: int) -> li
     `tokenizer.encode_prompt`. ValueError, starting with the path, for a file that cannot be read and
     for prompts that cannot run (empty, or too long for `max_length` with `max_new_tokens` after them),
     naming their lines."""
-    from ..rl.tasks import Example
+    from ..rl.tasks import Example, read_jsonl
     from ..rl.tasks.checks import Unusable
 
-    prompts = [Example(text, "", line) for line, text in _read_prompts(Path(path))]
+    prompts = [Example(str(record["prompt"]), "", line) for line, record in read_jsonl(Path(path), ("prompt",), what="prompts")]
     encoded = [tokenizer.encode_prompt(p.prompt) for p in prompts]
     max_prompt = max_length - max_new_tokens
     kinds = {
@@ -67,31 +66,6 @@ def file_prompts(path, tokenizer, *, max_length: int, max_new_tokens: int) -> li
         count = sum(len(kind.examples) for kind in unusable)
         raise ValueError(f"{path}: {count} of the {len(prompts)} prompts cannot run: {'; '.join(kind.describe() for kind in unusable)}")
     return encoded
-
-
-def _read_prompts(path: Path) -> list[tuple[int, str]]:
-    """(line number, prompt) for every non-blank line."""
-    try:
-        # "\n" only, as rl/tasks reads data: the line numbers are the ones an editor shows.
-        text = path.read_text("utf-8")
-    except FileNotFoundError:
-        raise ValueError(f"{path} does not exist") from None
-    except IsADirectoryError:
-        raise ValueError(f"{path} is a directory") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path} is unreadable: {error}") from None
-    prompts = []
-    for number, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            prompts.append((number, str(record["prompt"])))
-        except (ValueError, KeyError, TypeError):
-            raise ValueError(f'{path}:{number}: expected a JSON object with "prompt"') from None
-    if not prompts:
-        raise ValueError(f"{path} holds no prompts")
-    return prompts
 
 
 def engine_config(contract: Contract, prompts: list[list[int]], max_new_tokens: int) -> EngineConfig:

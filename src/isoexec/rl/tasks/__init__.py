@@ -72,33 +72,43 @@ def jsonl(path: str | Path, tokenizer: CheckpointTokenizer | None = None) -> Tas
     checkpoint's) when given, with `stripped_match`; else over a character tokenizer covering the
     characters of the file, with `exact_match`."""
     path = Path(path)
-    try:
-        # "\n" only: splitlines() also splits at U+2028 and other characters a JSON string may hold,
-        # which would shift the line numbers that errors and checks report.
-        lines = path.read_text("utf-8").split("\n")
-    except FileNotFoundError:
-        raise ValueError(f"data file {path} does not exist") from None
-    except IsADirectoryError:
-        raise ValueError(f"data file {path} is a directory") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"data file {path} is unreadable: {error}") from None
-    examples = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            examples.append(Example(str(record["prompt"]), str(record["answer"]), number))
-        except (ValueError, KeyError, TypeError):
-            raise ValueError(f'{path}:{number}: expected a JSON object with "prompt" and "answer"') from None
-    if not examples:
-        raise ValueError(f"data file {path} holds no examples")
-    examples = tuple(examples)
+    records = read_jsonl(path, ("prompt", "answer"), what="examples", label="data file ")
+    examples = tuple(Example(str(record["prompt"]), str(record["answer"]), number) for number, record in records)
     name, sample, prompts = f"jsonl:{path.name}", _draw_from(examples), _prompts_of(examples)
     if tokenizer is not None:
         return Task(name, tokenizer, sample, stripped_match, examples, prompts)
     alphabet = sorted({c for e in examples for c in e.prompt + e.answer})
     return Task(name, CharTokenizer("".join(alphabet)), sample, exact_match, examples, prompts)
+
+
+def read_jsonl(path: Path, keys: tuple[str, ...], *, what: str, label: str = "") -> list[tuple[int, dict]]:
+    """(line number, object) for every non-blank line of a JSONL file whose objects hold `keys`.
+    ValueError, naming `label` + the path (and the line), for a file that cannot be read, a line that
+    is not such an object, or a file of no `what`."""
+    try:
+        # "\n" only: splitlines() also splits at U+2028 and other characters a JSON string may hold,
+        # which would shift the line numbers that errors and checks report.
+        lines = path.read_text("utf-8").split("\n")
+    except FileNotFoundError:
+        raise ValueError(f"{label}{path} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"{label}{path} is a directory") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"{label}{path} is unreadable: {error}") from None
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not all(key in record for key in keys):
+                raise KeyError
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"{path}:{number}: expected a JSON object with " + " and ".join(f'"{k}"' for k in keys)) from None
+        records.append((number, record))
+    if not records:
+        raise ValueError(f"{label}{path} holds no {what}")
+    return records
 
 
 def _draw_from(examples: tuple[Example, ...]) -> Callable[[random.Random, int], list[Example]]:
