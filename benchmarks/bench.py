@@ -1,6 +1,9 @@
 """Side-by-side benchmarks: each figure is a ratio measured in one run on one device.
 
-    ISOEXEC_COMMIT=<sha> PYTHONPATH=src python3 benchmarks/bench.py [SECTION ...] --json results.json
+    ISOEXEC_COMMIT=<sha> PYTHONPATH=src python3 benchmarks/bench.py [SECTION ...] --json FILE
+
+A run kept in the repository goes to benchmarks/results/<date>_<commit>_<section>.json (`all` for every
+section; the index is benchmarks/results/README.md).
 
 gemm:      invariant GEMM impls (linear.triton, launched persistently with TMA loads, and the row-parallel
            Triton GEMM) vs cuBLAS (F.linear) in TFLOP/s, Qwen3-8B layer shapes, M in 1..4096; each call
@@ -11,7 +14,7 @@ attention: the Triton attention and attention.native vs SDPA (flash), Qwen3-8B h
 engine:    tokens/s of the IsoExec engine under each contract of --contracts, batch 1 and 64 (engine.py);
 hf:        the engine vs Hugging Face `generate` on the same model, weights and prompts (engine.py);
 roofline:  the engine's decode step time vs weights + KV bytes / measured copy bandwidth (engine.py);
-trainer:   forward + backward of `sequence_logprobs` (trainer_fwd) under each contract, one micro-batch
+trainer:   forward + backward of `Trainer.logprobs` (trainer_fwd) under each contract, one micro-batch
            per step, at each of the trainer shapes (sequences x tokens).
 
 --contracts takes preset names or contract files; on CUDA the default compares tiny-dense-triton with
@@ -43,10 +46,10 @@ import torch.nn.functional as F
 
 from attention import bench_attention
 from engine import Engines, bench_engine, bench_hf, bench_roofline
-from isoexec.contract import ContractError, load
+from isoexec.contract import ContractError, fit_contract, load
 from isoexec.engine import EngineConfig
-from isoexec.model import PRESETS, fit_contract, init_random
-from isoexec.trainer import sequence_logprobs
+from isoexec.model import PRESETS, init_random
+from isoexec.trainer import Trainer
 from timing import device_name, graphed_ms, kernel_ms, wall_ms
 
 SECTIONS = ("gemm", "attention", "engine", "hf", "roofline", "trainer")
@@ -145,15 +148,15 @@ def bench_trainer(model, sizes: Sizes, contracts: dict, device: torch.device, re
         seqs = [torch.randint(model.spec.vocab_size, (seq_len,), generator=generator).tolist() for _ in range(num_seqs)]
         row = {"model": sizes.model, "sequences": num_seqs, "tokens": num_seqs * seq_len, "reps": reps}
 
-        def step(contract):
-            rows = sequence_logprobs(model, contract, seqs, case="trainer_fwd", device=device, micro_batch_tokens=num_seqs * seq_len)
+        def step(trainer):
+            rows = trainer.logprobs(seqs, case="trainer_fwd", device=device, micro_batch_tokens=num_seqs * seq_len)
             torch.stack([r.sum() for r in rows]).sum().backward()
             model.zero_grad(set_to_none=True)
 
         fitted, times = {}, {name: [] for name in names}
         for name, contract in contracts.items():
             try:
-                fitted[name] = fit_contract(contract, model.spec)
+                fitted[name] = Trainer(model, fit_contract(contract, model.spec, device=device))  # bound once, as a training loop does
                 step(fitted[name])  # warm-up: compiles
             except (RuntimeError, ValueError) as error:  # out of memory, a contract the model cannot run
                 row[f"{name}_error"] = str(error).splitlines()[0]
@@ -161,8 +164,8 @@ def bench_trainer(model, sizes: Sizes, contracts: dict, device: torch.device, re
                 fitted.pop(name, None)
                 model.zero_grad(set_to_none=True)
         for _ in range(reps):
-            for name, contract in fitted.items():
-                times[name].append(wall_ms(lambda: step(contract), device, reps=1, warmup=False))
+            for name, trainer in fitted.items():
+                times[name].append(wall_ms(lambda: step(trainer), device, reps=1, warmup=False))
         for name in fitted:
             row[f"{name}_ms"] = statistics.median(times[name])
             row[f"{name}_all_ms"] = times[name]

@@ -4,7 +4,7 @@ Every run is `LLMEngine.generate` on `batch` random prompts of `prompt_len` toke
 tokens each (temperature 1, ignore_eos), after a warm-up generate of the same batch and 4 tokens (so
 kernels are compiled for the same shapes), timed REPS times; a run's tokens/s is the median's (one
 timed generate per contract gave 0.82 and 1.04 of the baseline at batch 64 in two runs of the same code
-on an H200, benchmarks/RESULTS.md fifth session). `engine.step` is wrapped to take the wall time of every step
+on an H200 at bb94c8d, docs/experiments.md). `engine.step` is wrapped to take the wall time of every step
 (each step already ends in a host read of the drawn tokens, so nothing extra is synchronised):
 
 engine:   tokens/s = batch x new_tokens / median wall time of the whole generate (prefill included),
@@ -27,7 +27,8 @@ import time
 import torch
 
 from isoexec.engine import EngineConfig, LLMEngine, SamplingParams
-from isoexec.model import fit_contract, save
+from isoexec.contract import fit_contract
+from isoexec.model import save
 from timing import kernel_ms, sync
 
 WARMUP_TOKENS = 4
@@ -62,7 +63,7 @@ class Engines:
 
     def _engine(self, name: str):
         if name not in self.engines:
-            contract = fit_contract(self.contracts[name], self.model.spec)
+            contract = fit_contract(self.contracts[name], self.model.spec, device=self.device)
             page_size = contract.deployment.engine.kv_page_size
             pages_per_seq = -(-(self.sizes.prompt_len + self.sizes.new_tokens) // page_size) + 1
             max_batch = max(self.sizes.batches)
@@ -232,7 +233,7 @@ def bench_roofline(engines: Engines, contracts: list[str]) -> dict:
     spec, sizes = engines.model.spec, engines.sizes
     bandwidth = copy_bandwidth(engines.device, sizes.copy_bytes)
     weight_bytes = sum(p.numel() * p.element_size() for p in engines.model.parameters())  # a tied weight is listed once
-    kv_bytes_per_key = spec.num_hidden_layers * 2 * spec.num_key_value_heads * spec.head_dim * torch.finfo(getattr(torch, spec.dtype)).bits // 8
+    kv_bytes_per_key = sum(2 * s.num_kv_heads * s.head_dim for s in (layer.state() for layer in spec.layers) if s) * torch.finfo(getattr(torch, spec.dtype)).bits // 8
     print(f"roofline: copy bandwidth {bandwidth / 1e9:.0f} GB/s (copy of {sizes.copy_bytes / 2**30:.2f} GiB), weights {weight_bytes / 1e9:.3f} GB, "
           f"KV {kv_bytes_per_key} bytes per key (all layers)", flush=True)
     rows = []

@@ -4,15 +4,15 @@
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
 #   OUT=out bash benchmarks/gpu_checks.sh        # from the repository root; ~5 minutes on one H200
+#
+# Files worth keeping go in benchmarks/results/<date>_<commit>_checks/ (index: benchmarks/results/README.md).
 set -u
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 
-python3 -m pytest -q -p no:cacheprovider tests/ops/test_attention_triton.py tests/ops/test_linear_row_parallel_triton.py tests/ops/test_elementwise_triton.py \
-    tests/ops/test_triton_kernels.py tests/ops/test_attention_native.py tests/ops/test_sampling_fast.py tests/ops/test_sampling_triton.py \
-    tests/ops/test_rms_norm_residual.py tests/ops/test_triton_launch.py tests/ops/test_linear_any_k.py tests/engine/test_graphs.py 2>&1 | tail -25 | tee "$OUT/pytest.txt"
+python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tail -25 | tee "$OUT/pytest.txt"
 
 for contract in tiny-dense-triton native; do
     python3 -m isoexec validate --device cuda --contract "$contract" --json "$OUT/validate_$contract.json" 2>&1 | tail -15 | tee "$OUT/validate_$contract.txt"

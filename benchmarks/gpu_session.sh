@@ -7,7 +7,8 @@
 #   ISOEXEC_COMMIT=<sha> OUT=out bash benchmarks/gpu_session.sh [checks|bench]     # from the repository root
 #
 # With `checks` or `bench` it runs only that half (~6 and ~8 minutes on one H200), for devices that
-# limit one call to 10 minutes.
+# limit one call to 10 minutes. Results worth keeping go in benchmarks/results/ as
+# <date>_<commit>_<section>.json or a <date>_<commit>_<section>/ folder (index: benchmarks/results/README.md).
 set -u
 OUT=${OUT:-gpu_out}
 PART=${1:-all}

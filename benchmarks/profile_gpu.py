@@ -31,9 +31,9 @@ import time
 
 import torch
 
-from isoexec.contract import load, load_preset
+from isoexec.contract import fit_contract, load, load_preset
 from isoexec.engine import EngineConfig, LLMEngine, SamplingParams
-from isoexec.model import PRESETS, fit_contract, init_random
+from isoexec.model import PRESETS, init_random
 from timing import graphed_ms, kernel_ms
 
 FAST_BASELINE = str(Path(__file__).resolve().parent / "contracts" / "fast-baseline.toml")
@@ -41,7 +41,7 @@ FAST_BASELINE = str(Path(__file__).resolve().parent / "contracts" / "fast-baseli
 
 def profile_decode(model_name: str, contract_name: str, batch: int, new_tokens: int = 64) -> None:
     model = init_random(PRESETS[model_name], seed=0).cuda()
-    contract = fit_contract(load_preset(contract_name), model.spec)
+    contract = fit_contract(load_preset(contract_name), model.spec, device="cuda")
     config = EngineConfig.from_contract(contract, num_pages=batch * 16 + 8, max_num_seqs=max(batch, 2), cuda_graphs=True)
     engine = LLMEngine(model, contract, config, device="cuda")
     prompts = [torch.randint(model.spec.vocab_size, (128,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(batch)]
@@ -81,7 +81,7 @@ def decode_kernels(model_name: str, contracts: list[str], batches=(1, 64)) -> No
     forward's kernels under torch.profiler."""
     model = init_random(PRESETS[model_name], seed=0).cuda()
     for spec in contracts:
-        contract = fit_contract(load(spec), model.spec)
+        contract = fit_contract(load(spec), model.spec, device="cuda")
         batch_max = max(batches)
         config = EngineConfig.from_contract(contract, num_pages=batch_max * 16 + 8, max_num_seqs=max(batch_max, 2), cuda_graphs=True)
         engine = LLMEngine(model, contract, config, device="cuda")
@@ -138,7 +138,7 @@ def profile_trainer(model_name: str, contracts: list[str], num_seqs: int = 8, se
     generator = torch.Generator().manual_seed(0)
     seqs = [torch.randint(model.spec.vocab_size, (seq_len,), generator=generator).tolist() for _ in range(num_seqs)]
     for name in contracts:
-        contract = fit_contract(load(name), model.spec)
+        contract = fit_contract(load(name), model.spec, device="cuda")
         name = Path(name).stem
 
         def step():
@@ -186,12 +186,13 @@ def host_us(fn, calls: int = 300) -> float:
 def profile_launch(model_name: str, contract_name: str) -> None:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from isoexec.model import bind
+    from isoexec.runtime.binding import bind
     from isoexec.ops.linear import persistent_triton
     from isoexec.ops.linear import triton as linear_triton
 
     spec = PRESETS[model_name]
-    n, k, m = spec.num_attention_heads * spec.head_dim, spec.hidden_size, 16
+    attention = spec.attention[0]
+    n, k, m = attention.num_heads * attention.head_dim, spec.hidden_size, 16
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
     wg = w.clone().requires_grad_()
@@ -220,11 +221,11 @@ def profile_launch(model_name: str, contract_name: str) -> None:
              ("persistent_triton.linear_fwd_persistent", lambda: persistent_triton.linear_fwd_persistent(x, w, None, y, **tiles)),
              ("linear_triton.linear_fwd", lambda: linear_triton.linear_fwd(x, w, None, torch.bfloat16, **tiles))]
     for name in (contract_name, "native"):
-        contract = fit_contract(load_preset(name), spec)
-        ops = bind(contract, spec, "trainer_fwd")
+        contract = fit_contract(load_preset(name), spec, device="cuda")
+        ops = bind(contract, spec, "trainer_fwd").ops["trainer_fwd"]
         h = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         norm_w = torch.ones(k, device="cuda", dtype=torch.bfloat16)
-        q = torch.randn(m, spec.num_attention_heads, spec.head_dim, device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(m, attention.num_heads, attention.head_dim, device="cuda", dtype=torch.bfloat16)
         positions = torch.arange(m, device="cuda")
         o_w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) * n**-0.5
         o_x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from isoexec.model import ModelSpec, init_random, save
+from isoexec.model import dense_spec, init_random, save
 
 EOS, USER, ASSISTANT = "<eos>", "<|user|>", "<|assistant|>"
 SPECIALS = (EOS, USER, ASSISTANT)
@@ -33,7 +33,7 @@ def write_checkpoint(directory, *, chat_template: bool = True, seed: int = 0, to
     """config.json + model.safetensors (bfloat16, as checkpoints ship) + the tokenizer's files."""
     directory = Path(directory)
     tokenizer = build_tokenizer()
-    spec = ModelSpec(architecture="Qwen3ForCausalLM", vocab_size=tokenizer.get_vocab_size(), hidden_size=64, intermediate_size=128,
+    spec = dense_spec(architecture="Qwen3ForCausalLM", vocab_size=tokenizer.get_vocab_size(), hidden_size=64, intermediate_size=128,
                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
                      rope_theta=10_000.0, max_position_embeddings=MAX_POSITION_EMBEDDINGS, tie_word_embeddings=True,
                      dtype="bfloat16", eos_token_id=tokenizer.token_to_id(EOS))

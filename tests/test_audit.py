@@ -11,7 +11,8 @@ import pytest
 from controls import control_contract
 from isoexec.audit import Tracer, all_equal, run_audit
 from isoexec.contract import dump_json, load_preset
-from isoexec.model import PRESETS, fit_contract, init_random, save
+from isoexec.model import PRESETS, dense_fields, dense_spec, init_random, save
+from isoexec.contract import fit_contract
 
 KEYS = ("tokens", "bitwise_equal_tokens", "full_vocab_rows", "full_vocab_rows_bitwise_equal",
         "rollout_train_logprob_abs_diff_mean", "rollout_train_logprob_abs_diff_max", "k3_kl")
@@ -19,7 +20,7 @@ KEYS = ("tokens", "bitwise_equal_tokens", "full_vocab_rows", "full_vocab_rows_bi
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_every_token_and_row_is_bitwise_equal_under_the_contract_and_not_under_the_control(dtype):
-    spec = PRESETS["tiny-dense"].__class__(**{**PRESETS["tiny-dense"].__dict__, "dtype": dtype})
+    spec = PRESETS["tiny-dense"].replace(dtype=dtype)
     model = init_random(spec, seed=0)
     report = run_audit(model, fit_contract(load_preset("tiny-dense"), spec), progress=False)
     assert all_equal(report)
@@ -35,7 +36,7 @@ def test_every_token_and_row_is_bitwise_equal_under_the_contract_and_not_under_t
 
 
 def test_trace_names_the_first_diverging_region():
-    spec = PRESETS["tiny-dense"].__class__(**{**PRESETS["tiny-dense"].__dict__, "dtype": "float32"})
+    spec = PRESETS["tiny-dense"].replace(dtype="float32")
     report = run_audit(init_random(spec, seed=0), fit_contract(control_contract("attention"), spec), progress=False, tracer=Tracer())
     trace = report["trace"]
     assert trace["region"] == "attention" and trace["op"] == "self_attn"
@@ -49,14 +50,14 @@ def test_trace_digests_both_outputs_of_a_norm_after_a_residual_add(fused, region
     import torch
 
     from conftest import fused_norms, preset_dict
-    from isoexec.model import PackedKV, Step, current_step, step, tracing
+    from isoexec.model import PackedBatch, Step, current_step, step, tracing
 
     contract = fused_norms(preset_dict("tiny-dense"), "rms_norm.residual.reference") if fused else load_preset("tiny-dense")
     tracer, x = Tracer(), torch.ones(2, 4)
     for case, offset in (("engine_decode", 0.0), ("trainer_score", 1.0)):
         ops = {"norm": lambda x, residual, weight, eps, offset=offset: (x * weight, x + residual + offset)}
         labels = torch.tensor([(7 << 32) | 0, (7 << 32) | 1])
-        current = Step(case=case, ops=ops, slot_table=torch.zeros(1, 2), seq_ids=torch.zeros(2), kv=PackedKV(), labels=labels)
+        current = Step(case=case, ops=ops, batch=PackedBatch.of([2], "cpu"), state=(), labels=labels)
         with tracing(tracer), step(current):
             current_step().ops["norm"](x, x, 2.0, 1e-6)
     assert [op for op, _ in tracer.records[(7 << 32) | 1]["engine_decode"]] == ["norm.residual", "norm"]
@@ -94,8 +95,7 @@ def test_a_mismatch_under_a_contract_claiming_nothing_is_reported_and_exits_0(tm
 
 @pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen2ForCausalLM"])
 def test_audit_runs_on_a_checkpoint_directory(tmp_path, architecture):
-    spec = PRESETS["tiny-dense"].__class__(**{**PRESETS["tiny-dense"].__dict__, "architecture": architecture,
-                                              "hidden_size": 80, "num_key_value_heads": 1, "head_dim": 24, "tie_word_embeddings": False})
+    spec = dense_spec(**{**dense_fields(PRESETS["tiny-dense"]), "architecture": architecture, "hidden_size": 80, "num_key_value_heads": 1, "head_dim": 24, "tie_word_embeddings": False})
     save(init_random(spec, seed=7), tmp_path / "ckpt")
     result = subprocess.run([sys.executable, "-m", "isoexec", "audit", "--quiet", "--model", str(tmp_path / "ckpt"), "--requests", "6",
                              "--max-new-tokens", "4"], capture_output=True, text=True, timeout=300)

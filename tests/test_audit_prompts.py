@@ -15,7 +15,8 @@ from isoexec.audit import all_equal, run_audit
 from isoexec.audit.workload import file_prompts
 from isoexec.cli import EXIT_INPUT_ERROR, main
 from isoexec.contract import load_preset
-from isoexec.model import fit_contract, load_model
+from isoexec.model import load_model
+from isoexec.contract import fit_contract
 from isoexec.rl.tasks.tokenizer import CheckpointTokenizer
 
 # Line 3 is blank and skipped; line 5 is longer than two attention blocks, so its prefill is chunked.

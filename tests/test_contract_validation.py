@@ -110,8 +110,7 @@ CASES = [
     (_set(["composition", ATT, "discharge"], {"method": "none", "case": "trainer_fwd"}), f'composition[{ATT}].discharge.case: not allowed when method is "none"'),
     (_set(["composition", ATT, "discharge"], {"method": "none"}), f'composition[{ATT}].discharge.method: "none" is not allowed in a contract that claims a tolerance of "0"'),
     (_set(["composition", SMP, "discharge", "case"], "trainer_fwd"), f'composition[{SMP}].discharge.case: region "sampling" is not pinned for case "trainer_fwd"'),
-    (_set(["deployment", "engine", "kv_page_size"], 24), f"deployment.engine.kv_page_size: 24 is not a multiple of the attention key block (composition[{ATT}].constants.block_n = 16)"),
-    (_set(["deployment", "engine", "prefill_chunk_size"], 100), "deployment.engine.prefill_chunk_size: 100 is not a multiple of the attention key block"),
+    (_set(["deployment", "engine", "kv_page_size"], 0), "deployment.engine.kv_page_size: expected a positive int, got 0"),
     (_set(["deployment", "engine", "tp"], 2), "deployment.engine.tp: 2 is outside claims.topology.tp [1]"),
     (_set(["deployment", "trainer", "sp"], True), "deployment.trainer.sp: true is outside claims.topology.sp [false]"),
     (_set(["claims", "state", "prefix_caching"], False), "deployment.engine.prefix_caching: enabled, but claims.state.prefix_caching is false"),
@@ -124,6 +123,17 @@ def test_invalid_field_is_named_by_path(dense, edit, message):
     with pytest.raises(ContractError) as caught:
         mutated(dense, edit)
     assert str(caught.value).startswith(message), str(caught.value)
+
+
+def test_pages_and_chunks_need_not_align_to_the_key_block(dense):
+    """A row's bits do not depend on where its chunk starts or how its keys are paged, so the contract
+    leaves both sizes free (the attention probe runs chunks of 5 and 7 and pages smaller than a block)."""
+    def edit(data):
+        _set(["deployment", "engine", "kv_page_size"], 24)(data)
+        _set(["deployment", "engine", "prefill_chunk_size"], 100)(data)
+
+    contract = mutated(dense, edit)
+    assert (contract.deployment.engine.kv_page_size, contract.deployment.engine.prefill_chunk_size) == (24, 100)
 
 
 def test_ops_conflict_names_both_entries(dense):

@@ -17,10 +17,11 @@ import pytest
 from controls import control_contract
 from isoexec.audit import all_equal, run_audit
 from isoexec.contract import load_preset
-from isoexec.model import ModelSpec, SpecError, fit_contract, init_random, save
+from isoexec.model import SpecError, dense_spec, init_random, save
+from isoexec.contract import fit_contract
 
 # hidden 72, intermediate 150, head_dim 24, vocab 1000, 3 heads over 1 KV head, untied
-ODD = ModelSpec(architecture="LlamaForCausalLM", vocab_size=1000, hidden_size=72, intermediate_size=150, num_hidden_layers=2,
+ODD = dense_spec(architecture="LlamaForCausalLM", vocab_size=1000, hidden_size=72, intermediate_size=150, num_hidden_layers=2,
                 num_attention_heads=3, num_key_value_heads=1, head_dim=24, rms_norm_eps=1e-6, rope_theta=5e5,
                 max_position_embeddings=256, tie_word_embeddings=False, dtype="float32")
 
@@ -67,7 +68,7 @@ def test_a_head_dim_the_triton_attention_cannot_tile_is_refused_when_fitted(chec
 def test_a_model_too_short_for_any_request_is_one_line(tmp_path):
     """max_position_embeddings 2 leaves no room for a prompt and 16 new tokens: every request is refused
     by the engine, and the audit says so instead of failing on an empty workload."""
-    short = save(init_random(ModelSpec(**{**ODD.__dict__, "max_position_embeddings": 2}), seed=0), tmp_path / "short")
+    short = save(init_random(ODD.replace(max_position_embeddings=2), seed=0), tmp_path / "short")
     result = _isoexec("audit", "--quiet", "--model", str(short))
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.strip().splitlines() == ["isoexec: error: the engine refused all 16 requests, so nothing was compared; "

@@ -10,18 +10,18 @@ torch = pytest.importorskip("torch")
 
 from isoexec import parity  # noqa: E402
 from isoexec.cli import _Parser  # noqa: E402
-from isoexec.model import ModelSpec, init_random, save  # noqa: E402
+from isoexec.model import dense_fields, dense_spec, init_random, save  # noqa: E402
 
 SMALL = dict(vocab_size=384, intermediate_size=144, num_hidden_layers=2, rms_norm_eps=1e-6, max_position_embeddings=256, dtype="float32")
 SPECS = {
     # hidden not a power of two, one KV head, head_dim 40 ≠ 96 / 3, tied embeddings
-    "qwen3": ModelSpec(architecture="Qwen3ForCausalLM", hidden_size=96, num_attention_heads=3, num_key_value_heads=1, head_dim=40,
+    "qwen3": dense_spec(architecture="Qwen3ForCausalLM", hidden_size=96, num_attention_heads=3, num_key_value_heads=1, head_dim=40,
                        rope_theta=1e6, tie_word_embeddings=True, **SMALL),
     # q/k/v bias, one KV head, head_dim 24 ≠ 80 / 4, untied
-    "qwen2": ModelSpec(architecture="Qwen2ForCausalLM", hidden_size=80, num_attention_heads=4, num_key_value_heads=1, head_dim=24,
+    "qwen2": dense_spec(architecture="Qwen2ForCausalLM", hidden_size=80, num_attention_heads=4, num_key_value_heads=1, head_dim=24,
                        rope_theta=1e6, tie_word_embeddings=False, **SMALL),
     # GQA 4:2, head_dim 32 ≠ 80 / 4, untied, Llama's rope theta
-    "llama": ModelSpec(architecture="LlamaForCausalLM", hidden_size=80, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+    "llama": dense_spec(architecture="LlamaForCausalLM", hidden_size=80, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                        rope_theta=5e5, tie_word_embeddings=False, **SMALL),
 }
 HF_CONFIGS = {
@@ -142,7 +142,7 @@ def _no_weights(path):
 
 def _heads_transformers_refuses(path):
     """Llama with hidden 72 over 5 heads of 16: our model runs it, transformers' config validator refuses it."""
-    spec = ModelSpec(**{**SPECS["llama"].__dict__, "hidden_size": 72, "num_attention_heads": 5, "num_key_value_heads": 1, "head_dim": 16})
+    spec = dense_spec(**{**dense_fields(SPECS["llama"]), "hidden_size": 72, "num_attention_heads": 5, "num_key_value_heads": 1, "head_dim": 16})
     save(init_random(spec, seed=0), path)
 
 

@@ -1,7 +1,7 @@
 """Parity with Hugging Face transformers: our model and transformers' own implementation of the same
 architecture, run on the same weights and tokens, must give the same log-probabilities.
 
-`compare` loads a checkpoint directory twice — into our `DenseModel` (packed batch, `trainer_score`
+`compare` loads a checkpoint directory twice — into our `Decoder` (packed batch, `trainer_score`
 case, contract ops) and into `AutoModelForCausalLM` (eager attention, one sequence at a time with
 explicit `position_ids`) — and measures over every position and the whole vocabulary:
 
@@ -39,11 +39,12 @@ import json
 import sys
 from pathlib import Path
 
+from .cli.errors import EXIT_INPUT_ERROR
+
 DTYPES = ("float32", "bfloat16")
 REFERENCE_DTYPE = {"float32": "float64", "bfloat16": "float32"}  # transformers one precision up
 FLOORS = {"float32": {"max_abs_logprob": 1e-4, "max_rel_logit": 1e-5}, "bfloat16": {"max_abs_logprob": 1e-2, "max_rel_logit": 2**-8}}
 NOISE_FACTOR = 2.0  # |ours − HF| ≤ e_ours + e_HF ≤ 2·e_HF when ours is no less accurate than HF
-EXIT_INPUT_ERROR = 2
 
 
 class ParityInputError(ValueError):
@@ -132,18 +133,17 @@ def _our_forward(model, contract_name: str, lengths: list[int], tokens):
     """Packed trainer_score forward -> (logprobs [T, V] float32, logits [T, V] float32)."""
     import torch
 
-    from .contract import ContractError, load
-    from .model import PackedKV, Step, bind, fit_contract, step
-    from .ops.attention.metadata import packed_slot_table
+    from .contract import ContractError, fit_contract, load
+    from .model import PackedBatch, Step, packed_state, step
+    from .runtime.binding import bind
 
     try:
-        ops = bind(fit_contract(load(contract_name), model.spec), model.spec, "trainer_score")
+        ops = bind(fit_contract(load(contract_name), model.spec), model.spec, "trainer_score").ops["trainer_score"]
     except (ContractError, ValueError, KeyError) as error:
         raise ParityInputError(f"contract {contract_name}: cannot run {model.spec.architecture}: {error}") from None
-    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-    slot_table, seq_ids, positions = packed_slot_table(cu_seqlens)
-    with torch.no_grad(), step(Step(case="trainer_score", ops=ops, slot_table=slot_table, seq_ids=seq_ids, kv=PackedKV())):
-        hidden = model(tokens, positions)  # [T, hidden]
+    batch = PackedBatch.of(list(lengths), "cpu")
+    with torch.no_grad(), step(Step(case="trainer_score", ops=ops, batch=batch, state=packed_state(model.spec))):
+        hidden = model(tokens, batch.positions)  # [T, hidden]
         logits = ops["lm_head"](hidden, model.lm_head.weight)  # [T, V]
         return ops["logprobs"](logits), logits.float()
 

@@ -8,8 +8,9 @@ import torch
 
 from isoexec.contract import load_preset
 from isoexec.engine import Completion, EngineConfig, LLMEngine, SamplingParams
-from isoexec.model import PRESETS, ModelSpec, PackedKV, Step, bind, fit_contract, init_random, step
-from isoexec.ops.attention.metadata import packed_slot_table
+from isoexec.model import PRESETS, PackedBatch, Step, init_random, packed_state, step
+from isoexec.contract import fit_contract
+from isoexec.runtime.binding import bind
 from conftest import bitwise_equal
 from controls import control_contract
 
@@ -40,6 +41,11 @@ PARAMS = [
 LAYOUTS = {
     "chunk16": dict(prefill_chunk_size=16),
     "chunk32": dict(prefill_chunk_size=32),
+    # Chunks and pages that start inside the contract's attention key blocks (block_n = 16): a row's
+    # bits do not depend on where its chunk starts, so the engine may cut wherever its budget ends.
+    "chunk7": dict(prefill_chunk_size=7),
+    "chunk_cut_by_the_token_budget": dict(max_num_batched_tokens=37),
+    "pages_of_8": dict(kv_page_size=8, num_pages=128, prefill_chunk_size=13),
     "no_prefix_cache": dict(prefix_caching=False),
     "one_at_a_time": dict(max_num_seqs=1, prefill_chunk_size=32),
     "staggered_prefix_hits": dict(max_num_batched_tokens=48, prefill_chunk_size=16),
@@ -60,7 +66,7 @@ def _one_thread():
 
 def setup(contract_name: str, dtype: str):
     """`contract_name` is a preset, or "control" for `controls.control_contract("linear")`."""
-    spec = ModelSpec(**{**PRESETS["tiny-dense"].__dict__, "dtype": dtype})
+    spec = PRESETS["tiny-dense"].replace(dtype=dtype)
     contract = control_contract("linear") if contract_name == "control" else load_preset(contract_name)
     return init_random(spec, seed=0), fit_contract(contract, spec)
 
@@ -85,7 +91,7 @@ def reference(request):
 def test_baseline_is_complete_and_self_consistent(reference):
     model, contract, baseline, stats = reference
     assert stats["preemptions"] == 0 and stats["prefill_chunks"] == len(PARAMS)
-    sample = bind(contract, model.spec, "engine_decode")["sample"]
+    sample = bind(contract, model.spec, "engine_decode").ops["engine_decode"]["sample"]
     for i, (c, p) in enumerate(zip(baseline, PARAMS)):
         # token j was drawn from row j with the request's seed at the position it occupies
         n = len(c.token_ids)
@@ -123,15 +129,13 @@ def test_layout_does_not_change_bits(reference, layout):
 def test_engine_rows_equal_trainer_forward(reference):
     """The point of it all: the trainer scoring prompt + completion gets the engine's rows, bit for bit."""
     model, contract, baseline, _ = reference
-    ops = bind(contract, model.spec, "trainer_score")
+    ops = bind(contract, model.spec, "trainer_score").ops["trainer_score"]
     texts = [c.prompt + c.token_ids[:-1] for c in baseline]
-    lengths = torch.tensor([len(t) for t in texts])
-    cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
-    slot_table, seq_ids, positions = packed_slot_table(cu_seqlens)
-    with torch.no_grad(), step(Step(case="trainer_score", ops=ops, slot_table=slot_table, seq_ids=seq_ids, kv=PackedKV())):
-        hidden = model(torch.tensor(sum(texts, [])), positions)  # [T, hidden]
+    batch = PackedBatch.of([len(t) for t in texts], "cpu")
+    with torch.no_grad(), step(Step(case="trainer_score", ops=ops, batch=batch, state=packed_state(model.spec))):
+        hidden = model(torch.tensor(sum(texts, [])), batch.positions)  # [T, hidden]
         for b, c in enumerate(baseline):
-            first = int(cu_seqlens[b]) + len(c.prompt) - 1  # the row the first token was drawn from
+            first = int(batch.cu_seqlens[b]) + len(c.prompt) - 1  # the row the first token was drawn from
             assert bitwise_equal(model.logprobs(hidden[first : first + len(c.token_ids)]), c.full_logprobs)
 
 
@@ -168,7 +172,7 @@ def test_stop_tokens_and_eos(reference):
     (stopped,), _ = generate(model, contract, [prompt], SamplingParams(**{**params.__dict__, "stop_token_ids": (stop,)}))
     assert stopped.finish_reason == "stop" and stopped.token_ids == full.token_ids[:end]
     assert bitwise_equal(stopped.logprobs, full.logprobs[:end])
-    eos_model = init_random(ModelSpec(**{**model.spec.__dict__, "eos_token_id": stop}), seed=0)
+    eos_model = init_random(model.spec.replace(eos_token_id=stop), seed=0)
     (at_eos,), _ = generate(eos_model, contract, [prompt], params)
     (ignored,), _ = generate(eos_model, contract, [prompt], SamplingParams(**{**params.__dict__, "ignore_eos": True}))
     assert at_eos.finish_reason == "stop" and at_eos.token_ids == full.token_ids[:end]
@@ -206,10 +210,11 @@ def test_sampling_params_refuse_bad_values(bad):
         SamplingParams(**bad)
 
 
-def test_config_refuses_layouts_off_the_key_block():
+def test_config_takes_any_chunk_and_page_size_and_refuses_bad_settings():
     contract = fit_contract(load_preset("tiny-dense"), PRESETS["tiny-dense"])
-    for overrides, message in ((dict(kv_page_size=8), "kv_page_size"), (dict(prefill_chunk_size=24), "prefill_chunk_size"),
-                               (dict(max_num_batched_tokens=8), "max_num_batched_tokens"), (dict(num_pages=0), "num_pages"),
+    for overrides in (dict(kv_page_size=8), dict(prefill_chunk_size=24), dict(max_num_batched_tokens=8)):
+        EngineConfig.from_contract(contract, **{"num_pages": 8, **overrides})
+    for overrides, message in ((dict(num_pages=0), "num_pages"), (dict(prefill_chunk_size=0), "prefill_chunk_size"),
                                (dict(page_size=16), "unknown")):
         with pytest.raises(ValueError, match=message):
             EngineConfig.from_contract(contract, **{"num_pages": 8, **overrides})

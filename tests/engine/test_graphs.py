@@ -9,10 +9,13 @@ import torch
 from isoexec.contract import Contract, load_preset
 from isoexec.engine import EngineConfig, LLMEngine, SamplingParams
 from isoexec.engine.graphs import DecodeGraphs, decode_buckets
-from isoexec.model import PRESETS, ModelSpec, fit_contract, init_random, tracing
+from isoexec.model import PRESETS, ModelSpec, init_random, tracing
+from isoexec.contract import fit_contract
 from isoexec.ops.attention.metadata import UNUSED_SLOT
 from conftest import bitwise_equal, int_view, mutated, preset_dict
 from controls import control_contract
+
+pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,7 +39,7 @@ def graphs_contract(name: str, spec: ModelSpec, **decode_domain) -> Contract:
 
 
 def setup(contract_name: str, dtype: str, **decode_domain):
-    spec = ModelSpec(**{**PRESETS["tiny-dense"].__dict__, "dtype": dtype})
+    spec = PRESETS["tiny-dense"].replace(dtype=dtype)
     return init_random(spec, seed=0), graphs_contract(contract_name, spec, **decode_domain)
 
 
@@ -59,16 +62,22 @@ class Recorder:
 
     def __init__(self, engine: LLMEngine, poison_scratch: bool = False):
         self.graphs, self.runner, self.poison_scratch = engine.runner.decode_graphs, engine.runner, poison_scratch
-        self.scratch = range(self.graphs.scratch_slot, self.runner.k_cache.shape[1])
+        self.stores = [store for store in engine.runner.state if store is not None]  # each layer's keys and values
+        self.scratch = range(self.graphs.scratch_slot, self.stores[0].k.shape[0])
         self.steps: list[tuple[int, int]] = []
         self.run, self.graphs.run = self.graphs.run, self.checked_run
 
+    def cache(self):
+        """[2, layers, slots, Hkv, D] integer view of every layer's keys and values."""
+        return int_view(torch.stack([torch.stack([store.k for store in self.stores]), torch.stack([store.v for store in self.stores])]))
+
     def checked_run(self, input_ids, positions, write_slots, slot_table):
-        graphs, k_cache, v_cache = self.graphs, self.runner.k_cache, self.runner.v_cache
+        graphs = self.graphs
         if self.poison_scratch:
-            k_cache[:, self.scratch.start :].fill_(float("nan"))
-            v_cache[:, self.scratch.start :].fill_(float("nan"))
-        before = int_view(torch.stack([k_cache, v_cache])).clone()
+            for store in self.stores:
+                store.k[self.scratch.start :].fill_(float("nan"))
+                store.v[self.scratch.start :].fill_(float("nan"))
+        before = self.cache().clone()
         num_seqs, num_keys = slot_table.shape
         eager_sizes, forward = [], graphs._forward
         graphs._forward = lambda bucket: eager_sizes.append(bucket) or forward(bucket)
@@ -79,7 +88,7 @@ class Recorder:
         # A replayed graph runs no Python, so on a GPU the bucket is the smallest one that fits.
         bucket = eager_sizes[0] if eager_sizes else min(b for b in graphs.buckets if b >= num_seqs)
         self.steps.append((num_seqs, bucket))
-        after = int_view(torch.stack([k_cache, v_cache]))
+        after = self.cache()
         written = (after != before).flatten(3).any(-1).any(1).any(0).nonzero().flatten().tolist()  # cache slots
         assert not set(write_slots.tolist()) & set(self.scratch), "a sequence was given the scratch page"
         allowed = set(write_slots.tolist()) | set(self.scratch)
@@ -148,7 +157,7 @@ def test_scratch_page_is_never_handed_out():
     manager, page_size = engine.scheduler.block_manager, engine.config.kv_page_size
     assert len(manager.pages) == len(plain.scheduler.block_manager.pages) == 10
     assert manager.num_free == 10  # every page handed back, none of them the scratch page
-    assert engine.runner.k_cache.shape[1] == (10 + 1) * page_size and plain.runner.k_cache.shape[1] == 10 * page_size
+    assert engine.runner.state[0].k.shape[0] == (10 + 1) * page_size and plain.runner.state[0].k.shape[0] == 10 * page_size
     assert engine.runner.decode_graphs.scratch_slot == 10 * page_size
 
 
@@ -220,7 +229,7 @@ def test_the_control_shows_the_difference(dtype):
     larger ones, so a decode step of 5 or 6 sequences padded to its bucket of 8 changes its bits, and so
     does a prompt prefilled alone rather than in the batch. (Native is no control: whether padding or
     batching changes its bits depends on the CPU and the library.)"""
-    model = init_random(ModelSpec(**{**PRESETS["tiny-dense"].__dict__, "dtype": dtype}), seed=0)
+    model = init_random(PRESETS["tiny-dense"].replace(dtype=dtype), seed=0)
     contract = fit_contract(control_contract("linear", small_rows=6), model.spec)
     prompts, params = requests(7)
     eager, _, _ = generate(model, contract, prompts, params, cuda_graphs=False)

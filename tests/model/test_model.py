@@ -9,14 +9,16 @@ import torch
 from conftest import bitwise_equal
 from controls import control_contract
 from isoexec.contract import identities, load_preset
-from isoexec.model import PRESETS, ModelSpec, SpecError, bind, fit_contract, from_hf_config, init_random, load, load_model, read_config, save
+from isoexec.model import PRESETS, ModelSpec, SpecError, dense_fields, dense_spec, from_hf_config, init_random, load, load_model, read_config, save
+from isoexec.contract import fit_contract
+from isoexec.runtime.binding import bind
 from isoexec.trainer import sequence_logprobs
 
 TINY = PRESETS["tiny-dense"]
 
 
 def _spec(**changes) -> ModelSpec:
-    return dataclasses.replace(TINY, **changes)
+    return dense_spec(**{**dense_fields(TINY), **changes})
 
 
 def _sequences(spec, lengths, seed=0):
@@ -118,18 +120,32 @@ def test_bad_checkpoints_and_configs_are_clear_errors(tmp_path):
 
 
 def test_fit_contract_pins_the_gemm_tile_of_the_model_shapes():
-    """Fitted to a Qwen3-0.6B-sized model, the Triton GEMM entries take the tile listed for the shapes
-    that do most of the work; the tiny model keeps the preset's tile, and a tile never depends on M."""
-    from isoexec.ops.linear import row_parallel_triton
-    from isoexec.ops.linear.triton import HOPPER_CONSTANTS, HOPPER_DECODE_CONSTANTS
+    """Fitted to a Qwen3-0.6B-sized model on Hopper, the Triton GEMM entries take the tile listed for the
+    shapes that do most of the work; the tiny model keeps the preset's tile, and a tile never depends on M."""
+    from isoexec.ops.linear.tuning import HOPPER_CONSTANTS, HOPPER_DECODE_CONSTANTS, HOPPER_ROW_PARALLEL_CONSTANTS
 
     family = load_preset("tiny-dense-triton")
-    assert fit_contract(family, PRESETS["tiny-dense"]).entry("linear", "engine_decode").constants == family.entry("linear", "engine_decode").constants
-    big = fit_contract(family, PRESETS["qwen3-0.6b-random"])
+    tiny = fit_contract(family, PRESETS["tiny-dense"], arch="sm_90")
+    assert tiny.entry("linear", "engine_decode").constants == family.entry("linear", "engine_decode").constants
+    big = fit_contract(family, PRESETS["qwen3-0.6b-random"], arch="sm_90")
     # gate/up (3072, 1024) outweigh q, k, v and lm_head in `linear`; down (1024, 3072) outweighs o in `linear.row_parallel`
-    for region, shape, tiles in (("linear", (3072, 1024), HOPPER_CONSTANTS), ("linear.row_parallel", (1024, 3072), row_parallel_triton.HOPPER_CONSTANTS)):
+    for region, shape, tiles in (("linear", (3072, 1024), HOPPER_CONSTANTS), ("linear.row_parallel", (1024, 3072), HOPPER_ROW_PARALLEL_CONSTANTS)):
         for case, table in (("trainer_fwd", tiles), ("engine_decode", HOPPER_DECODE_CONSTANTS)):
             constants = big.entry(region, case).constants
             assert {k: constants[k] for k in table[shape]} == table[shape], (region, case)
         assert big.entry(region, "engine_decode") is not big.entry(region, "trainer_fwd")
-    assert identities(big).numerical_policy != identities(fit_contract(family, PRESETS["tiny-dense"])).numerical_policy
+    assert identities(big).numerical_policy != identities(tiny).numerical_policy
+
+
+def test_fit_contract_keeps_the_portable_constants_on_an_arch_without_tables():
+    """The Hopper tables apply on Hopper only: on a CPU (or any arch a table does not list) the fitted
+    contract keeps the family contract's constants, and its description says why."""
+    family = load_preset("tiny-dense-triton")
+    for arch in ("x86_64", "sm_80"):
+        fitted = fit_contract(family, PRESETS["qwen3-0.6b-random"], arch=arch)
+        for region in ("linear", "linear.row_parallel", "rms_norm", "logprobs"):
+            assert fitted.entry(region, "trainer_fwd").constants == family.entry(region, "trainer_fwd").constants, (arch, region)
+        assert len(fitted.composition) == len(family.composition)  # no decode entries of their own
+        assert f"no {arch} tables for linear.row_parallel.triton, linear.triton, logprobs.triton" in fitted.description
+    assert fit_contract(family, PRESETS["qwen3-0.6b-random"]).description == fit_contract(family, PRESETS["qwen3-0.6b-random"], arch="x86_64").description
+    assert "tables" not in fit_contract(load_preset("tiny-dense"), PRESETS["qwen3-0.6b-random"]).description  # nothing to tune

@@ -9,7 +9,9 @@ import torch
 
 from conftest import bitwise_equal, entry_index, fused_norms, mutated, preset_dict, triton_runs_here, unfused_norms
 from isoexec.contract import load_preset
-from isoexec.model import PRESETS, bind, fit_contract, init_random
+from isoexec.model import PRESETS, init_random
+from isoexec.contract import fit_contract
+from isoexec.runtime.binding import bind
 from isoexec.trainer import sequence_logprobs
 
 TINY = PRESETS["tiny-dense"]
@@ -28,7 +30,7 @@ def _same_rows(model, a, b, seqs, case):
 
 def test_bind_composes_plain_norms_with_the_residual_add():
     composed = fit_contract(load_preset("tiny-dense"), TINY)
-    ops = bind(composed, TINY, "engine_decode")
+    ops = bind(composed, TINY, "engine_decode").ops["engine_decode"]
     g = torch.Generator().manual_seed(0)
     x, residual, weight = (torch.randn(3, TINY.hidden_size, generator=g).bfloat16() for _ in range(3))
     y, s = ops["post_attention_layernorm"](x, residual, weight, 1e-6)
@@ -39,13 +41,13 @@ def test_bind_composes_plain_norms_with_the_residual_add():
     data = preset_dict("tiny-dense")
     without_add = mutated(data, lambda d: d.update(composition=[e for e in d["composition"] if e["region"] != "residual"]))
     with pytest.raises(ValueError, match=r"does not pin op\(s\) residual_add for case trainer_fwd"):
-        bind(without_add, TINY, "trainer_fwd")
+        bind(without_add, TINY, "trainer_fwd").ops["trainer_fwd"]
 
 
 def test_a_fused_contract_needs_no_residual_add_and_fit_contract_drops_an_unused_one():
     fused = fused_norms(preset_dict("tiny-dense"), "rms_norm.residual.reference")
     assert fused.entry("residual", "trainer_fwd") is None
-    assert "residual_add" not in bind(fused, TINY, "trainer_fwd")
+    assert "residual_add" not in bind(fused, TINY, "trainer_fwd").ops["trainer_fwd"]
     leftover = dataclasses.replace(fused, composition=fused.composition + (load_preset("tiny-dense").entry("residual", "trainer_fwd"),))
     assert fit_contract(leftover, TINY).entry("residual", "trainer_fwd") is None
     assert fit_contract(load_preset("tiny-dense"), TINY).entry("residual", "trainer_fwd") is not None

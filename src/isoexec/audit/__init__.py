@@ -1,6 +1,6 @@
 """`isoexec audit`: is every rollout log-probability bitwise equal to the trainer's?"""
 
-from .run import FAMILY_CONTRACTS, all_equal, render, run_audit
+from .run import all_equal, render, run_audit
 from .trace import Tracer
 
-__all__ = ["FAMILY_CONTRACTS", "Tracer", "all_equal", "render", "run_audit"]
+__all__ = ["Tracer", "all_equal", "render", "run_audit"]

@@ -7,20 +7,17 @@ import time
 from ..contract.identity import identities
 from ..contract.schema import Contract
 from ..engine import LLMEngine
-from ..model import DenseModel, tracing
-from ..trainer import sequence_logprobs
+from ..model import Decoder, tracing
+from ..trainer import Trainer
 from .metrics import compare
 from .workload import engine_config, prompts_and_params
-
-# Each model family's IsoExec contract.
-FAMILY_CONTRACTS = {"dense": "tiny-dense"}
 
 
 class AuditError(ValueError):
     """A workload the audit cannot compare anything on."""
 
 
-def run_audit(model: DenseModel, contract: Contract, *, requests: int = 16, max_new_tokens: int = 16, seed: int = 0,
+def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new_tokens: int = 16, seed: int = 0,
               device: str = "cpu", progress: bool = True, tracer=None, prompts: list[list[int]] | None = None) -> dict:
     """prompts: token ids (a file's, `workload.file_prompts`) the requests cycle through; None: random ones."""
     start = time.perf_counter()
@@ -38,10 +35,11 @@ def run_audit(model: DenseModel, contract: Contract, *, requests: int = 16, max_
     budget = max(len(s) for s in sequences) + sum(len(s) for s in sequences) // 3
     report = {"model": model.spec.architecture, "contract": {"name": contract.name, **identities(contract).to_dict()}}
     rollout = [c.logprobs for c in done], [c.full_logprobs for c in done], [c.token_ids for c in done]
+    trainer = Trainer(model, contract)
     for case in ("trainer_score", "trainer_fwd"):
         labels = [c.request_id for c in done] if tracer is not None and case == "trainer_score" else None
         with tracing(tracer) if labels is not None else contextlib.nullcontext():
-            rows = sequence_logprobs(model, contract, sequences, case=case, micro_batch_tokens=budget, device=device, labels=labels)
+            rows = trainer.logprobs(sequences, case=case, micro_batch_tokens=budget, device=device, labels=labels)
         generated = [r[len(c.prompt) - 1 :] for r, c in zip(rows, done)]
         report[case] = compare(rollout[0], rollout[1], generated, rollout[2])
     report.update({

@@ -68,10 +68,14 @@ def file_prompts(path, tokenizer, *, max_length: int, max_new_tokens: int) -> li
     return encoded
 
 
+# Prefill chunk size of the audit's engine: long prompts are chunked, and since 37 is no multiple of a
+# key block or a page, chunks start inside blocks and pages.
+PREFILL_CHUNK = 37
+
+
 def engine_config(contract: Contract, prompts: list[list[int]], max_new_tokens: int) -> EngineConfig:
-    """Pages for about half the workload at once (so sequences get preempted), and prefill chunks of
-    two attention blocks (so long prompts are chunked)."""
+    """Pages for about half the workload at once (so sequences get preempted), and prefill chunks that
+    start anywhere (`PREFILL_CHUNK`)."""
     page = contract.deployment.engine.kv_page_size
-    block = next((e.constants["block_n"] for e in contract.composition if e.region == "attention" and "block_n" in e.constants), 16)
     pages = [math.ceil((len(p) + max_new_tokens) / page) for p in prompts]
-    return EngineConfig.from_contract(contract, num_pages=max(max(pages) + 1, sum(pages) // 2), prefill_chunk_size=2 * block)
+    return EngineConfig.from_contract(contract, num_pages=max(max(pages) + 1, sum(pages) // 2), prefill_chunk_size=PREFILL_CHUNK)

@@ -421,19 +421,6 @@ class Contract:
 
     def _check_deployment(self):
         engine = self.deployment.engine
-        for i, entry in enumerate(self.composition):
-            block_n = entry.constants.get("block_n")
-            if entry.region != "attention" or block_n is None:
-                continue
-            if not any(self.cases[c].role == "engine" for c in entry.cases):
-                continue
-            for name in ("kv_page_size", "prefill_chunk_size"):
-                value = getattr(engine, name)
-                if value % block_n:
-                    raise ContractError(
-                        f"deployment.engine.{name}",
-                        f"{value} is not a multiple of the attention key block (composition[{i}].constants.block_n = {block_n})",
-                    )
         if not self.claims.is_bitwise:
             return
         topology, state = self.claims.topology, self.claims.state

@@ -11,7 +11,7 @@ ROLES = ("trainer", "engine")
 GRAD_MODES = ("autograd", "no_grad")
 STATE_KINDS = ("kv_cache", "recurrent_state")
 
-# Every contract defines at least these four cases (DESIGN §4); it may define more.
+# Every contract defines at least these four cases (docs/contract.md); it may define more.
 REQUIRED_CASES = ("trainer_fwd", "trainer_score", "engine_prefill", "engine_decode")
 
 # region -> the roles whose cases must all be covered once the region appears in a contract.
@@ -28,6 +28,16 @@ REGIONS = {
     "logprobs": ROLES,
     "sampling": ("engine",),
 }
+
+
+def register_region(region: str, roles: tuple[str, ...] = ROLES) -> None:
+    """Add a region for an op family defined outside this package (its impls and probe register with
+    the runtime registry); `roles` are the roles whose cases must all pin it once a contract does."""
+    if region in REGIONS:
+        raise ValueError(f"region {region!r} is already defined")
+    if not roles or any(role not in ROLES for role in roles):
+        raise ValueError(f"region {region!r}: roles must be a non-empty subset of {', '.join(ROLES)}, got {roles!r}")
+    REGIONS[region] = tuple(roles)
 
 DTYPES = ("float64", "float32", "bfloat16", "float16")
 

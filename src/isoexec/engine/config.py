@@ -13,24 +13,13 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def attention_block(contract: Contract) -> int:
-    """The attention key block the contract pins for the engine cases (1 when it pins none, as `native`).
-
-    Pages and prefill chunk boundaries align to it, so every chunk and every prefix-cache hit starts at
-    a key-block boundary, as DESIGN.md §3 asks of kernels that tile keys by absolute block."""
-    blocks = {e.constants.get("block_n", 1) for case in ENGINE_CASES if (e := contract.entry("attention", case))}
-    if len(blocks) > 1:
-        raise ValueError(f"contract {contract.name} pins different attention block_n for prefill and decode: {sorted(blocks)}")
-    return blocks.pop() if blocks else 1
-
-
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     num_pages: int
     """Pages in the paged KV cache (each holds `kv_page_size` tokens of every layer)."""
     kv_page_size: int = 16
     prefill_chunk_size: int = 256
-    """Most prompt tokens one sequence prefills in one step; a multiple of the attention block."""
+    """Most prompt tokens one sequence prefills in one step (a chunk may end at any token)."""
     max_num_seqs: int = 64
     """Most sequences running at once (prefilling or decoding)."""
     max_num_batched_tokens: int = 2048
@@ -68,19 +57,10 @@ class EngineConfig:
         return config
 
     def check(self, contract: Contract) -> None:
-        """Refuse a layout that would let a page or a chunk boundary fall inside an attention key block,
-        and graphs a bitwise contract does not claim (as the contract refuses them in its deployment)."""
+        """Refuse graphs a bitwise contract does not claim (as the contract refuses them in its deployment)."""
         if self.cuda_graphs and contract.claims.is_bitwise and not contract.claims.state.cuda_graphs:
             raise ValueError(f"EngineConfig.cuda_graphs is on, but contract {contract.name} does not claim its bits under CUDA "
                              "graphs (claims.state.cuda_graphs = false): turn graphs off or use a contract that claims them")
-        block = attention_block(contract)
-        for name in ("kv_page_size", "prefill_chunk_size"):
-            if getattr(self, name) % block:
-                raise ValueError(f"EngineConfig.{name} = {getattr(self, name)} is not a multiple of the attention key block "
-                                 f"(block_n = {block} in contract {contract.name})")
-        if self.max_num_batched_tokens < block:
-            raise ValueError(f"EngineConfig.max_num_batched_tokens = {self.max_num_batched_tokens} is below one attention "
-                             f"key block ({block}): a long prompt could never be prefilled")
 
 
 @dataclass(frozen=True, kw_only=True)

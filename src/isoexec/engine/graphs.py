@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..contract.schema import Contract
-from ..model import PagedKV, Step, is_tracing, step
+from ..model import PagedBatch, Step, is_tracing, step
 from ..ops.attention.metadata import UNUSED_SLOT
 
 
@@ -40,12 +40,11 @@ def decode_buckets(max_num_seqs: int) -> tuple[int, ...]:
 class DecodeGraphs:
     """The static tensors and one forward per bucket: a captured graph on CUDA, the eager padded forward elsewhere."""
 
-    def __init__(self, model, contract: Contract, ops: dict, k_cache: Tensor, v_cache: Tensor, scratch_slot: int,
-                 max_num_seqs: int, max_num_keys: int):
-        self.model, self.contract, self.ops, self.k_cache, self.v_cache = model, contract, ops, k_cache, v_cache
+    def __init__(self, model, contract: Contract, ops: dict, state: tuple, scratch_slot: int, max_num_seqs: int, max_num_keys: int):
+        self.model, self.contract, self.ops, self.state = model, contract, ops, state
         self.scratch_slot = scratch_slot
         self.buckets = decode_buckets(max_num_seqs)
-        size, device = self.buckets[-1], k_cache.device
+        size, device = self.buckets[-1], next(model.parameters()).device
         # Every row starts as padding; a step overwrites its first B rows and restores the padding after them.
         self.input_ids = torch.zeros(size, dtype=torch.int64, device=device)  # [N], N = max_num_seqs
         self.positions = torch.zeros(size, dtype=torch.int64, device=device)  # [N]
@@ -81,8 +80,8 @@ class DecodeGraphs:
         return rows[:num_seqs].clone()  # the next replay overwrites the static rows
 
     def _forward(self, bucket: int) -> Tensor:
-        kv = PagedKV(self.k_cache, self.v_cache, self.write_slots[:bucket])
-        with step(Step(case="engine_decode", ops=self.ops, slot_table=self.slot_table[:bucket], seq_ids=self.seq_ids[:bucket], kv=kv)):
+        batch = PagedBatch(self.positions[:bucket], self.seq_ids[:bucket], self.slot_table[:bucket], self.write_slots[:bucket])
+        with step(Step(case="engine_decode", ops=self.ops, batch=batch, state=self.state)):
             return self.model.logprobs(self.model(self.input_ids[:bucket], self.positions[:bucket]))  # [bucket, V]
 
     @torch.no_grad()
@@ -90,7 +89,7 @@ class DecodeGraphs:
         """Capture every bucket, largest first, into one memory pool, each after an eager warm-up run."""
         if is_tracing():
             raise RuntimeError("CUDA graphs are captured when the engine is built: build it outside `tracing(...)`")
-        with torch.cuda.device(self.k_cache.device):
+        with torch.cuda.device(self.input_ids.device):
             pool = torch.cuda.graph_pool_handle()
             for bucket in reversed(self.buckets):
                 self._forward(bucket)

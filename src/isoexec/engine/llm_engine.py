@@ -12,7 +12,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..contract.schema import Contract
-from .config import EngineConfig, SamplingParams, attention_block
+from .config import EngineConfig, SamplingParams
 from .model_runner import ModelRunner
 from .scheduler import Scheduler
 from .sequence import Completion, Sequence
@@ -27,17 +27,17 @@ class LLMEngine:
         if held_on.type != torch.device(device).type:
             raise ValueError(f"the model's weights are on {held_on} but the engine runs on {device}: move the model first")
         self.model, self.contract, self.config = model, contract, config
-        self.block = attention_block(contract)
         self.runner = ModelRunner(model, contract, config, device)
+        self.binding = self.runner.binding  # what this engine calls: its fingerprint is taken from it
         self.stats = dict.fromkeys(STATS, 0)  # counters over the engine's lifetime
-        self.scheduler = Scheduler(config, self.block, self.stats)
+        self.scheduler = Scheduler(config, self.stats)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
                  progress: bool = True) -> list[Completion]:
         """One completion per prompt, in prompt order; a bad request gets an "error" completion only."""
         params = _per_prompt(params, len(prompts))
         # A fresh scheduler and a poisoned cache: prefixes cached under earlier weights are never reused.
-        self.scheduler = Scheduler(self.config, self.block, self.stats)
+        self.scheduler = Scheduler(self.config, self.stats)
         self.runner.reset()
         done = {}
         for i, (prompt, p) in enumerate(zip(prompts, params)):

@@ -7,9 +7,9 @@ import torch
 from torch import Tensor
 
 from ..contract.schema import Contract
-from ..model import PagedKV, Step, bind, is_tracing, step
-from ..ops.attention.metadata import paged_slot_table
+from ..model import PagedBatch, Step, allocate, is_tracing, step
 from ..ops.common import torch_dtype
+from ..runtime.binding import bind
 from .config import ENGINE_CASES, EngineConfig
 from .graphs import DecodeGraphs
 from .sequence import Sequence
@@ -18,30 +18,29 @@ from .sequence import Sequence
 class ModelRunner:
     def __init__(self, model, contract: Contract, config: EngineConfig, device: str):
         spec, self.model, self.page_size, self.device = model.spec, model, config.kv_page_size, torch.device(device)
-        kv_dtypes = {contract.entry("attention", case).constants.get("kv_cache_dtype") for case in ENGINE_CASES}
-        if kv_dtypes != {spec.dtype}:
+        kv_dtypes = {contract.entry("attention", case).constants.get("kv_cache_dtype") for case in ENGINE_CASES
+                     if contract.entry("attention", case) is not None}
+        if kv_dtypes and kv_dtypes != {spec.dtype}:
             raise ValueError(f"contract {contract.name} stores keys as {sorted(map(str, kv_dtypes))} but the model is {spec.dtype}: "
-                             "fit the contract to the model first (isoexec.model.fit_contract)")
-        self.ops = {case: bind(contract, spec, case) for case in ENGINE_CASES}
+                             "fit the contract to the model first (isoexec.contract.fit_contract)")
+        self.binding = bind(contract, spec, ENGINE_CASES)
         # With graphs, one scratch page past the block manager's pages takes the padded decode rows (graphs.py).
         scratch_slot = config.num_pages * self.page_size
-        shape = (spec.num_hidden_layers, scratch_slot + config.cuda_graphs * self.page_size, spec.num_key_value_heads, spec.head_dim)
-        # NaN, so a read of a slot no forward has written poisons the row instead of passing silently.
-        self.k_cache = torch.full(shape, float("nan"), dtype=torch_dtype(spec.dtype), device=self.device)  # [L, S, Hkv, D]
-        self.v_cache = torch.full_like(self.k_cache, float("nan"))
+        self.state = allocate(spec, scratch_slot + config.cuda_graphs * self.page_size, torch_dtype(spec.dtype), self.device)
         self.decode_graphs = None
         if config.cuda_graphs:
             # The most keys an admitted sequence can have, capped at the contract's decode shape domain: a
             # step past it (where the contract claims nothing) runs eagerly rather than widen every graph.
             max_num_keys = min(scratch_slot, spec.max_position_embeddings, contract.cases["engine_decode"].shape_domain.max_seq_len,
                                config.max_model_len or spec.max_position_embeddings)
-            self.decode_graphs = DecodeGraphs(model, contract, self.ops["engine_decode"], self.k_cache, self.v_cache,
+            self.decode_graphs = DecodeGraphs(model, contract, self.binding.ops["engine_decode"], self.state,
                                               scratch_slot, config.max_num_seqs, max_num_keys)
 
     def reset(self) -> None:
         """Poison the whole cache again: nothing from an earlier `generate` (older weights) is readable."""
-        self.k_cache.fill_(float("nan"))
-        self.v_cache.fill_(float("nan"))
+        for store in self.state:
+            if store is not None:
+                store.poison()
 
     def _tensor(self, values, dtype) -> Tensor:
         return torch.tensor(values, dtype=dtype, device=self.device)
@@ -65,20 +64,19 @@ class ModelRunner:
         max_pages = max(len(seq.page_table) for seq in seqs)
         block_table = self._tensor([s.page_table + [-1] * (max_pages - len(s.page_table)) for s in seqs], torch.int64)  # [B, P]
         num_keys = max(seq.num_computed + seq.num_scheduled for seq in seqs)
-        slot_table = paged_slot_table(block_table, self.page_size, num_keys)  # [B, num_keys]
         input_ids, positions, seq_ids = (self._tensor(x, torch.int64) for x in (input_ids, positions, seq_ids))  # [T] each
-        write_slots = slot_table[seq_ids, positions]  # [T]
+        batch = PagedBatch.of(block_table, self.page_size, num_keys, seq_ids, positions)  # slot table [B, num_keys]
         sampled = [seq for seq in seqs if seq.samples_this_step]
         last_rows = (torch.cumsum(self._tensor([seq.num_scheduled for seq in seqs], torch.int64), 0) - 1)[
             self._tensor([seq.samples_this_step for seq in seqs], torch.bool)]  # [R]
 
-        ops = self.ops[case]
+        ops = self.binding.ops[case]
         graphs = self.decode_graphs
         if case == "engine_decode" and graphs is not None and not tracing and num_keys <= graphs.max_num_keys:
-            rows = graphs.run(input_ids, positions, write_slots, slot_table)  # [R, V]: every decode samples
+            rows = graphs.run(input_ids, positions, batch.write_slots, batch.slot_table)  # [R, V]: every decode samples
         else:
-            kv, labels = PagedKV(self.k_cache, self.v_cache, write_slots), self._tensor(labels, torch.int64) if tracing else None
-            with step(Step(case=case, ops=ops, slot_table=slot_table, seq_ids=seq_ids, kv=kv, labels=labels)):
+            labels = self._tensor(labels, torch.int64) if tracing else None
+            with step(Step(case=case, ops=ops, batch=batch, state=self.state, labels=labels)):
                 hidden = self.model(input_ids, positions)  # [T, hidden]
                 if not sampled:
                     return [], torch.empty(0), torch.empty(0, self.model.spec.vocab_size)

@@ -7,8 +7,9 @@ Policy, per step, within max_num_batched_tokens tokens and max_num_seqs running 
 2. then waiting sequences in FIFO order (preempted ones first) are admitted while their whole token
    list fits in free pages (less prefix-cache hits) and the budget allows a chunk; the first that does
    not fit stops admission, so no request is overtaken forever.
-A chunk is at most prefill_chunk_size tokens and, unless it ends the sequence, a multiple of the
-attention key block, so every chunk starts on a key-block boundary.
+A chunk is at most prefill_chunk_size tokens and ends wherever the step's token budget does: a row's
+bits do not depend on where its chunk starts (every contract op computes a row from the row's own data
+and absolute position; tests/engine cut chunks at arbitrary tokens).
 """
 
 from collections import deque
@@ -19,8 +20,8 @@ from .sequence import Sequence, Status
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block: int, stats: dict):
-        self.config, self.block, self.stats = config, block, stats
+    def __init__(self, config: EngineConfig, stats: dict):
+        self.config, self.stats = config, stats
         self.block_manager = BlockManager(config.num_pages, config.kv_page_size, config.prefix_caching)
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
@@ -33,8 +34,7 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """Tokens of seq's prefill to compute now (0: none fit the budget)."""
-        remaining, limit = len(seq) - seq.num_computed, min(budget, self.config.prefill_chunk_size)
-        return remaining if remaining <= limit else limit // self.block * self.block
+        return max(0, min(len(seq) - seq.num_computed, budget, self.config.prefill_chunk_size))
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: drop the keys (cached full pages stay reusable), keep the tokens."""
@@ -68,7 +68,7 @@ class Scheduler:
             budget -= seq.num_scheduled
         self.running = deque(kept)
 
-        while self.waiting and len(self.running) < self.config.max_num_seqs and budget >= min(self.block, len(self.waiting[0])):
+        while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
             seq = self.waiting[0]
             if not self.block_manager.allocate(seq):
                 break

@@ -1,12 +1,17 @@
-"""The unified model: one definition used by the trainer and the engine in every case."""
+"""The unified model: one decoder, built per family from a `ModelSpec`, used by the trainer and the
+engine in every case."""
 
-from .binding import bind, fit_contract
-from .context import PackedKV, PagedKV, Step, current_step, is_tracing, step, tracing
-from .dense import DenseModel
-from .spec import PRESETS, ModelSpec, SpecError, from_hf_config, read_config
+from .context import PackedBatch, PagedBatch, Step, current_step, is_tracing, step, tracing
+from .decoder import Decoder
+from .families import FAMILIES, PRESETS, Family, family_of, from_hf_config, is_preset, read_config, register_family, spec_of
+from .families.dense import dense_fields, dense_spec
+from .spec import RESIDUAL_NORM_OPS, AttentionSpec, KVPages, LayerSpec, MLPSpec, ModelSpec, SpecError
+from .state import PACKED, PackedKV, PagedKV, allocate, packed_state
 from .weights import init_random, load, load_model, save
 
 __all__ = [
-    "PRESETS", "DenseModel", "ModelSpec", "PackedKV", "PagedKV", "SpecError", "Step", "bind", "current_step",
-    "fit_contract", "is_tracing", "from_hf_config", "init_random", "load", "load_model", "read_config", "save", "step", "tracing",
+    "FAMILIES", "PACKED", "PRESETS", "RESIDUAL_NORM_OPS", "AttentionSpec", "Decoder", "Family", "KVPages", "LayerSpec", "MLPSpec",
+    "ModelSpec", "PackedBatch", "PackedKV", "PagedBatch", "PagedKV", "SpecError", "Step", "allocate", "current_step", "dense_fields", "dense_spec",
+    "family_of", "from_hf_config", "init_random", "is_preset", "is_tracing", "load", "load_model", "packed_state", "read_config",
+    "register_family", "save", "spec_of", "step", "tracing",
 ]

@@ -1,8 +1,9 @@
 """Per-forward metadata, set and reset in one place so training, prefill and decode share one model.
 
-The model's forward takes only `(input_ids, positions)`; everything that differs between the cases —
-which bound ops to call, where each token's keys live, which sequence a token belongs to — travels in
-a `Step` made current by `with step(...)`.
+The model's forward takes only `(input_ids, positions)`; everything that differs between the cases
+travels in a `Step` made current by `with step(...)`: which bound ops to call, the batch layout the
+caller declares (`PackedBatch` for the trainer, `PagedBatch` for the engine) and each layer's state
+(`model/state.py`). The layout is declared, never rediscovered from the tensors.
 """
 
 import contextlib
@@ -10,27 +11,50 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
 from torch import Tensor
 
-
-class PackedKV:
-    """Trainer forwards: the keys of the packed batch itself are the key store (slot = packed row)."""
-
-    def store(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        return k, v
+from ..ops.attention.metadata import packed_slot_table, paged_slot_table
 
 
-class PagedKV:
-    """Engine forwards: this forward's keys are written to `write_slots` of the paged cache, and the
-    whole cache is the key store."""
+@dataclass(frozen=True)
+class PackedBatch:
+    """Whole sequences packed back to back; each sequence's keys are its own rows (the trainer)."""
 
-    def __init__(self, k_cache: Tensor, v_cache: Tensor, write_slots: Tensor):
-        self.k_cache, self.v_cache, self.write_slots = k_cache, v_cache, write_slots  # [layers, S, Hkv, D]
+    positions: Tensor  # [T] position of each token in its sequence
+    seq_ids: Tensor  # [T] sequence of each token
+    slot_table: Tensor  # [B, L] key j of sequence b -> packed row
+    cu_seqlens: Tensor  # [B + 1]
+    max_seqlen: int  # the longest sequence, known on the host
+    write_slots = None
 
-    def store(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        self.k_cache[layer].index_copy_(0, self.write_slots, k.to(self.k_cache.dtype))
-        self.v_cache[layer].index_copy_(0, self.write_slots, v.to(self.v_cache.dtype))
-        return self.k_cache[layer], self.v_cache[layer]
+    @classmethod
+    def of(cls, lengths: list[int], device) -> "PackedBatch":
+        cu_seqlens = torch.tensor([0, *lengths], device=device).cumsum(0)
+        slot_table, seq_ids, positions = packed_slot_table(cu_seqlens)
+        return cls(positions, seq_ids, slot_table, cu_seqlens, max(lengths))
+
+    @property
+    def packed_len(self) -> int:
+        return self.max_seqlen
+
+
+@dataclass(frozen=True)
+class PagedBatch:
+    """Tokens of several sequences over the engine's paged slots: any mix of prefill chunks (cut at any
+    token) and decodes. The same integers vLLM keeps per step: the slot mapping and the block table."""
+
+    positions: Tensor  # [T] absolute position of each token
+    seq_ids: Tensor  # [T] row of the block table of each token
+    slot_table: Tensor  # [B, L] key j of sequence b -> slot
+    write_slots: Tensor  # [T] slot each token's state is written to (vLLM's slot_mapping)
+    packed_len = None
+
+    @classmethod
+    def of(cls, block_table: Tensor, page_size: int, num_keys: int, seq_ids: Tensor, positions: Tensor) -> "PagedBatch":
+        """block_table [B, P] page ids (-1 past a sequence's pages); num_keys: the most keys any row reads."""
+        slot_table = paged_slot_table(block_table, page_size, num_keys)
+        return cls(positions, seq_ids, slot_table, slot_table[seq_ids, positions])
 
 
 @dataclass
@@ -39,9 +63,8 @@ class Step:
 
     case: str
     ops: dict[str, Callable]  # contract op name -> bound impl for this case
-    slot_table: Tensor  # [B, L] key position -> key store row, per sequence
-    seq_ids: Tensor  # [T] sequence (row of slot_table) of each token
-    kv: PackedKV | PagedKV
+    batch: PackedBatch | PagedBatch
+    state: tuple  # per layer: its store (model/state.py), or None
     labels: Tensor | None = None  # [T] request_id << 32 | position of each token, for tracing
 
 
@@ -77,5 +100,5 @@ def step(current: Step):
 
 def current_step() -> Step:
     if not _current:
-        raise RuntimeError("the model was called outside `with step(...)`: it needs the case, ops and key layout")
+        raise RuntimeError("the model was called outside `with step(...)`: it needs the case, ops and batch layout")
     return _current[-1]

@@ -1,19 +1,24 @@
 """Weights in and out: Hugging Face safetensors checkpoints, and seeded random initialisation."""
 
+import dataclasses
 import json
+import logging
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .dense import DenseModel
-from .spec import PRESETS, ModelSpec, SpecError, read_config
+from .decoder import Decoder
+from .families import family_of, is_preset, read_config, spec_of
+from .spec import ModelSpec, SpecError
+
+log = logging.getLogger(__name__)
 
 
-def init_random(spec: ModelSpec, seed: int = 0) -> DenseModel:
+def init_random(spec: ModelSpec, seed: int = 0) -> Decoder:
     """A model with weights drawn from a seeded generator: the same seed gives the same bits anywhere."""
-    model = DenseModel(spec)
+    model = Decoder(spec)
     generator = torch.Generator().manual_seed(seed)
     for name, param in sorted(model.named_parameters()):
         if name.endswith("norm.weight"):
@@ -25,11 +30,11 @@ def init_random(spec: ModelSpec, seed: int = 0) -> DenseModel:
     return model
 
 
-def save(model: DenseModel, directory: str | Path) -> Path:
+def save(model: Decoder, directory: str | Path) -> Path:
     """Write config.json and model.safetensors as a Hugging Face checkpoint (tied lm_head omitted)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(model.spec.to_hf_config(), indent=2), "utf-8")
+    (directory / "config.json").write_text(json.dumps(family_of(model.spec).to_hf_config(model.spec), indent=2), "utf-8")
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if model.spec.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
@@ -37,12 +42,7 @@ def save(model: DenseModel, directory: str | Path) -> Path:
     return directory
 
 
-def load(directory: str | Path, dtype: str | None = None) -> DenseModel:
-    """Load a Hugging Face checkpoint directory (config.json + *.safetensors) into our model."""
-    directory = Path(directory)
-    spec = read_config(directory)
-    if dtype is not None:
-        spec = ModelSpec(**{**spec.__dict__, "dtype": dtype})
+def _checkpoint_tensors(directory: Path) -> dict:
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise SpecError(f"{directory}: no *.safetensors weights")
@@ -52,7 +52,24 @@ def load(directory: str | Path, dtype: str | None = None) -> DenseModel:
             tensors.update(load_file(str(file)))
         except (SafetensorError, OSError) as error:
             raise SpecError(f"{file}: unreadable safetensors ({error})") from None
-    model = DenseModel(spec)
+    return tensors
+
+
+def load(directory: str | Path, dtype: str | None = None) -> Decoder:
+    """Load a Hugging Face checkpoint directory (config.json + *.safetensors) into our model."""
+    directory = Path(directory)
+    spec = read_config(directory)
+    if dtype is not None:
+        spec = dataclasses.replace(spec, dtype=dtype)
+    family = family_of(spec)
+    tensors = {family.rename(k): v for k, v in _checkpoint_tensors(directory).items()}
+    prefixes = family.ignored_prefixes(spec)
+    ignored = sorted(k for k in tensors if k.startswith(prefixes)) if prefixes else []
+    if ignored:
+        log.warning("%s: ignored %d checkpoint tensors under %s (%s does not use them for rollout or training)",
+                    directory, len(ignored), ", ".join(prefixes), spec.architecture)
+        tensors = {k: v for k, v in tensors.items() if not k.startswith(prefixes)}
+    model = Decoder(spec)
     expected = dict(model.state_dict())
     if spec.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
@@ -69,13 +86,9 @@ def load(directory: str | Path, dtype: str | None = None) -> DenseModel:
     return model
 
 
-def load_model(source: str | Path, *, seed: int = 0, dtype: str | None = None) -> DenseModel:
+def load_model(source: str | Path, *, seed: int = 0, dtype: str | None = None) -> Decoder:
     """A preset name (random weights from `seed`) or a checkpoint directory."""
-    if str(source) in PRESETS and not Path(source).exists():
-        spec = PRESETS[str(source)]
-        if dtype is not None:
-            spec = ModelSpec(**{**spec.__dict__, "dtype": dtype})
-        return init_random(spec, seed)
-    if not Path(source).is_dir():
-        raise SpecError(f"{source!r} is neither a model preset ({', '.join(PRESETS)}) nor a checkpoint directory")
+    spec = spec_of(source)
+    if is_preset(source):
+        return init_random(spec if dtype is None else dataclasses.replace(spec, dtype=dtype), seed)
     return load(source, dtype)

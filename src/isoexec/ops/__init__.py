@@ -1,3 +1,15 @@
-"""The op families. Importing this package registers every impl and probe with `runtime.REGISTRY`."""
+"""The op families, one folder each: the plain-PyTorch reference, the Triton kernel, the native
+baseline, the admission probe and (where an impl has tunable constants) its tables by device arch.
 
-from . import activation, attention, embedding, linear, logprobs, residual, rms_norm, rope, sampling  # noqa: F401
+`register(registry)` is the one call that registers every family's impls and probes; the process-wide
+`runtime.REGISTRY` makes it on first use.
+"""
+
+from . import activation, attention, embedding, linear, logprobs, residual, rms_norm, rope, sampling
+
+FAMILIES = (activation, attention, embedding, linear, logprobs, residual, rms_norm, rope, sampling)
+
+
+def register(registry) -> None:
+    for family in FAMILIES:
+        family.register(registry)

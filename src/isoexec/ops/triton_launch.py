@@ -8,7 +8,7 @@ that decision once per distinct *argument key* and then hands the arguments stra
 kernel's launcher, as `JITFunction.run` itself does after its lookup.
 
 The key must separate every pair of calls that Triton could compile differently, so it is at least as
-fine as Triton's specialization (`tests/ops/test_triton_launch.py` checks this against Triton's own
+fine as Triton's specialization (`tests/ops/triton/test_launch.py` checks this against Triton's own
 `native_specialize_impl`):
 - a tensor: its dtype and whether its address is 16-byte aligned;
 - an int: whether it is 1 (Triton makes it a constant), whether it is divisible by 16, and its integer

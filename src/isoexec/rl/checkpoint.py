@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from ..model import DenseModel
+from ..model import Decoder
 from .config import RLConfig, default_warmup_steps
 from .loop import RLRun, setup
 from .sync import weights_digest
@@ -215,10 +215,10 @@ def restore(config: RLConfig, directory, warn: Callable[[str], None] | None = No
     return run
 
 
-def _policy(payload: dict, path: Path, spec) -> DenseModel:
+def _policy(payload: dict, path: Path, spec) -> Decoder:
     """The checkpoint's policy, its weights digest checked; its optimiser state tried on it too, so
     that whatever fits here also loads into the run."""
-    policy = DenseModel(spec)
+    policy = Decoder(spec)
     try:
         policy.load_state_dict(payload["policy"])
         torch.optim.AdamW(policy.parameters()).load_state_dict(payload["optimizer"])

@@ -2,7 +2,6 @@
 
 import sys
 
-from .. import ops  # noqa: F401  (registers the op families)
 from ..runtime import REGISTRY, fingerprint, runtime_info
 from ..validate import geometry_of, records, validate
 
@@ -11,13 +10,14 @@ class AdmissionError(RuntimeError):
     """The admission battery rejected kernels the contract pins: it cannot run bitwise on this machine."""
 
 
-def ensure_admitted(contract, device: str = "cpu", spec=None) -> None:
+def ensure_admitted(contract, device: str = "cpu", spec=None, binding=None) -> None:
     """Run the admission battery for `contract` on this machine, at the shapes of the model `spec` it
-    was fitted to, unless records already cover it."""
+    was fitted to, unless records already cover it: every cell of the contract, or with `binding` (a
+    runner's `Binding`) the cells that runner holds."""
     if not contract.claims.is_bitwise:
         return
     runtime, geometry = runtime_info(device), geometry_of(spec)
-    installed = REGISTRY.resolve(contract)
+    installed = binding.installed if binding is not None else REGISTRY.resolve(contract)
     covered = all(records.is_admitted(impl, contract.entry(region, case).constants, runtime, case, geometry)
                   for (region, case), impl in installed.items() if contract.entry(region, case).discharge.method == "bitwise_equal_to")
     if not covered:
@@ -31,7 +31,7 @@ def ensure_admitted(contract, device: str = "cpu", spec=None) -> None:
                                  "(isoexec validate shows why)")
 
 
-def side_fingerprint(contract, role: str, device: str = "cpu", spec=None) -> dict:
-    """What this process runs for `role`'s cases (for the model `spec`), ready to exchange with the other side."""
-    return fingerprint(contract, REGISTRY.resolve(contract, contract.cases_of(role)), role=role, device=device,
-                       geometry=geometry_of(spec))
+def side_fingerprint(binding, role: str, device: str = "cpu", spec=None) -> dict:
+    """What this process's runner holds for `role`'s cases (`Binding`, for the model `spec`), ready to
+    exchange with the other side."""
+    return fingerprint(binding.contract, binding.installed, role=role, device=device, geometry=geometry_of(spec))

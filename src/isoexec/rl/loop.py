@@ -20,12 +20,13 @@ import time
 import torch
 
 from ..audit.trace import Tracer
+from ..contract import fit_contract
 from ..contract import load as load_contract
 from ..engine import EngineConfig, LLMEngine, SamplingParams
-from ..model import DenseModel, ModelSpec, fit_contract, init_random, read_config, tracing
+from ..model import Decoder, ModelSpec, dense_spec, init_random, read_config, tracing
 from ..model import load as load_checkpoint
 from ..runtime import check
-from ..trainer import sequence_logprobs
+from ..trainer import Trainer
 from . import losses
 from .config import RLConfig
 from .gate import gate
@@ -42,7 +43,7 @@ RL_DTYPE = "float32"
 
 def task_model_spec(task: Task, max_new_tokens: int) -> ModelSpec:
     """A tiny Qwen3-style model sized for the task's alphabet, in float32 for training on a CPU."""
-    return ModelSpec(architecture="Qwen3ForCausalLM", vocab_size=task.tokenizer.vocab_size, hidden_size=64, intermediate_size=128,
+    return dense_spec(architecture="Qwen3ForCausalLM", vocab_size=task.tokenizer.vocab_size, hidden_size=64, intermediate_size=128,
                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
                      rope_theta=10_000.0, max_position_embeddings=64 + max_new_tokens, tie_word_embeddings=True, dtype=RL_DTYPE,
                      eos_token_id=task.tokenizer.EOS)
@@ -64,7 +65,7 @@ def task_and_spec(config: RLConfig) -> tuple[Task, ModelSpec]:
     return load_task(config.task, config.data, tokenizer), spec
 
 
-def initial_model(config: RLConfig, spec: ModelSpec) -> DenseModel:
+def initial_model(config: RLConfig, spec: ModelSpec) -> Decoder:
     """The policy before the warm-up: the checkpoint's weights, or the toy's seeded random ones."""
     if config.model is None:
         return init_random(spec, config.seed)
@@ -121,8 +122,12 @@ class Rollout:
         pages = config.prompts_per_step * config.group_size * -(-(longest_prompt(task) + config.max_new_tokens) // page)
         self.engine = LLMEngine(self.model, self.contract, EngineConfig.from_contract(self.contract, num_pages=pages + 1))
 
+    @property
+    def binding(self):
+        return self.engine.binding
+
     def fingerprint(self) -> dict:
-        return side_fingerprint(self.contract, "engine", spec=self.spec)
+        return side_fingerprint(self.binding, "engine", spec=self.spec)
 
     def generate(self, prompts, params):
         return self.engine.generate(prompts, params, progress=False)
@@ -134,15 +139,20 @@ class Rollout:
 class Learner:
     """The trainer side: the policy, its optimiser, the gate and the update."""
 
-    def __init__(self, config: RLConfig, initial: DenseModel | None = None):
+    def __init__(self, config: RLConfig, initial: Decoder | None = None):
         self.config = config
         self.task, self.spec, self.contract = setup(config)
         self.policy = initial if initial is not None else warmup(initial_model(config, self.spec), self.task, config)
+        self.trainer = Trainer(self.policy, self.contract)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
         self.step = 0  # the RL step being trained on, for reports
 
+    @property
+    def binding(self):
+        return self.trainer.binding
+
     def fingerprint(self) -> dict:
-        return side_fingerprint(self.contract, "trainer", spec=self.spec)
+        return side_fingerprint(self.binding, "trainer", spec=self.spec)
 
     def weights(self) -> tuple[dict, str]:
         return state_bytes(self.policy), weights_digest(self.policy)
@@ -154,7 +164,7 @@ class Learner:
         seq_index = torch.cat([torch.full((len(c.token_ids),), i) for i, c in enumerate(kept)])
         out = {}
         for k in range(cfg.optimizer_steps):
-            rows = sequence_logprobs(self.policy, self.contract, sequences, case="trainer_fwd")
+            rows = self.trainer.logprobs(sequences, case="trainer_fwd")
             generated = [r[len(c.prompt) - 1 :] for r, c in zip(rows, kept)]
             logp = torch.cat([g.gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0] for g, c in zip(generated, kept)])  # [T]
             if k == 0:
@@ -179,7 +189,7 @@ class Learner:
 class RLRun:
     """Drives one Rollout and one Learner (local objects, or Ray actors behind the same methods)."""
 
-    def __init__(self, config: RLConfig, *, initial: DenseModel | None = None, rollout=None, learner=None):
+    def __init__(self, config: RLConfig, *, initial: Decoder | None = None, rollout=None, learner=None):
         self.config = config
         self.task, spec, self.contract = setup(config)
         ensure_admitted(self.contract, spec=spec)
@@ -235,6 +245,6 @@ class RLRun:
         tracer = Tracer()
         with tracing(tracer):
             completions = self.rollout.generate(prompts, params)
-            sequence_logprobs(self.learner.policy, self.contract, [c.prompt + c.token_ids for c in completions], case="trainer_score",
-                              labels=[c.request_id for c in completions])
+            self.learner.trainer.logprobs([c.prompt + c.token_ids for c in completions], case="trainer_score",
+                                          labels=[c.request_id for c in completions])
         return tracer.explain(request_id, position, self.contract)

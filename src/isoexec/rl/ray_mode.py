@@ -41,7 +41,7 @@ class _Host:
         self.side = side(*args)
         # Admission records are per machine: on the driver's host this is a lookup, elsewhere it
         # runs the battery, as the fingerprint this process sends must be covered where it runs.
-        ensure_admitted(self.side.contract, spec=self.side.spec)
+        ensure_admitted(self.side.contract, spec=self.side.spec, binding=self.side.binding)
 
     def pid(self) -> int:
         return os.getpid()

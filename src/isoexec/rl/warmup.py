@@ -8,24 +8,24 @@ import random
 
 import torch
 
-from ..contract import load_preset
-from ..model import DenseModel, fit_contract
-from ..trainer import sequence_logprobs
+from ..contract import fit_contract, load_preset
+from ..model import Decoder
+from ..trainer import Trainer
 
 WARMUP_BATCH = 64
 
 
-def warmup(model: DenseModel, task, config) -> DenseModel:
+def warmup(model: Decoder, task, config) -> Decoder:
     if config.num_warmup_steps == 0:
         return model
-    contract = fit_contract(load_preset("native"), model.spec)
+    trainer = Trainer(model, fit_contract(load_preset("native"), model.spec))
     tok = task.tokenizer
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.warmup_learning_rate)
     for i in range(config.num_warmup_steps):
         examples = task.sample(random.Random(f"{config.seed}:warmup:{i}"), WARMUP_BATCH)
         prompts = [tok.encode_prompt(e.prompt) for e in examples]
         targets = [tok.encode(e.answer) + [tok.EOS] for e in examples]
-        rows = sequence_logprobs(model, contract, [p + t for p, t in zip(prompts, targets)], case="trainer_fwd")
+        rows = trainer.logprobs([p + t for p, t in zip(prompts, targets)], case="trainer_fwd")
         picked = [r[len(p) - 1 :].gather(-1, torch.tensor(t)[:, None]) for r, p, t in zip(rows, prompts, targets)]
         loss = -torch.cat(picked).mean()
         optimizer.zero_grad(set_to_none=True)

@@ -1,7 +1,8 @@
 """The impl registry: which callable computes a region in a case, and the source that decides its bits.
 
 Op families register their impls here under `id@version`; `Registry.resolve` turns a contract into one
-impl per (region, case) and refuses anything the contract pins that this process cannot honour.
+impl per (region, case) and refuses anything the contract pins that this process cannot honour. The
+process-wide `REGISTRY` registers the built-in op families (`ops.register`) the first time it is read.
 """
 
 import functools
@@ -32,7 +33,9 @@ class Impl:
     beyond the file that defines `fn`; `gpu_kernels`, whether `fn` launches compiled GPU (Triton)
     kernels, which on a CPU run only in Triton's interpreter; `check_geometry(constants, geometry)`
     may refuse the shapes of a model (`validate.geometry_of`) the impl cannot run (ValueError naming
-    the config field), so that a contract is refused when it is fitted, not in the forward.
+    the config field), so that a contract is refused when it is fitted, not in the forward;
+    `tune(ops, cases, spec, arch)` gives the constants its family's tables list for a model on a device
+    arch, as [(cases, constants to set)], or None where the arch has no table (`contract/fit.py`).
     """
 
     id: str
@@ -44,6 +47,7 @@ class Impl:
     sources: tuple = field(default=())
     gpu_kernels: bool = False
     check_geometry: Callable[[dict, dict], None] | None = None
+    tune: Callable | None = None
 
     @property
     def ref(self) -> str:
@@ -94,19 +98,28 @@ class ResolutionError(ValueError):
 class Registry:
     """Impls by `id@version`, and the admission-battery probe of each region."""
 
-    def __init__(self):
+    def __init__(self, populate: Callable[["Registry"], None] | None = None):
         self._impls: dict[tuple[str, int], Impl] = {}
         self._probes: dict[str, Callable] = {}
+        self._populate = populate
+
+    def _populated(self) -> "Registry":
+        if self._populate is not None:
+            populate, self._populate = self._populate, None
+            populate(self)
+        return self
 
     def register_probe(self, region: str, probe: Callable) -> None:
+        self._populated()
         if region in self._probes:
             raise ValueError(f"a probe for region {region!r} is already registered")
         self._probes[region] = probe
 
     def probe(self, region: str) -> Callable | None:
-        return self._probes.get(region)
+        return self._populated()._probes.get(region)
 
     def register(self, impl: Impl) -> Impl:
+        self._populated()
         key = (impl.id, impl.version)
         if key in self._impls:
             raise ValueError(f"impl {impl.ref} is already registered")
@@ -114,13 +127,13 @@ class Registry:
         return impl
 
     def get(self, impl_id: str, version: int) -> Impl | None:
-        return self._impls.get((impl_id, version))
+        return self._populated()._impls.get((impl_id, version))
 
     def __iter__(self):
-        return iter(sorted(self._impls.values(), key=lambda impl: (impl.region, impl.id, impl.version)))
+        return iter(sorted(self._populated()._impls.values(), key=lambda impl: (impl.region, impl.id, impl.version)))
 
     def __len__(self) -> int:
-        return len(self._impls)
+        return len(self._populated()._impls)
 
     def resolve(self, contract, cases=None) -> dict[tuple[str, str], Impl]:
         """One impl per (region, case) of `contract`, for `cases` (default: all of them)."""
@@ -152,10 +165,10 @@ class Registry:
         return installed
 
 
-    def bind_ops(self, contract, case: str) -> dict[str, Callable]:
-        """Every logical op of `case` mapped to its pinned impl with the contract's constants applied."""
-        installed = self.resolve(contract, [case])
-        return {op: installed[region, case].bind(entry.constants) for region, c, entry in contract.cells() if c == case for op in entry.ops}
+def _builtin_ops(registry: Registry) -> None:
+    from .. import ops
+
+    ops.register(registry)
 
 
-REGISTRY = Registry()
+REGISTRY = Registry(_builtin_ops)

@@ -14,11 +14,15 @@ from .battery import EntryResult, validate_entry
 
 def geometry_of(spec) -> dict:
     """The model shapes the probes run at (`Context.geometry`) and admission records are keyed by: the
-    attention heads and head_dim, and the projections' K values. Empty without a model."""
+    attention heads and head_dim (of its first `gqa` mixer), and the projections' K values. Empty
+    without a model."""
     if spec is None:
         return {}
-    return {"num_heads": spec.num_attention_heads, "num_kv_heads": spec.num_key_value_heads, "head_dim": spec.head_dim,
-            "linear_k": sorted({k for _, k in spec.linear_shapes.values()})}
+    geometry = {}
+    if spec.attention:
+        attention = spec.attention[0]
+        geometry = {"num_heads": attention.num_heads, "num_kv_heads": attention.num_kv_heads, "head_dim": attention.head_dim}
+    return geometry | {"linear_k": sorted({k for shapes in spec.projections.values() for _, k in shapes})}
 
 
 def validate(contract: Contract, *, device: str = "cpu", registry: Registry = REGISTRY, record: bool = True, progress=None,
@@ -30,8 +34,6 @@ def validate(contract: Contract, *, device: str = "cpu", registry: Registry = RE
     (attention: head_dim and query heads per KV head; GEMMs: the projections' K) run at them, and the
     records are keyed by them (`geometry_of`), so they count only for a process running that model.
     """
-    from .. import ops  # noqa: F401  (registers the op families)
-
     target = torch.device(device)
     runtime = runtime_info(target)
     start = time.perf_counter()

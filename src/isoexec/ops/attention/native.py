@@ -9,9 +9,9 @@ baseline the benchmarks time, so it is written the way an ordinary engine would 
   `slot_table[seq_ids]` and all rows go through one SDPA call with a key mask. This is correct for any
   metadata, and decided from shapes alone, so it never waits on the device and can be captured in a
   CUDA graph;
-- whole sequences packed back to back with their own keys (the trainer's batches, no window): one
-  causal SDPA call (flash) over the sequences padded to the longest. Checking the layout waits on the
-  device once;
+- whole sequences packed back to back with their own keys, as the caller declares with `packed_len`
+  (the trainer's batches, no window): one causal SDPA call (flash) over the sequences padded to the
+  longest, `packed_len` rows each;
 - per sequence otherwise (prefill): one SDPA call per sequence shares the key/value loads among its
   queries; a sequence whose queries are exactly positions 0 … n-1 without a window runs with
   `is_causal` (the flash kernel). Finding the sequences waits on the device.
@@ -19,8 +19,6 @@ baseline the benchmarks time, so it is written the way an ordinary engine would 
 SDPA gives NaN for a row whose mask hides every key, so such a row is shown one zeroed key (per row)
 or its result is replaced by zero (per sequence): a row that sees no key is zero, as in the reference.
 """
-
-import weakref
 
 import torch
 import torch.nn.functional as F
@@ -77,36 +75,6 @@ def _sequence(q: Tensor, k_store: Tensor, v_store: Tensor, slots: Tensor, positi
     return torch.where(has_keys[:, None, None], out.transpose(0, 1), 0.0)
 
 
-# The last layout checked, by the metadata tensors it was checked for: every layer of a forward (and of
-# its backward's recompute) passes the same ones, so only the first waits on the device.
-_last_layout: tuple = ()
-
-
-def packed_layout(k_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor) -> int | None:
-    """The longest sequence when the T queries are whole sequences in order, back to back, whose keys
-    are the queries' own rows (`packed_slot_table`); otherwise None. One wait on the device per new
-    set of metadata tensors."""
-    global _last_layout
-    num_tokens, num_keys = seq_ids.shape[0], slot_table.shape[1]
-    if k_store.shape[0] != num_tokens:
-        return None
-    metadata = (slot_table, seq_ids, positions)
-    versions = tuple(t._version for t in metadata)
-    if _last_layout and all(ref() is t for ref, t in zip(_last_layout[0], metadata)) and _last_layout[1] == versions:
-        return _last_layout[2]
-    num_seqs = slot_table.shape[0]
-    rows = torch.arange(num_tokens, device=seq_ids.device)
-    in_range = torch.all((seq_ids >= 0) & (seq_ids < num_seqs))
-    seqs = seq_ids.clamp(0, num_seqs - 1)
-    counts = torch.zeros(num_seqs, dtype=torch.int64, device=seq_ids.device).index_add_(0, seqs, torch.ones_like(seqs))  # [B]
-    starts = counts.cumsum(0) - counts
-    own = slot_table[seqs, positions.clamp(0, num_keys - 1)] == rows
-    ordered = torch.all(seq_ids[1:] >= seq_ids[:-1])
-    ok, longest = torch.stack([torch.all((positions == rows - starts[seqs]) & own) & ordered & in_range, counts.max()]).tolist()
-    _last_layout = (tuple(weakref.ref(t) for t in metadata), versions, int(longest) if ok else None)
-    return _last_layout[2]
-
-
 def packed(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor,
             scale: float, longest: int) -> Tensor:
     """Packed whole sequences in one causal SDPA call: each sequence padded to `longest` rows at its end,
@@ -136,8 +104,9 @@ def _per_sequence(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
 
 
 def attention(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor,
-              scale: float, window: int | None = None, *, input_dtype: str, output_dtype: str, kv_cache_dtype: str) -> Tensor:
-    """Same arguments and result as `reference.attention`, computed with SDPA (per row or per sequence)."""
+              scale: float, window: int | None = None, packed_len: int | None = None, *, input_dtype: str, output_dtype: str,
+              kv_cache_dtype: str) -> Tensor:
+    """Same arguments and result as `reference.attention`, computed with SDPA (per row, packed or per sequence)."""
     expect_dtype(q, input_dtype, "attention query")
     expect_dtype(k_store, kv_cache_dtype, "attention key store")
     expect_dtype(v_store, kv_cache_dtype, "attention value store")
@@ -147,8 +116,8 @@ def attention(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, s
         out = q.new_zeros(q.shape)
     elif q.shape[0] <= slot_table.shape[0]:
         out = _per_row(q, k_store, v_store, slot_table, seq_ids, positions, scale, window)
-    elif window is None and (longest := packed_layout(k_store, slot_table, seq_ids, positions)) is not None:
-        out = packed(q, k_store, v_store, slot_table, seq_ids, positions, scale, longest)
+    elif window is None and packed_len is not None:
+        out = packed(q, k_store, v_store, slot_table, seq_ids, positions, scale, packed_len)
     else:
         out = _per_sequence(q, k_store, v_store, slot_table, seq_ids, positions, scale, window)
     expect_dtype(out, output_dtype, "attention output")

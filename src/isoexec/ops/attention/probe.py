@@ -20,7 +20,8 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 16  # the probe's own heads, for a con
 LENGTHS = (70, 1, 40, 16, 17, 15)
 WINDOW, WINDOW_LENGTHS = 20, (70, 40, 17)
 POISON = (float("nan"), float("inf"), float("-inf"))
-# Pages hold whole key blocks (DESIGN §3); impls without a block size (native) get this one.
+# The page size (and the chunk unit) of the probe's engine forms, in units of the impl's key block;
+# impls without a block size (native) get this one.
 DEFAULT_BLOCK_N = 16
 
 
@@ -103,7 +104,9 @@ def _packed(ctx, case, seqs, order, window, non_contiguous=False):
     slot_table, seq_ids, positions = packed_slot_table(cu_seqlens)
     q = torch.cat([seqs[i].q for i in order])
     k, v = torch.cat([seqs[i].k for i in order]), torch.cat([seqs[i].v for i in order])
-    out = ctx.call(case, strided(q) if non_contiguous else q, k, v, slot_table, seq_ids, positions, _scale(ctx), window)
+    # The trainer declares its batch packed (the longest sequence), as the model passes it.
+    packed_len = int(lengths.max()) if window is None else None
+    out = ctx.call(case, strided(q) if non_contiguous else q, k, v, slot_table, seq_ids, positions, _scale(ctx), window, packed_len)
     parts = out.split(lengths.tolist())
     return {i: part for i, part in zip(order, parts)}
 
@@ -186,6 +189,9 @@ def _forms(ctx, case, seqs, order, window):
             yield f"prefill in chunks of {chunk}", lambda chunk=chunk: _prefill(ctx, case, seqs, order, window, chunk)
         yield f"prefill in chunks of {block_n}, reverse order", lambda: _prefill(ctx, case, seqs, order[::-1], window, block_n)
         yield f"prefill in chunks of 7, pages of {2 * block_n}", lambda: _prefill(ctx, case, seqs, order, window, 7, 2 * block_n)
+        # Pages smaller than a key block: a block's keys come from several pages, chunks start anywhere.
+        small = max(1, block_n // 2)
+        yield f"prefill in chunks of 5, pages of {small}", lambda: _prefill(ctx, case, seqs, order, window, 5, small)
 
 
 def _alone(ctx, seqs, i, window) -> Tensor:

@@ -129,15 +129,16 @@ def _attend_rows(q, k_store, v_store, table, positions, scale, window, accum, bl
 
 
 def attention(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor,
-              scale: float, window: int | None = None, *, input_dtype: str, output_dtype: str, kv_cache_dtype: str,
-              accum_dtype: str, block_n: int, reduce_block: int, block_tree: str, split_kv_size: int) -> Tensor:
+              scale: float, window: int | None = None, packed_len: int | None = None, *, input_dtype: str, output_dtype: str,
+              kv_cache_dtype: str, accum_dtype: str, block_n: int, reduce_block: int, block_tree: str, split_kv_size: int) -> Tensor:
     """Causal (optionally sliding-window) GQA attention over a key/value store addressed by slots.
 
     q [T, H, D]; k_store, v_store [S, Hkv, D] with H a multiple of Hkv (head h reads kv head
     h // (H // Hkv)); slot_table [B, L]: row of the store holding key j of sequence b; seq_ids [T]:
     each query's sequence; positions [T]: each query's absolute position p. The query sees keys j with
     j <= p, j < L and, with a window, j > p - window. Returns [T, H, D] in output_dtype; a row that
-    sees no key is zero.
+    sees no key is zero. `packed_len`, where the caller declares a packed batch of whole sequences (the
+    longest of them), may let an impl pick a faster layout; a row's bits here never depend on it.
     """
     check_constants({"split_kv_size": split_kv_size})
     _check_inputs(q, k_store, v_store, slot_table, seq_ids, positions, window, input_dtype, kv_cache_dtype)

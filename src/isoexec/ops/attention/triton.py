@@ -48,8 +48,8 @@ metadata itself and runs them in turn, so there is no host sync and no separate 
 a CUDA graph. A visible key whose slot lies outside the store is skipped rather than reported (the
 kernel cannot raise); `reference.attention` raises there.
 
-The backward pass recomputes the forward with `native.attention` (SDPA) under autograd, trainer
-batches with one padded flash call (`native.packed`): gradients are correct, not batch-invariant.
+The backward pass recomputes the forward with `native.attention` (SDPA) under autograd, batches the
+caller declares packed (`packed_len`, the trainer's) with one padded flash call (`native.packed`): gradients are correct, not batch-invariant.
 """
 
 from __future__ import annotations
@@ -305,15 +305,11 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
 
 class _TritonAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k_store, v_store, slot_table, seq_ids, positions, scale, window, dtypes, config):
+    def forward(ctx, q, k_store, v_store, slot_table, seq_ids, positions, scale, window, packed_len, dtypes, config):
         ctx.save_for_backward(q, k_store, v_store, slot_table, seq_ids, positions)
         ctx.scale, ctx.window, ctx.dtypes = scale, window, dtypes
-        # The backward recomputes trainer batches with one padded flash call. Checking that layout waits
-        # on the device, and does it here, where the first layer finds the device's queue nearly empty
-        # (every later layer reuses the answer); in the backward it stalled the host for the whole
-        # forward's queue (25 ms per step on an H200).
-        packed = window is None and q.shape[0] > slot_table.shape[0]
-        ctx.longest = native.packed_layout(k_store, slot_table, seq_ids, positions) if packed else None
+        # The backward recomputes a batch the caller declared packed (the trainer's) with one padded flash call.
+        ctx.longest = packed_len if window is None else None
         return attention_fwd(q, k_store, v_store, slot_table, seq_ids, positions, scale, window, torch_dtype(dtypes["output_dtype"]), **config)
 
     @staticmethod
@@ -327,12 +323,12 @@ class _TritonAttention(torch.autograd.Function):
                 out = native.attention(*inputs, slot_table, seq_ids, positions, ctx.scale, ctx.window, **ctx.dtypes)
         wanted = [t for t in inputs if t.requires_grad]
         grads = iter(torch.autograd.grad(out, wanted, grad.to(out.dtype)))
-        return (*(next(grads) if t.requires_grad else None for t in inputs), None, None, None, None, None, None, None)
+        return (*(next(grads) if t.requires_grad else None for t in inputs), None, None, None, None, None, None, None, None)
 
 
 def attention(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor,
-              scale: float, window: int | None = None, *, input_dtype: str, output_dtype: str, kv_cache_dtype: str,
-              accum_dtype: str, block_m: int, block_n: int, num_warps: int, num_stages: int,
+              scale: float, window: int | None = None, packed_len: int | None = None, *, input_dtype: str, output_dtype: str,
+              kv_cache_dtype: str, accum_dtype: str, block_m: int, block_n: int, num_warps: int, num_stages: int,
               split_kv_size: int) -> Tensor:
     """Same arguments and result as `reference.attention` (its docstring has the layout)."""
     check_constants(dict(accum_dtype=accum_dtype, input_dtype=input_dtype, kv_cache_dtype=kv_cache_dtype,
@@ -345,7 +341,7 @@ def attention(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, s
     config = dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
     if needs_grad(q, k_store, v_store):
         dtypes = dict(input_dtype=input_dtype, output_dtype=output_dtype, kv_cache_dtype=kv_cache_dtype)
-        return _TritonAttention.apply(q, k_store, v_store, slot_table, seq_ids, positions, scale, window, dtypes, config)
+        return _TritonAttention.apply(q, k_store, v_store, slot_table, seq_ids, positions, scale, window, packed_len, dtypes, config)
     return attention_fwd(q, k_store, v_store, slot_table, seq_ids, positions, scale, window, torch_dtype(output_dtype), **config)
 
 

@@ -8,7 +8,7 @@ loads differ from the grid kernel's `triton.linear_tile`; both hand their blocks
 which holds the arithmetic: K in ascending BLOCK_K blocks, `tl.dot` into one fp32 accumulator from
 +0.0, the bias added in fp32, one rounding. Which program computes a tile, when, and how its operands
 reach shared memory cannot enter that arithmetic, so for the same constants the output is bitwise the
-grid kernel's: `tests/ops/test_triton_kernels.py` checks it under the interpreter, and on an H200
+grid kernel's: `tests/ops/linear/test_triton.py` checks it under the interpreter, and on an H200
 `benchmarks/sweep_gemm.py` found it so at Qwen3-8B shapes.
 
 With G > 1 leaves the same kernel runs `row_parallel_triton`'s sequential fold: each leaf's blocks

@@ -25,7 +25,7 @@ held beside the running one, more registers than a fast tile has, so it keeps th
 Where a layer's leaves are long (`persistent_fits`), the same fold runs in linear.triton's persistent
 TMA kernel instead (`persistent_triton`, G leaves): the same additions in the same order, so the same
 bits (tested against the leaf planes, and on an H200 against `fused_kernel`). Both hold two
-accumulators; their tiles are `HOPPER_CONSTANTS`, keyed by (N, K).
+accumulators; their tiles are listed in `tuning.py`, keyed by (N, K).
 
 The backward pass is linear.triton's: ordinary matmuls, correct but not batch-invariant.
 """
@@ -43,28 +43,14 @@ from ..common import ALL_CASES, torch_dtype
 from ..triton_support import jit, tl, triton, triton_available
 from . import persistent_triton, tile_triton
 from . import triton as linear_triton
+from . import tuning
+from .tuning import _FUSED
+from .tuning import HOPPER_ROW_PARALLEL_CONSTANTS as HOPPER_CONSTANTS
 
 # Leaf counts whose combine runs as one Triton kernel; others combine with torch ops (same bits).
 KERNEL_LEAVES = (1, 2, 4, 8)
 
 ID = "linear.row_parallel.triton"
-
-# Hopper tiles for the fused kernel (two fp32 accumulators: 128x128 over 8 warps is 128 registers a
-# thread for both), keyed by (N, K) like linear.triton's; tiny-dense keeps linear.triton's tiny tile.
-_FUSED = dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)
-# The persistent launch's tile at Qwen3-8B (`persistent_fits`): 128x256 over 8 warps, the fastest of the
-# 5 tiles swept at both layers (docs/experiments.md). Its two accumulators take 256 registers a thread,
-# so some may spill; whether they do was not examined. At M <= 256 it leaves SMs idle.
-_PERSISTENT = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
-HOPPER_CONSTANTS = {
-    (64, 64): linear_triton.HOPPER_CONSTANTS[64, 64],  # tiny-dense o_proj
-    (64, 128): linear_triton.HOPPER_CONSTANTS[64, 128],  # tiny-dense down_proj
-    (4096, 4096): _PERSISTENT,  # Qwen3-8B o_proj
-    (4096, 12288): _PERSISTENT,  # Qwen3-8B down_proj
-    (1024, 2048): _FUSED,  # Qwen3-0.6B o_proj
-    (1024, 3072): _FUSED,  # Qwen3-0.6B down_proj
-}
-
 
 def hopper_constants(n: int, k: int, dtype: str = "bfloat16") -> dict:
     """linear.triton's Hopper constants with this impl's tile for an [N, K] weight."""
@@ -277,6 +263,6 @@ def register(registry) -> None:
     """Register linear.row_parallel.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="linear.row_parallel", cases=ALL_CASES, fn=row_parallel_linear,
-                               check_constants=check_constants,
+                               check_constants=check_constants, tune=tuning.fit_row_parallel,
                                sources=(linear_triton.linear_fwd_kernel, linear_triton.linear_tile, tile_triton, combine_kernel, fused_kernel,
                                         persistent_triton, linear_triton, reduce, triton_support)))

@@ -42,64 +42,11 @@ from ..common import ALL_CASES, expect_dtype, torch_dtype
 from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
 from . import persistent_triton, reference, tile_triton
 from .reference import linear_grads
+from . import tuning
+from .tuning import _BIG, HOPPER_CONSTANTS, HOPPER_DECODE_CONSTANTS  # noqa: F401  (the tables live in tuning.py)
 
 ID = "linear.triton"
 DOT_DTYPES = ("bfloat16", "float16", "float32")
-
-# Hopper (H100/H200) tiles for bf16 boundaries, keyed by (N, K) of the weight. On one H200 (triton 3.6,
-# benchmarks/sweep_gemm.py) no tile changed a bit of the output, BLOCK_K included, so these are speed
-# choices; the battery still proves each on its device. One tile serves every M, so it is the fastest
-# at M = 1024 and 4096 (the trainer's and prefill's sizes): 128x256x64 reached 0.93-1.06x cuBLAS with the
-# persistent launch at Qwen3-8B shapes. N = 1024 layers have too few 128x256 tiles to fill the GPU at
-# M = 1024 and take 64x256. Decode batches get tiles of their own below.
-_BIG = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
-_NARROW = dict(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=4)
-# N = 6144 at K = 4096 (Qwen3-8B's q, k and v as one GEMM): 192 tiles of 128x256 make 1.45 waves on 132 SMs
-# at M = 1024 (0.76x cuBLAS); 128x128 reached 0.88x there and 0.90x at M = 4096 (128x256: 0.97x).
-_WAVES = dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4)
-_TINY = dict(block_m=64, block_n=32, block_k=32, num_warps=4, num_stages=2)  # not timed
-HOPPER_CONSTANTS = {
-    # tiny-dense: hidden 64, intermediate 128, 4 heads / 2 KV heads of 16, vocab 512
-    (64, 64): _TINY,  # q_proj, o_proj
-    (32, 64): _TINY,  # k_proj, v_proj
-    (128, 64): _TINY,  # gate_proj, up_proj
-    (64, 128): _TINY,  # down_proj
-    (512, 64): _TINY,  # lm_head
-    # Qwen3-8B: hidden 4096, intermediate 12288, 32 heads / 8 KV heads of 128, vocab 151936
-    (4096, 4096): _BIG,  # q_proj, o_proj
-    (1024, 4096): _NARROW,  # k_proj, v_proj
-    (6144, 4096): _WAVES,  # fused qkv_proj
-    (12288, 4096): _BIG,  # gate_proj, up_proj
-    (24576, 4096): _BIG,  # fused gate_up_proj (not timed)
-    (4096, 12288): _BIG,  # down_proj
-    (151936, 4096): _BIG,  # lm_head
-    # Qwen3-0.6B (timed at decode sizes only): hidden 1024, intermediate 3072, 16 heads / 8 KV heads of 128
-    (2048, 1024): _BIG,  # q_proj
-    (1024, 1024): _NARROW,  # k_proj, v_proj
-    (1024, 2048): _NARROW,  # o_proj
-    (3072, 1024): _BIG,  # gate_proj, up_proj
-    (1024, 3072): _NARROW,  # down_proj
-    (151936, 1024): _BIG,  # lm_head
-}
-
-
-# Tiles for engine_decode alone (a batch of at most max_num_seqs rows), keyed by (N, K). `fit_contract`
-# gives them to a decode entry of their own, and the battery must show decode rows bitwise equal to the
-# other cases' rows. `benchmarks/profile_gpu.py gemm` times candidates as CUDA-graph replays (as decode
-# runs) at M = 1, 16 and 64 on one H200; none of 48 per shape changed a bit. 64x32x256 (4 warps, 4
-# stages) was the fastest or within 4% of it in the sum over M at every layer shape, level with cuBLAS
-# for q_proj and gate/up and faster for k/v; one row tile holds the whole batch, so each weight tile is
-# read once. The 16x32x128 tile it replaces re-read weights for every 16 rows: 1.15-1.7x slower at M = 64.
-_DECODE = dict(block_m=64, block_n=32, block_k=256, num_warps=4, num_stages=4)
-HOPPER_DECODE_CONSTANTS: dict[tuple[int, int], dict] = {
-    (2048, 1024): _DECODE,  # Qwen3-0.6B q_proj
-    (1024, 1024): _DECODE,  # k_proj, v_proj
-    (1024, 2048): _DECODE,  # o_proj
-    (3072, 1024): _DECODE,  # gate_proj, up_proj
-    (1024, 3072): _DECODE,  # down_proj
-    (151936, 1024): _DECODE,  # lm_head (shares its entry's tile, the layers' one: `model/binding.py`)
-}
-
 
 # Pipeline stages decide only when tiles are loaded, never the arithmetic. A tile chosen for bf16 runs
 # with as many of its stages as fit in 200 KiB of shared memory (an H100/H200 SM has 227 KiB) when its
@@ -278,5 +225,5 @@ def check_constants(constants: dict, impl_id: str = ID) -> None:
 def register(registry) -> None:
     """Register linear.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
-        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="linear", cases=ALL_CASES, fn=linear, check_constants=check_constants,
+        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="linear", cases=ALL_CASES, fn=linear, check_constants=check_constants, tune=tuning.fit,
                                sources=(linear_fwd_kernel, linear_tile, tile_triton, persistent_triton, triton_support)))

@@ -15,7 +15,7 @@ The backward pass, grad - exp(log-probs) · Σ grad, is one more Triton program 
 (`logprobs_bwd_kernel`: Σ grad over the row, then the difference, rounded once to the logits' dtype).
 Gradients must be correct, not batch-invariant. The same formula in torch ops made four passes over
 [T, V] fp32 tensors (exp, product, difference, cast) after the row sum, where this reads the gradient
-twice and the log-probs once and writes the result once (benchmarks/RESULTS.md, fifth session).
+twice and the log-probs once and writes the result once (docs/experiments.md, bb94c8d / ab91c28).
 """
 
 from __future__ import annotations
@@ -27,19 +27,12 @@ from torch.autograd.function import once_differentiable
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
+from . import tuning
+from .tuning import HOPPER_CONSTANTS  # noqa: F401  (re-exported for benchmarks and tests)
 from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
 
 ID = "logprobs.triton"
 INPUT_DTYPES = ("bfloat16", "float16", "float32")
-
-# Hopper (H100/H200) constants, keyed by the vocabulary size V, not swept: 4096 over 8 warps gives each
-# thread 16 contiguous elements and Qwen3's 151936 38 chunks; on one H200 a [512, 151936] bf16 batch
-# took 218 us, against 528 us for torch's fp32 log_softmax of the same logits.
-HOPPER_CONSTANTS = {
-    512: dict(vocab_block=512, num_warps=4),  # tiny-dense
-    151936: dict(vocab_block=4096, num_warps=8),  # Qwen3-8B
-}
-
 
 @jit
 def logprobs_fwd_kernel(
@@ -176,5 +169,5 @@ def check_constants(constants: dict) -> None:
 def register(registry) -> None:
     """Register logprobs.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
-        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="logprobs", cases=ALL_CASES, fn=logprobs, check_constants=check_constants,
+        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="logprobs", cases=ALL_CASES, fn=logprobs, check_constants=check_constants, tune=tuning.fit,
                                sources=(logprobs_fwd_kernel, triton_support)))

@@ -2,17 +2,20 @@
 (`rms_norm.residual`: (x, residual) -> (rms_norm(x + residual), x + residual)): invariant reference,
 torch's fused kernel, and one Triton kernel for both."""
 
-from ...runtime.registry import REGISTRY, Impl
+from ...runtime.registry import Impl
 from .. import reduce
 from ..common import ALL_CASES
 from ..residual import reference as residual_reference
 from . import native, probe, reference, triton
 
-REGISTRY.register(Impl(id="rms_norm.reference", version=1, region="rms_norm", cases=ALL_CASES, fn=reference.rms_norm, sources=(reduce,)))
-REGISTRY.register(Impl(id="rms_norm.native", version=1, region="rms_norm", cases=ALL_CASES, fn=native.rms_norm))
-REGISTRY.register(Impl(id="rms_norm.residual.reference", version=1, region="rms_norm.residual", cases=ALL_CASES,
-                       fn=reference.rms_norm_residual, sources=(reduce, residual_reference)))
-REGISTRY.register(Impl(id="rms_norm.residual.native", version=1, region="rms_norm.residual", cases=ALL_CASES, fn=native.rms_norm_residual))
-REGISTRY.register_probe("rms_norm", probe.probe)
-REGISTRY.register_probe("rms_norm.residual", probe.probe_residual)
-triton.register(REGISTRY)  # skipped where Triton is not installed
+
+def register(registry) -> None:
+    """Register this family's impls and admission probe(s) with `registry`."""
+    registry.register(Impl(id="rms_norm.reference", version=1, region="rms_norm", cases=ALL_CASES, fn=reference.rms_norm, sources=(reduce,)))
+    registry.register(Impl(id="rms_norm.native", version=1, region="rms_norm", cases=ALL_CASES, fn=native.rms_norm))
+    registry.register(Impl(id="rms_norm.residual.reference", version=1, region="rms_norm.residual", cases=ALL_CASES,
+                           fn=reference.rms_norm_residual, sources=(reduce, residual_reference)))
+    registry.register(Impl(id="rms_norm.residual.native", version=1, region="rms_norm.residual", cases=ALL_CASES, fn=native.rms_norm_residual))
+    registry.register_probe("rms_norm", probe.probe)
+    registry.register_probe("rms_norm.residual", probe.probe_residual)
+    triton.register(registry)  # skipped where Triton is not installed

@@ -28,24 +28,13 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
+from . import tuning
+from .tuning import HOPPER_CONSTANTS  # noqa: F401  (re-exported for benchmarks and tests)
 from ..triton_support import as_rows, jit, needs_grad, require_device, tl, triton, triton_available
 
 ID = "rms_norm.triton"
 RESIDUAL_ID = "rms_norm.residual.triton"
 BOUNDARY_DTYPES = ("bfloat16", "float16", "float32")
-
-# Hopper (H100/H200) constants, keyed by the row width H, not swept. One contract entry (plain or fused)
-# covers several norms, so it takes the value for its widest H (`model/binding.py`): the hidden size,
-# or the head dim for an entry of q_norm/k_norm alone.
-# A chunk of 1024 over 4 warps gives each thread 8 contiguous elements (16-byte bf16 loads); on one
-# H200 a [4096, 4096] bf16 batch took 25 us, torch's fused rms_norm 27 us.
-HOPPER_CONSTANTS = {
-    64: dict(reduce_block=64, num_warps=1),  # tiny-dense hidden (and head_dim 16)
-    128: dict(reduce_block=128, num_warps=1),  # Qwen3-8B q_norm, k_norm (head_dim 128)
-    1024: dict(reduce_block=1024, num_warps=4),  # Qwen3-0.6B hidden (not timed; as Qwen3-8B's)
-    4096: dict(reduce_block=1024, num_warps=4),  # Qwen3-8B hidden
-}
-
 
 @jit
 def row_chunk(p_x, p_r, p_s, o_h, m_h, stride_xh, stride_rh, HAS_RESIDUAL: tl.constexpr):
@@ -258,8 +247,8 @@ def check_constants(constants: dict, impl_id: str = ID) -> None:
 def register(registry) -> None:
     """Register rms_norm.triton@1 and rms_norm.residual.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
-        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="rms_norm", cases=ALL_CASES, fn=rms_norm, check_constants=check_constants,
+        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="rms_norm", cases=ALL_CASES, fn=rms_norm, check_constants=check_constants, tune=tuning.fit,
                                sources=(rms_norm_fwd_kernel, row_chunk, triton_support)))
         registry.register(Impl(gpu_kernels=True, id=RESIDUAL_ID, version=1, region="rms_norm.residual", cases=ALL_CASES, fn=rms_norm_residual,
-                               check_constants=functools.partial(check_constants, impl_id=RESIDUAL_ID),
+                               check_constants=functools.partial(check_constants, impl_id=RESIDUAL_ID), tune=tuning.fit,
                                sources=(rms_norm_fwd_kernel, row_chunk, triton_support)))

@@ -1,11 +1,14 @@
 """Rotary position embedding: one float64-built table by absolute position applied by the reference or by
 one Triton kernel, and the HF-style path."""
 
-from ...runtime.registry import REGISTRY, Impl
+from ...runtime.registry import Impl
 from ..common import ALL_CASES
 from . import native, probe, reference, triton
 
-REGISTRY.register(Impl(id="rope.reference", version=1, region="rope", cases=ALL_CASES, fn=reference.rope, check_constants=reference.check_constants))
-REGISTRY.register(Impl(id="rope.native", version=1, region="rope", cases=ALL_CASES, fn=native.rope))
-REGISTRY.register_probe("rope", probe.probe)
-triton.register(REGISTRY)  # skipped where Triton is not installed
+
+def register(registry) -> None:
+    """Register this family's impls and admission probe(s) with `registry`."""
+    registry.register(Impl(id="rope.reference", version=1, region="rope", cases=ALL_CASES, fn=reference.rope, check_constants=reference.check_constants))
+    registry.register(Impl(id="rope.native", version=1, region="rope", cases=ALL_CASES, fn=native.rope))
+    registry.register_probe("rope", probe.probe)
+    triton.register(registry)  # skipped where Triton is not installed

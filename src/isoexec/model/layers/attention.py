@@ -1,0 +1,46 @@
+"""The `gqa` mixer: q/k/v projections, optional per-head q/k RMSNorm, rotary positions, causal GQA
+attention over the layer's key store, o projection.
+
+Shapes are local: heads are counted from the projections' outputs (`unflatten(1, (-1, head_dim))`), so a
+model whose projections were sharded by heads from outside runs this code unchanged.
+"""
+
+import torch
+from torch import Tensor, nn
+
+from ..context import current_step
+from ..spec import AttentionSpec
+from .params import Linear, Norm
+
+
+class Attention(nn.Module):
+    name = "self_attn"
+
+    def __init__(self, spec: AttentionSpec, layer: int, hidden_size: int, eps: float, max_position: int, dtype: torch.dtype):
+        super().__init__()
+        self.layer, self.spec, self.eps, self.max_position = layer, spec, eps, max_position
+        q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        self.q_proj = Linear(hidden_size, q, spec.qkv_bias, dtype)
+        self.k_proj = Linear(hidden_size, kv, spec.qkv_bias, dtype)
+        self.v_proj = Linear(hidden_size, kv, spec.qkv_bias, dtype)
+        self.o_proj = Linear(q, hidden_size, spec.o_bias, dtype)
+        if spec.qk_norm:
+            self.q_norm = Norm(spec.head_dim, dtype)
+            self.k_norm = Norm(spec.head_dim, dtype)
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        s = current_step()
+        ops, spec, batch = s.ops, self.spec, s.batch
+        num_tokens, head_dim = x.shape[0], spec.head_dim
+        q = ops["q_proj"](x, self.q_proj.weight, self.q_proj.bias).unflatten(1, (-1, head_dim))  # [T, H, D]
+        k = ops["k_proj"](x, self.k_proj.weight, self.k_proj.bias).unflatten(1, (-1, head_dim))  # [T, Hkv, D]
+        v = ops["v_proj"](x, self.v_proj.weight, self.v_proj.bias).unflatten(1, (-1, head_dim))
+        if spec.qk_norm:
+            q = ops["q_norm"](q, self.q_norm.weight, self.eps)
+            k = ops["k_norm"](k, self.k_norm.weight, self.eps)
+        q = ops["rotary_emb"](q, positions, spec.rope_theta, self.max_position)
+        k = ops["rotary_emb"](k, positions, spec.rope_theta, self.max_position)
+        k_store, v_store = s.state[self.layer].store(k, v, batch.write_slots)
+        out = ops["self_attn"](q, k_store, v_store, batch.slot_table, batch.seq_ids, positions, head_dim**-0.5,
+                               packed_len=batch.packed_len)  # [T, H, D]
+        return ops["o_proj"](out.reshape(num_tokens, -1), self.o_proj.weight, self.o_proj.bias)

@@ -1,0 +1,27 @@
+"""RMSNorm kernel constants by device arch and row width, for rms_norm.triton and rms_norm.residual.triton.
+
+Never chosen from the row count. An arch without a table returns None from `fit`: the entry keeps the
+contract's portable constants.
+"""
+
+# Hopper (H100/H200) constants, keyed by the row width H, not swept. One contract entry (plain or fused)
+# covers several norms, so it takes the value for its widest H (`fit` below): the hidden size,
+# or the head dim for an entry of q_norm/k_norm alone.
+# A chunk of 1024 over 4 warps gives each thread 8 contiguous elements (16-byte bf16 loads); on one
+# H200 a [4096, 4096] bf16 batch took 25 us, torch's fused rms_norm 27 us.
+HOPPER_CONSTANTS = {
+    64: dict(reduce_block=64, num_warps=1),  # tiny-dense hidden (and head_dim 16)
+    128: dict(reduce_block=128, num_warps=1),  # Qwen3-8B q_norm, k_norm (head_dim 128)
+    1024: dict(reduce_block=1024, num_warps=4),  # Qwen3-0.6B hidden (not timed; as Qwen3-8B's)
+    4096: dict(reduce_block=1024, num_warps=4),  # Qwen3-8B hidden
+}
+
+TABLES = {"sm_90": HOPPER_CONSTANTS}
+
+
+def fit(ops, cases, spec, arch: str):
+    """[(cases, constants to set)] for the widest row the entry's ops reduce, or None where `arch` has no table."""
+    if arch not in TABLES:
+        return None
+    width = max(spec.norm_widths.get(op, spec.hidden_size) for op in ops)
+    return [(list(cases), TABLES[arch].get(width, {}))]

@@ -1,0 +1,63 @@
+"""Binding a contract for a model: what a runner (the engine's, the trainer's) holds and calls.
+
+A runner binds once, for its cases, and keeps the `Binding`: each (region, case)'s impl and the
+constants it was bound with, and each case's ops ready to call. Its fingerprint is taken from exactly
+this (`Binding.installed`), so the handshake sees what the runner calls, not a second resolution.
+"""
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..contract.schema import Contract
+from .registry import REGISTRY, Impl, Registry
+
+
+@dataclass(frozen=True)
+class Binding:
+    contract: Contract
+    cases: tuple[str, ...]
+    installed: dict[tuple[str, str], Impl]  # (region, case) -> the impl bound there
+    ops: dict[str, dict[str, Callable]]  # case -> contract op -> the impl with its constants applied
+
+
+def _add_then_norm(add, norm):
+    """A plain norm in the model's fused shape: `add` then `norm`, called one after the other as if unfused."""
+
+    def rms_norm_residual(x, residual, weight, eps, zero_centered=False):
+        s = x if residual is None else add(x, residual)
+        return norm(s, weight, eps, zero_centered), s
+
+    return rms_norm_residual
+
+
+def composed_norms(contract: Contract, spec, cases) -> set[str]:
+    """The norms after a residual add that `contract` pins in plain `rms_norm` in any of `cases`: `bind`
+    composes each with the contract's `residual_add` op."""
+    return {op for entry in contract.composition if entry.region == "rms_norm" and not set(entry.cases).isdisjoint(cases)
+            for op in entry.ops if op in spec.residual_norm_ops}
+
+
+def model_ops(contract: Contract, spec, cases) -> frozenset[str]:
+    """The ops the model needs `contract` to pin in `cases`: its own, and `residual_add` where a norm is composed."""
+    return spec.ops | ({"residual_add"} if composed_norms(contract, spec, cases) else set())
+
+
+def bind(contract: Contract, spec, cases, registry: Registry = REGISTRY) -> Binding:
+    """Bind `contract`'s ops for the model `spec` in each of `cases`; refuses a contract that leaves one of
+    the model's ops unpinned.
+
+    The norms after a residual add are called as (x, residual) -> (y, x + residual): an op pinned in
+    `rms_norm.residual` is that already; one pinned in plain `rms_norm` is composed with `residual_add`."""
+    cases = (cases,) if isinstance(cases, str) else tuple(cases)
+    installed = registry.resolve(contract, cases)
+    ops = {}
+    for case in cases:
+        bound = {op: installed[region, c].bind(entry.constants) for region, c, entry in contract.cells() if c == case for op in entry.ops}
+        needed = model_ops(contract, spec, [case]) - ({"sample"} if contract.cases[case].role == "trainer" else set())
+        missing = sorted(needed - set(bound))
+        if missing:
+            raise ValueError(f"contract {contract.name} does not pin op(s) {', '.join(missing)} for case {case}")
+        for op in composed_norms(contract, spec, [case]):
+            bound[op] = _add_then_norm(bound["residual_add"], bound[op])
+        ops[case] = bound
+    return Binding(contract, cases, installed, ops)

@@ -1,0 +1,97 @@
+"""logprobs.triton: correctness against float64 (masked and poisoned rows included), gradients, bitwise
+invariance to batch size, row position and strides next to a deliberately batch-dependent variant, and
+admission through the battery.
+
+Without a GPU the kernel runs in Triton's interpreter (see tests/ops/linear/test_triton.py for why
+TRITON_INTERPRET is set before anything imports triton), so shapes are small and the battery probe is
+a reduced version of the family's own. What the linear, rms_norm and logprobs Triton tests share is in
+tests/ops/kernels_triton.py.
+"""
+
+import pytest
+import torch
+
+from conftest import INTERPRETER_WARNINGS, batch_dependent, bitwise_equal, boundary, hazards, randn, require_triton
+
+require_triton()
+
+from ops.kernels_triton import LOGPROBS, assert_the_battery_admits, logprobs, strided  # noqa: E402
+
+pytestmark = [INTERPRETER_WARNINGS, pytest.mark.gpu]
+
+INF = float("inf")
+
+
+# logprobs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [1, 64, 300])
+def test_logprobs_match_float64(dtype, width):
+    x = randn(2, 3, width, seed=21, scale=4.0, dtype=dtype)
+    y = logprobs(boundary(LOGPROBS, dtype) | {"output_dtype": "float32"})(x)
+    assert y.shape == x.shape and y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), torch.log_softmax(x.double(), -1), rtol=1e-5, atol=1e-5)
+
+
+def test_logprobs_of_masked_and_poisoned_rows():
+    x = randn(5, 100, seed=22, scale=4.0)
+    x[0, ::3] = -INF
+    x[1] = -INF
+    x[2] = -INF
+    x[2, 99] = 0.5
+    x[3, 7] = float("nan")
+    x[4, 3] = INF
+    y = logprobs()(x)
+    live = x[0] > -INF
+    torch.testing.assert_close(y[0, live].double(), torch.log_softmax(x[0, live].double(), -1), rtol=1e-5, atol=1e-5)
+    assert (y[0, ~live] == -INF).all() and (y[1] == -INF).all()
+    assert (y[2, :99] == -INF).all() and y[2, 99] == 0.0
+    assert y[3].isnan().all() and y[4].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logprobs_gradients_match_float64(dtype):
+    """The backward kernel against float64 autograd: rows wider than one vocab block, a -inf logit (its
+    log-prob is -inf, its gradient exactly the incoming one), a gradient given as an expanded (stride 0)
+    tensor, and the logits' own dtype for the result."""
+    x, g = randn(3, 70, seed=23, scale=2.0, dtype=dtype), randn(3, 70, seed=24)
+    x[1, 5] = -INF
+    param = x.clone().requires_grad_()
+    logprobs(boundary(LOGPROBS, dtype) | {"output_dtype": "float32"})(param).backward(g)
+    exact = x.double().requires_grad_()
+    torch.log_softmax(exact, -1).backward(g.double())
+    assert param.grad.dtype == dtype and param.grad[1, 5] == g[1, 5].to(dtype)
+    tolerance = 1e-5 if dtype == torch.float32 else 2**-7  # bf16: one rounding of the fp32 result
+
+    def error(got, want):
+        return ((got.double() - want).abs() / (want.abs() + 1)).max()
+
+    assert error(param.grad, exact.grad) < tolerance
+    ones = x.clone().requires_grad_()
+    logprobs(boundary(LOGPROBS, dtype) | {"output_dtype": "float32"})(ones).sum().backward()  # gradient: ones, expanded
+    assert error(ones.grad, 1 - 70 * torch.softmax(x.double(), -1)) < tolerance
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logprobs_rows_are_bitwise_invariant(dtype):
+    x = torch.cat([randn(17, 100, seed=25, scale=4.0), hazards(100)]).to(dtype)
+    op = logprobs(boundary(LOGPROBS, dtype) | {"output_dtype": "float32"})
+    assert batch_dependent(op, [x]) == []
+    assert bitwise_equal(op(strided(x)), op(x))
+
+
+def test_logprobs_with_its_vocab_block_chosen_from_the_batch_is_caught():
+    def block_from_rows(x):
+        return logprobs({**LOGPROBS, "vocab_block": 32 if x.shape[0] < 8 else 256})(x)
+
+    x = randn(17, 150, seed=26, scale=4.0)
+    assert batch_dependent(block_from_rows, [x]), "the invariance check missed a batch-dependent logprobs"
+
+
+# admission
+
+
+@pytest.mark.parametrize("region", ["logprobs"])
+def test_the_battery_admits_the_triton_impl(region):
+    assert_the_battery_admits(region)
