@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import isoexec.ops.attention  # noqa: F401  (registers the impls)
 from isoexec.ops.attention.metadata import packed_slot_table, paged_slot_table
 from isoexec.runtime.registry import REGISTRY
 from timing import kernel_ms

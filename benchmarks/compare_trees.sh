@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench.py's engine and trainer sections for two source trees in one device call, taking turns
+# bench.py's engine and trainer sections (SECTIONS) for two source trees in one device call, taking turns
 # (before, after, before, after) so drift of the machine shows as the spread between repeats of one
 # tree, not as a difference between the trees. BEFORE is a directory holding an older tree's src/ and
 # benchmarks/ (e.g. `git archive <commit> src benchmarks | tar -x -C before`); each tree runs its own
@@ -23,7 +23,7 @@ for model in $MODELS; do
         for tree in before after; do
             dir=$root commit=${AFTER_COMMIT:-}
             [ "$tree" = before ] && dir=$root/$BEFORE commit=${BEFORE_COMMIT:-}
-            (cd "$dir" && ISOEXEC_COMMIT=$commit PYTHONPATH=src:benchmarks timeout "${RUN_TIMEOUT:-240}" python3 benchmarks/bench.py engine trainer --cuda-graphs ${BENCH_ARGS:-} \
+            (cd "$dir" && ISOEXEC_COMMIT=$commit PYTHONPATH=src:benchmarks timeout "${RUN_TIMEOUT:-240}" python3 benchmarks/bench.py ${SECTIONS:-engine trainer} --cuda-graphs ${BENCH_ARGS:-} \
                 --model "$model" --contracts "$CONTRACTS" --json "$OUT/${tree}_${model}_${repeat}.json") \
                 > "$OUT/${tree}_${model}_${repeat}.log" 2>&1
             echo "$tree $model #$repeat: exit $?"

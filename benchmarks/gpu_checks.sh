@@ -1,29 +1,39 @@
 #!/usr/bin/env bash
-# The GPU side of the test suite and of issue 5's "done when", in one call on the device machine:
+# The GPU side of the test suite, in one call on the device machine:
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh        # from the repository root; ~5 minutes on one H200
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits]   # from the repository root
+#
+# The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
+# many shapes), over a device call's 10-minute limit with the start: name one part per call there.
 #
 # Files worth keeping go in benchmarks/results/<date>_<commit>_checks/ (index: benchmarks/results/README.md).
 set -u
 OUT=${OUT:-gpu_out}
+PART=${1:-all}
 mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 
+if [ "$PART" = all ] || [ "$PART" = tests ]; then
 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tail -25 | tee "$OUT/pytest.txt"
+fi
 
+if [ "$PART" = all ] || [ "$PART" = admission ]; then
 for contract in tiny-dense-triton native; do
     python3 -m isoexec validate --device cuda --contract "$contract" --json "$OUT/validate_$contract.json" 2>&1 | tail -15 | tee "$OUT/validate_$contract.txt"
 done
 
 # The GPU contract as fitted to the Qwen3-0.6B-sized model (its GEMM tiles and row-kernel constants).
 python3 -m isoexec validate --device cuda --contract tiny-dense-triton --model qwen3-0.6b-random --json "$OUT/validate_0.6b.json" 2>&1 | tail -12 | tee "$OUT/validate_0.6b.txt"
+fi
 
+if [ "$PART" = all ] || [ "$PART" = audits ]; then
 python3 -m isoexec audit --device cuda --quiet --contract tiny-dense-triton --json "$OUT/audit_tiny_triton.json" 2>&1 | tail -12 | tee "$OUT/audit_tiny_triton.txt"
 # No --trace under the GPU contract: tracing runs decode eagerly, and the audit should see the CUDA graphs.
 python3 -m isoexec audit --device cuda --quiet --model qwen3-0.6b-random --contract tiny-dense-triton \
     --json "$OUT/audit_0.6b_tiny-dense-triton.json" 2>&1 | tail -14 | tee "$OUT/audit_0.6b_tiny-dense-triton.txt"
 python3 -m isoexec audit --device cuda --quiet --model qwen3-0.6b-random --contract native --trace \
     --json "$OUT/audit_0.6b_native.json" 2>&1 | tail -14 | tee "$OUT/audit_0.6b_native.txt"
+fi

@@ -133,7 +133,6 @@ def run_battery(preset: str, region: str, case: str = "trainer_fwd"):
     """The admission battery's result for the entry pinning `region` in `case` of a shipped preset."""
     import torch
 
-    import isoexec.ops  # noqa: F401
     from isoexec.contract import load_preset
     from isoexec.runtime import REGISTRY
     from isoexec.validate.battery import validate_entry

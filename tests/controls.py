@@ -9,8 +9,9 @@ number of rows in the call, as a fast library's does (split-K and key tiles chos
 from the reference's own elementwise operations, so the difference is one of arithmetic, not of a
 library build: it shows on every machine.
 
-Importing this module registers the controls with `runtime.REGISTRY` (ids `control.*`), so contracts
-can pin them like any impl; `control_contract` builds one for the engine, trainer and audit tests.
+Importing this module registers the controls with `runtime.REGISTRY` (ids `control.*`, beside the
+built-in impls), so contracts can pin them like any impl; `control_contract` builds one for the engine,
+trainer and audit tests.
 """
 
 import copy
@@ -18,7 +19,6 @@ import math
 
 import torch
 
-import isoexec.ops  # noqa: F401  (registers the op families first)
 from conftest import preset_dict
 from isoexec.contract import Contract
 from isoexec.ops.activation import reference as activation
@@ -64,12 +64,12 @@ def other_leaf_cut_row_parallel(x, weight, bias=None, *, num_leaves, small_rows=
     return linear.row_parallel_linear(pad(x), pad(weight), bias, num_leaves=num_leaves, **constants)
 
 
-def key_block_attention(q, k_store, v_store, slot_table, seq_ids, positions, scale, window=None, *, block_n, small_rows=SMALL,
-                        **constants):
+def key_block_attention(q, k_store, v_store, slot_table, seq_ids, positions, scale, window=None, packed_len=None, *, block_n,
+                        small_rows=SMALL, **constants):
     """attention.reference walking keys in blocks twice as wide for more than `small_rows` queries (a prefill
     kernel with wider key tiles than the decode kernel): the online softmax rescales at other points."""
     block_n = block_n * 2 if q.shape[0] > small_rows else block_n
-    return attention.attention(q, k_store, v_store, slot_table, seq_ids, positions, scale, window, block_n=block_n, **constants)
+    return attention.attention(q, k_store, v_store, slot_table, seq_ids, positions, scale, window, packed_len, block_n=block_n, **constants)
 
 
 def row_count_rms_norm(x, weight, eps, zero_centered=False, *, reduce_block, small_rows=SMALL, **constants):

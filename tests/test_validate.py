@@ -9,7 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import isoexec.ops  # noqa: F401  (registers the op families)
 from controls import control_contract
 from isoexec.cli import main
 from isoexec.contract import dump_json, load_preset

@@ -4,7 +4,6 @@ against attention.reference."""
 import pytest
 import torch
 
-import isoexec.ops.attention  # noqa: F401  (registers the impls)
 from isoexec.ops.attention import native
 from isoexec.ops.attention.metadata import UNUSED_SLOT, packed_slot_table, paged_slot_table
 from isoexec.runtime.registry import REGISTRY

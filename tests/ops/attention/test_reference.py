@@ -1,7 +1,6 @@
 import pytest
 import torch
 
-import isoexec.ops.attention  # noqa: F401  (registers the impls and the probe)
 from conftest import entry_index, mutated
 from controls import CONTROLS, control_contract
 from isoexec.contract import load_preset
@@ -296,8 +295,8 @@ def test_a_contract_fitted_to_a_model_is_probed_at_its_head_sizes():
 
     reference = REGISTRY.get("attention.reference", 1)
 
-    def wide_heads_drift_in_decode(q, k_store, v_store, slot_table, seq_ids, positions, scale, window=None, **constants):
-        out = reference.fn(q, k_store, v_store, slot_table, seq_ids, positions, scale, window, **constants)
+    def wide_heads_drift_in_decode(q, k_store, v_store, slot_table, seq_ids, positions, scale, window=None, packed_len=None, **constants):
+        out = reference.fn(q, k_store, v_store, slot_table, seq_ids, positions, scale, window, packed_len, **constants)
         if q.shape[-1] >= 64 and 0 < q.shape[0] <= slot_table.shape[0]:  # one query per sequence: decode
             out = (out.view(torch.int16) ^ 1).view(out.dtype) if out.dtype == torch.bfloat16 else torch.nextafter(out, torch.full_like(out, float("inf")))
         return out
@@ -308,7 +307,8 @@ def test_a_contract_fitted_to_a_model_is_probed_at_its_head_sizes():
     dense = load_preset("tiny-dense")
     entry = dense.entry("attention", "trainer_fwd")
     spec = PRESETS["qwen3-0.6b-random"]
-    geometry = {"num_heads": spec.num_attention_heads, "num_kv_heads": spec.num_key_value_heads, "head_dim": spec.head_dim}
+    attention = spec.attention[0]
+    geometry = {"num_heads": attention.num_heads, "num_kv_heads": attention.num_kv_heads, "head_dim": attention.head_dim}
     small = validate_entry(dense, entry, registry.probe("attention"), registry=registry, device=torch.device("cpu"))
     assert small.status == "admitted", small.failures[:3]
     fitted = validate_entry(dense, entry, registry.probe("attention"), registry=registry, device=torch.device("cpu"), geometry=geometry)

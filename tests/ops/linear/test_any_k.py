@@ -17,7 +17,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import isoexec.ops.linear  # noqa: F401  (registers the impls and the probes)
 from conftest import DEVICE, INTERPRETER_WARNINGS, ON_GPU, batch_dependent, bitwise_equal, boundary, randn, triton_runs_here
 from controls import other_leaf_cut_row_parallel
 from isoexec.contract import load_preset

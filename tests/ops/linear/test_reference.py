@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-import isoexec.ops.linear  # noqa: F401  (registers the impls and the probes)
 from conftest import bitwise_equal
 from controls import SMALL, split_k_linear
 from isoexec.contract import load_preset

@@ -4,7 +4,6 @@ import torch
 from conftest import run_battery
 from controls import CONTROLS, control_contract
 
-import isoexec.ops.logprobs  # noqa: F401  (registers the impls and the probe)
 from isoexec.contract.files import load_preset
 from isoexec.ops.logprobs import reference
 from isoexec.runtime.registry import REGISTRY

@@ -3,7 +3,6 @@ import torch
 
 from conftest import run_battery
 
-import isoexec.ops.sampling  # noqa: F401  (registers the impls and the probe)
 from isoexec.ops.sampling import native, reference
 from isoexec.runtime.registry import REGISTRY
 
