@@ -12,6 +12,7 @@ import dataclasses
 import logging
 
 from .schema import Contract, Entry, Model
+from .vocabulary import BOUNDARY_CONSTANTS
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,6 @@ def fit_contract(contract: Contract, spec, *, device="cpu", arch: str | None = N
     """`contract` as the model `spec` runs it on `device` (or on `arch`, where given)."""
     from ..runtime.binding import model_ops
     from ..runtime.registry import REGISTRY
-    from ..validate.battery import BOUNDARY_CONSTANTS
 
     registry = REGISTRY if registry is None else registry
     arch = arch_of(device) if arch is None else arch

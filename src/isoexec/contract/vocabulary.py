@@ -80,3 +80,7 @@ NON_NEGATIVE_INT_CONSTANTS = ("split_kv_size",)
 POWER_OF_TWO_CONSTANTS = ("num_leaves",)
 TREE_CONSTANTS = ("tree", "leaf_tree", "block_tree")
 REAL_CONSTANTS = ("eps",)
+# The dtype constants at an op's boundary (what it reads and writes), as opposed to its internal
+# accumulation: fitting a contract to a model sets them to the model's dtype, and the admission
+# battery's dtype passes vary them together.
+BOUNDARY_CONSTANTS = ("input_dtype", "output_dtype", "weight_dtype", "kv_cache_dtype")

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ..contract.schema import Contract
+from ..contract.vocabulary import BOUNDARY_CONSTANTS
 from ..runtime.registry import Registry
 
 # Row counts a batch is tried at; chosen to straddle the vector widths and tile sizes of common
@@ -168,9 +169,6 @@ class EntryResult:
             "dtypes": list(self.dtypes),
             "seconds": round(self.seconds, 3),
         }
-
-
-BOUNDARY_CONSTANTS = ("input_dtype", "output_dtype", "weight_dtype", "kv_cache_dtype")
 
 
 def _dtype_pass(constants: dict, boundary: str, dtype: str) -> dict:
