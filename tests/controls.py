@@ -26,6 +26,7 @@ from isoexec.ops.attention import reference as attention
 from isoexec.ops.common import ALL_CASES, torch_dtype
 from isoexec.ops.linear import reference as linear
 from isoexec.ops.logprobs import reference as logprobs
+from isoexec.ops.moe import reference as moe
 from isoexec.ops.rms_norm import reference as rms_norm
 from isoexec.runtime.registry import REGISTRY, Impl
 
@@ -101,6 +102,26 @@ def vector_tail_silu_mul(gate, up, *, input_dtype, output_dtype, compute_dtype):
     return flat.reshape(out.shape)
 
 
+def row_count_moe_experts(x, ids, gate_up, down, *, block_k, small_rows=SMALL, **constants):
+    """moe.experts.reference walking K in blocks twice as long for calls of more than `small_rows`
+    tokens (a grouped GEMM whose tile follows the batch): each routed row's sums regroup."""
+    return moe.experts(x, ids, gate_up, down, block_k=block_k * 2 if x.shape[0] > small_rows else block_k, **constants)
+
+
+def control_moe_experts(data: dict, small_rows: int | None = None) -> dict:
+    """A contract dict (of an MoE preset) with `moe.experts` pinned to its control, claiming nothing."""
+    data = copy.deepcopy(data)
+    data["name"] = f"{data['name']}-control-moe-experts"
+    for entry in data["composition"]:
+        if entry["region"] == "moe.experts":
+            entry["impl"] = {"id": CONTROLS["moe.experts"].id, "version": 1}
+            if small_rows is not None:
+                entry["constants"]["small_rows"] = small_rows
+        entry["discharge"] = {"method": "none"}
+    data["claims"] = {"tolerances": {}}
+    return data
+
+
 CONTROLS = {
     "linear": Impl(id="control.split_k_linear", version=1, region="linear", cases=ALL_CASES, fn=split_k_linear),
     "linear.row_parallel": Impl(id="control.other_leaf_cut_row_parallel", version=1, region="linear.row_parallel", cases=ALL_CASES,
@@ -109,6 +130,7 @@ CONTROLS = {
     "rms_norm": Impl(id="control.row_count_rms_norm", version=1, region="rms_norm", cases=ALL_CASES, fn=row_count_rms_norm),
     "logprobs": Impl(id="control.row_count_logprobs", version=1, region="logprobs", cases=ALL_CASES, fn=row_count_logprobs),
     "activation": Impl(id="control.vector_tail_silu_mul", version=1, region="activation", cases=ALL_CASES, fn=vector_tail_silu_mul),
+    "moe.experts": Impl(id="control.row_count_moe_experts", version=1, region="moe.experts", cases=ALL_CASES, fn=row_count_moe_experts),
 }
 for _impl in CONTROLS.values():
     if REGISTRY.get(_impl.id, _impl.version) is None:

@@ -161,7 +161,10 @@ def _load_transformers(transformers, model_dir, dtype: str, architecture: str):
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype), attn_implementation="eager")
+        # transformers' own torch paths: eager attention, and the per-expert loop for MoE layers (its grouped_mm
+        # kernel takes no float64, the reference precision of a float32 run).
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype), attn_implementation="eager",
+                                                                  experts_implementation="eager")
     # Whatever transformers raises for a checkpoint it will not build (its config validators raise
     # huggingface_hub's own errors, not ValueError) is this input's problem: one line, no traceback.
     except Exception as error:  # noqa: BLE001

@@ -47,7 +47,7 @@ def fit_contract(contract: Contract, spec, *, device="cpu", arch: str | None = N
             tuned = [(list(entry.cases), {})]
         entries += [dataclasses.replace(entry, cases=cases, constants={**entry.constants, **changes}) for cases, changes in tuned]
     _check_geometry(entries, spec, registry)
-    model = Model(family=contract.model.family, architecture=spec.architecture, profile=profile or contract.model.profile)
+    model = Model(family=spec.family, architecture=spec.architecture, profile=profile or contract.model.profile)
     description = contract.description
     if untuned:
         note = f"no {arch} tables for {', '.join(sorted(set(untuned)))}: portable constants kept"

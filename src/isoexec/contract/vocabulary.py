@@ -27,6 +27,9 @@ REGIONS = {
     "residual": ROLES,
     "logprobs": ROLES,
     "sampling": ("engine",),
+    "moe.router": ROLES,
+    "moe.experts": ROLES,
+    "moe.combine": ROLES,
 }
 
 

@@ -99,6 +99,39 @@ class MLPSpec:
         return None
 
 
+@dataclass(frozen=True, kw_only=True)
+class MoESpec:
+    """The `moe` feed-forward: a router picks `top_k` of `num_experts` SwiGLU experts per token and the
+    combine sums their outputs, weighted (ops `router`, `experts`, `combine`)."""
+
+    kind: ClassVar[str] = "moe"
+    num_experts: int
+    top_k: int
+    moe_intermediate_size: int
+    norm_topk_prob: bool = True
+    scoring: str = "softmax"
+
+    def __post_init__(self):
+        check_positive_ints(self)
+        if self.top_k > self.num_experts:
+            raise SpecError(f"num_experts_per_tok {self.top_k} exceeds num_experts {self.num_experts}")
+        if self.scoring not in ("softmax", "sigmoid"):
+            raise SpecError(f"scoring_func: {self.scoring!r} is not supported (softmax, sigmoid)")
+
+    @property
+    def ops(self) -> frozenset[str]:
+        return frozenset({"router", "experts", "combine"})
+
+    def projections(self, hidden_size: int) -> dict[str, tuple[int, int]]:
+        return {}  # the gate and the experts' GEMMs are the MoE regions' own, with no tuning tables yet
+
+    def norm_widths(self) -> dict[str, int]:
+        return {}
+
+    def state(self) -> None:
+        return None
+
+
 @dataclass(frozen=True)
 class LayerSpec:
     """One decoder layer: `mixer` (across tokens) then `ffn` (per token), each after a residual norm."""

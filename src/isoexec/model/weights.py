@@ -69,6 +69,7 @@ def load(directory: str | Path, dtype: str | None = None) -> Decoder:
         log.warning("%s: ignored %d checkpoint tensors under %s (%s does not use them for rollout or training)",
                     directory, len(ignored), ", ".join(prefixes), spec.architecture)
         tensors = {k: v for k, v in tensors.items() if not k.startswith(prefixes)}
+    tensors = family.adapt(tensors, spec)
     model = Decoder(spec)
     expected = dict(model.state_dict())
     if spec.tie_word_embeddings:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from ..spec import ModelSpec, SpecError
-from . import dense
+from . import dense, qwen3_moe
 from .family import Family
 
 FAMILIES: dict[str, Family] = {}
@@ -31,6 +31,7 @@ def register_family(family: Family) -> Family:
 
 
 register_family(dense.FAMILY)
+register_family(qwen3_moe.FAMILY)
 
 
 def family_of(spec: ModelSpec) -> Family:

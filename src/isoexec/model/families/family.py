@@ -19,6 +19,8 @@ class Family:
     ignored_prefixes: Callable[[ModelSpec], tuple[str, ...]] = lambda spec: ()
     # Checkpoint key -> module key, for checkpoints whose names differ from the modules'.
     rename: Callable[[str], str] = lambda key: key
+    # The checkpoint's tensors (renamed) -> the modules' layout, for checkpoints that split or fuse differently.
+    adapt: Callable[[dict, ModelSpec], dict] = lambda tensors, spec: tensors
 
 
 def config_reader(config: dict, source: str):

@@ -8,10 +8,11 @@ registers its class here, or from outside with `register_mixer` / `register_ffn`
 
 from .attention import Attention
 from .mlp import MLP
+from .moe import MoE
 from .params import Embedding, Linear, Norm
 
 MIXERS: dict[str, type] = {"gqa": Attention}
-FFNS: dict[str, type] = {"mlp": MLP}
+FFNS: dict[str, type] = {"mlp": MLP, "moe": MoE}
 
 
 def register_mixer(kind: str, cls: type) -> None:
@@ -26,4 +27,4 @@ def register_ffn(kind: str, cls: type) -> None:
     FFNS[kind] = cls
 
 
-__all__ = ["FFNS", "MIXERS", "MLP", "Attention", "Embedding", "Linear", "Norm", "register_ffn", "register_mixer"]
+__all__ = ["FFNS", "MIXERS", "MLP", "Attention", "MoE", "Embedding", "Linear", "Norm", "register_ffn", "register_mixer"]

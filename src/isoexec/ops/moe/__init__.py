@@ -1,0 +1,22 @@
+"""Mixture of experts: routing, the routed experts' FFNs and their combine, each its own region
+(`moe.router`, `moe.experts`, `moe.combine`), with an invariant reference and the native path."""
+
+from ...runtime.registry import Impl
+from .. import reduce
+from ..common import ALL_CASES
+from ..linear import reference as linear_reference
+from . import native, probe, reference
+
+
+def register(registry) -> None:
+    """Register this family's impls and admission probes with `registry`."""
+    sources = (reduce, linear_reference)
+    registry.register(Impl(id="moe.router.reference", version=1, region="moe.router", cases=ALL_CASES, fn=reference.router, sources=sources))
+    registry.register(Impl(id="moe.experts.reference", version=1, region="moe.experts", cases=ALL_CASES, fn=reference.experts, sources=sources))
+    registry.register(Impl(id="moe.combine.reference", version=1, region="moe.combine", cases=ALL_CASES, fn=reference.combine))
+    registry.register(Impl(id="moe.router.native", version=1, region="moe.router", cases=ALL_CASES, fn=native.router))
+    registry.register(Impl(id="moe.experts.native", version=1, region="moe.experts", cases=ALL_CASES, fn=native.experts))
+    registry.register(Impl(id="moe.combine.native", version=1, region="moe.combine", cases=ALL_CASES, fn=native.combine))
+    registry.register_probe("moe.router", probe.router)
+    registry.register_probe("moe.experts", probe.experts)
+    registry.register_probe("moe.combine", probe.combine)
