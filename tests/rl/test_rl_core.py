@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from controls import control_contract
-from isoexec.contract import dump_json
+from isoexec.contract import Contract, dump_json
 from isoexec.rl import GateError, RLConfig, RLRun
 from isoexec.rl import losses
 from isoexec.rl.sync import WeightSyncError, load_state, state_bytes, sync_in_process, weights_digest
@@ -123,3 +123,22 @@ def test_gate_stops_a_step_whose_trainer_logprobs_differ():
     report = caught.value.report
     assert report["request"] >= 0 and report["position"] >= 0 and report["bitwise_equal_fraction"] < 1
     assert "gate: step" in str(caught.value) and "trace" in report
+
+
+def test_rl_on_the_moe_preset_has_zero_mismatch_on_every_step(tmp_path):
+    """`model="tiny-moe"`: the Qwen3-MoE preset's shape over the task's characters, under its family's
+    contract (tiny-moe, the default); every gated step bitwise, and its MoE expert control measured."""
+    from controls import control_moe_experts
+    from conftest import preset_dict
+
+    config = RLConfig(**{**SMALL, "algorithm": "grpo", "steps": 3}, model="tiny-moe")
+    run = RLRun(config)
+    assert run.contract.name == "tiny-moe" and run.learner.policy.spec.family == "qwen3-moe"
+    assert type(run.learner.policy.model.layers[1].mlp).__name__ == "MoE"
+    for _ in range(config.steps):
+        metrics = run.run_step()
+        assert metrics["tokens"] > 0 and metrics["bitwise_equal_fraction"] == 1.0 and metrics["rollout_train_logprob_abs_diff_max"] == 0.0
+    path = tmp_path / "control.json"
+    path.write_text(dump_json(Contract.from_dict(control_moe_experts(preset_dict("tiny-moe"), small_rows=8))), "utf-8")
+    measured = RLRun(config.replace(contract=str(path), steps=1)).run_step()
+    assert measured["bitwise_equal_fraction"] < 1.0

@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 
 from ..model import Decoder
-from .config import RLConfig, default_warmup_steps
+from .config import RLConfig, default_contract, default_warmup_steps
 from .loop import RLRun, setup
 from .sync import weights_digest
 
@@ -171,6 +171,8 @@ def _as_run(config: dict) -> dict:
     config = {**ADDED_FIELDS, **config}
     if config.get("warmup_steps") is None:
         config["warmup_steps"] = default_warmup_steps(config["model"])
+    if config.get("contract") is None:
+        config["contract"] = default_contract(config["model"])  # the family's, as an older checkpoint names it
     return config
 
 

@@ -25,14 +25,16 @@ class RLConfig:
     for the model with max_new_tokens more tokens, an answer longer than max_new_tokens) instead of
     refusing the data"""
     model: str | None = None
-    """a Hugging Face checkpoint directory (config.json + *.safetensors; Qwen3, Qwen2 or Llama) to train with
-    its own tokenizer, loaded in float32 (RL on a CPU trains in float32); default: a tiny random Qwen3 sized
-    for the task's characters"""
+    """a Hugging Face checkpoint directory (config.json + *.safetensors; Qwen3, Qwen2, Llama, MiMo or
+    Qwen3-MoE) to train with its own tokenizer, loaded in float32 (RL on a CPU trains in float32); or a
+    model preset (e.g. tiny-moe): its shape with seeded random weights over the task's characters;
+    default: a tiny random Qwen3 sized for the task's characters"""
     no_chat_template: bool = False
     """with model: send each prompt as raw text instead of as a user message through the checkpoint's chat
     template (which is used where the checkpoint has one)"""
-    contract: str = "tiny-dense"
-    """contract preset or file the rollout and the trainer run under ("native" for the fast path)"""
+    contract: str | None = None
+    """contract preset or file the rollout and the trainer run under ("native" for the fast path);
+    default: the model family's (tiny-dense for the built-in model)"""
     algorithm: str = "dapo"
     """"grpo" (symmetric clip, per-sequence aggregation) or "dapo" (clip-higher, dynamic sampling,
     token-level aggregation, overlong shaping)"""
@@ -88,11 +90,11 @@ class RLConfig:
         if self.data is not None and not Path(self.data).is_file():
             problem = "is a directory" if Path(self.data).is_dir() else "is not a regular file" if Path(self.data).exists() else "does not exist"
             raise ValueError(f"data file {self.data} {problem}")
-        if self.model is not None and not (self.model and Path(self.model).is_dir()):
+        if self.model is not None and not (self.model and (Path(self.model).is_dir() or is_model_preset(self.model))):
             problem = "does not exist" if self.model and not Path(self.model).exists() else "is not a directory"
-            raise ValueError(f"model {self.model} {problem} (expected a Hugging Face checkpoint directory)")
-        if self.no_chat_template and self.model is None:
-            raise ValueError("no_chat_template applies to a checkpoint's tokenizer (model); the built-in model has no template")
+            raise ValueError(f"model {self.model} {problem} (expected a Hugging Face checkpoint directory or a model preset)")
+        if self.no_chat_template and not self.model_is_checkpoint:
+            raise ValueError("no_chat_template applies to a checkpoint's tokenizer (model); the built-in model and presets have no template")
         if self.checkpoint_dir is not None and Path(self.checkpoint_dir).exists() and not Path(self.checkpoint_dir).is_dir():
             raise ValueError(f"checkpoint_dir {self.checkpoint_dir} is not a directory")
         if self.algorithm not in ALGORITHMS:
@@ -128,6 +130,10 @@ class RLConfig:
         return 0.28 if self.algorithm == "dapo" else self.clip_eps_low
 
     @property
+    def model_is_checkpoint(self) -> bool:
+        return self.model is not None and not is_model_preset(self.model)
+
+    @property
     def num_warmup_steps(self) -> int:
         return default_warmup_steps(self.model) if self.warmup_steps is None else self.warmup_steps
 
@@ -136,7 +142,23 @@ class RLConfig:
 
 
 def default_warmup_steps(model: str | None) -> int:
-    return 0 if model else TOY_WARMUP_STEPS
+    """0 for a checkpoint (it writes text already), the toy's warm-up for random weights."""
+    return 0 if model is not None and not is_model_preset(model) else TOY_WARMUP_STEPS
+
+
+def default_contract(model: str | None) -> str:
+    """The contract a run takes without --contract: its model family's (tiny-dense for the built-in toy)."""
+    if model is None:
+        return "tiny-dense"
+    from ..model import family_of, spec_of
+
+    return family_of(spec_of(model)).contract
+
+
+def is_model_preset(model: str) -> bool:
+    from ..model import is_preset  # imported here: `isoexec train --help` should not wait for torch
+
+    return is_preset(model)
 
 
 def _is_int(value) -> bool:
@@ -164,7 +186,7 @@ def _field_docs() -> dict[str, str]:
 
 
 # What a path-valued flag takes, in --help.
-METAVARS = {"data": "FILE", "model": "DIR", "contract": "PRESET|FILE", "checkpoint_dir": "DIR"}
+METAVARS = {"data": "FILE", "model": "DIR|PRESET", "contract": "PRESET|FILE", "checkpoint_dir": "DIR"}
 
 
 def add_config_flags(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:

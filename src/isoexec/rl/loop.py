@@ -23,12 +23,12 @@ from ..audit.trace import Tracer
 from ..contract import fit_contract
 from ..contract import load as load_contract
 from ..engine import EngineConfig, LLMEngine, SamplingParams
-from ..model import Decoder, ModelSpec, dense_spec, init_random, read_config, tracing
+from ..model import PRESETS, Decoder, ModelSpec, dense_spec, init_random, read_config, tracing
 from ..model import load as load_checkpoint
 from ..runtime import check
 from ..trainer import Trainer
 from . import losses
-from .config import RLConfig
+from .config import RLConfig, default_contract
 from .gate import gate
 from .handshake import ensure_admitted, side_fingerprint
 from .sync import load_state, state_bytes, weights_digest
@@ -49,6 +49,12 @@ def task_model_spec(task: Task, max_new_tokens: int) -> ModelSpec:
                      eos_token_id=task.tokenizer.EOS)
 
 
+def preset_spec(task: Task, preset: str, max_new_tokens: int) -> ModelSpec:
+    """A model preset's shape over the task's characters, in float32, as long as the toy's."""
+    return PRESETS[preset].replace(vocab_size=task.tokenizer.vocab_size, max_position_embeddings=64 + max_new_tokens, dtype=RL_DTYPE,
+                                   eos_token_id=task.tokenizer.EOS)
+
+
 def checkpoint_spec(directory) -> ModelSpec:
     """The checkpoint's config.json as our model spec, in the RL dtype (as `load_checkpoint(dtype=)` builds it)."""
     return dataclasses.replace(read_config(directory), dtype=RL_DTYPE)
@@ -57,8 +63,10 @@ def checkpoint_spec(directory) -> ModelSpec:
 def task_and_spec(config: RLConfig) -> tuple[Task, ModelSpec]:
     """The config's task over its tokenizer, and the policy's shape: the toy sized for the task, or the
     checkpoint's with its own tokenizer."""
-    if config.model is None:
+    if not config.model_is_checkpoint:
         task = load_task(config.task, config.data)
+        if config.model is not None:
+            return task, preset_spec(task, config.model, config.max_new_tokens)
         return task, task_model_spec(task, config.max_new_tokens)
     spec = checkpoint_spec(config.model)
     tokenizer = checkpoint_tokenizer(config.model, spec, chat_template=not config.no_chat_template)
@@ -66,8 +74,8 @@ def task_and_spec(config: RLConfig) -> tuple[Task, ModelSpec]:
 
 
 def initial_model(config: RLConfig, spec: ModelSpec) -> Decoder:
-    """The policy before the warm-up: the checkpoint's weights, or the toy's seeded random ones."""
-    if config.model is None:
+    """The policy before the warm-up: the checkpoint's weights, or the toy's (or a preset's) seeded random ones."""
+    if not config.model_is_checkpoint:
         return init_random(spec, config.seed)
     return load_checkpoint(config.model, dtype=spec.dtype)
 
@@ -80,7 +88,9 @@ def longest_prompt(task: Task) -> int:
 def start_lines(config: RLConfig, task: Task) -> list[str]:
     """What a fresh run says before its first step: the checkpoint and how its prompts are sent; the warm-up."""
     lines = []
-    if config.model is not None:
+    if config.model is not None and not config.model_is_checkpoint:
+        lines.append(f"policy: preset {config.model}, random weights over the task's characters, in {RL_DTYPE}")
+    elif config.model is not None:
         sent = "through its chat template" if task.tokenizer.uses_chat_template else "as raw text"
         lines.append(f"policy: {config.model} in {RL_DTYPE}, prompts sent {sent}")
     if config.num_warmup_steps:
@@ -108,7 +118,7 @@ def setup(config: RLConfig):
     task, spec = task_and_spec(config)
     task, _ = _usable(config, task, spec)
     profile = config.model if config.model is not None else f"task:{task.name}"
-    contract = fit_contract(load_contract(config.contract), spec, profile=profile)
+    contract = fit_contract(load_contract(config.contract or default_contract(config.model)), spec, profile=profile)
     return task, spec, contract
 
 
