@@ -102,3 +102,31 @@ def test_audit_is_bitwise_under_tiny_moe_and_the_controls_are_not(tiny_moe):
     for control in (Contract.from_dict(control_moe_experts(preset_dict("tiny-moe"))),
                     Contract.from_dict(control_dict("linear", preset="tiny-moe"))):
         assert not all_equal(run_audit(model, fit_contract(control, spec), requests=8, max_new_tokens=8, progress=False)), control.name
+
+
+def test_ties_at_the_top_k_boundary_resolve_alike_in_engine_and_trainer(tiny_moe):
+    """Experts 1 and 3 of every MoE layer share one gate row: each token scores them exactly alike, so
+    wherever they straddle the top-2 boundary only the lower id may be chosen. The engine (prefill chunks
+    and decode) and the trainer pick the same experts: every row bitwise, and the ties are really met at
+    the boundary (a wrapper around the bound router, installed as the audit's tracer, counts them)."""
+    model, spec = tiny_moe
+    tied = init_random(spec, seed=0)
+    with torch.no_grad():
+        for layer in tied.model.layers:
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.weight[3] = layer.mlp.gate.weight[1]
+    at_boundary = []
+
+    class RouterRecorder:
+        def wrap(self, ops, case):
+            def router(*args, **kwargs):
+                weights, ids = ops["router"](*args, **kwargs)
+                assert not ((ids == 3).any(-1) & ~(ids == 1).any(-1)).any(), f"{case}: expert 3 chosen over its tie, expert 1"
+                at_boundary.append(int((ids[:, -1] == 1).sum()))
+                return weights, ids
+
+            return {**ops, "router": router}
+
+    report = run_audit(tied, fit_contract(load_preset("tiny-moe"), spec), requests=8, max_new_tokens=8, progress=False,
+                       tracer=RouterRecorder())
+    assert all_equal(report) and sum(at_boundary) > 0
