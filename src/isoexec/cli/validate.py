@@ -32,10 +32,12 @@ def add_parser(commands):
 def run(args) -> int:
     import torch
 
+    from ..runtime import REGISTRY
     from ..validate import records, validate
 
     contract, spec = fitted(args)
     check_output_path("--json", args.json)
+    REGISTRY.load()  # the op families (Triton's libraries with them) load before the first line, not under the battery
     print(f"validating {contract.name} on {args.device} (torch {torch.__version__})", flush=True)
 
     def progress(result):

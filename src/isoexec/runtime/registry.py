@@ -109,6 +109,10 @@ class Registry:
             populate(self)
         return self
 
+    def load(self) -> "Registry":
+        """Register the built-in op families now rather than on first use."""
+        return self._populated()
+
     def register_probe(self, region: str, probe: Callable) -> None:
         self._populated()
         if region in self._probes:
