@@ -62,7 +62,7 @@ def load(directory: str | Path, dtype: str | None = None) -> Decoder:
     if dtype is not None:
         spec = dataclasses.replace(spec, dtype=dtype)
     family = family_of(spec)
-    tensors = {family.rename(k): v for k, v in _checkpoint_tensors(directory).items()}
+    tensors = _checkpoint_tensors(directory)
     prefixes = family.ignored_prefixes(spec)
     ignored = sorted(k for k in tensors if k.startswith(prefixes)) if prefixes else []
     if ignored:

@@ -17,6 +17,7 @@ from conftest import DEVICE, INTERPRETER_WARNINGS, ON_GPU, bitwise_equal, int_vi
 
 require_triton()
 
+from controls import CONTROLS  # noqa: E402
 from isoexec.contract import load_preset  # noqa: E402
 from isoexec.contract.schema import ImplRef  # noqa: E402
 from isoexec.ops.attention import packed_slot_table, paged_slot_table, probe  # noqa: E402
@@ -87,11 +88,9 @@ def test_paged_cache_with_poisoned_slots_matches_float64():
     assert (out.cpu().double() - float64_attention(q, k_store, v_store, slot_table, seq_ids, positions, 0.25)).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("page, chunk", [(16, 7), (4, 5), (8, 13)])
-def test_prefill_chunks_cut_at_any_token_give_the_rows_of_one_call(page, chunk):
-    """An engine may end a prefill chunk wherever its token budget does (vLLM does): chunks of 7, 5 or
-    13 tokens start inside the 16-key blocks, over pages of 16, 4 or 8 slots, and every row is bitwise
-    the row of the whole prompt in one call, and of the trainer's packed batch."""
+def _chunked_prefill(op, page, chunk, dtype):
+    """Two prompts (37 and 20 tokens) prefilled by `op` in chunks of `chunk` tokens over shuffled pages of
+    `page` slots -> per prompt (its chunked rows, its rows from one call, its rows in the packed batch)."""
     lengths, heads, kv_heads = (37, 20), 4, 2
     pages_per_seq = [-(-n // page) for n in lengths]
     order = torch.randperm(sum(pages_per_seq), generator=torch.Generator().manual_seed(2)).tolist()
@@ -99,10 +98,10 @@ def test_prefill_chunks_cut_at_any_token_give_the_rows_of_one_call(page, chunk):
     block_table[0, : pages_per_seq[0]] = torch.tensor(order[: pages_per_seq[0]])
     block_table[1, : pages_per_seq[1]] = torch.tensor(order[pages_per_seq[0] :])
     slot_table = paged_slot_table(block_table, page, max(lengths)).to(DEVICE)
-    q, k, v, packed_table, packed_ids, packed_positions = packed(lengths, heads, kv_heads, dtype=torch.bfloat16)
-    k_store = torch.full((sum(pages_per_seq) * page, kv_heads, 16), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    q, k, v, packed_table, packed_ids, packed_positions = packed(lengths, heads, kv_heads, dtype=dtype)
+    k_store = torch.full((sum(pages_per_seq) * page, kv_heads, 16), float("nan"), dtype=dtype, device=DEVICE)
     v_store = k_store.clone()
-    trainer = attention(q, k, v, packed_table, packed_ids, packed_positions, 0.25, None, max(lengths), constants=BF16)
+    trainer = op(q, k, v, packed_table, packed_ids, packed_positions, 0.25, None, max(lengths))
     starts = [0, lengths[0]]
     rows = {b: [] for b in range(2)}
     for lo in range(0, max(lengths), chunk):
@@ -112,13 +111,28 @@ def test_prefill_chunks_cut_at_any_token_give_the_rows_of_one_call(page, chunk):
         step_q = torch.cat([q[starts[b] + a : starts[b] + z] for b, a, z in spans])
         seq_ids = torch.cat([torch.full((z - a,), b) for b, a, z in spans]).to(DEVICE)
         positions = torch.cat([torch.arange(a, z) for b, a, z in spans]).to(DEVICE)
-        out = attention(step_q, k_store, v_store, slot_table, seq_ids, positions, 0.25, constants=BF16)
+        out = op(step_q, k_store, v_store, slot_table, seq_ids, positions, 0.25)
         for (b, a, z), part in zip(spans, out.split([z - a for _, a, z in spans])):
             rows[b].append(part)
     for b, n in enumerate(lengths):
-        whole = attention(q[starts[b] : starts[b] + n], k_store, v_store, slot_table,
-                          torch.full((n,), b, device=DEVICE), torch.arange(n, device=DEVICE), 0.25, constants=BF16)
-        assert bitwise_equal(torch.cat(rows[b]), whole) and bitwise_equal(whole, trainer[starts[b] : starts[b] + n])
+        whole = op(q[starts[b] : starts[b] + n], k_store, v_store, slot_table, torch.full((n,), b, device=DEVICE),
+                   torch.arange(n, device=DEVICE), 0.25)
+        yield torch.cat(rows[b]), whole, trainer[starts[b] : starts[b] + n]
+
+
+@pytest.mark.parametrize("page, chunk", [(16, 7), (4, 5), (8, 13)])
+def test_prefill_chunks_cut_at_any_token_give_the_rows_of_one_call(page, chunk):
+    """An engine may end a prefill chunk wherever its token budget does (vLLM does): chunks of 7, 5 or
+    13 tokens start inside the 16-key blocks, over pages of 16, 4 or 8 slots, and every row is bitwise
+    the row of the whole prompt in one call, and of the trainer's packed batch. The control (key blocks
+    twice as wide for calls of more than `chunk` queries, `controls.key_block_attention`) differs."""
+    op = functools.partial(attention, constants=BF16)
+    for chunked, whole, trainer in _chunked_prefill(op, page, chunk, torch.bfloat16):
+        assert bitwise_equal(chunked, whole) and bitwise_equal(whole, trainer)
+    control = CONTROLS["attention"].bind(dict(input_dtype="float32", output_dtype="float32", kv_cache_dtype="float32",
+                                              accum_dtype="float32", block_n=16, reduce_block=16, block_tree="balanced_binary",
+                                              split_kv_size=0, small_rows=2 * chunk))
+    assert not all(bitwise_equal(chunked, whole) for chunked, whole, _ in _chunked_prefill(control, page, chunk, torch.float32))
 
 
 def test_bfloat16_is_close_to_float64():

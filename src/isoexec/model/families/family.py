@@ -17,9 +17,7 @@ class Family:
     presets: dict[str, ModelSpec] = field(default_factory=dict)
     # Checkpoint keys under these prefixes are read past (one logged line says how many), not loaded.
     ignored_prefixes: Callable[[ModelSpec], tuple[str, ...]] = lambda spec: ()
-    # Checkpoint key -> module key, for checkpoints whose names differ from the modules'.
-    rename: Callable[[str], str] = lambda key: key
-    # The checkpoint's tensors (renamed) -> the modules' layout, for checkpoints that split or fuse differently.
+    # The checkpoint's tensors -> the modules' names and layout, for checkpoints that name, split or fuse differently.
     adapt: Callable[[dict, ModelSpec], dict] = lambda tensors, spec: tensors
 
 

@@ -4,13 +4,14 @@
 from ...runtime.registry import Impl
 from .. import reduce
 from ..common import ALL_CASES
+from ..activation import reference as activation_reference
 from ..linear import reference as linear_reference
 from . import native, probe, reference
 
 
 def register(registry) -> None:
     """Register this family's impls and admission probes with `registry`."""
-    sources = (reduce, linear_reference)
+    sources = (reduce, linear_reference, activation_reference)
     registry.register(Impl(id="moe.router.reference", version=1, region="moe.router", cases=ALL_CASES, fn=reference.router, sources=sources))
     registry.register(Impl(id="moe.experts.reference", version=1, region="moe.experts", cases=ALL_CASES, fn=reference.experts, sources=sources))
     registry.register(Impl(id="moe.combine.reference", version=1, region="moe.combine", cases=ALL_CASES, fn=reference.combine))

@@ -7,7 +7,8 @@ depend only on the token's own hidden row.
   top-k by a stable sort, so among equal scores the lower expert index wins; weights from the
   unbiased scores, normalised by their sum in slot order, times `routed_scaling_factor`.
 - `experts`: each (token, slot)'s SwiGLU expert FFN, the rows routed to one expert gathered and run
-  through `linear.reference`, whose row bits never depend on how many rows share the call.
+  through `linear.reference` and `activation.reference`, whose row bits never depend on how many rows
+  share the call.
 - `combine`: the k routed outputs of a token summed in ascending expert id, weight × output in fp32,
   one rounding at the end.
 
@@ -19,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ..common import expect_dtype, torch_dtype
+from ..activation import reference as activation
 from ..linear import reference as linear
 from ..reduce import tree_max, tree_sum
 
@@ -74,7 +76,7 @@ def experts(x: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor, *, input_dtyp
     output_dtype: slot j of token t is expert ids[t, j]'s down(silu(gate x) * up x)."""
     expect_dtype(x, input_dtype, "moe experts input")
     num_tokens, top_k = ids.shape
-    out_dtype, compute = torch_dtype(output_dtype), torch_dtype(compute_dtype)
+    out_dtype = torch_dtype(output_dtype)
     gemm = dict(weight_dtype=weight_dtype, accum_dtype=accum_dtype, block_k=block_k, block_tree=block_tree, tree=tree)
     flat_ids = ids.reshape(-1)  # [T k], row r = token r // k, slot r % k
     rows = []
@@ -88,8 +90,7 @@ def experts(x: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor, *, input_dtyp
         start += count
         h = x[routed // top_k]  # [n, H]
         gate, up = linear.linear(h, gate_up[expert], None, input_dtype=input_dtype, output_dtype=input_dtype, **gemm).chunk(2, dim=-1)
-        g = gate.to(compute)
-        act = (g / (1.0 + (-g).exp()) * up.to(compute)).to(torch_dtype(input_dtype))
+        act = activation.silu_mul(gate, up, input_dtype=input_dtype, output_dtype=input_dtype, compute_dtype=compute_dtype)
         pieces.append(linear.linear(act, down[expert], None, input_dtype=input_dtype, output_dtype=output_dtype, **gemm))
         rows.append(routed)
     out = x.new_zeros((num_tokens * top_k, x.shape[-1]), dtype=out_dtype)
