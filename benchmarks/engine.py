@@ -60,6 +60,7 @@ class Engines:
         spec = model.spec
         self.prompts = [torch.randint(spec.vocab_size, (sizes.prompt_len,), generator=generator).tolist() for _ in range(max(sizes.batches))]
         self.engines, self.runs = {}, {}  # runs: (contract, batch) -> Run, or the error it raised
+        self.eager_decode = {}  # contract -> why its decode steps could not be captured
 
     def _engine(self, name: str):
         if name not in self.engines:
@@ -73,7 +74,15 @@ class Engines:
             if self.cuda_graphs:
                 overrides["cuda_graphs"] = True
             config = EngineConfig.from_contract(contract, num_pages=max_batch * pages_per_seq + 8, **overrides)
-            self.engines[name] = LLMEngine(self.model, contract, config, device=str(self.device))
+            try:
+                self.engines[name] = LLMEngine(self.model, contract, config, device=str(self.device))
+            except RuntimeError as error:  # a contract whose ops wait on the host (native MoE) cannot be captured
+                if not config.cuda_graphs or "CUDA graph" not in str(error):
+                    raise
+                print(f"engine {name}: decode runs eagerly ({str(error).splitlines()[0][:120]})", flush=True)
+                self.eager_decode[name] = str(error).splitlines()[0]
+                config = EngineConfig.from_contract(contract, num_pages=config.num_pages, **{**overrides, "cuda_graphs": False})
+                self.engines[name] = LLMEngine(self.model, contract, config, device=str(self.device))
         return self.engines[name]
 
     def run(self, name: str, batch: int) -> Run:
@@ -150,6 +159,8 @@ def bench_engine(engines: Engines, contracts: list[str]) -> list[dict]:
             row[f"{name}_tokens_per_s"] = run.tokens_per_s
             row[f"{name}_all_tokens_per_s"] = run.all_tokens_per_s
             row[f"{name}_decode_step_ms"] = run.decode_step_ms
+            if name in engines.eager_decode:
+                row[f"{name}_eager_decode"] = engines.eager_decode[name]
         for baseline in contracts[1:]:
             if f"{contracts[0]}_tokens_per_s" in row and f"{baseline}_tokens_per_s" in row:
                 row[f"{contracts[0]}_vs_{baseline}"] = row[f"{contracts[0]}_tokens_per_s"] / row[f"{baseline}_tokens_per_s"]

@@ -3,10 +3,12 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|moe-tests|moe-admission|moe-audits]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
+#
+# The moe-* parts do the same for the MoE family (tiny-moe-triton; the Qwen3-30B-A3B-shaped 4-layer preset).
 #
 # Files worth keeping go in benchmarks/results/<date>_<commit>_checks/ (index: benchmarks/results/README.md).
 set -u
@@ -36,4 +38,20 @@ python3 -m isoexec audit --device cuda --quiet --model qwen3-0.6b-random --contr
     --json "$OUT/audit_0.6b_tiny-dense-triton.json" 2>&1 | tail -14 | tee "$OUT/audit_0.6b_tiny-dense-triton.txt"
 python3 -m isoexec audit --device cuda --quiet --model qwen3-0.6b-random --contract native --trace \
     --json "$OUT/audit_0.6b_native.json" 2>&1 | tail -14 | tee "$OUT/audit_0.6b_native.txt"
+fi
+
+if [ "$PART" = moe-tests ]; then
+python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/moe tests/engine/test_routing.py tests/test_audit.py 2>&1 | tail -15 | tee "$OUT/pytest_moe.txt"
+fi
+
+if [ "$PART" = moe-admission ]; then
+python3 -m isoexec validate --device cuda --contract tiny-moe-triton --json "$OUT/validate_tiny-moe-triton.json" 2>&1 | tail -16 | tee "$OUT/validate_tiny-moe-triton.txt"
+python3 -m isoexec validate --device cuda --contract tiny-moe-triton --model qwen3-30b-a3b-4l-random --json "$OUT/validate_30b.json" 2>&1 | tail -16 | tee "$OUT/validate_30b.txt"
+fi
+
+if [ "$PART" = moe-audits ]; then
+for contract in tiny-moe-triton native; do
+python3 -m isoexec audit --device cuda --quiet --model qwen3-30b-a3b-4l-random --contract "$contract" --requests 16 --max-new-tokens 16 \
+    --json "$OUT/audit_30b_$contract.json" 2>&1 | tail -10 | tee "$OUT/audit_30b_$contract.txt"
+done
 fi

@@ -14,15 +14,22 @@ from .battery import EntryResult, validate_entry
 
 def geometry_of(spec) -> dict:
     """The model shapes the probes run at (`Context.geometry`) and admission records are keyed by: the
-    attention heads and head_dim (of its first `gqa` mixer), and the projections' K values. Empty
-    without a model."""
+    attention heads and head_dim (of its first `gqa` mixer), the projections' K values, and for a model
+    with MoE layers their [experts, moe_intermediate_size, top_k] and the hidden size. Empty without a
+    model."""
+    from ..model.spec import MoESpec
+
     if spec is None:
         return {}
     geometry = {}
     if spec.attention:
         attention = spec.attention[0]
         geometry = {"num_heads": attention.num_heads, "num_kv_heads": attention.num_kv_heads, "head_dim": attention.head_dim}
-    return geometry | {"linear_k": sorted({k for shapes in spec.projections.values() for _, k in shapes})}
+    geometry["linear_k"] = sorted({k for shapes in spec.projections.values() for _, k in shapes})
+    moe = sorted({(f.num_experts, f.moe_intermediate_size, f.top_k) for f in (layer.ffn for layer in spec.layers) if isinstance(f, MoESpec)})
+    if moe:
+        geometry |= {"moe": [list(shape) for shape in moe], "hidden_size": spec.hidden_size}
+    return geometry
 
 
 def validate(contract: Contract, *, device: str = "cpu", registry: Registry = REGISTRY, record: bool = True, progress=None,

@@ -41,6 +41,11 @@ HOPPER_CONSTANTS = {
     (3072, 1024): _BIG,  # gate_proj, up_proj
     (1024, 3072): _NARROW,  # down_proj
     (151936, 1024): _BIG,  # lm_head
+    # Qwen3-30B-A3B's attention half (not timed; as the shapes above): hidden 2048, 32 heads / 4 KV heads of 128
+    (4096, 2048): _BIG,  # q_proj
+    (512, 2048): _NARROW,  # k_proj, v_proj
+    (2048, 4096): _BIG,  # o_proj
+    (151936, 2048): _BIG,  # lm_head
 }
 
 
@@ -59,6 +64,10 @@ HOPPER_DECODE_CONSTANTS: dict[tuple[int, int], dict] = {
     (3072, 1024): _DECODE,  # gate_proj, up_proj
     (1024, 3072): _DECODE,  # down_proj
     (151936, 1024): _DECODE,  # lm_head (shares its entry's tile, the layers' one: `fit` below)
+    (4096, 2048): _DECODE,  # Qwen3-30B-A3B q_proj (not timed)
+    (512, 2048): _DECODE,  # k_proj, v_proj
+    (2048, 4096): _DECODE,  # o_proj
+    (151936, 2048): _DECODE,  # lm_head
 }
 
 
@@ -77,6 +86,7 @@ HOPPER_ROW_PARALLEL_CONSTANTS = {
     (4096, 12288): _PERSISTENT,  # Qwen3-8B down_proj
     (1024, 2048): _FUSED,  # Qwen3-0.6B o_proj
     (1024, 3072): _FUSED,  # Qwen3-0.6B down_proj
+    (2048, 4096): _FUSED,  # Qwen3-30B-A3B o_proj (not timed)
 }
 
 TILES = {"sm_90": HOPPER_CONSTANTS}

@@ -39,9 +39,12 @@ def experts(x: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor, *, input_dtyp
     return out
 
 
-def combine(routed: Tensor, weights: Tensor, ids: Tensor, *, input_dtype: str, output_dtype: str, accum_dtype: str) -> Tensor:
+def combine(routed: Tensor, weights: Tensor, ids: Tensor, shared: Tensor | None = None, shared_gate: Tensor | None = None, *,
+            input_dtype: str, output_dtype: str, accum_dtype: str) -> Tensor:
     out = routed.new_zeros((routed.shape[0], routed.shape[-1]), dtype=torch_dtype(output_dtype))
     for expert in torch.unique(ids).tolist():
         token, slot = torch.where(ids == expert)
         out.index_add_(0, token, (routed[token, slot] * weights[token, slot, None].to(routed.dtype)).to(out.dtype))
+    if shared is not None:
+        out = out + (shared if shared_gate is None else torch.sigmoid(shared_gate).reshape(-1, 1) * shared).to(out.dtype)
     return out

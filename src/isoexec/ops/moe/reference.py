@@ -10,7 +10,8 @@ depend only on the token's own hidden row.
   through `linear.reference` and `activation.reference`, whose row bits never depend on how many rows
   share the call.
 - `combine`: the k routed outputs of a token summed in ascending expert id, weight × output in fp32,
-  one rounding at the end.
+  then the shared expert's output added (times the sigmoid of its gate logit, where the family gates
+  it), one rounding at the end.
 
 The backward pass is autograd over the same ops (the router's selection is not differentiated; its
 weights are): correct, not batch-invariant.
@@ -32,18 +33,25 @@ def _stable_topk(scores: Tensor, k: int) -> Tensor:
     return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
 
 
+def check_routing(num_experts: int, top_k: int, scoring: str, n_group: int, topk_group: int) -> None:
+    """Refuse a routing no router can run (ValueError naming the field)."""
+    if scoring not in SCORINGS:
+        raise ValueError(f"moe router: scoring {scoring!r} is not one of {', '.join(SCORINGS)}")
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"moe router: top_k {top_k} must be between 1 and the {num_experts} experts")
+    if n_group < 1 or num_experts % n_group or not 1 <= topk_group <= n_group:
+        raise ValueError(f"moe router: {num_experts} experts in {n_group} groups, {topk_group} of them kept, is not a grouping")
+    if top_k > topk_group * (num_experts // n_group):
+        raise ValueError(f"moe router: top_k {top_k} exceeds the {topk_group * (num_experts // n_group)} experts of the {topk_group} groups kept")
+
+
 def router(x: Tensor, weight: Tensor, bias: Tensor | None, top_k: int, scoring: str = "softmax", norm_topk_prob: bool = True,
            n_group: int = 1, topk_group: int = 1, routed_scaling_factor: float = 1.0, *, input_dtype: str, weight_dtype: str,
            accum_dtype: str, block_k: int, block_tree: str, tree: str) -> tuple[Tensor, Tensor]:
     """x [T, H], weight [E, H] (the gate), bias [E] (`e_score_correction_bias`, selection only) ->
     weights [T, k] float32, expert ids [T, k] int64, slot j holding the j-th highest score."""
-    if scoring not in SCORINGS:
-        raise ValueError(f"moe router: scoring {scoring!r} is not one of {', '.join(SCORINGS)}")
+    check_routing(weight.shape[0], top_k, scoring, n_group, topk_group)
     num_experts = weight.shape[0]
-    if not 1 <= top_k <= num_experts:
-        raise ValueError(f"moe router: top_k {top_k} must be between 1 and the {num_experts} experts")
-    if num_experts % n_group or not 1 <= topk_group <= n_group:
-        raise ValueError(f"moe router: {num_experts} experts in {n_group} groups, {topk_group} of them kept, is not a grouping")
     logits = linear.linear(x, weight, None, input_dtype=input_dtype, weight_dtype=weight_dtype, output_dtype="float32",
                            accum_dtype=accum_dtype, block_k=block_k, block_tree=block_tree, tree=tree)  # [T, E]
     if scoring == "softmax":
@@ -99,9 +107,11 @@ def experts(x: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor, *, input_dtyp
     return out.view(num_tokens, top_k, x.shape[-1])
 
 
-def combine(routed: Tensor, weights: Tensor, ids: Tensor, *, input_dtype: str, output_dtype: str, accum_dtype: str) -> Tensor:
+def combine(routed: Tensor, weights: Tensor, ids: Tensor, shared: Tensor | None = None, shared_gate: Tensor | None = None, *,
+            input_dtype: str, output_dtype: str, accum_dtype: str) -> Tensor:
     """routed [T, k, H], weights [T, k], ids [T, k] -> [T, H]: sum over slots in ascending expert id of
-    weight × output, in accum_dtype, rounded once."""
+    weight × output in accum_dtype; then the shared expert's output shared [T, H], times
+    sigmoid(shared_gate [T, 1]) where given (Qwen3-Next, Qwen3.5), added; rounded once."""
     expect_dtype(routed, input_dtype, "moe combine input")
     accum = torch_dtype(accum_dtype)
     order = torch.argsort(ids, dim=-1, stable=True)  # [T, k]
@@ -109,4 +119,9 @@ def combine(routed: Tensor, weights: Tensor, ids: Tensor, *, input_dtype: str, o
     total = terms[:, 0] if terms.shape[1] else routed.new_zeros(routed.shape[0], routed.shape[-1], dtype=accum)
     for j in range(1, terms.shape[1]):
         total = total + terms[:, j]
+    if shared is not None:
+        term = shared.to(accum)
+        if shared_gate is not None:
+            term = term * (1.0 / (1.0 + (-shared_gate.to(accum).reshape(-1, 1)).exp()))
+        total = total + term
     return total.to(torch_dtype(output_dtype))

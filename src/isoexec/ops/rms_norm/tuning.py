@@ -13,6 +13,7 @@ HOPPER_CONSTANTS = {
     64: dict(reduce_block=64, num_warps=1),  # tiny-dense hidden (and head_dim 16)
     128: dict(reduce_block=128, num_warps=1),  # Qwen3-8B q_norm, k_norm (head_dim 128)
     1024: dict(reduce_block=1024, num_warps=4),  # Qwen3-0.6B hidden (not timed; as Qwen3-8B's)
+    2048: dict(reduce_block=1024, num_warps=4),  # Qwen3-30B-A3B hidden (likewise)
     4096: dict(reduce_block=1024, num_warps=4),  # Qwen3-8B hidden
 }
 
