@@ -15,6 +15,9 @@ trainer:   one trainer_fwd forward + backward (bench.py's trainer workload, --se
            GPU busy time, and GPU time per kernel name; then a host profile (cProfile) of each.
 decode-kernels: one decode step's graph replay and kernels under the contract and under
            contracts/fast-baseline.toml, batch 1 and 64.
+moe:       one MoE layer's forward + backward at Qwen3-30B-A3B's shape (bench.py moe's workload, 4096 and
+           16384 tokens) under the contract's Triton impls and the torch._grouped_mm baseline, under
+           torch.profiler: GPU time per kernel name.
 launch:    host time per call (no profiler: perf_counter over many calls of a tiny problem, so the GPU
            keeps up) of the trainer's ops under the contract and native, and of the layers beneath
            linear.triton: tensor descriptors, Triton's launch, our wrapper, autograd.
@@ -67,8 +70,8 @@ def profile_decode(model_name: str, contract_name: str, batch: int, new_tokens: 
     slots = torch.arange(b * 128, device="cuda").reshape(b, 128)
     write = slots[:, 100].clone()
     replay = kernel_ms(lambda: graphs.run(ids, pos, write, slots), torch.device("cuda"))
-    rows = graphs.run(ids, pos, write, slots)
-    ops = runner.ops["engine_decode"]
+    rows, _ = graphs.run(ids, pos, write, slots)
+    ops = runner.binding.ops["engine_decode"]
     f32 = torch.ones(b, device="cuda")
     i64 = torch.zeros(b, dtype=torch.int64, device="cuda")
     sample = kernel_ms(lambda: ops["sample"](rows, f32, i64, f32, i64, i64), torch.device("cuda"))
@@ -345,15 +348,34 @@ def sweep_decode_gemm() -> None:
             print(f"    listed {label(tiles)}: {' '.join(f'{t:.4f}' for t in listed_row[1])} = {listed_row[0]:.4f}")
 
 
+def profile_moe(tokens=(4096, 16384)) -> None:
+    from moe import QWEN3_30B_A3B, Layer, _params, contract_layer, grouped_mm_layer
+
+    device = torch.device("cuda")
+    generator = torch.Generator(device=device).manual_seed(0)
+    p = _params(QWEN3_30B_A3B, device, generator)
+    leaves = [t.clone().requires_grad_() for t in (p.gate, p.gate_up, p.down)]
+    q = Layer(*leaves, p.top_k)
+    for count in tokens:
+        x = torch.randn(count, QWEN3_30B_A3B["hidden"], generator=generator, device=device).bfloat16().requires_grad_()
+        g = torch.randn_like(x)
+        for name, layer in (("contract", contract_layer(QWEN3_30B_A3B)), ("grouped_mm", grouped_mm_layer)):
+            def step():
+                layer(x, q).backward(g)
+                for t in (x, *leaves):
+                    t.grad = None
+            profiled_kernels(step, f"moe {name} fwd+bwd, {count} tokens", rows=14)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="*", help="decode, decode-kernels, attention, gemm, trainer, launch (default: decode and attention)")
+    parser.add_argument("what", nargs="*", help="decode, decode-kernels, attention, gemm, trainer, launch, moe (default: decode and attention)")
     parser.add_argument("--model", default="qwen3-0.6b-random")
     parser.add_argument("--contract", default="tiny-dense-triton")
     parser.add_argument("--seqs", type=int, default=8, help="trainer: sequences per step")
     parser.add_argument("--seq-len", type=int, default=512, help="trainer: tokens per sequence")
     args = parser.parse_args()
-    sections = {"decode", "decode-kernels", "attention", "gemm", "trainer", "launch"}
+    sections = {"decode", "decode-kernels", "attention", "gemm", "trainer", "launch", "moe"}
     args.what = args.what or ["decode", "attention"]
     if set(args.what) - sections:
         parser.error(f"unknown section(s) {sorted(set(args.what) - sections)}: choose from {', '.join(sorted(sections))}")
@@ -369,6 +391,8 @@ def main():
         decode_kernels(args.model, [args.contract, FAST_BASELINE])
     if "launch" in args.what:
         profile_launch(args.model, args.contract)
+    if "moe" in args.what:
+        profile_moe()
     if "trainer" in args.what:
         profile_trainer(args.model, [args.contract, FAST_BASELINE, "native"], args.seqs, args.seq_len)
 

@@ -108,6 +108,27 @@ def row_count_moe_experts(x, ids, gate_up, down, *, block_k, small_rows=SMALL, *
     return moe.experts(x, ids, gate_up, down, block_k=block_k * 2 if x.shape[0] > small_rows else block_k, **constants)
 
 
+def reversed_scan_moe_router(x, weight, bias, *args, small_rows=SMALL, **constants):
+    """moe.router.reference walking the experts in reverse order in calls of more than `small_rows`
+    tokens (a top-k kernel whose scan order follows its tiling): equal scores at the top-k boundary go
+    to the higher expert id (and the softmax's sum may regroup). A model with tied gate rows
+    (`tie_gate_rows`) is routed differently by call size."""
+    if x.shape[0] <= small_rows:
+        return moe.router(x, weight, bias, *args, **constants)
+    weights, ids = moe.router(x, weight.flip(0), None if bias is None else bias.flip(0), *args, **constants)
+    return weights, weight.shape[0] - 1 - ids
+
+
+def tie_gate_rows(model, a: int = 1, b: int = 3):
+    """`model` with experts a and b sharing one gate row in every MoE layer (in place): every token scores
+    them exactly alike, so wherever they straddle the top-k boundary only the tie order picks one."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.weight[b] = layer.mlp.gate.weight[a]
+    return model
+
+
 def control_moe_experts(data: dict, small_rows: int | None = None) -> dict:
     """A contract dict (of an MoE preset) with `moe.experts` pinned to its control, claiming nothing."""
     data = copy.deepcopy(data)
@@ -131,6 +152,7 @@ CONTROLS = {
     "logprobs": Impl(id="control.row_count_logprobs", version=1, region="logprobs", cases=ALL_CASES, fn=row_count_logprobs),
     "activation": Impl(id="control.vector_tail_silu_mul", version=1, region="activation", cases=ALL_CASES, fn=vector_tail_silu_mul),
     "moe.experts": Impl(id="control.row_count_moe_experts", version=1, region="moe.experts", cases=ALL_CASES, fn=row_count_moe_experts),
+    "moe.router": Impl(id="control.reversed_scan_moe_router", version=1, region="moe.router", cases=ALL_CASES, fn=reversed_scan_moe_router),
 }
 for _impl in CONTROLS.values():
     if REGISTRY.get(_impl.id, _impl.version) is None:

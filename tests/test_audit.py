@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from controls import control_contract
-from isoexec.audit import Tracer, all_equal, run_audit
-from isoexec.contract import dump_json, load_preset
+from controls import control_contract, control_dict, tie_gate_rows
+from isoexec.audit import Tracer, all_equal, render, run_audit
+from isoexec.contract import Contract, dump_json, load_preset
 from isoexec.model import PRESETS, dense_fields, dense_spec, init_random, save
 from isoexec.contract import fit_contract
 
@@ -29,10 +29,34 @@ def test_every_token_and_row_is_bitwise_equal_under_the_contract_and_not_under_t
     assert report["rollout_train_logprob_abs_diff_max"] == 0.0 and report["k3_kl"] == 0.0
     assert report["engine"]["preemptions"] > 0 and report["engine"]["prefix_cache_hit_tokens"] > 0
     assert report["engine"]["prefill_chunks"] > 16  # long prompts were chunked
+    assert report["routing_mismatch_tokens"] is None and report["trainer_fwd"]["routing_compared_tokens"] is None  # nothing routed
+    assert "routing:" not in render(report)
     control = run_audit(model, fit_contract(control_contract("linear"), spec), progress=False, tracer=Tracer())
     assert not all_equal(control)
     assert control["bitwise_equal_tokens"] < control["tokens"] and control["rollout_train_logprob_abs_diff_max"] > 0
     assert control["trace"]["summary"]
+
+
+def test_an_moe_audit_counts_the_tokens_routed_to_other_experts():
+    """Under tiny-moe every sampled token's row goes to the same experts in the engine and in both trainer
+    cases. The control router (`controls.reversed_scan_moe_router`) breaks ties at the top-k boundary
+    toward the higher expert id in calls of more than 16 tokens — the trainer's micro-batches, not the
+    engine's decode steps — so on a model whose experts 1 and 3 share a gate row the audit must count
+    tokens with another expert set."""
+    spec = PRESETS["tiny-moe"].replace(dtype="float32")
+    tied = tie_gate_rows(init_random(spec, seed=0))
+    report = run_audit(tied, fit_contract(load_preset("tiny-moe"), spec), requests=8, max_new_tokens=8, progress=False)
+    assert all_equal(report) and report["tokens"] == 64
+    for case in ("trainer_score", "trainer_fwd"):
+        assert report[case]["routing_mismatch_tokens"] == 0 and report[case]["routing_compared_tokens"] == 64
+    assert report["routing_mismatch_tokens"] == 0 and report["routing_compared_tokens"] == 64
+    assert "routing: 0/64 tokens with a different expert set" in render(report)
+    control = Contract.from_dict(control_dict("moe.router", preset="tiny-moe"))
+    drifted = run_audit(tied, fit_contract(control, spec), requests=8, max_new_tokens=8, progress=False)
+    assert not all_equal(drifted)
+    for case in ("trainer_score", "trainer_fwd"):
+        assert 0 < drifted[case]["routing_mismatch_tokens"] < drifted[case]["routing_compared_tokens"] == 64
+    assert f"routing: {drifted['routing_mismatch_tokens']}/64" in render(drifted)
 
 
 def test_trace_names_the_first_diverging_region():
@@ -72,6 +96,7 @@ def test_audit_command_json_and_exit_codes(tmp_path):
     assert ok.returncode == 0, ok.stdout + ok.stderr
     report = json.loads(out.read_text())
     assert set(KEYS) <= set(report) and set(report["contract"]) >= {"semantic", "numerical_policy", "deployment"}
+    assert report["routing_mismatch_tokens"] is None  # a dense model: the key is there, null
     assert "bitwise equal" in ok.stdout
     native = run("--contract", "native", "--requests", "4", "--max-new-tokens", "4")
     assert native.returncode == 0 and "trainer_score" in native.stdout  # claims nothing: a measurement, whatever it finds

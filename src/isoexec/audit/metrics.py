@@ -43,3 +43,18 @@ def compare(rollout_logprobs: list[Tensor], rollout_rows: list[Tensor | None], t
         "k3_kl": float(k3.mean()) if k3.numel() else 0.0,
         "first_mismatch": first,
     }
+
+
+def compare_routing(rollout_routing: list[Tensor], trainer_routing: list[Tensor | None]) -> dict:
+    """Per completion: the experts the engine chose for each sampled token's row [n, layers, k] against
+    the trainer's at the same positions. A token counts as mismatched when some MoE layer gave it another
+    set of experts (ids compared sorted: the order of a token's slots is no part of its routing). None
+    for both counts when the trainer recorded nothing: a model without MoE layers routes nothing."""
+    if all(trained is None for trained in trainer_routing):
+        return {"routing_compared_tokens": None, "routing_mismatch_tokens": None}
+    compared = mismatched = 0
+    for engine, trained in zip(rollout_routing, trainer_routing):
+        same = (engine.sort(-1).values == trained.cpu().sort(-1).values).flatten(1).all(-1)  # [n]
+        compared += same.numel()
+        mismatched += int((~same).sum())
+    return {"routing_compared_tokens": compared, "routing_mismatch_tokens": mismatched}

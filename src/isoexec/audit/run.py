@@ -1,5 +1,6 @@
 """`isoexec audit`: roll out a mixed workload in the engine, score it in the trainer under another
-packing, and compare every sampled token's log-probability and every full-vocabulary row."""
+packing, and compare every sampled token's log-probability and every full-vocabulary row, and for an
+MoE model the experts each sampled token's row was routed to."""
 
 import contextlib
 import time
@@ -9,7 +10,7 @@ from ..contract.schema import Contract
 from ..engine import LLMEngine
 from ..model import Decoder, tracing
 from ..trainer import Trainer
-from .metrics import compare
+from .metrics import compare, compare_routing
 from .workload import engine_config, prompts_and_params
 
 
@@ -39,12 +40,15 @@ def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new
     for case in ("trainer_score", "trainer_fwd"):
         labels = [c.request_id for c in done] if tracer is not None and case == "trainer_score" else None
         with tracing(tracer) if labels is not None else contextlib.nullcontext():
-            rows = trainer.logprobs(sequences, case=case, micro_batch_tokens=budget, device=device, labels=labels)
+            rows, routing = trainer.logprobs(sequences, case=case, micro_batch_tokens=budget, device=device, labels=labels, routing=True)
         generated = [r[len(c.prompt) - 1 :] for r, c in zip(rows, done)]
-        report[case] = compare(rollout[0], rollout[1], generated, rollout[2])
+        # The routing of the rows the tokens were drawn from: positions len(prompt) - 1 … len(sequence) - 2.
+        generated_routing = [None if r is None else r[len(c.prompt) - 1 : -1] for r, c in zip(routing, done)]
+        report[case] = compare(rollout[0], rollout[1], generated, rollout[2]) | compare_routing([c.routing for c in done], generated_routing)
     report.update({
         **{k: report["trainer_score"][k] for k in ("tokens", "bitwise_equal_tokens", "full_vocab_rows", "full_vocab_rows_bitwise_equal",
-                                                   "rollout_train_logprob_abs_diff_mean", "rollout_train_logprob_abs_diff_max", "k3_kl")},
+                                                   "rollout_train_logprob_abs_diff_mean", "rollout_train_logprob_abs_diff_max", "k3_kl",
+                                                   "routing_compared_tokens", "routing_mismatch_tokens")},
         "requests": requests,
         "prompt_token_ids": [c.prompt for c in completions],
         "failed_requests": [{"request": c.request_id, "error": c.error} for c in failed],
@@ -61,7 +65,8 @@ def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new
 
 def all_equal(report: dict) -> bool:
     return all(report[case]["bitwise_equal_tokens"] == report[case]["tokens"] and
-               report[case]["full_vocab_rows_bitwise_equal"] == report[case]["full_vocab_rows"] for case in ("trainer_score", "trainer_fwd"))
+               report[case]["full_vocab_rows_bitwise_equal"] == report[case]["full_vocab_rows"] and
+               not report[case]["routing_mismatch_tokens"] for case in ("trainer_score", "trainer_fwd"))
 
 
 def render(report: dict) -> str:
@@ -78,13 +83,19 @@ def render(report: dict) -> str:
         r = report[case]
         lines.append(f"  {case:<14} {r['bitwise_equal_tokens']:>6}/{r['tokens']:<7} {r['full_vocab_rows_bitwise_equal']:>7}/{r['full_vocab_rows']:<8} "
                      f"{r['rollout_train_logprob_abs_diff_mean']:>13.3g} {r['rollout_train_logprob_abs_diff_max']:>12.3g} {r['k3_kl']:>10.3g}")
+    score, fwd = report["trainer_score"], report["trainer_fwd"]
+    if score["routing_compared_tokens"] is not None:
+        lines.append(f"  routing: {score['routing_mismatch_tokens']}/{score['routing_compared_tokens']} tokens with a different expert set "
+                     f"in some MoE layer (trainer_score), {fwd['routing_mismatch_tokens']}/{fwd['routing_compared_tokens']} (trainer_fwd)")
     for failure in report["failed_requests"]:
         lines.append(f"  request {failure['request']} failed: {failure['error']}")
     if all_equal(report):
         lines.append("every sampled token and every full-vocabulary row is bitwise equal between rollout and trainer")
     else:
-        first = report["trainer_score"]["first_mismatch"]
-        lines.append(f"MISMATCH: first at request {first['request']}, generated token {first['token']}" if first else "MISMATCH in full-vocabulary rows")
+        first = score["first_mismatch"]
+        rows_differ = any(r["full_vocab_rows_bitwise_equal"] != r["full_vocab_rows"] for r in (score, fwd))
+        lines.append(f"MISMATCH: first at request {first['request']}, generated token {first['token']}" if first
+                     else f"MISMATCH in {'full-vocabulary rows' if rows_differ else 'routing'}")
         if "trace" in report:
             lines.append("  trace: " + report["trace"]["summary"])
     return "\n".join(lines)

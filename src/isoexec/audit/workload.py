@@ -74,8 +74,9 @@ PREFILL_CHUNK = 37
 
 
 def engine_config(contract: Contract, prompts: list[list[int]], max_new_tokens: int) -> EngineConfig:
-    """Pages for about half the workload at once (so sequences get preempted), and prefill chunks that
-    start anywhere (`PREFILL_CHUNK`)."""
+    """Pages for about half the workload at once (so sequences get preempted), prefill chunks that start
+    anywhere (`PREFILL_CHUNK`), and each sampled token's routing recorded (an MoE model's)."""
     page = contract.deployment.engine.kv_page_size
     pages = [math.ceil((len(p) + max_new_tokens) / page) for p in prompts]
-    return EngineConfig.from_contract(contract, num_pages=max(max(pages) + 1, sum(pages) // 2), prefill_chunk_size=PREFILL_CHUNK)
+    return EngineConfig.from_contract(contract, num_pages=max(max(pages) + 1, sum(pages) // 2), prefill_chunk_size=PREFILL_CHUNK,
+                                      record_routing=True)

@@ -18,7 +18,8 @@ def add_parser(commands):
         help="roll out a workload, score it in the trainer, compare log-probs bit for bit",
         description="Run a mixed workload through the engine (varied prompt lengths, shared prefixes, chunked prefill, "
         "preemption, mixed sampling; random token prompts, or a file's with --prompts), score the same sequences in the "
-        "trainer under a different packing (trainer_score and trainer_fwd), and compare every sampled token's log-probability and every full-vocabulary row bit for bit. "
+        "trainer under a different packing (trainer_score and trainer_fwd), and compare every sampled token's log-probability and every full-vocabulary row bit for bit "
+        "(and, for an MoE model, the experts each token's row was routed to). "
         "Exit status: 0 when everything is bitwise equal (or the contract claims nothing), 1 on a mismatch under a "
         "bitwise contract, 2 on bad input.",
     )

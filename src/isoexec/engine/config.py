@@ -31,6 +31,9 @@ class EngineConfig:
     """Most tokens (prompt + generated) one sequence may hold; longer requests are refused. None: the
     model's max_position_embeddings. With cuda_graphs it is also the width of the decode graphs' slot
     table, which an op may scan whole (native attention does)."""
+    record_routing: bool = False
+    """Return, with each completion of an MoE model, the experts every MoE layer chose for each sampled
+    token's row (`Completion.routing`)."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -39,7 +42,7 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{f.name}: expected a positive int, got {value!r}")
         if self.max_model_len is not None and not (_is_int(self.max_model_len) and self.max_model_len >= 1):
             raise ValueError(f"EngineConfig.max_model_len: expected None or a positive int, got {self.max_model_len!r}")
-        for name in ("prefix_caching", "cuda_graphs"):
+        for name in ("prefix_caching", "cuda_graphs", "record_routing"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name}: expected a bool, got {getattr(self, name)!r}")
 
@@ -48,10 +51,10 @@ class EngineConfig:
         """The contract's deployment.engine settings, with `overrides` on top; checked against the contract."""
         engine = contract.deployment.engine
         names = ("kv_page_size", "prefill_chunk_size", "max_num_seqs", "max_num_batched_tokens", "prefix_caching", "cuda_graphs")
-        unknown = sorted(set(overrides) - set(names) - {"max_model_len"})
+        unknown = sorted(set(overrides) - set(names) - {"max_model_len", "record_routing"})
         if unknown:
             raise ValueError(f"EngineConfig.from_contract: unknown setting(s) {', '.join(unknown)} "
-                             f"(known: {', '.join(names)}, max_model_len)")
+                             f"(known: {', '.join(names)}, max_model_len, record_routing)")
         config = cls(num_pages=num_pages, **{**{n: getattr(engine, n) for n in names}, **overrides})
         config.check(contract)
         return config

@@ -3,6 +3,7 @@
 A decode step of B sequences runs padded to the smallest bucket >= B (1, 2, 4, … up to max_num_seqs,
 and max_num_seqs itself). The forward only reads and writes static tensors: each step copies its
 token ids, positions, write slots and slot table in, the graph replays, and the full-vocabulary rows
+(and, when recorded, the experts each MoE layer chose: a static routing buffer the layers copy into)
 are read out; sampling stays outside, on the first B rows. The slot table is as wide as the most keys
 a decode row may have (`max_num_keys`); real rows keep UNUSED_SLOT past their own keys.
 
@@ -25,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ..contract.schema import Contract
-from ..model import PagedBatch, Step, is_tracing, step
+from ..model import PagedBatch, Step, is_tracing, routing_buffer, step
 from ..ops.attention.metadata import UNUSED_SLOT
 
 
@@ -40,7 +41,8 @@ def decode_buckets(max_num_seqs: int) -> tuple[int, ...]:
 class DecodeGraphs:
     """The static tensors and one forward per bucket: a captured graph on CUDA, the eager padded forward elsewhere."""
 
-    def __init__(self, model, contract: Contract, ops: dict, state: tuple, scratch_slot: int, max_num_seqs: int, max_num_keys: int):
+    def __init__(self, model, contract: Contract, ops: dict, state: tuple, scratch_slot: int, max_num_seqs: int, max_num_keys: int,
+                 record_routing: bool = False):
         self.model, self.contract, self.ops, self.state = model, contract, ops, state
         self.scratch_slot = scratch_slot
         self.buckets = decode_buckets(max_num_seqs)
@@ -51,6 +53,7 @@ class DecodeGraphs:
         self.seq_ids = torch.arange(size, device=device)  # [N], one token per sequence: never changes
         self.write_slots = torch.full((size,), scratch_slot, dtype=torch.int64, device=device)  # [N]
         self.slot_table = torch.full((size, max_num_keys), scratch_slot, dtype=torch.int64, device=device)  # [N, max_num_keys]
+        self.routing = routing_buffer(model.spec, size, device) if record_routing else None  # [N, layers, k] or None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, Tensor] = {}  # bucket -> the graph's static [bucket, V] rows
         if device.type == "cuda":
@@ -60,9 +63,10 @@ class DecodeGraphs:
     def max_num_keys(self) -> int:
         return self.slot_table.shape[1]
 
-    def run(self, input_ids: Tensor, positions: Tensor, write_slots: Tensor, slot_table: Tensor) -> Tensor:
+    def run(self, input_ids: Tensor, positions: Tensor, write_slots: Tensor, slot_table: Tensor) -> tuple[Tensor, Tensor | None]:
         """One token per sequence: input_ids, positions, write_slots [B], slot_table [B, ≤ max_num_keys]
-        -> full-vocabulary log-prob rows [B, V] float32, bit for bit those of the unpadded forward."""
+        -> full-vocabulary log-prob rows [B, V] float32, bit for bit those of the unpadded forward, and
+        the rows' expert ids [B, layers, k] when recorded (else None)."""
         num_seqs, num_keys = slot_table.shape
         bucket = next(b for b in self.buckets if b >= num_seqs)
         for static, values, padding in ((self.input_ids, input_ids, 0), (self.positions, positions, 0),
@@ -77,11 +81,13 @@ class DecodeGraphs:
             rows = self.outputs[bucket]
         else:
             rows = self._forward(bucket)
-        return rows[:num_seqs].clone()  # the next replay overwrites the static rows
+        routing = None if self.routing is None else self.routing[:num_seqs].clone()
+        return rows[:num_seqs].clone(), routing  # the next replay overwrites the static rows
 
     def _forward(self, bucket: int) -> Tensor:
         batch = PagedBatch(self.positions[:bucket], self.seq_ids[:bucket], self.slot_table[:bucket], self.write_slots[:bucket])
-        with step(Step(case="engine_decode", ops=self.ops, batch=batch, state=self.state)):
+        routing = None if self.routing is None else self.routing[:bucket]
+        with step(Step(case="engine_decode", ops=self.ops, batch=batch, state=self.state, routing=routing)):
             return self.model.logprobs(self.model(self.input_ids[:bucket], self.positions[:bucket]))  # [bucket, V]
 
     @torch.no_grad()

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from ..contract.schema import Contract
-from ..model import PagedBatch, Step, allocate, is_tracing, step
+from ..model import PagedBatch, Step, allocate, is_tracing, routing_buffer, step
 from ..ops.common import torch_dtype
 from ..runtime.binding import bind
 from .config import ENGINE_CASES, EngineConfig
@@ -18,6 +18,7 @@ from .sequence import Sequence
 class ModelRunner:
     def __init__(self, model, contract: Contract, config: EngineConfig, device: str):
         spec, self.model, self.page_size, self.device = model.spec, model, config.kv_page_size, torch.device(device)
+        self.record_routing = config.record_routing
         kv_dtypes = {contract.entry("attention", case).constants.get("kv_cache_dtype") for case in ENGINE_CASES
                      if contract.entry("attention", case) is not None}
         if kv_dtypes and kv_dtypes != {spec.dtype}:
@@ -34,7 +35,7 @@ class ModelRunner:
             max_num_keys = min(scratch_slot, spec.max_position_embeddings, contract.cases["engine_decode"].shape_domain.max_seq_len,
                                config.max_model_len or spec.max_position_embeddings)
             self.decode_graphs = DecodeGraphs(model, contract, self.binding.ops["engine_decode"], self.state,
-                                              scratch_slot, config.max_num_seqs, max_num_keys)
+                                              scratch_slot, config.max_num_seqs, max_num_keys, config.record_routing)
 
     def reset(self) -> None:
         """Poison the whole cache again: nothing from an earlier `generate` (older weights) is readable."""
@@ -46,11 +47,12 @@ class ModelRunner:
         return torch.tensor(values, dtype=dtype, device=self.device)
 
     @torch.no_grad()
-    def run(self, seqs: list[Sequence], case: str) -> tuple[list[int], Tensor, Tensor]:
+    def run(self, seqs: list[Sequence], case: str) -> tuple[list[int], Tensor, Tensor, Tensor | None]:
         """Compute each seq's scheduled tokens [num_computed, num_computed + num_scheduled) in one forward.
 
-        -> tokens [R], logprobs [R] and rows [R, V] (float32) for the R seqs whose chunk reaches their
-        last token, in order: token r is drawn from row r, computed at position len(seq) - 1, with the
+        -> tokens [R], logprobs [R], rows [R, V] (float32) and, when recording routing, the experts of
+        each row [R, layers, k] (on the host; else None) for the R seqs whose chunk reaches their last
+        token, in order: token r is drawn from row r, computed at position len(seq) - 1, with the
         request's seed and sampling position len(seq), the position the new token will occupy."""
         input_ids, positions, seq_ids, labels = [], [], [], []
         tracing = is_tracing()
@@ -73,14 +75,16 @@ class ModelRunner:
         ops = self.binding.ops[case]
         graphs = self.decode_graphs
         if case == "engine_decode" and graphs is not None and not tracing and num_keys <= graphs.max_num_keys:
-            rows = graphs.run(input_ids, positions, batch.write_slots, batch.slot_table)  # [R, V]: every decode samples
+            rows, routing = graphs.run(input_ids, positions, batch.write_slots, batch.slot_table)  # every decode samples
         else:
             labels = self._tensor(labels, torch.int64) if tracing else None
-            with step(Step(case=case, ops=ops, batch=batch, state=self.state, labels=labels)):
+            routing = routing_buffer(self.model.spec, len(input_ids), self.device) if self.record_routing else None  # [T, layers, k]
+            with step(Step(case=case, ops=ops, batch=batch, state=self.state, labels=labels, routing=routing)):
                 hidden = self.model(input_ids, positions)  # [T, hidden]
                 if not sampled:
-                    return [], torch.empty(0), torch.empty(0, self.model.spec.vocab_size)
+                    return [], torch.empty(0), torch.empty(0, self.model.spec.vocab_size), None
                 rows = self.model.logprobs(hidden[last_rows])  # [R, V] float32
+            routing = None if routing is None else routing[last_rows]  # [R, layers, k]
         params = [seq.params for seq in sampled]
         tokens = ops["sample"](
             rows,
@@ -91,4 +95,5 @@ class ModelRunner:
             self._tensor([len(seq) for seq in sampled], torch.int64),
         )  # [R]
         logprobs = rows.gather(1, tokens[:, None])[:, 0]  # [R], the bits of the row, never via a Python float
-        return tokens.tolist(), logprobs.cpu(), rows  # rows stay on the device; copied only when asked for
+        routing = None if routing is None else routing.cpu()
+        return tokens.tolist(), logprobs.cpu(), rows, routing  # rows stay on the device; copied only when asked for

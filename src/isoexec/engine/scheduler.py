@@ -80,9 +80,9 @@ class Scheduler:
             budget -= seq.num_scheduled
         return prefills, decodes
 
-    def postprocess(self, seqs: list[Sequence], tokens: list[int], logprobs, rows) -> list[Sequence]:
-        """Advance seqs past this step's forward; tokens/logprobs [R]/rows [R, V] belong, in order, to the
-        seqs that sampled. -> the sequences that finished."""
+    def postprocess(self, seqs: list[Sequence], tokens: list[int], logprobs, rows, routing=None) -> list[Sequence]:
+        """Advance seqs past this step's forward; tokens/logprobs [R]/rows [R, V]/routing [R, layers, k]
+        (or None) belong, in order, to the seqs that sampled. -> the sequences that finished."""
         finished, r = [], 0
         for seq in seqs:
             seq.num_computed += seq.num_scheduled
@@ -90,7 +90,7 @@ class Scheduler:
             self.block_manager.cache_computed(seq)
             if seq.num_computed < len(seq):
                 continue
-            seq.append(tokens[r], logprobs[r : r + 1], rows[r])
+            seq.append(tokens[r], logprobs[r : r + 1], rows[r], None if routing is None else routing[r])
             r += 1
             if seq.finish_reason is not None:
                 seq.status = Status.FINISHED

@@ -24,6 +24,7 @@ class Completion:
     full_logprobs: Tensor | None  # [n, V] float32, the rows the tokens were sampled from
     finish_reason: str  # "stop" | "length" | "error"
     error: str | None = None
+    routing: Tensor | None = None  # [n, layers, k] int64 expert ids of each token's row, -1 where none (EngineConfig.record_routing)
 
     @classmethod
     def failed(cls, request_id: int, prompt, error: str) -> "Completion":
@@ -53,6 +54,7 @@ class Sequence:
         self.page_hashes: list[bytes] = []  # chain hash of each full page whose keys are computed
         self.logprobs: list[Tensor] = []  # [1] float32 each
         self.rows: list[Tensor] = []  # [V] float32 each, kept only when asked for
+        self.routing: list[Tensor] = []  # [layers, k] int64 each, kept when the engine records routing
         self.finish_reason: str | None = None
 
     def __len__(self) -> int:
@@ -71,10 +73,13 @@ class Sequence:
         """This step's forward reaches the last token, so its row draws the next token."""
         return self.num_computed + self.num_scheduled == len(self)
 
-    def append(self, token: int, logprob: Tensor, row: Tensor) -> None:
-        """Record a drawn token; finish on a stop token (kept in the output) or at max_tokens."""
+    def append(self, token: int, logprob: Tensor, row: Tensor, routing: Tensor | None = None) -> None:
+        """Record a drawn token (with the experts of the row it was drawn from, when recorded); finish on
+        a stop token (kept in the output) or at max_tokens."""
         self.token_ids.append(token)
         self.logprobs.append(logprob)
+        if routing is not None:
+            self.routing.append(routing)
         if self.params.return_full_logprobs:
             self.rows.append(row.clone())  # a copy, so the step's whole [R, V] block can be freed
         if token in self.stop_ids:
@@ -85,4 +90,5 @@ class Sequence:
     def completion(self) -> Completion:
         logprobs = torch.cat(self.logprobs) if self.logprobs else torch.empty(0, dtype=torch.float32)
         rows = torch.stack(self.rows).cpu() if self.params.return_full_logprobs and self.rows else None
-        return Completion(self.request_id, self.prompt, self.token_ids[len(self.prompt):], logprobs, rows, self.finish_reason)
+        routing = torch.stack(self.routing) if self.routing else None
+        return Completion(self.request_id, self.prompt, self.token_ids[len(self.prompt):], logprobs, rows, self.finish_reason, routing=routing)

@@ -66,6 +66,16 @@ class Step:
     batch: PackedBatch | PagedBatch
     state: tuple  # per layer: its store (model/state.py), or None
     labels: Tensor | None = None  # [T] request_id << 32 | position of each token, for tracing
+    routing: Tensor | None = None  # [T, layers, k] int64, `routing_buffer`: each MoE layer copies its expert ids in
+
+
+def routing_buffer(spec, num_tokens: int, device) -> Tensor | None:
+    """Where a forward records which experts each token went to: [T, num_hidden_layers, spec.routing_width]
+    int64 of -1, left -1 in dense layers and past a layer's own top_k. The layers write it with a device
+    copy, never a host sync, so a captured CUDA graph records too. None for a model without MoE layers."""
+    if not spec.routing_width:
+        return None
+    return torch.full((num_tokens, spec.num_hidden_layers, spec.routing_width), -1, dtype=torch.int64, device=device)
 
 
 _current: list[Step] = []

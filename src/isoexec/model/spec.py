@@ -201,6 +201,11 @@ class ModelSpec:
         return out
 
     @property
+    def routing_width(self) -> int:
+        """The most experts any layer routes a token to; 0 without an MoE layer (the last dim of `Step.routing`)."""
+        return max((layer.ffn.top_k for layer in self.layers if isinstance(layer.ffn, MoESpec)), default=0)
+
+    @property
     def attention(self) -> list[AttentionSpec]:
         """The distinct `gqa` mixers of the model, in layer order."""
         return list(dict.fromkeys(layer.mixer for layer in self.layers if isinstance(layer.mixer, AttentionSpec)))

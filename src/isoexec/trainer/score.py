@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ..contract.schema import Contract
-from ..model import PackedBatch, Step, packed_state, step
+from ..model import PackedBatch, Step, packed_state, routing_buffer, step
 from ..runtime.binding import bind
 
 TRAINER_CASES = ("trainer_fwd", "trainer_score")
@@ -38,10 +38,13 @@ class Trainer:
         self.state = packed_state(model.spec)
 
     def logprobs(self, sequences: list[list[int]], *, case: str = "trainer_score", micro_batch_tokens: int | None = None,
-                 device: str | torch.device = "cpu", labels: list[int] | None = None) -> list[Tensor]:
+                 device: str | torch.device = "cpu", labels: list[int] | None = None,
+                 routing: bool = False) -> list[Tensor] | tuple[list[Tensor], list[Tensor | None]]:
         """For each sequence of n tokens, the [n - 1, V] float32 rows: row j is the distribution of token j + 1.
 
-        In `trainer_fwd` the rows carry autograd history back to the model's parameters.
+        In `trainer_fwd` the rows carry autograd history back to the model's parameters. With `routing`,
+        (rows, routing): also each sequence's [n, layers, k] expert ids, position j's in row j, recorded
+        in the same forward (`model.routing_buffer`; None for a model without MoE layers).
         """
         if case not in TRAINER_CASES:
             raise ValueError(f"case must be one of {', '.join(TRAINER_CASES)}, got {case!r}")
@@ -50,6 +53,7 @@ class Trainer:
         model, ops = self.model, self.binding.ops[case]
         budget = micro_batch_tokens or self.contract.deployment.trainer.micro_batch_tokens
         out: list[Tensor | None] = [None] * len(sequences)
+        experts: list[Tensor | None] = [None] * len(sequences)
         grad = torch.enable_grad() if case == "trainer_fwd" else torch.no_grad()
         with grad:
             for batch in micro_batches([len(s) for s in sequences], budget):
@@ -59,13 +63,16 @@ class Trainer:
                 row_labels = None
                 if labels is not None:
                     row_labels = torch.tensor([labels[i] for i in batch], device=device)[packed.seq_ids] * (1 << 32) + packed.positions
-                with step(Step(case=case, ops=ops, batch=packed, state=self.state, labels=row_labels)):
+                recorded = routing_buffer(model.spec, len(ids), device) if routing else None  # [T, layers, k]
+                with step(Step(case=case, ops=ops, batch=packed, state=self.state, labels=row_labels, routing=recorded)):
                     rows = model.logprobs(model(ids, packed.positions))  # [T, V]
                 start = 0
                 for i, length in zip(batch, lengths):
                     out[i] = rows[start : start + length - 1]
+                    if recorded is not None:
+                        experts[i] = recorded[start : start + length]
                     start += length
-        return out
+        return (out, experts) if routing else out
 
 
 def sequence_logprobs(model, contract: Contract, sequences: list[list[int]], **kwargs) -> list[Tensor]:

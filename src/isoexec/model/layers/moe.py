@@ -2,6 +2,9 @@
 
 Parameters follow transformers 5's Qwen3-MoE layout: `gate.weight` [E, H], and the experts fused,
 `experts.gate_up_proj` [E, 2I, H] (gate rows first) and `experts.down_proj` [E, H, I].
+
+When the step carries a routing buffer (`Step.routing`), the layer copies its expert ids into its
+column: a device copy, so a captured CUDA graph records them too.
 """
 
 import torch
@@ -30,12 +33,15 @@ class MoE(nn.Module):
 
     def __init__(self, spec: MoESpec, layer: int, hidden_size: int, dtype: torch.dtype):
         super().__init__()
-        self.spec = spec
+        self.spec, self.layer = spec, layer
         self.gate = Router(spec.num_experts, hidden_size, dtype)
         self.experts = Experts(spec, hidden_size, dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        ops, spec = current_step().ops, self.spec
+        current, spec = current_step(), self.spec
+        ops = current.ops
         weights, ids = ops["router"](x, self.gate.weight, None, spec.top_k, spec.scoring, spec.norm_topk_prob)  # [T, k] each
+        if current.routing is not None:
+            current.routing[:, self.layer, : spec.top_k].copy_(ids)
         routed = ops["experts"](x, ids, self.experts.gate_up_proj, self.experts.down_proj)  # [T, k, H]
         return ops["combine"](routed, weights, ids)
