@@ -6,12 +6,13 @@ top-8, moe_intermediate 768).
   tables give that shape (what `fit_contract` pins on an H200).
 - `native`: moe.*.native, transformers' eager path (F.linear gate, softmax, torch.topk, one GEMM pair per
   expert, index_add_); its per-expert loop reads the routing on the host.
-- `grouped_mm`: the fastest non-invariant layer we can write in torch: the same gate and top-k, the routed
-  rows sorted by expert, `torch._grouped_mm` (cuBLAS grouped GEMM) for gate_up and down, and an
-  index_add_ combine (skipped where torch lacks `_grouped_mm`).
+- `grouped_mm`: the fastest non-invariant layer we have (`contracts/fast-baseline.toml`'s): native's router,
+  transformers 5's default experts (`moe.experts.grouped_mm`: the routed rows sorted by expert,
+  `torch._grouped_mm` for gate_up and down, offsets from a histogram) and a weighted sum over the slots
+  (skipped where torch lacks `_grouped_mm`).
 
 Decode batches (T = 1, 16, 64 tokens) time the forward as a CUDA-graph replay where the impl can be
-captured (contract, grouped_mm: as decode graphs run) and eagerly (all three, host launches included).
+captured (contract, grouped_mm: as decode graphs run; native reads the routing on the host) and eagerly (all three, host launches included).
 Training shapes (T = 4096, 16384) time forward alone (trainer_score, prefill) and forward + backward
 (trainer_fwd), eagerly. Ratios: `contract_vs_<b>` = b's time / the contract's (above 1: the contract is faster).
 Each impl's max |output - native's| is kept, over the tokens it routed to native's experts, with the count
@@ -22,7 +23,6 @@ expert can fall either way), so a wrong kernel cannot pass as a fast one.
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 
 from isoexec.ops.moe import experts_triton, native, tuning
 from isoexec.ops.moe import triton as moe_triton
@@ -64,14 +64,8 @@ def native_layer(x, p: Layer):
 
 def grouped_mm_layer(x, p: Layer):
     weights, ids = native.router(x, p.gate, None, p.top_k, **BOUNDARY)
-    flat = ids.reshape(-1)
-    order = torch.argsort(flat)
-    offsets = torch.cumsum(torch.bincount(flat, minlength=p.gate.shape[0]), 0).to(torch.int32)
-    rows = x[order // p.top_k]  # [T k, H]
-    gate, up = torch._grouped_mm(rows, p.gate_up.transpose(1, 2), offs=offsets).chunk(2, dim=-1)
-    out = torch._grouped_mm(F.silu(gate) * up, p.down.transpose(1, 2), offs=offsets)  # [T k, H]
-    weighted = out * weights.reshape(-1)[order, None].to(out.dtype)
-    return torch.zeros_like(x).index_add_(0, order // p.top_k, weighted)
+    routed = native.experts_grouped_mm(x, ids, p.gate_up, p.down, **BOUNDARY, output_dtype="bfloat16", compute_dtype="bfloat16")
+    return (routed * weights[..., None].to(routed.dtype)).sum(1)  # [T, H]
 
 
 def native_routing(x, p: Layer):
@@ -88,10 +82,10 @@ def _impls(shape: dict, device: torch.device) -> dict:
     impls = {"native": (native_layer, native_routing)}
     if device.type == "cuda":
         impls = {"contract": (contract_layer(shape), contract_routing(shape)), **impls}
-        if hasattr(torch, "_grouped_mm"):
-            impls["grouped_mm"] = (grouped_mm_layer, native_routing)
     else:
         print("moe: the Triton impls are skipped (no CUDA device; the interpreter is far too slow to time)")
+    if hasattr(torch, "_grouped_mm"):
+        impls["grouped_mm"] = (grouped_mm_layer, native_routing)
     return impls
 
 
@@ -131,7 +125,7 @@ def bench_moe(device: torch.device, shape: dict = QWEN3_30B_A3B, decode=DECODE, 
                 if tokens in decode and name != "native":  # native reads the routing on the host: it cannot be captured
                     try:
                         row[f"{name}_graph_ms"] = graphed_ms(lambda: fn(x, p), device)
-                    except RuntimeError as error:  # grouped_mm's offsets come from a host copy
+                    except RuntimeError as error:
                         row[f"{name}_graph_error"] = str(error).splitlines()[0]
         if tokens in training:
             leaves = [x.clone().requires_grad_(), *(t.clone().requires_grad_() for t in (p.gate, p.gate_up, p.down))]

@@ -2,6 +2,8 @@
 (`moe.router`, `moe.experts`, `moe.combine`), with an invariant reference, Triton kernels and the
 native path."""
 
+import torch
+
 from ...runtime.registry import Impl
 from .. import reduce
 from ..common import ALL_CASES
@@ -20,6 +22,9 @@ def register(registry) -> None:
     registry.register(Impl(id="moe.router.native", version=1, region="moe.router", cases=ALL_CASES, fn=native.router))
     registry.register(Impl(id="moe.experts.native", version=1, region="moe.experts", cases=ALL_CASES, fn=native.experts))
     registry.register(Impl(id="moe.combine.native", version=1, region="moe.combine", cases=ALL_CASES, fn=native.combine))
+    if hasattr(torch, "_grouped_mm"):
+        registry.register(Impl(id="moe.experts.grouped_mm", version=1, region="moe.experts", cases=ALL_CASES, fn=native.experts_grouped_mm,
+                               check_geometry=native.check_grouped_mm_geometry))
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id="moe.router.triton", version=1, region="moe.router", cases=ALL_CASES, fn=triton.router,
                                check_constants=triton.check_constants, tune=tuning.fit_router, sources=triton.SOURCES))

@@ -1,7 +1,12 @@
 """The ordinary MoE path, as transformers' eager Qwen3-MoE and most engines run it: the gate GEMM in the
 model dtype, `softmax` / `sigmoid`, `torch.topk` (no order promised among equal scores), one GEMM per
 expert over the tokens it got, and an `index_add_` of weight × output per expert. The baseline the
-bitwise checks must see fail, and the speed baseline."""
+bitwise checks must see fail.
+
+`experts_grouped_mm` is transformers 5's default experts path instead (`experts_implementation =
+"grouped_mm"`): the routed rows sorted by expert and one `torch._grouped_mm` (cuBLAS's grouped GEMM on
+a GPU) for gate_up and one for down over all experts, offsets from a histogram, so nothing waits on the
+host. The fast non-invariant experts `benchmarks/contracts/fast-baseline.toml` runs."""
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +42,31 @@ def experts(x: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor, *, input_dtyp
         gate, up = F.linear(x[token], gate_up[expert]).chunk(2, dim=-1)
         out[token, slot] = F.linear(F.silu(gate) * up, down[expert]).to(out.dtype)
     return out
+
+
+def experts_grouped_mm(x: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor, *, input_dtype: str, weight_dtype: str, output_dtype: str,
+                       accum_dtype: str, compute_dtype: str) -> Tensor:
+    num_tokens, top_k = ids.shape
+    num_experts = gate_up.shape[0]
+    sorted_ids, order = torch.sort(ids.reshape(-1))
+    # histc, not bincount (whose output size is read on the host); on the CPU histc takes floats only
+    counts = torch.histc(sorted_ids.float() if x.device.type == "cpu" else sorted_ids.int(), bins=num_experts, min=0, max=num_experts - 1)
+    offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+    gate, up = torch._grouped_mm(x[order // top_k], gate_up.transpose(1, 2), offs=offsets).chunk(2, dim=-1)  # [T k, I] each
+    out = torch._grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offsets)  # [T k, H], in expert order
+    back = torch.empty_like(order)
+    back[order] = torch.arange(order.numel(), device=order.device)
+    return out[back].view(num_tokens, top_k, -1).to(torch_dtype(output_dtype))
+
+
+def check_grouped_mm_geometry(constants: dict, geometry: dict) -> None:
+    """torch._grouped_mm needs every row 16-byte aligned: refuse, when the contract is fitted, a model whose
+    hidden or expert width breaks that."""
+    itemsize = torch_dtype(constants["input_dtype"]).itemsize
+    for _, inter, _ in geometry.get("moe", ()):
+        for name, width in (("hidden_size", geometry["hidden_size"]), ("moe_intermediate_size", inter)):
+            if width * itemsize % 16:
+                raise ValueError(f"{name} {width}: moe.experts.grouped_mm (torch._grouped_mm) needs rows of a multiple of 16 bytes")
 
 
 def combine(routed: Tensor, weights: Tensor, ids: Tensor, shared: Tensor | None = None, shared_gate: Tensor | None = None, *,
