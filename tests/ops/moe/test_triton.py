@@ -205,6 +205,17 @@ def test_the_two_expert_gradient_paths_agree():
     assert not bool(grouped[2][5].any()) and grads.experts_grads(x, ids[:20], gate_up, down, g[:20], (False, True, False))[0] is None
 
 
+def test_the_fused_swiglu_backward_matches_torchs():
+    """grads.swiglu_grads by activation.triton's kernels (the GPU's path) and by torch ops agree to fp32
+    rounding, on a strided gate and up (views of the forward's [R, 2I] pre-activations)."""
+    from isoexec.ops.moe import grads
+
+    pre, d_act = randn(29, 48, seed=20, scale=3.0), randn(29, 24, seed=21)
+    gate, up = pre.chunk(2, dim=-1)
+    for fused, plain in zip(grads.swiglu_grads(gate, up, d_act, fused=True), grads.swiglu_grads(gate, up, d_act, fused=False)):
+        assert (fused - plain).abs().max() < 1e-5 * plain.abs().max()
+
+
 def test_the_battery_admits_the_triton_moe_impls():
     """Under tiny-moe-triton fitted to tiny-moe, the reduced probes' trials all pass, in bfloat16 and
     float32. (Validating on a GPU adds trials at the model's MoE shape: `validate.geometry_of`.)"""

@@ -4,7 +4,8 @@ contract's; the trainer's backward only has to be right).
 The router's and the combine's are small and recomputed in fp32 by autograd. The experts' are written
 out on the routed rows in expert order, each product one `torch._grouped_mm` (cuBLAS's grouped GEMM on a
 GPU): the [E, ...] weight gradients come from one grouped GEMM each, and the forward's sorted order and
-pre-activations are reused where the forward kept them (`experts_triton` does when autograd records);
+pre-activations are reused where the forward kept them (`experts_triton` does when autograd records), and
+on a GPU the SwiGLU's backward is `activation.triton`'s kernel;
 where torch lacks it or the shapes break its 16-byte stride rule, per expert with ordinary matmuls
 (`experts_grads_per_expert`: differentiating a per-expert slice of the weights through autograd instead
 would materialise a zero gradient of the whole tensor per expert). Matmuls run in the weights' dtype on a
@@ -37,8 +38,10 @@ def combine_grads(routed: Tensor, weights: Tensor, grad: Tensor, shared: Tensor 
     """(grad_routed, grad_weights, grad_shared, grad_shared_gate) of
     out = Σ_j weights[:, j] routed[:, j] + sigmoid(shared_gate) shared."""
     g = grad.float()
-    grad_routed = (weights.float()[..., None] * g[:, None, :]).to(routed.dtype)
-    grad_weights = (routed.float() * g[:, None, :]).sum(-1).to(weights.dtype)
+    # In the routed rows' dtype, with no [T, k, H] temporary in fp32: a bf16 product per element, and
+    # the weights' gradient as a batched matrix-vector product (fp32 accumulation inside).
+    grad_routed = weights.to(routed.dtype)[..., None] * grad.to(routed.dtype)[:, None, :]  # [T, k, H]
+    grad_weights = torch.bmm(routed, grad.to(routed.dtype)[..., None])[..., 0].to(weights.dtype)  # [T, k]
     grad_shared = grad_gate = None
     if shared is not None:
         gate = torch.ones_like(g[:, :1]) if shared_gate is None else shared_gate.float().reshape(-1, 1).sigmoid()  # [T, 1]
@@ -76,18 +79,31 @@ def experts_grads(x: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor, grad: T
     else:
         order, offsets, pre = routing
     rows = x.to(dtype)[order // top_k]  # [T k, H], sorted
-    gate, up = pre.float().chunk(2, dim=-1)  # [T k, I] each
-    sig = gate.sigmoid()
+    gate, up = pre.to(dtype).chunk(2, dim=-1)  # [T k, I] each
     dy = grad.reshape(-1, hidden)[order].to(dtype)  # [T k, H], sorted
-    grad_down = torch._grouped_mm(dy.T, (gate * sig * up).to(dtype), offs=offsets).to(down.dtype) if needs[2] else None  # [E, H, I]
-    d_act = torch._grouped_mm(dy, w_d, offs=offsets).float()  # [T k, I]
-    d_pre = torch.cat([d_act * up * sig * (1 + gate * (1 - sig)), d_act * gate * sig], dim=-1).to(dtype)  # [T k, 2I]
+    d_act = torch._grouped_mm(dy, w_d, offs=offsets)  # [T k, I]
+    act, d_gate, d_up = swiglu_grads(gate, up, d_act, fused=x.is_cuda)
+    grad_down = torch._grouped_mm(dy.T, act, offs=offsets).to(down.dtype) if needs[2] else None  # [E, H, I]
+    d_pre = torch.cat([d_gate, d_up], dim=-1)  # [T k, 2I]
     grad_gate_up = torch._grouped_mm(d_pre.T, rows, offs=offsets).to(gate_up.dtype) if needs[1] else None  # [E, 2I, H]
     grad_x = None
     if needs[0]:
-        d_rows = torch._grouped_mm(d_pre, w_gu, offs=offsets).float()  # [T k, H], sorted
-        grad_x = d_rows.new_empty(d_rows.shape).index_copy_(0, order, d_rows).view(-1, top_k, hidden).sum(1).to(x.dtype)
+        d_rows = torch._grouped_mm(d_pre, w_gu, offs=offsets)  # [T k, H], sorted
+        # back to (token, slot) order, the k slots summed in fp32 without an fp32 copy of the rows
+        grad_x = torch.empty_like(d_rows).index_copy_(0, order, d_rows).view(-1, top_k, hidden).sum(1, dtype=torch.float32).to(x.dtype)
     return grad_x, grad_gate_up, grad_down
+
+
+def swiglu_grads(gate: Tensor, up: Tensor, d_act: Tensor, fused: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(silu(g) u, d_gate, d_up) for gate, up, d_act [R, I], in their dtype, computed in fp32. `fused`:
+    by `activation.triton`'s two kernels (one pass each) instead of a dozen torch passes over [R, I]."""
+    if fused:
+        from ..activation import triton as activation_triton
+
+        return (activation_triton.silu_mul_fwd(gate, up, gate.dtype), *activation_triton.silu_mul_bwd(gate, up, d_act))
+    g, u, d = gate.float(), up.float(), d_act.float()
+    sig = g.sigmoid()
+    return (g * sig * u).to(gate.dtype), (d * u * sig * (1 + g * (1 - sig))).to(gate.dtype), (d * g * sig).to(gate.dtype)
 
 
 def experts_grads_per_expert(x: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor, grad: Tensor, needs: tuple[bool, bool, bool]) -> tuple:
