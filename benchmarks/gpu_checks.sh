@@ -3,12 +3,14 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|moe-tests|moe-admission|moe-audits]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|moe-tests|moe-admission|moe-audits|moe-bench]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
 #
-# The moe-* parts do the same for the MoE family (tiny-moe-triton; the Qwen3-30B-A3B-shaped 4-layer preset).
+# The moe-* parts do the same for the MoE family (tiny-moe-triton; the Qwen3-30B-A3B-shaped 4-layer preset);
+# moe-bench times one MoE layer (bench.py moe) and the engine and trainer on that preset against the fast
+# baseline and native (about 6 minutes; set ISOEXEC_COMMIT).
 #
 # Files worth keeping go in benchmarks/results/<date>_<commit>_checks/ (index: benchmarks/results/README.md).
 set -u
@@ -54,4 +56,10 @@ for contract in tiny-moe-triton native; do
 python3 -m isoexec audit --device cuda --quiet --model qwen3-30b-a3b-4l-random --contract "$contract" --requests 16 --max-new-tokens 16 \
     --json "$OUT/audit_30b_$contract.json" 2>&1 | tail -10 | tee "$OUT/audit_30b_$contract.txt"
 done
+fi
+
+if [ "$PART" = moe-bench ]; then
+(cd benchmarks && PYTHONPATH=../src python3 bench.py moe --json "$OUT/bench_moe.json" 2>&1 | tail -8 | tee "$OUT/bench_moe.txt")
+(cd benchmarks && PYTHONPATH=../src python3 bench.py engine trainer --cuda-graphs --model qwen3-30b-a3b-4l-random \
+    --contracts tiny-moe-triton,contracts/fast-baseline.toml,native --json "$OUT/bench_30b.json" 2>&1 | tail -12 | tee "$OUT/bench_30b.txt")
 fi
