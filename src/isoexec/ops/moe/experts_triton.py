@@ -208,7 +208,9 @@ def check_shapes(impl_id: str, x: Tensor, ids: Tensor, gate_up: Tensor, down: Te
 
 def experts(x: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor, *, input_dtype: str, weight_dtype: str, output_dtype: str,
             accum_dtype: str, compute_dtype: str, block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int) -> Tensor:
-    """x [T, H], ids [T, k], gate_up [E, 2I, H] (gate rows first), down [E, H, I] -> [T, k, H] in output_dtype."""
+    """x [T, H], ids [T, k], gate_up [E, 2I, H] (gate rows first), down [E, H, I] -> [T, k, H] in output_dtype.
+    ids must lie in [0, E), as a router's do: checking would cost a host sync, and a row whose id lies
+    outside falls in no expert's segment and is left unwritten."""
     impl_id = "moe.experts.triton"
     expect_dtype(x, input_dtype, "moe experts input")
     expect_dtype(gate_up, weight_dtype, "moe experts gate_up weight")
