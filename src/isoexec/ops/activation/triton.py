@@ -34,6 +34,22 @@ except ImportError:
 
 ID = "activation.triton"
 
+@jit
+def exp_fp32(b_x, USE_LIBDEVICE: tl.constexpr):
+    """exp in fp32: libdevice's accurate one on the GPU (launch with enable_reflect_ftz=False), numpy's in
+    the interpreter (module doc)."""
+    if USE_LIBDEVICE:
+        return libdevice.exp(b_x)
+    return tl.exp(b_x)
+
+
+@jit
+def silu_mul_fp32(b_g, b_u, USE_LIBDEVICE: tl.constexpr):
+    """g / (1 + exp(-g)) * u of fp32 tiles, the division correctly rounded: this kernel's arithmetic, also
+    the epilogue of the MoE experts' gate_up GEMM (ops/moe/experts_triton.py)."""
+    return tl.math.div_rn(b_g, 1.0 + exp_fp32(-b_g, USE_LIBDEVICE)) * b_u
+
+
 # One compiled kernel for every number of rows.
 @jit(do_not_specialize=["num_rows"])
 def silu_mul_fwd_kernel(
@@ -48,11 +64,7 @@ def silu_mul_fwd_kernel(
     o_r, o_n, m = elementwise_tile(num_rows, N, BLOCK_R, BLOCK_N)
     b_g = load_fp32(gate, o_r, o_n, m, stride_gr, stride_gn)  # [BLOCK_R, BLOCK_N]
     b_u = load_fp32(up, o_r, o_n, m, stride_ur, stride_un)
-    if USE_LIBDEVICE:
-        b_e = libdevice.exp(-b_g)
-    else:
-        b_e = tl.exp(-b_g)
-    b_y = tl.math.div_rn(b_g, 1.0 + b_e) * b_u
+    b_y = silu_mul_fp32(b_g, b_u, USE_LIBDEVICE)
     tl.store(y + o_r[:, None] * N + o_n[None, :], b_y.to(y.dtype.element_ty), mask=m)
 
 
@@ -146,4 +158,4 @@ def register(registry) -> None:
     """Register activation.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="activation", cases=ALL_CASES, fn=silu_mul, check_constants=check_constants,
-                               sources=(silu_mul_fwd_kernel, triton_support)))
+                               sources=(silu_mul_fwd_kernel, silu_mul_fp32, exp_fp32, triton_support)))

@@ -10,8 +10,8 @@ waits on the host, and decode steps capture as CUDA graphs.
 
 - `gate_up_kernel`: a tile's rows gathered from x by token, against BLOCK_N of expert e's gate rows and
   the same BLOCK_N of its up rows, two fp32 accumulators walking H in ascending BLOCK_K blocks; each
-  rounded once to the input dtype (the reference's gate and up), then silu(gate) * up in fp32 as
-  `activation.triton` computes it, rounded once into an activation buffer in sorted order [T k, I].
+  rounded once to the input dtype (the reference's gate and up), then silu(gate) * up in fp32 by
+  `activation.triton`'s own tile function, rounded once into an activation buffer in sorted order [T k, I].
 - `down_kernel`: those activation rows against expert e's down rows over I, rounded once to the output
   dtype and stored straight to the row's (token, slot) place in [T k, H].
 
@@ -33,17 +33,12 @@ import torch
 from torch import Tensor
 
 from .. import triton_support
+from ..activation import triton as activation_triton
 from ..common import expect_dtype, torch_dtype
 from ..linear import tile_triton
 from ..linear.triton import SHARED_MEMORY_BYTES
 from ..triton_support import interpreting, jit, needs_grad, require_device, tl, triton
 from .grads import experts_grads
-
-try:
-    from triton.language.extra import libdevice
-except ImportError:
-    libdevice = None
-
 
 @jit
 def expert_tile(starts, i_t, E: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -99,13 +94,7 @@ def gate_up_kernel(
         if STORE_PRE:
             tl.store(pre + o_r[:, None] * (2 * I) + o_n[None, :], b_gate, mask=m_out)
             tl.store(pre + o_r[:, None] * (2 * I) + I + o_n[None, :], b_up, mask=m_out)
-        b_gate = b_gate.to(tl.float32)
-        b_up = b_up.to(tl.float32)
-        if INTERPRETED:
-            b_exp = tl.exp(-b_gate)
-        else:
-            b_exp = libdevice.exp(-b_gate)
-        b_act = tl.math.div_rn(b_gate, 1.0 + b_exp) * b_up
+        b_act = activation_triton.silu_mul_fp32(b_gate.to(tl.float32), b_up.to(tl.float32), not INTERPRETED)
         tl.store(act + o_r[:, None] * I + o_n[None, :], b_act.to(act.dtype.element_ty), mask=m_out)
 
 
@@ -224,4 +213,4 @@ def experts(x: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor, *, input_dtyp
     return fwd(x, ids.contiguous(), gate_up, down)
 
 
-SOURCES = (gate_up_kernel, down_kernel, expert_tile, tile_triton, triton_support)
+SOURCES = (gate_up_kernel, down_kernel, expert_tile, activation_triton.silu_mul_fp32, activation_triton.exp_fp32, tile_triton, triton_support)

@@ -25,25 +25,14 @@ import torch
 from torch import Tensor
 
 from .. import triton_support
+from ..activation.triton import exp_fp32
 from ..common import expect_dtype, torch_dtype
 from ..linear import tile_triton
 from ..triton_support import interpreting, jit, needs_grad, require_device, tl, triton
 from .grads import combine_grads, router_grads
 from .reference import check_routing
 
-try:
-    from triton.language.extra import libdevice
-except ImportError:
-    libdevice = None
-
 ROUTER_ID, COMBINE_ID = "moe.router.triton", "moe.combine.triton"
-
-
-@jit
-def exp_fp32(b_x, INTERPRETED: tl.constexpr):
-    if INTERPRETED:
-        return tl.exp(b_x)
-    return libdevice.exp(b_x)
 
 
 @jit
@@ -80,10 +69,10 @@ def router_kernel(
 
     b_logits = tl.where(m_e[None, :], b_logits, float("-inf"))
     if SOFTMAX:
-        b_exp = exp_fp32(b_logits - tl.max(b_logits, 1)[:, None], INTERPRETED)
+        b_exp = exp_fp32(b_logits - tl.max(b_logits, 1)[:, None], not INTERPRETED)
         b_score = tl.math.div_rn(b_exp, tl.sum(b_exp, 1)[:, None])
     else:
-        b_score = tl.math.div_rn(1.0, 1.0 + exp_fp32(-b_logits, INTERPRETED))
+        b_score = tl.math.div_rn(1.0, 1.0 + exp_fp32(-b_logits, not INTERPRETED))
     b_choice = b_score
     if HAS_BIAS:
         b_choice = b_choice + tl.load(bias + o_e, mask=m_e, other=0.0).to(tl.float32)[None, :]
@@ -226,7 +215,7 @@ def combine_kernel(
         b_shared = tl.load(shared + o_t[:, None] * stride_st + o_h[None, :] * stride_sh, mask=m, other=0.0).to(tl.float32)
         if HAS_GATE:
             b_gate = tl.load(gate + o_t * stride_gt, mask=m_t, other=0.0).to(tl.float32)
-            b_shared = b_shared * tl.math.div_rn(1.0, 1.0 + exp_fp32(-b_gate, INTERPRETED))[:, None]
+            b_shared = b_shared * tl.math.div_rn(1.0, 1.0 + exp_fp32(-b_gate, not INTERPRETED))[:, None]
         b_acc = b_acc + b_shared
     tl.store(y + o_t[:, None] * H + o_h[None, :], b_acc.to(y.dtype.element_ty), mask=m)
 
