@@ -16,8 +16,9 @@ hf:        the engine vs Hugging Face `generate` on the same model, weights and 
 roofline:  the engine's decode step time vs weights + KV bytes / measured copy bandwidth (engine.py);
 trainer:   forward + backward of `Trainer.logprobs` (trainer_fwd) under each contract, one micro-batch
            per step, at each of the trainer shapes (sequences x tokens);
-moe:       one MoE layer (router + experts + combine) at Qwen3-30B-A3B's layer shape under the Triton MoE
-           impls vs native and a torch._grouped_mm baseline, decode batches and training shapes (moe.py).
+moe:       one MoE layer (router + experts + combine) at two MoE layer shapes (Qwen3-30B-A3B's, and 256
+           experts of 512) under the Triton MoE impls vs native and a torch._grouped_mm baseline, decode
+           batches and training shapes (moe.py).
 
 --contracts takes preset names or contract files; on CUDA the default compares tiny-dense-triton with
 two baselines: benchmarks/contracts/fast-baseline.toml (cuBLAS GEMMs and torch log_softmax, the Triton
@@ -48,7 +49,7 @@ import torch.nn.functional as F
 
 from attention import bench_attention
 from engine import Engines, bench_engine, bench_hf, bench_roofline
-from moe import QWEN3_30B_A3B, TINY, bench_moe
+from moe import GPU_SHAPES, TINY, bench_moe
 from isoexec.contract import ContractError, fit_contract, load
 from isoexec.engine import EngineConfig
 from isoexec.model import PRESETS, init_random
@@ -277,7 +278,7 @@ def main(argv=None) -> int:
                 "hf": lambda: bench_hf(engines, contracts),
                 "roofline": lambda: bench_roofline(engines, contracts),
                 "trainer": lambda: bench_trainer(model, sizes, loaded, device),
-                "moe": lambda: bench_moe(device, *((TINY, (1, 4), (64,)) if args.small else (QWEN3_30B_A3B,))),
+                "moe": lambda: bench_moe(device, *(((TINY,), (1, 4), (64,)) if args.small else (GPU_SHAPES,))),
             }[section]()
         except Exception as error:  # noqa: BLE001  (one broken section must not lose the others' figures)
             traceback.print_exc()

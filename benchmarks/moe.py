@@ -1,6 +1,8 @@
 """bench.py moe: one MoE layer (router + experts + combine) under the contract's Triton impls vs native and
-vs a grouped-GEMM baseline, at one MoE layer shape (Qwen3-30B-A3B's by default: hidden 2048, 128 experts,
-top-8, moe_intermediate 768).
+vs a grouped-GEMM baseline, at two MoE layer shapes on a GPU: Qwen3-30B-A3B's (hidden 2048, 128 experts,
+top-8, moe_intermediate 768) and a wider, thinner one (hidden 2048, 256 experts, top-8, moe_intermediate
+512: half the rows an expert, each GEMM narrower; no tile is tuned for it, so it shows what the tuned
+tile is worth).
 
 - `contract`: moe.router.triton, moe.experts.triton, moe.combine.triton with the constants the Hopper
   tables give that shape (what `fit_contract` pins on an H200).
@@ -29,6 +31,8 @@ from isoexec.ops.moe import triton as moe_triton
 from timing import graphed_ms, kernel_ms
 
 QWEN3_30B_A3B = dict(hidden=2048, experts=128, top_k=8, inter=768)
+WIDE_256 = dict(hidden=2048, experts=256, top_k=8, inter=512)
+GPU_SHAPES = (QWEN3_30B_A3B, WIDE_256)
 TINY = dict(hidden=64, experts=6, top_k=2, inter=32)
 DECODE, TRAINING = (1, 16, 64), (4096, 16384)
 BOUNDARY = dict(input_dtype="bfloat16", weight_dtype="bfloat16", accum_dtype="float32")
@@ -106,7 +110,11 @@ def _ratios(row: dict, names: list[str], suffix: str) -> None:
             row[f"contract_vs_{other}_{suffix.removesuffix('_ms')}"] = row[f"{other}_{suffix}"] / row[f"contract_{suffix}"]
 
 
-def bench_moe(device: torch.device, shape: dict = QWEN3_30B_A3B, decode=DECODE, training=TRAINING) -> list[dict]:
+def bench_moe(device: torch.device, shapes=GPU_SHAPES, decode=DECODE, training=TRAINING) -> list[dict]:
+    return [row for shape in shapes for row in bench_moe_shape(device, shape, decode, training)]
+
+
+def bench_moe_shape(device: torch.device, shape: dict, decode, training) -> list[dict]:
     generator = torch.Generator(device=device).manual_seed(0)
     p = _params(shape, device, generator)
     impls = _impls(shape, device)
@@ -143,7 +151,7 @@ def bench_moe(device: torch.device, shape: dict = QWEN3_30B_A3B, decode=DECODE, 
             del leaves, q
         for suffix in ("eager_ms", "graph_ms", "fwd_bwd_ms"):
             _ratios(row, names, suffix)
-        print(f"moe T={tokens:>5}  " + "  ".join(f"{k.removesuffix('_ms')} {v:.3f} ms" for k, v in row.items() if k.endswith("_ms"))
+        print(f"moe E={shape['experts']} I={shape['inter']} T={tokens:>5}  " + "  ".join(f"{k.removesuffix('_ms')} {v:.3f} ms" for k, v in row.items() if k.endswith("_ms"))
               + "".join(f"  {k} {v:.2f}" for k, v in row.items() if "_vs_" in k and "diff" not in k), flush=True)
         rows.append(row)
         if device.type == "cuda":
