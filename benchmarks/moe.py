@@ -1,8 +1,7 @@
 """bench.py moe: one MoE layer (router + experts + combine) under the contract's Triton impls vs native and
 vs a grouped-GEMM baseline, at two MoE layer shapes on a GPU: Qwen3-30B-A3B's (hidden 2048, 128 experts,
 top-8, moe_intermediate 768) and a wider, thinner one (hidden 2048, 256 experts, top-8, moe_intermediate
-512: half the rows an expert, each GEMM narrower; no tile is tuned for it, so it shows what the tuned
-tile is worth).
+512: half the rows an expert, each GEMM narrower), each with the tiles the Hopper tables list for it.
 
 - `contract`: moe.router.triton, moe.experts.triton, moe.combine.triton with the constants the Hopper
   tables give that shape (what `fit_contract` pins on an H200).

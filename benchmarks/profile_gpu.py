@@ -18,6 +18,10 @@ decode-kernels: one decode step's graph replay and kernels under the contract an
 moe:       one MoE layer's forward + backward at Qwen3-30B-A3B's shape (bench.py moe's workload, 4096 and
            16384 tokens) under the contract's Triton impls and the torch._grouped_mm baseline, under
            torch.profiler: GPU time per kernel name.
+moe-tiles: the MoE layer's pieces alone at both of bench.py moe's shapes (router, experts, combine;
+           CUDA-graph replays at 1, 16, 64 tokens, eager at 4096), beside native's router and
+           moe.experts.grouped_mm, then candidate router and experts tiles at each shape timed the same
+           way, each output compared bit for bit with the listed tile's.
 launch:    host time per call (no profiler: perf_counter over many calls of a tiny problem, so the GPU
            keeps up) of the trainer's ops under the contract and native, and of the layers beneath
            linear.triton: tensor descriptors, Triton's launch, our wrapper, autograd.
@@ -367,15 +371,89 @@ def profile_moe(tokens=(4096, 16384)) -> None:
             profiled_kernels(step, f"moe {name} fwd+bwd, {count} tokens", rows=14)
 
 
+def profile_moe_tiles(tokens=(1, 16, 64, 4096), shapes=None, device="cuda") -> None:
+    import itertools
+
+    from moe import BOUNDARY, GPU_SHAPES, _params, contract_layer, grouped_mm_layer
+
+    from isoexec.ops.moe import experts_triton, native, tuning
+    from isoexec.ops.moe import triton as moe_triton
+
+    device = torch.device(device)
+
+    def timed(fn, count):
+        return graphed_ms(fn, device) if count <= 64 else kernel_ms(fn, device)
+
+    for shape in shapes or GPU_SHAPES:
+        generator = torch.Generator(device=device).manual_seed(0)
+        p = _params(shape, device, generator)
+        e, h, i = shape["experts"], shape["hidden"], shape["inter"]
+        listed_e = tuning.HOPPER_EXPERTS.get((e, i, h), tuning._EXPERTS_BIG)
+        listed_r = tuning.HOPPER_ROUTER.get((e, h), dict(block_t=32, block_k=64, num_warps=4))
+        listed_c = tuning.HOPPER_COMBINE.get(h, dict(block_t=16, block_h=256, num_warps=4))
+        xs = {t: torch.randn(t, h, generator=generator, device=device).bfloat16() for t in tokens}
+        print(f"== MoE shape E={e} I={i} H={h} top-{p.top_k}: ms per call (graph replays at <= 64 tokens)", flush=True)
+
+        def route(x, tile):
+            return moe_triton.router(x, p.gate, None, p.top_k, **BOUNDARY, **tile)
+
+        def run_experts(x, ids, tile):
+            return experts_triton.experts(x, ids, p.gate_up, p.down, **BOUNDARY, output_dtype="bfloat16", compute_dtype="float32", **tile)
+
+        with torch.no_grad():
+            for t, x in xs.items():
+                weights, ids = route(x, listed_r)
+                routed = run_experts(x, ids, listed_e)
+                pieces = {
+                    "router": lambda: route(x, listed_r),
+                    "experts": lambda: run_experts(x, ids, listed_e),
+                    "combine": lambda: moe_triton.combine(routed, weights, ids, input_dtype="bfloat16", output_dtype="bfloat16",
+                                                          accum_dtype="float32", **listed_c),
+                    "layer": lambda: contract_layer(shape)(x, p),
+                    "native router": lambda: native.router(x, p.gate, None, p.top_k, **BOUNDARY),
+                    "grouped_mm experts": lambda: native.experts_grouped_mm(x, ids, p.gate_up, p.down, **BOUNDARY, output_dtype="bfloat16",
+                                                                            compute_dtype="bfloat16"),
+                    "grouped_mm layer": lambda: grouped_mm_layer(x, p),
+                }
+                print(f"  T={t:>5}  " + "  ".join(f"{name} {timed(fn, t):.4f}" for name, fn in pieces.items()), flush=True)
+
+            print(f"  router tiles (listed {listed_r}):", flush=True)
+            for block_t, block_k, warps in itertools.product((16, 32, 64), (64, 128), (4, 8)):
+                tile = dict(block_t=block_t, block_k=block_k, num_warps=warps)
+                try:
+                    times = [timed(lambda: route(x, tile), t) for t, x in xs.items()]
+                    same = all(torch.equal(route(x, tile)[0].view(torch.int32), route(x, listed_r)[0].view(torch.int32)) for x in xs.values())
+                except Exception as error:  # a tile the device cannot hold
+                    print(f"    {tile}: {type(error).__name__}", flush=True)
+                    continue
+                print(f"    {' '.join(f'{v:.4f}' for v in times)}{'' if same else ' (other bits)'}  {tile}", flush=True)
+
+            print(f"  experts tiles (listed {listed_e}):", flush=True)
+            routing = {t: route(x, listed_r)[1] for t, x in xs.items()}
+            want = {t: run_experts(x, routing[t], listed_e) for t, x in xs.items()}
+            for block_m, block_n, block_k, stages in itertools.product((16, 32, 64), (64, 128), (64, 128), (3, 4)):
+                tile = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=4, num_stages=stages)
+                try:
+                    times = [timed(lambda: run_experts(x, routing[t], tile), t) for t, x in xs.items()]
+                    same = all(torch.equal(run_experts(x, routing[t], tile).view(torch.int16), want[t].view(torch.int16)) for t, x in xs.items())
+                except Exception as error:
+                    print(f"    {tile}: {type(error).__name__}", flush=True)
+                    continue
+                print(f"    {' '.join(f'{v:.4f}' for v in times)}{'' if same else ' (other bits)'}  {tile}", flush=True)
+        del p, xs
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="*", help="decode, decode-kernels, attention, gemm, trainer, launch, moe (default: decode and attention)")
+    parser.add_argument("what", nargs="*", help="decode, decode-kernels, attention, gemm, trainer, launch, moe, moe-tiles (default: decode and attention)")
     parser.add_argument("--model", default="qwen3-0.6b-random")
     parser.add_argument("--contract", default="tiny-dense-triton")
     parser.add_argument("--seqs", type=int, default=8, help="trainer: sequences per step")
     parser.add_argument("--seq-len", type=int, default=512, help="trainer: tokens per sequence")
     args = parser.parse_args()
-    sections = {"decode", "decode-kernels", "attention", "gemm", "trainer", "launch", "moe"}
+    sections = {"decode", "decode-kernels", "attention", "gemm", "trainer", "launch", "moe", "moe-tiles"}
     args.what = args.what or ["decode", "attention"]
     if set(args.what) - sections:
         parser.error(f"unknown section(s) {sorted(set(args.what) - sections)}: choose from {', '.join(sorted(sections))}")
@@ -393,6 +471,8 @@ def main():
         profile_launch(args.model, args.contract)
     if "moe" in args.what:
         profile_moe()
+    if "moe-tiles" in args.what:
+        profile_moe_tiles()
     if "trainer" in args.what:
         profile_trainer(args.model, [args.contract, FAST_BASELINE, "native"], args.seqs, args.seq_len)
 

@@ -166,6 +166,21 @@ def test_validate_fits_the_contract_to_a_model_first(tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no-such-model" in bad.stderr
 
 
+def test_validate_region_runs_only_the_named_regions_and_names_an_unknown_one(capsys):
+    """In this process, where the control impls are registered: the control's rejected linear entry is
+    skipped when only another region is asked for."""
+    contract = control_contract("linear")
+    assert validate(contract, record=False)["rejected"] == 1
+    report = validate(contract, record=False, regions={"rms_norm"})
+    assert [(k["region"], k["status"]) for k in report["kernels"]] == [("rms_norm", "admitted")] and report["rejected"] == 0
+    assert main(["validate", "--region", "rms_norm", "--region", "rope", "--no-record"]) == 0
+    out = capsys.readouterr().out
+    assert "2 admitted, 0 rejected" in out and "linear" not in out
+    assert main(["validate", "--region", "moe.router"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--region moe.router" in err and "rms_norm" in err
+
+
 def test_validate_refuses_cuda_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")

@@ -5,7 +5,7 @@ import json
 from ..rl.outputs import write_text
 from .common import (add_command, add_contract_flag, add_device_flag, add_json_file_flag, add_model_flag, check_output_path,
                      fitted)
-from .errors import EXIT_MISMATCH, EXIT_OK
+from .errors import EXIT_MISMATCH, EXIT_OK, input_error
 
 
 def add_parser(commands):
@@ -25,6 +25,8 @@ def add_parser(commands):
                    "kernel tiles chosen for its shapes); a model preset or a checkpoint directory with config.json")
     add_device_flag(check, "where to run the battery (default: cpu)")
     add_json_file_flag(check, "report")
+    check.add_argument("--region", action="append", metavar="NAME",
+                       help="validate only this region's entries (repeatable; e.g. after changing one kernel)")
     check.add_argument("--no-record", action="store_true", help="do not write admission records")
     return check
 
@@ -37,6 +39,13 @@ def run(args) -> int:
 
     contract, spec = fitted(args)
     check_output_path("--json", args.json)
+    regions = None
+    if args.region:
+        known = dict.fromkeys(entry.region for entry in contract.composition)
+        unknown = [name for name in args.region if name not in known]
+        if unknown:
+            raise input_error(f"--region {unknown[0]}: contract {contract.name} has no such region (it has: {', '.join(known)})")
+        regions = set(args.region)
     REGISTRY.load()  # the op families (Triton's libraries with them) load before the first line, not under the battery
     print(f"validating {contract.name} on {args.device} (torch {torch.__version__})", flush=True)
 
@@ -50,7 +59,7 @@ def run(args) -> int:
         if len(result.failures) > 3:
             print(f"      … {len(result.failures) - 3} more (see --json)", flush=True)
 
-    report = validate(contract, device=args.device, progress=progress, record=not args.no_record, spec=spec)
+    report = validate(contract, device=args.device, progress=progress, record=not args.no_record, spec=spec, regions=regions)
     print(f"{report['admitted']} admitted, {report['rejected']} rejected in {report['seconds']} s" + ("" if args.no_record else f"; records in {records.records_dir()}"))
     if args.json:
         write_text(args.json, json.dumps(report, indent=2))

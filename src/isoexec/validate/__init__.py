@@ -33,8 +33,8 @@ def geometry_of(spec) -> dict:
 
 
 def validate(contract: Contract, *, device: str = "cpu", registry: Registry = REGISTRY, record: bool = True, progress=None,
-             spec=None) -> dict:
-    """Validate every composition entry of `contract`; returns the JSON report.
+             spec=None, regions=None) -> dict:
+    """Validate every composition entry of `contract` (or only those of `regions`); returns the JSON report.
 
     `progress(entry_result)` is called after each entry; with `record`, admission records are written.
     `spec` (a ModelSpec), for a contract fitted to that model: probes that depend on the model's shapes
@@ -47,6 +47,8 @@ def validate(contract: Contract, *, device: str = "cpu", registry: Registry = RE
     geometry = geometry_of(spec)
     kernels = []
     for entry in contract.composition:
+        if regions is not None and entry.region not in regions:
+            continue
         impl = registry.get(entry.impl.id, entry.impl.version)
         probe = registry.probe(entry.region)
         if impl is None or probe is None:

@@ -15,10 +15,16 @@ _EXPERTS_BIG = dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages
 HOPPER_EXPERTS = {
     (6, 32, 64): _EXPERTS_TINY,  # tiny-moe
     (128, 768, 2048): _EXPERTS_BIG,  # Qwen3-30B-A3B
+    (256, 512, 2048): _EXPERTS_BIG,
 }
+# The router holds a [block_t, E] fp32 tile of logits and scores through its k top-k rounds: 16 rows keep
+# it in registers at 256 experts (32 rows spilled, 3.4x slower there). block_k 64 or 128 and block_t 16 or
+# 32 give the same bits; block_t 64 and num_warps 8 do not (profile_gpu.py moe-tiles).
+_ROUTER_WIDE = dict(block_t=16, block_k=128, num_warps=4)
 HOPPER_ROUTER = {
     (6, 64): dict(block_t=16, block_k=32, num_warps=4),
-    (128, 2048): dict(block_t=32, block_k=64, num_warps=4),
+    (128, 2048): _ROUTER_WIDE,
+    (256, 2048): _ROUTER_WIDE,
 }
 HOPPER_COMBINE = {
     64: dict(block_t=16, block_h=64, num_warps=4),
