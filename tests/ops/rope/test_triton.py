@@ -1,5 +1,5 @@
 """rope.triton, the rotary embedding from a table built in float64 on the CPU: float64 agreement of
-values and gradients (partial rotary included), the reference's bits (bf16 on a GPU only), bitwise
+values and gradients (partial rotary and YaRN included), the reference's bits (bf16 on a GPU only), bitwise
 invariance to the batch and strides next to a table chosen from the batch, and NaN tokens for positions
 outside the table. The tests that are the same for rope, residual and activation are in
 tests/ops/triton/test_elementwise_impls.py; how these run without a GPU, and the shared helpers, in
@@ -13,22 +13,33 @@ from conftest import DEVICE, INTERPRETER_WARNINGS, ON_GPU, batch_dependent, bitw
 
 require_triton()
 
-from isoexec.ops.rope import reference as rope_reference  # noqa: E402
+from isoexec.ops.rope import reference as rope_reference, scaling as rope_scaling, triton as rope_triton  # noqa: E402
 from isoexec.validate.battery import strided  # noqa: E402
 from ops.elementwise_triton import MAX_POSITIONS, ROPE, positions, rope, within  # noqa: E402
 from ops.triton_impls import assert_gradients_match_float64  # noqa: E402
 
 pytestmark = [INTERPRETER_WARNINGS, pytest.mark.gpu]
 
+# Its ramp spans dims 0..4 at theta 10000 and 16 dims, and its attention factor is not 1.
+YARN = rope_scaling.Yarn(factor=4.0, original_max_position_embeddings=512)
 
-def rope_float64(x, pos, rotary_dim=None, theta=10_000.0):
-    """The rotation with exact float64 angles."""
+
+def rope_float64(x, pos, rotary_dim=None, theta=10_000.0, scaling=None):
+    """The rotation with exact float64 angles (YaRN's frequencies as tests/ops/rope/test_scaling.py checks them)."""
     x = x.double()
     rot = rotary_dim or x.shape[-1]
-    inv_freq = theta ** (-torch.arange(0, rot, 2, dtype=torch.float64, device=x.device) / rot)
+    if scaling is None:
+        inv_freq = theta ** (-torch.arange(0, rot, 2, dtype=torch.float64, device=x.device) / rot)
+    else:
+        inv_freq = rope_scaling.inv_freq(theta, rot, scaling).to(x.device)
     angle = pos.double()[:, None, None] * inv_freq  # [T, 1, rot / 2]
+    cos, sin = angle.cos() * rope_scaling.attention_factor(scaling), angle.sin() * rope_scaling.attention_factor(scaling)
     x1, x2 = x[..., : rot // 2], x[..., rot // 2 : rot]
-    return torch.cat([x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin(), x[..., rot:]], -1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., rot:]], -1)
+
+
+def scaled_rope(constants=ROPE, rotary_dim=None, scaling=YARN):
+    return lambda x, pos: rope_triton.rope(x, pos, 10_000.0, MAX_POSITIONS, rotary_dim, scaling, **constants)
 
 
 @pytest.mark.parametrize("rotary_dim", [None, 10])
@@ -42,19 +53,28 @@ def test_rope_matches_float64(dtype, rel, abs, rotary_dim):
         assert bitwise_equal(y[..., rotary_dim:], x[..., rotary_dim:])  # pass-through dims are copied
 
 
+@pytest.mark.parametrize("rotary_dim", [None, 10])
+def test_rope_with_yarn_matches_float64(rotary_dim):
+    x, pos = randn(9, 3, 16, seed=6), positions(9, seed=6)
+    assert within(scaled_rope(ROPE, rotary_dim)(x, pos), rope_float64(x, pos, rotary_dim, scaling=YARN), 0.0, 1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
     not ON_GPU, reason="the interpreter truncates fp32 -> bf16, the reference rounds to nearest"))])
 @pytest.mark.parametrize("rotary_dim", [None, 10])
-def test_rope_gives_the_references_bits(dtype, rotary_dim):
+@pytest.mark.parametrize("scaling", [None, YARN], ids=["plain", "yarn"])
+def test_rope_gives_the_references_bits(dtype, rotary_dim, scaling):
     x, pos = randn(9, 3, 16, seed=7, dtype=dtype), positions(9, seed=7)
     constants = boundary(ROPE, dtype)
-    expected = rope_reference.rope(x, pos, 10_000.0, MAX_POSITIONS, rotary_dim, **constants)
-    assert bitwise_equal(rope(constants, rotary_dim)(x, pos), expected)
+    expected = rope_reference.rope(x, pos, 10_000.0, MAX_POSITIONS, rotary_dim, scaling, **constants)
+    assert bitwise_equal(scaled_rope(constants, rotary_dim, scaling)(x, pos), expected)
 
 
-def test_rope_gradients_match_float64():
+@pytest.mark.parametrize("scaling", [None, YARN], ids=["plain", "yarn"])
+def test_rope_gradients_match_float64(scaling):
     x, pos, g = randn(5, 2, 16, seed=8), positions(5, seed=8), randn(5, 2, 16, seed=9)
-    assert_gradients_match_float64(lambda x: rope(rotary_dim=10)(x, pos), lambda x: rope_float64(x, pos, 10), [x], g, 1e-5)
+    assert_gradients_match_float64(lambda x: scaled_rope(rotary_dim=10, scaling=scaling)(x, pos), lambda x: rope_float64(x, pos, 10, scaling=scaling),
+                                   [x], g, 1e-5)
 
 
 def _rope_rows(dtype=torch.float32):

@@ -1,19 +1,20 @@
 """Rotary position embedding as one Triton kernel over the reference's cos/sin table.
 
 The table is `reference.cos_sin_table`: built once per (theta, rotary_dim, max_positions, table_dtype,
-device) on the CPU in float64, rounded to `table_dtype` and cached on the device, so the first (eager)
-call builds it and later calls, CUDA-graph captures included, only index it. x is seen as T·H rows of D;
-program i rotates BLOCK_R of them: each row loads its token's position and that table row's (cos, sin)
-and computes in fp32, in the `rotate_half` layout, x1·cos - x2·sin and x2·cos + x1·sin, each product and
-difference rounded (fp contraction is off: no FMA), then rounds once to the output dtype; dims past
-`rotary_dim` are copied. A row's bits depend on its own values and position only. It is the arithmetic
-of `reference.rope`, so the bits are the reference's wherever both round to nearest (on a GPU; Triton's
-interpreter truncates fp32 -> bf16).
+device, scaling) on the CPU in float64 (YaRN's frequencies and attention factor included), rounded to
+`table_dtype` and cached on the device, so the first (eager) call builds it and later calls, CUDA-graph
+captures included, only index it. x is seen as T·H rows of D; program i rotates BLOCK_R of them: each
+row loads its token's position and that table row's (cos, sin) and computes in fp32, in the
+`rotate_half` layout, x1·cos - x2·sin and x2·cos + x1·sin, each product and difference rounded (fp
+contraction is off: no FMA), then rounds once to the output dtype; dims past `rotary_dim` are copied. A
+row's bits depend on its own values and position only. It is the arithmetic of `reference.rope`, so the
+bits are the reference's wherever both round to nearest (on a GPU; Triton's interpreter truncates fp32
+-> bf16).
 
 A position outside [0, max_positions) has no table row: its token comes out NaN (the reference raises,
 which would need a host sync).
 
-The backward pass rotates the gradient back by -angle with ordinary ops.
+The backward pass rotates the gradient back by -angle (times the same attention factor) with ordinary ops.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from ..triton_support import check_fp32_elementwise, jit, needs_grad, require_device, tl, triton, triton_available
-from . import reference
+from . import reference, scaling as rope_scaling
+from .scaling import Yarn
 
 ID = "rope.triton"
 
@@ -119,7 +121,7 @@ class _TritonRope(torch.autograd.Function):
         return _rotate_back(grad, positions, ctx.table).to(ctx.x_dtype), None, None, None
 
 
-def rope(x: Tensor, positions: Tensor, theta: float, max_positions: int, rotary_dim: int | None = None, *,
+def rope(x: Tensor, positions: Tensor, theta: float, max_positions: int, rotary_dim: int | None = None, scaling: Yarn | None = None, *,
          input_dtype: str, output_dtype: str, table_dtype: str, compute_dtype: str, table_build: str) -> Tensor:
     """x [T, H, D], positions [T] -> [T, H, D]."""
     expect_dtype(x, input_dtype, "rope input")
@@ -135,7 +137,7 @@ def rope(x: Tensor, positions: Tensor, theta: float, max_positions: int, rotary_
     if not 0 < rotary_dim <= head_dim:
         raise ValueError(f"rotary_dim {rotary_dim} must be in 1..{head_dim}")
     require_device(ID, x, positions)
-    table = reference.cos_sin_table(float(theta), rotary_dim, max_positions, table_dtype, str(x.device))
+    table = reference.cos_sin_table(float(theta), rotary_dim, max_positions, table_dtype, str(x.device), scaling)
     out_dtype = torch_dtype(output_dtype)
     if needs_grad(x):
         return _TritonRope.apply(x, positions, table, out_dtype)
@@ -154,4 +156,4 @@ def register(registry) -> None:
     """Register rope.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="rope", cases=ALL_CASES, fn=rope, check_constants=check_constants,
-                               sources=(rope_fwd_kernel, reference, triton_support)))
+                               sources=(rope_fwd_kernel, reference, rope_scaling, triton_support)))
