@@ -30,6 +30,7 @@ REGIONS = {
     "moe.router": ROLES,
     "moe.experts": ROLES,
     "moe.combine": ROLES,
+    "mla": ROLES,
 }
 
 

@@ -107,14 +107,15 @@ def _block_update(state, qf, k, v, visible, scale, reduce_block, block_tree):
 
 
 def _attend_rows(q, k_store, v_store, table, positions, scale, window, accum, block_n, reduce_block, block_tree):
-    """q [T, H, D] with table [T, L] (the slot row of each query) -> [T, H, D] in `accum`."""
+    """q [T, H, D], v_store [S, Hkv, Dv] with table [T, L] (the slot row of each query) -> [T, H, Dv] in
+    `accum`. Dv may differ from D (MLA's values are its keys' latent part)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, num_keys = k_store.shape[1], table.shape[1]
     qf = q.to(accum).reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, 1, head_dim)
     scale = torch.tensor(scale, dtype=accum, device=q.device)
     m = qf.new_full((num_tokens, num_heads), NEG_INF)
     l = qf.new_zeros((num_tokens, num_heads))
-    acc = qf.new_zeros((num_tokens, num_heads, head_dim))
+    acc = qf.new_zeros((num_tokens, num_heads, v_store.shape[-1]))
     for t in _block_range(positions, window, block_n, num_keys):
         keys = torch.arange(t * block_n, (t + 1) * block_n, device=q.device)  # [N]
         visible = _visible(keys, positions, window, num_keys)  # [T, N]

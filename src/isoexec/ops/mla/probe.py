@@ -1,0 +1,233 @@
+"""Admission trials for `mla`: every row of every form and case vs its sequence computed alone.
+
+The forms are attention's (ops/attention/probe.py): trainer cases run packed variable-length batches
+(several compositions and orders, contiguous and strided inputs); `engine_prefill` runs chunked
+prefill over a paged latent store whose pages are allocated in shuffled order and whose unwritten
+slots hold NaN/±inf; `engine_decode` runs the same store one token per sequence per step, with
+staggered starts so the decode batch keeps changing. Lengths cross page and chunk boundaries. The
+reference for a sequence is its rows computed alone in the anchor case's form.
+
+Keys and values of MLA both come from one cached row, so the hazards are written into the rows: the
+rope key makes scores, the latent the values (see HAZARDS).
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ...validate.battery import Trial, strided
+from ..attention.metadata import UNUSED_SLOT, packed_slot_table, paged_slot_table
+
+LENGTHS = (70, 1, 40, 16, 17, 15)
+POISON = (float("nan"), float("inf"), float("-inf"))
+# The page size (and the chunk unit) of the engine forms, in units of the impl's key block; impls
+# without a block size (native) get this one.
+DEFAULT_BLOCK_N = 16
+# A model's heads all run one op order with their own weights, so a few stand for all of them.
+MAX_HEADS = 4
+
+
+@dataclass(frozen=True)
+class Dims:
+    num_heads: int
+    nope: int  # dn
+    rope: int  # dr
+    rank: int  # r
+    value: int  # dv
+
+
+def dims(ctx) -> Dims:
+    """The probe's own small heads for a contract fitted to no model; else the fitted model's
+    (`ctx.geometry["mla"]`), whose widths decide the reductions' block counts and kernels' tiles."""
+    model = ctx.geometry.get("mla")
+    if not model:
+        return Dims(num_heads=4, nope=16, rope=8, rank=32, value=16)
+    return Dims(min(MAX_HEADS, model["num_heads"]), model["qk_nope_head_dim"], model["qk_rope_head_dim"], model["kv_lora_rank"],
+                model["v_head_dim"])
+
+
+@dataclass
+class Sequence:
+    q_nope: Tensor  # [L, H, dn]
+    q_rope: Tensor  # [L, H, dr]
+    rows: Tensor  # [L, r + dr]: latent, then rope key
+
+    def __len__(self) -> int:
+        return self.q_nope.shape[0]
+
+
+def _signed_zero_and_ties(ctx, d, seq):
+    """Row 31's latent output is -0.0 (with 16-key blocks): negative latents in keys [0, 16), then rope
+    keys so large that alpha = 0 (acc = -x * 0 = -0.0) against latents of -0.0 in [16, 32); head 0's
+    W_UV is positive (`_weight`), so its output stays -0.0. An impl that lets a block the row does not
+    see touch its state turns that into +0.0. Then a run of identical rows (tied scores) and more
+    latents of -0.0."""
+    rows, r = seq.rows, d.rank
+    rows[:16, :r] = -rows[:16, :r].abs()
+    seq.q_rope[31] = seq.q_rope[31].abs()
+    rows[16:32, :r], rows[16:32, r:] = -0.0, 256.0
+    rows[40:56] = rows[40]
+    rows[56:66, :r] = -0.0
+
+
+def _subnormals(ctx, d, seq):
+    tiny = torch.finfo(ctx.dtype).tiny
+    seq.rows[::3] = (seq.rows[::3].float() * tiny / 4).to(ctx.dtype)
+
+
+def _huge(ctx, d, seq):
+    """Scores and values near 1e30: every key but the row's maximum underflows exp."""
+    seq.rows.copy_((seq.rows.float() * 1e30).to(ctx.dtype))
+
+
+def _zeros_only(ctx, d, seq):
+    """Rows of ±0.0 only: every score ties at ±0 and every value is a signed zero."""
+    signs = torch.rand(seq.rows.shape, generator=ctx.generator) < 0.5
+    seq.rows.copy_(torch.where(signs, 0.0, -0.0).to(ctx.dtype))
+
+
+HAZARDS = {70: _signed_zero_and_ties, 40: _subnormals, 16: _huge, 17: _zeros_only}
+
+
+def _sequences(ctx, lengths) -> list[Sequence]:
+    d, seqs = dims(ctx), []
+    for length in lengths:
+        seq = Sequence(ctx.randn(length, d.num_heads, d.nope), ctx.randn(length, d.num_heads, d.rope), ctx.randn(length, d.rank + d.rope))
+        if length in HAZARDS:
+            HAZARDS[length](ctx, d, seq)
+        seqs.append(seq)
+    return seqs
+
+
+def _weight(ctx) -> Tensor:
+    """kv_b_proj.weight [H * (dn + dv), r]; head 0's W_UV positive, so a -0.0 latent output stays -0.0."""
+    d = dims(ctx)
+    weight = ctx.randn(d.num_heads, d.nope + d.value, d.rank, scale=d.rank**-0.5)
+    weight[0, d.nope :] = weight[0, d.nope :].abs()
+    return weight.flatten(0, 1)
+
+
+def _scale(ctx) -> float:
+    d = dims(ctx)
+    return (d.nope + d.rope) ** -0.5
+
+
+def _packed(ctx, case, seqs, weight, order, non_contiguous=False):
+    """The sequences `order` packed back to back, as a trainer batch; -> {sequence index: [L, H, dv]}."""
+    lengths = torch.tensor([len(seqs[i]) for i in order])
+    cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(ctx.device)
+    slot_table, seq_ids, positions = packed_slot_table(cu_seqlens)
+    tensors = [torch.cat([getattr(seqs[i], name) for i in order]) for name in ("q_nope", "q_rope", "rows")]
+    if non_contiguous:
+        tensors = [strided(t) for t in tensors]
+    out = ctx.call(case, *tensors, weight, slot_table, seq_ids, positions, _scale(ctx), int(lengths.max()))
+    return dict(zip(order, out.split(lengths.tolist())))
+
+
+class _PagedStore:
+    """A latent store of pages of `page_size` slots, handed out in shuffled order, poisoned until written."""
+
+    def __init__(self, ctx, seqs, order, page_size):
+        pages_per_seq = [-(-len(seqs[i]) // page_size) for i in order]
+        num_pages = sum(pages_per_seq) + 2  # spare pages nobody owns stay poisoned
+        pages = torch.randperm(num_pages, generator=ctx.generator)
+        block_table = torch.full((len(order), max(pages_per_seq)), UNUSED_SLOT, dtype=torch.int64)
+        taken = 0
+        for row, count in enumerate(pages_per_seq):
+            block_table[row, :count] = pages[taken : taken + count]
+            taken += count
+        self.slot_table = paged_slot_table(block_table, page_size, block_table.shape[1] * page_size).to(ctx.device)  # [B, L]
+        width = seqs[order[0]].rows.shape[1]
+        poison = torch.tensor(POISON)[torch.arange(num_pages * page_size * width) % len(POISON)]
+        self.rows = poison.reshape(num_pages * page_size, width).to(ctx.dtype).to(ctx.device)  # [S, r + dr]
+        self.row = {i: row for row, i in enumerate(order)}
+
+    def write(self, seq: Sequence, i: int, start: int, stop: int) -> None:
+        self.rows[self.slot_table[self.row[i], start:stop]] = seq.rows[start:stop]
+
+
+def _engine_steps(ctx, case, seqs, weight, order, page_size, spans):
+    """Run `case` over a paged store, one call per step; `spans[step]` lists (i, start, stop): the
+    query tokens of sequence i in that step, whose rows are written to the store just before."""
+    store = _PagedStore(ctx, seqs, order, page_size)
+    pieces = {i: [] for i in order}
+    for step in spans:
+        for i, start, stop in step:
+            store.write(seqs[i], i, start, stop)
+        q_nope = torch.cat([seqs[i].q_nope[start:stop] for i, start, stop in step])
+        q_rope = torch.cat([seqs[i].q_rope[start:stop] for i, start, stop in step])
+        seq_ids = torch.cat([torch.full((stop - start,), store.row[i]) for i, start, stop in step]).to(ctx.device)
+        positions = torch.cat([torch.arange(start, stop) for i, start, stop in step]).to(ctx.device)
+        out = ctx.call(case, q_nope, q_rope, store.rows, weight, store.slot_table, seq_ids, positions, _scale(ctx))
+        for (i, start, stop), part in zip(step, out.split([stop - start for _, start, stop in step])):
+            pieces[i].append(part)
+    return {i: torch.cat(pieces[i]) for i in order}
+
+
+def _prefill(ctx, case, seqs, weight, order, chunk, page_size=None):
+    """Chunked prefill: every sequence advances by `chunk` tokens per step, all in one batch."""
+    longest = max(len(seqs[i]) for i in order)
+    spans = [[(i, s, min(s + chunk, len(seqs[i]))) for i in order if s < len(seqs[i])] for s in range(0, longest, chunk)]
+    return _engine_steps(ctx, case, seqs, weight, order, page_size or _block_n(ctx), spans)
+
+
+def _decode(ctx, case, seqs, weight, order, stagger):
+    """Token-by-token decode; sequence number n of `order` starts at step n * stagger."""
+    starts = {i: n * stagger for n, i in enumerate(order)}
+    last = max(starts[i] + len(seqs[i]) for i in order)
+    spans = [[(i, s - starts[i], s - starts[i] + 1) for i in order if 0 <= s - starts[i] < len(seqs[i])] for s in range(last)]
+    return _engine_steps(ctx, case, seqs, weight, order, _block_n(ctx), spans)
+
+
+def _block_n(ctx) -> int:
+    return ctx.constants.get("block_n", DEFAULT_BLOCK_N)
+
+
+def _forms(ctx, case, seqs, weight, order):
+    """(label, run) for every form that `case` serves, each run giving {sequence index: output}."""
+    block_n = _block_n(ctx)
+    if ctx.role[case] == "trainer":
+        yield "packed", lambda: _packed(ctx, case, seqs, weight, order)
+        yield "packed in reverse order", lambda: _packed(ctx, case, seqs, weight, order[::-1])
+        yield "packed, non-contiguous q and rows", lambda: _packed(ctx, case, seqs, weight, order, non_contiguous=True)
+        for part in (order[1::2], order[::2]):
+            yield f"packed subset {[len(seqs[i]) for i in part]}", lambda part=part: _packed(ctx, case, seqs, weight, part)
+    elif case == "engine_decode":
+        yield "decode, staggered starts", lambda: _decode(ctx, case, seqs, weight, order, stagger=3)
+        yield "decode in lockstep, reverse order", lambda: _decode(ctx, case, seqs, weight, order[::-1], stagger=0)
+    else:
+        longest = max(len(seqs[i]) for i in order)
+        for chunk in dict.fromkeys((block_n, 2 * block_n, 7, block_n + 7, longest)):
+            yield f"prefill in chunks of {chunk}", lambda chunk=chunk: _prefill(ctx, case, seqs, weight, order, chunk)
+        yield f"prefill in chunks of {block_n}, reverse order", lambda: _prefill(ctx, case, seqs, weight, order[::-1], block_n)
+        yield f"prefill in chunks of 7, pages of {2 * block_n}", lambda: _prefill(ctx, case, seqs, weight, order, 7, 2 * block_n)
+        # Pages smaller than a key block: a block's keys come from several pages, chunks start anywhere.
+        small = max(1, block_n // 2)
+        yield f"prefill in chunks of 5, pages of {small}", lambda: _prefill(ctx, case, seqs, weight, order, 5, small)
+
+
+def _alone(ctx, seqs, weight, i) -> Tensor:
+    """Sequence i computed by itself in the anchor case's simplest form."""
+    case = ctx.anchor
+    if ctx.role[case] == "trainer":
+        return _packed(ctx, case, seqs, weight, [i])[i]
+    if case == "engine_decode":
+        return _decode(ctx, case, seqs, weight, [i], stagger=0)[i]
+    return _prefill(ctx, case, seqs, weight, [i], len(seqs[i]))[i]
+
+
+def probe(ctx, lengths=LENGTHS):
+    """The trials; smaller `lengths` make a quicker probe, losing the hazards of the lengths left out."""
+    seqs, weight = _sequences(ctx, lengths), _weight(ctx)
+    order = list(range(len(seqs)))
+    alone = {i: _alone(ctx, seqs, weight, i) for i in order}
+    for case in ctx.cases:
+        for form, run in _forms(ctx, case, seqs, weight, order):
+            for i, out in run().items():
+                yield Trial(f"{case}, {form}: sequence #{i} (length {len(seqs[i])}) vs alone", alone[i], out)
+    empty = torch.empty(0, dtype=torch.int64, device=ctx.device)
+    slot_table = packed_slot_table(torch.tensor([0, len(seqs[0])], device=ctx.device))[0]
+    for case in ctx.cases:
+        out = ctx.call(case, seqs[0].q_nope[:0], seqs[0].q_rope[:0], seqs[0].rows, weight, slot_table, empty, empty, _scale(ctx))
+        yield Trial(f"{case}, empty query batch", alone[0][:0], out)
