@@ -56,10 +56,11 @@ def sequence_lengths(num_sequences: int, seq_len: int) -> list[int]:
     return [max(1, seq_len * (num_sequences - i) // num_sequences) for i in range(num_sequences)]
 
 
-def compare(model_dir, dtype: str = "float32", *, contract: str = "tiny-dense", num_sequences: int = 3, seq_len: int = 48,
+def compare(model_dir, dtype: str = "float32", *, contract: str | None = None, num_sequences: int = 3, seq_len: int = 48,
             seed: int = 0) -> dict:
     """Run our model and transformers' on the same checkpoint and random tokens; return the report
-    (`passed` is whether every metric is within its tolerance). Raises ParityInputError on bad input."""
+    (`passed` is whether every metric is within its tolerance). `contract`: a preset name, by default
+    the model family's own. Raises ParityInputError on bad input."""
     import torch
 
     transformers = _import_transformers()
@@ -71,6 +72,10 @@ def compare(model_dir, dtype: str = "float32", *, contract: str = "tiny-dense", 
         raise ParityInputError(f"{model_dir}: no such directory")
     ours = _load_ours(model_dir, dtype)
     spec = ours.spec
+    if contract is None:
+        from .model import family_of
+
+        contract = family_of(spec).contract
     if seq_len > spec.max_position_embeddings:
         raise ParityInputError(f"seq_len {seq_len} exceeds the model's max_position_embeddings {spec.max_position_embeddings}")
     lengths = sequence_lengths(num_sequences, seq_len)

@@ -39,6 +39,14 @@ class KVPages:
     head_dim: int
 
 
+@dataclass(frozen=True)
+class LatentPages:
+    """The state an `mla` layer keeps in the engine: per token one row of `width` values, the normed
+    compressed latent then the rotated shared rope key (`model/state.py` allocates them in pages)."""
+
+    width: int
+
+
 @dataclass(frozen=True, kw_only=True)
 class AttentionSpec:
     """The `gqa` mixer: causal grouped-query attention with rotary positions."""
@@ -75,6 +83,64 @@ class AttentionSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MLASpec:
+    """The `mla` mixer: multi-head latent attention (DeepSeek-V2/V3, GLM-4.7-Flash). The query comes from
+    `q_proj`, or `q_b_proj(q_a_layernorm(q_a_proj(x)))` with `q_lora_rank`; `kv_a_proj_with_mqa` gives the
+    compressed latent (`kv_lora_rank`, normed by `kv_a_layernorm`) and one rope key shared by every head;
+    rotary positions on the rope parts only. `mla_attn` attends over the cached (latent, rope key) rows
+    with `kv_b_proj`'s weight, in the form the contract's impl computes (`ops/mla/`). `scale` is the
+    softmax scale as the family defines it (with YaRN's mscale folded in); `rope_scaling` a
+    `ops.rope.scaling.Yarn` or None."""
+
+    kind: ClassVar[str] = "mla"
+    num_heads: int
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_theta: float
+    scale: float
+    rope_interleave: bool = True
+    rope_scaling: object = None
+    attention_bias: bool = False
+
+    def __post_init__(self):
+        check_positive_ints(self)
+        if self.q_lora_rank is not None and (not isinstance(self.q_lora_rank, int) or isinstance(self.q_lora_rank, bool) or self.q_lora_rank < 1):
+            raise SpecError(f"q_lora_rank: expected a positive int or null, got {self.q_lora_rank!r}")
+        if self.qk_rope_head_dim % 2:
+            raise SpecError(f"qk_rope_head_dim must be even for rotary embeddings, got {self.qk_rope_head_dim}")
+        if not (isinstance(self.scale, float) and self.scale > 0):
+            raise SpecError(f"softmax scale: expected a positive float, got {self.scale!r}")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def query_ops(self) -> tuple[str, ...]:
+        return ("q_proj",) if self.q_lora_rank is None else ("q_a_proj", "q_a_layernorm", "q_b_proj")
+
+    @property
+    def ops(self) -> frozenset[str]:
+        return frozenset({*self.query_ops, "kv_a_proj_with_mqa", "kv_a_layernorm", "rotary_emb", "mla_attn", "o_proj"})
+
+    def projections(self, hidden_size: int) -> dict[str, tuple[int, int]]:
+        """kv_b_proj is not among them: `mla_attn` holds its weight (the absorbed form never runs it as a GEMM)."""
+        q = self.num_heads * self.qk_head_dim
+        query = {"q_proj": (q, hidden_size)} if self.q_lora_rank is None else {"q_a_proj": (self.q_lora_rank, hidden_size), "q_b_proj": (q, self.q_lora_rank)}
+        return {**query, "kv_a_proj_with_mqa": (self.kv_lora_rank + self.qk_rope_head_dim, hidden_size),
+                "o_proj": (hidden_size, self.num_heads * self.v_head_dim)}
+
+    def norm_widths(self) -> dict[str, int]:
+        return {"kv_a_layernorm": self.kv_lora_rank} | ({} if self.q_lora_rank is None else {"q_a_layernorm": self.q_lora_rank})
+
+    def state(self) -> LatentPages:
+        return LatentPages(self.kv_lora_rank + self.qk_rope_head_dim)
+
+
+@dataclass(frozen=True, kw_only=True)
 class MLPSpec:
     """The `mlp` feed-forward: down(silu(gate(x)) * up(x))."""
 
@@ -102,7 +168,12 @@ class MLPSpec:
 @dataclass(frozen=True, kw_only=True)
 class MoESpec:
     """The `moe` feed-forward: a router picks `top_k` of `num_experts` SwiGLU experts per token and the
-    combine sums their outputs, weighted (ops `router`, `experts`, `combine`)."""
+    combine sums their outputs, weighted (ops `router`, `experts`, `combine`).
+
+    DeepSeek-V3 / GLM routing: `scoring` "sigmoid", `score_bias` (the gate's `e_score_correction_bias`,
+    for selection only), `n_group` / `topk_group` (group-limited selection), `routed_scaling_factor`.
+    `shared_intermediate_size`: the always-on shared expert(s), one SwiGLU MLP of that width (n_shared
+    experts × moe_intermediate_size) through the dense ops, added by the combine; None for none."""
 
     kind: ClassVar[str] = "moe"
     num_experts: int
@@ -110,6 +181,11 @@ class MoESpec:
     moe_intermediate_size: int
     norm_topk_prob: bool = True
     scoring: str = "softmax"
+    score_bias: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    shared_intermediate_size: int | None = None
 
     def __post_init__(self):
         check_positive_ints(self)
@@ -117,13 +193,29 @@ class MoESpec:
             raise SpecError(f"num_experts_per_tok {self.top_k} exceeds num_experts {self.num_experts}")
         if self.scoring not in ("softmax", "sigmoid"):
             raise SpecError(f"scoring_func: {self.scoring!r} is not supported (softmax, sigmoid)")
+        if self.num_experts % self.n_group:
+            raise SpecError(f"n_group {self.n_group} does not divide the {self.num_experts} routed experts")
+        if self.topk_group > self.n_group:
+            raise SpecError(f"topk_group {self.topk_group} exceeds n_group {self.n_group}")
+        if self.n_group > 1 and self.top_k > self.topk_group * (self.num_experts // self.n_group):
+            raise SpecError(f"num_experts_per_tok {self.top_k} exceeds the {self.topk_group} kept groups' experts")
+        if not (isinstance(self.routed_scaling_factor, (int, float)) and self.routed_scaling_factor > 0):
+            raise SpecError(f"routed_scaling_factor: expected a positive number, got {self.routed_scaling_factor!r}")
+        shared = self.shared_intermediate_size
+        if shared is not None and (not isinstance(shared, int) or isinstance(shared, bool) or shared < 1):
+            raise SpecError(f"shared experts' width: expected a positive int, got {shared!r}")
 
     @property
     def ops(self) -> frozenset[str]:
-        return frozenset({"router", "experts", "combine"})
+        shared = {"gate_proj", "up_proj", "down_proj", "silu_mul"} if self.shared_intermediate_size else set()
+        return frozenset({"router", "experts", "combine"} | shared)
 
     def projections(self, hidden_size: int) -> dict[str, tuple[int, int]]:
-        return {}  # the gate and the experts' GEMMs are the MoE regions' own, with no tuning tables yet
+        # The gate and the experts' GEMMs are the MoE regions' own (their tables in ops/moe/tuning.py).
+        if not self.shared_intermediate_size:
+            return {}
+        i = self.shared_intermediate_size
+        return {"gate_proj": (i, hidden_size), "up_proj": (i, hidden_size), "down_proj": (hidden_size, i)}
 
     def norm_widths(self) -> dict[str, int]:
         return {}
@@ -209,6 +301,11 @@ class ModelSpec:
     def attention(self) -> list[AttentionSpec]:
         """The distinct `gqa` mixers of the model, in layer order."""
         return list(dict.fromkeys(layer.mixer for layer in self.layers if isinstance(layer.mixer, AttentionSpec)))
+
+    @property
+    def mla(self) -> list[MLASpec]:
+        """The distinct `mla` mixers of the model, in layer order."""
+        return list(dict.fromkeys(layer.mixer for layer in self.layers if isinstance(layer.mixer, MLASpec)))
 
     def to_hf_config(self) -> dict:
         """A config.json that Hugging Face transformers reads as the same model (the family's writer)."""

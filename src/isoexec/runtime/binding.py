@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..contract.schema import Contract
+from ..contract.values import ContractError
 from .registry import REGISTRY, Impl, Registry
 
 
@@ -56,7 +57,8 @@ def bind(contract: Contract, spec, cases, registry: Registry = REGISTRY) -> Bind
         needed = model_ops(contract, spec, [case]) - ({"sample"} if contract.cases[case].role == "trainer" else set())
         missing = sorted(needed - set(bound))
         if missing:
-            raise ValueError(f"contract {contract.name} does not pin op(s) {', '.join(missing)} for case {case}")
+            raise ContractError("composition", f"contract {contract.name} does not pin op(s) {', '.join(missing)} for case {case}, "
+                                f"which {spec.architecture} calls")
         for op in composed_norms(contract, spec, [case]):
             bound[op] = _add_then_norm(bound["residual_add"], bound[op])
         ops[case] = bound

@@ -15,8 +15,8 @@ from .battery import EntryResult, validate_entry
 def geometry_of(spec) -> dict:
     """The model shapes the probes run at (`Context.geometry`) and admission records are keyed by: the
     attention heads and head_dim (of its first `gqa` mixer), the projections' K values, and for a model
-    with MoE layers their [experts, moe_intermediate_size, top_k] and the hidden size. Empty without a
-    model."""
+    with MoE layers their [experts, moe_intermediate_size, top_k] and the hidden size; for one with `mla`
+    mixers the first one's heads and widths. Empty without a model."""
     from ..model.spec import MoESpec
 
     if spec is None:
@@ -25,6 +25,10 @@ def geometry_of(spec) -> dict:
     if spec.attention:
         attention = spec.attention[0]
         geometry = {"num_heads": attention.num_heads, "num_kv_heads": attention.num_kv_heads, "head_dim": attention.head_dim}
+    if spec.mla:
+        mla = spec.mla[0]
+        geometry["mla"] = {"num_heads": mla.num_heads, "qk_nope_head_dim": mla.qk_nope_head_dim, "qk_rope_head_dim": mla.qk_rope_head_dim,
+                           "kv_lora_rank": mla.kv_lora_rank, "v_head_dim": mla.v_head_dim}
     geometry["linear_k"] = sorted({k for shapes in spec.projections.values() for _, k in shapes})
     moe = sorted({(f.num_experts, f.moe_intermediate_size, f.top_k) for f in (layer.ffn for layer in spec.layers) if isinstance(f, MoESpec)})
     if moe:

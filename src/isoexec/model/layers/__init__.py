@@ -7,11 +7,12 @@ registers its class here, or from outside with `register_mixer` / `register_ffn`
 """
 
 from .attention import Attention
+from .mla import MLAttention
 from .mlp import MLP
 from .moe import MoE
 from .params import Embedding, Linear, Norm
 
-MIXERS: dict[str, type] = {"gqa": Attention}
+MIXERS: dict[str, type] = {"gqa": Attention, "mla": MLAttention}
 FFNS: dict[str, type] = {"mlp": MLP, "moe": MoE}
 
 
@@ -27,4 +28,4 @@ def register_ffn(kind: str, cls: type) -> None:
     FFNS[kind] = cls
 
 
-__all__ = ["FFNS", "MIXERS", "MLP", "Attention", "MoE", "Embedding", "Linear", "Norm", "register_ffn", "register_mixer"]
+__all__ = ["FFNS", "MIXERS", "MLP", "Attention", "MLAttention", "MoE", "Embedding", "Linear", "Norm", "register_ffn", "register_mixer"]

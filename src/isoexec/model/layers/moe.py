@@ -1,7 +1,9 @@
 """The `moe` feed-forward: router, routed experts, combine — three contract ops.
 
-Parameters follow transformers 5's Qwen3-MoE layout: `gate.weight` [E, H], and the experts fused,
-`experts.gate_up_proj` [E, 2I, H] (gate rows first) and `experts.down_proj` [E, H, I].
+Parameters follow transformers 5's layout: `gate.weight` [E, H], and the experts fused,
+`experts.gate_up_proj` [E, 2I, H] (gate rows first) and `experts.down_proj` [E, H, I]. DeepSeek-V3 / GLM
+add `gate.e_score_correction_bias` [E], kept in float32 as their checkpoints store it, and
+`shared_experts` (an `mlp` of the shared width, run by the dense ops; the combine adds its output).
 
 When the step carries a routing buffer (`Step.routing`), the layer copies its expert ids into its
 column: a device copy, so a captured CUDA graph records them too.
@@ -11,13 +13,17 @@ import torch
 from torch import Tensor, nn
 
 from ..context import current_step
-from ..spec import MoESpec
+from ..spec import MLPSpec, MoESpec
+from .mlp import MLP
 
 
 class Router(nn.Module):
-    def __init__(self, num_experts: int, hidden_size: int, dtype: torch.dtype):
+    def __init__(self, num_experts: int, hidden_size: int, score_bias: bool, dtype: torch.dtype):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=dtype))
+        # Selection only (no gradient reaches it); DeepSeek updates it outside the loss, we never do.
+        bias = nn.Parameter(torch.zeros(num_experts, dtype=torch.float32), requires_grad=False) if score_bias else None
+        self.e_score_correction_bias = bias
 
 
 class Experts(nn.Module):
@@ -34,14 +40,18 @@ class MoE(nn.Module):
     def __init__(self, spec: MoESpec, layer: int, hidden_size: int, dtype: torch.dtype):
         super().__init__()
         self.spec, self.layer = spec, layer
-        self.gate = Router(spec.num_experts, hidden_size, dtype)
+        self.gate = Router(spec.num_experts, hidden_size, spec.score_bias, dtype)
         self.experts = Experts(spec, hidden_size, dtype)
+        if spec.shared_intermediate_size:
+            self.shared_experts = MLP(MLPSpec(intermediate_size=spec.shared_intermediate_size), layer, hidden_size, dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         current, spec = current_step(), self.spec
         ops = current.ops
-        weights, ids = ops["router"](x, self.gate.weight, None, spec.top_k, spec.scoring, spec.norm_topk_prob)  # [T, k] each
+        weights, ids = ops["router"](x, self.gate.weight, self.gate.e_score_correction_bias, spec.top_k, spec.scoring,
+                                     spec.norm_topk_prob, spec.n_group, spec.topk_group, spec.routed_scaling_factor)  # [T, k] each
         if current.routing is not None:
             current.routing[:, self.layer, : spec.top_k].copy_(ids)
         routed = ops["experts"](x, ids, self.experts.gate_up_proj, self.experts.down_proj)  # [T, k, H]
-        return ops["combine"](routed, weights, ids)
+        shared = self.shared_experts(x) if spec.shared_intermediate_size else None
+        return ops["combine"](routed, weights, ids, shared)
