@@ -18,7 +18,9 @@ trainer:   forward + backward of `Trainer.logprobs` (trainer_fwd) under each con
            per step, at each of the trainer shapes (sequences x tokens);
 moe:       one MoE layer (router + experts + combine) at two MoE layer shapes (Qwen3-30B-A3B's, and 256
            experts of 512) under the Triton MoE impls vs native and a torch._grouped_mm baseline, decode
-           batches and training shapes (moe.py).
+           batches and training shapes (moe.py);
+mla:       multi-head latent attention (mla_attn) under the contract vs native, training, prefill and decode,
+           at GLM-4.7-Flash's shapes (mla.py; the contract's `mla` entry, tiny-mla-triton by default).
 
 --contracts takes preset names or contract files; on CUDA the default compares tiny-dense-triton with
 two baselines: benchmarks/contracts/fast-baseline.toml (cuBLAS GEMMs and torch log_softmax, the Triton
@@ -49,6 +51,7 @@ import torch.nn.functional as F
 
 from attention import bench_attention
 from engine import Engines, bench_engine, bench_hf, bench_roofline
+from mla import bench_mla
 from moe import GPU_SHAPES, TINY, bench_moe
 from isoexec.contract import ContractError, fit_contract, load
 from isoexec.engine import EngineConfig
@@ -56,7 +59,7 @@ from isoexec.model import PRESETS, init_random
 from isoexec.trainer import Trainer
 from timing import device_name, graphed_ms, kernel_ms, wall_ms
 
-SECTIONS = ("gemm", "attention", "engine", "hf", "roofline", "trainer", "moe")
+SECTIONS = ("gemm", "attention", "engine", "hf", "roofline", "trainer", "moe", "mla")
 QWEN3_8B = {  # (N, K) of the projections of one Qwen3-8B layer
     "qkv_proj": (6144, 4096),
     "o_proj": (4096, 4096),
@@ -279,6 +282,7 @@ def main(argv=None) -> int:
                 "roofline": lambda: bench_roofline(engines, contracts),
                 "trainer": lambda: bench_trainer(model, sizes, loaded, device),
                 "moe": lambda: bench_moe(device, *(((TINY,), (1, 4), (64,)) if args.small else (GPU_SHAPES,))),
+                "mla": lambda: bench_mla(device, small=args.small),
             }[section]()
         except Exception as error:  # noqa: BLE001  (one broken section must not lose the others' figures)
             traceback.print_exc()

@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|moe-tests|moe-admission|moe-audits|moe-bench]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -11,6 +11,11 @@
 # The moe-* parts do the same for the MoE family (tiny-moe-triton; the Qwen3-30B-A3B-shaped 4-layer preset);
 # moe-bench times one MoE layer (bench.py moe) and the engine and trainer on that preset against the fast
 # baseline and native (about 6 minutes; set ISOEXEC_COMMIT).
+#
+# The mla-* parts do the same for the MLA + MoE families (tiny-mla-triton on tiny-mla; the GLM-4.7-Flash-shaped
+# 4-layer preset, whose admission here covers the regions it adds: mla, the norms and projections of its
+# widths, and the MoE regions at its experts); mla-bench times mla_attn per phase (bench.py mla) and the engine
+# and trainer on that preset against the fast baseline and native.
 #
 # Files worth keeping go in benchmarks/results/<date>_<commit>_checks/ (index: benchmarks/results/README.md).
 set -u
@@ -62,4 +67,27 @@ if [ "$PART" = moe-bench ]; then
 (cd benchmarks && PYTHONPATH=../src python3 bench.py moe --json "$OUT/bench_moe.json" 2>&1 | tail -8 | tee "$OUT/bench_moe.txt")
 (cd benchmarks && PYTHONPATH=../src python3 bench.py engine trainer --cuda-graphs --model qwen3-30b-a3b-4l-random \
     --contracts tiny-moe-triton,contracts/fast-baseline.toml,native --json "$OUT/bench_30b.json" 2>&1 | tail -12 | tee "$OUT/bench_30b.txt")
+fi
+
+if [ "$PART" = mla-tests ]; then
+python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/mla tests/ops/rope tests/model/families/test_mla_families.py 2>&1 | tail -15 | tee "$OUT/pytest_mla.txt"
+fi
+
+if [ "$PART" = mla-admission ]; then
+python3 -m isoexec validate --device cuda --contract tiny-mla-triton --model tiny-mla --json "$OUT/validate_tiny-mla-triton.json" 2>&1 | tail -16 | tee "$OUT/validate_tiny-mla-triton.txt"
+python3 -m isoexec validate --device cuda --contract tiny-mla-triton --model glm-4.7-flash-4l-random --region mla --region rms_norm \
+    --region moe.router --region moe.experts --region moe.combine --json "$OUT/validate_glm.json" 2>&1 | tail -16 | tee "$OUT/validate_glm.txt"
+fi
+
+if [ "$PART" = mla-audits ]; then
+for contract in tiny-mla-triton native; do
+python3 -m isoexec audit --device cuda --quiet --model glm-4.7-flash-4l-random --contract "$contract" --requests 16 --max-new-tokens 16 \
+    --json "$OUT/audit_glm_$contract.json" 2>&1 | tail -10 | tee "$OUT/audit_glm_$contract.txt"
+done
+fi
+
+if [ "$PART" = mla-bench ]; then
+(cd benchmarks && PYTHONPATH=../src python3 bench.py mla --json "$OUT/bench_mla.json" 2>&1 | grep -v Warning | tail -12 | tee "$OUT/bench_mla.txt")
+(cd benchmarks && PYTHONPATH=../src python3 bench.py engine trainer --cuda-graphs --model glm-4.7-flash-4l-random \
+    --contracts tiny-mla-triton,contracts/fast-baseline.toml,native --json "$OUT/bench_glm.json" 2>&1 | tail -12 | tee "$OUT/bench_glm.txt")
 fi

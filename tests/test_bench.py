@@ -59,3 +59,21 @@ def test_small_cpu_run_writes_every_section(tmp_path):
     if HAS_TRANSFORMERS:
         for row in results["hf"]:
             _positive(row, "hf_tokens_per_s", *(f"{c}_vs_hf" for c in CONTRACTS))
+
+
+def test_small_cpu_run_of_the_moe_and_mla_sections(tmp_path):
+    """The MoE layer (native and grouped_mm on a CPU) and MLA attention (tiny-mla's reference against
+    native) in every phase: positive times and outputs that agree within bf16 rounding."""
+    out = tmp_path / "results.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "ISOEXEC_COMMIT": "abc1234"}
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--small", "--device", "cpu", "moe", "mla", "--json", str(out)]
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert results["moe"] and all(row["native_eager_ms"] > 0 for row in results["moe"])
+    phases = [row["phase"] for row in results["mla"]]
+    assert phases == ["training", "prefill", "decode", "decode"]
+    for row in results["mla"]:
+        _positive(row, "contract_ms", "native_ms", "contract_vs_native")
+        assert row["contract_max_abs_diff_vs_native"] < 0.05, row
+    _positive(results["mla"][0], "contract_fwd_bwd_ms", "native_fwd_bwd_ms", "contract_vs_native_fwd_bwd")

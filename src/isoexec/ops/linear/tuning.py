@@ -46,6 +46,14 @@ HOPPER_CONSTANTS = {
     (512, 2048): _NARROW,  # k_proj, v_proj
     (2048, 4096): _BIG,  # o_proj
     (151936, 2048): _BIG,  # lm_head
+    # GLM-4.7-Flash (not timed; as the shapes above): hidden 2048, 20 heads, q_lora_rank 768, kv_lora_rank 512
+    # + rope 64, nope 192 + rope 64 and v 256 a head, dense intermediate 10240, shared expert 1536, vocab 154880
+    (768, 2048): _NARROW,  # q_a_proj
+    (5120, 768): _BIG,  # q_b_proj
+    (576, 2048): _NARROW,  # kv_a_proj_with_mqa
+    (10240, 2048): _BIG,  # gate_proj, up_proj of the dense layer
+    (1536, 2048): _NARROW,  # the shared expert's gate_proj, up_proj
+    (154880, 2048): _BIG,  # lm_head
 }
 
 
@@ -68,6 +76,12 @@ HOPPER_DECODE_CONSTANTS: dict[tuple[int, int], dict] = {
     (512, 2048): _DECODE,  # k_proj, v_proj
     (2048, 4096): _DECODE,  # o_proj
     (151936, 2048): _DECODE,  # lm_head
+    (768, 2048): _DECODE,  # GLM-4.7-Flash q_a_proj (not timed)
+    (5120, 768): _DECODE,  # q_b_proj
+    (576, 2048): _DECODE,  # kv_a_proj_with_mqa
+    (10240, 2048): _DECODE,  # gate_proj, up_proj
+    (1536, 2048): _DECODE,  # the shared expert's gate_proj, up_proj
+    (154880, 2048): _DECODE,  # lm_head
 }
 
 
@@ -87,6 +101,9 @@ HOPPER_ROW_PARALLEL_CONSTANTS = {
     (1024, 2048): _FUSED,  # Qwen3-0.6B o_proj
     (1024, 3072): _FUSED,  # Qwen3-0.6B down_proj
     (2048, 4096): _FUSED,  # Qwen3-30B-A3B o_proj (not timed)
+    (2048, 5120): _FUSED,  # GLM-4.7-Flash o_proj (not timed)
+    (2048, 10240): _FUSED,  # its dense layer's down_proj
+    (2048, 1536): _FUSED,  # its shared expert's down_proj
 }
 
 TILES = {"sm_90": HOPPER_CONSTANTS}

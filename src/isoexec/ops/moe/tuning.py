@@ -13,9 +13,11 @@ from ...model.spec import MoESpec
 _EXPERTS_TINY = dict(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2)
 _EXPERTS_BIG = dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
 HOPPER_EXPERTS = {
-    (6, 32, 64): _EXPERTS_TINY,  # tiny-moe
+    (6, 32, 64): _EXPERTS_TINY,  # tiny-moe, tiny-mla
+    (8, 32, 64): _EXPERTS_TINY,  # tiny-deepseek-v3
     (128, 768, 2048): _EXPERTS_BIG,  # Qwen3-30B-A3B
     (256, 512, 2048): _EXPERTS_BIG,
+    (64, 1536, 2048): _EXPERTS_BIG,  # GLM-4.7-Flash (not timed)
 }
 # The router holds a [block_t, E] fp32 tile of logits and scores through its k top-k rounds: 16 rows keep
 # it in registers at 256 experts (32 rows spilled, 3.4x slower there). block_k 64 or 128 and block_t 16 or
@@ -23,8 +25,10 @@ HOPPER_EXPERTS = {
 _ROUTER_WIDE = dict(block_t=16, block_k=128, num_warps=4)
 HOPPER_ROUTER = {
     (6, 64): dict(block_t=16, block_k=32, num_warps=4),
+    (8, 64): dict(block_t=16, block_k=32, num_warps=4),
     (128, 2048): _ROUTER_WIDE,
     (256, 2048): _ROUTER_WIDE,
+    (64, 2048): _ROUTER_WIDE,  # GLM-4.7-Flash (not timed)
 }
 HOPPER_COMBINE = {
     64: dict(block_t=16, block_h=64, num_warps=4),

@@ -12,6 +12,8 @@ contract's portable constants.
 HOPPER_CONSTANTS = {
     64: dict(reduce_block=64, num_warps=1),  # tiny-dense hidden (and head_dim 16)
     128: dict(reduce_block=128, num_warps=1),  # Qwen3-8B q_norm, k_norm (head_dim 128)
+    512: dict(reduce_block=512, num_warps=2),  # GLM-4.7-Flash kv_a_layernorm (not timed)
+    768: dict(reduce_block=256, num_warps=2),  # GLM-4.7-Flash q_a_layernorm (not timed)
     1024: dict(reduce_block=1024, num_warps=4),  # Qwen3-0.6B hidden (not timed; as Qwen3-8B's)
     2048: dict(reduce_block=1024, num_warps=4),  # Qwen3-30B-A3B hidden (likewise)
     4096: dict(reduce_block=1024, num_warps=4),  # Qwen3-8B hidden
