@@ -123,6 +123,16 @@ def test_cli_passes_prints_a_table_and_writes_json(ours_saved, tmp_path, capsys)
     assert report["passed"] and report["dtype"] == "bfloat16" and report["architecture"] == "Qwen3ForCausalLM"
 
 
+@pytest.mark.parametrize("preset, contract", [("tiny-moe", "tiny-moe"), ("tiny-mla", "tiny-mla")])
+def test_cli_runs_a_family_under_its_own_contract(tmp_path, capsys, preset, contract):
+    from isoexec.model import PRESETS
+
+    directory = save(init_random(PRESETS[preset].replace(dtype="float32"), seed=1), tmp_path / preset)
+    assert isoexec_parity("--model", str(directory), "--json", str(tmp_path / "report.json")) == 0
+    assert capsys.readouterr().out.rstrip().endswith("PASS")
+    assert json.loads((tmp_path / "report.json").read_text("utf-8"))["contract"] == contract
+
+
 def test_cli_exits_one_outside_tolerance(ours_saved, monkeypatch, capsys):
     _perturbed(monkeypatch, lambda m: m.model.norm.weight.add_(0.05))
     assert isoexec_parity("--model", str(ours_saved["qwen3"])) == 1
