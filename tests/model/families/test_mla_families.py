@@ -167,3 +167,18 @@ def test_audit_is_bitwise_under_tiny_mla_and_native_mla_is_not(preset, requests)
     assert all_equal(report) and report["tokens"] == 8 * requests
     control = run_audit(model, fit_contract(_native_mla(), spec), requests=requests, max_new_tokens=8, progress=False)
     assert not all_equal(control)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="captures CUDA graphs")
+@pytest.mark.parametrize("preset", ["tiny-mla", "tiny-deepseek-v3"])
+def test_on_the_gpu_engine_graphs_and_trainer_agree_under_tiny_mla_triton(preset):
+    """On a GPU: under tiny-mla-triton (mla.triton and the MoE kernels), engine decode captured as CUDA
+    graphs; every sampled token's log-prob and full row equal the trainer's bits; native differs."""
+    model = init_random(PRESETS[preset], seed=0).to("cuda")
+    contract = fit_contract(load_preset("tiny-mla-triton"), model.spec, device="cuda")
+    report = run_audit(model, contract, requests=8, max_new_tokens=8, device="cuda", progress=False)
+    assert all_equal(report), report["trainer_score"]
+    native = run_audit(model, fit_contract(load_preset("native"), model.spec, device="cuda"), requests=8, max_new_tokens=8,
+                       device="cuda", progress=False)
+    assert not all_equal(native)

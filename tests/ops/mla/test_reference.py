@@ -228,7 +228,7 @@ def test_battery_admits_the_reference_and_rejects_native():
 
 
 def test_probe_runs_at_a_fitted_models_widths():
-    """`ctx.geometry["mla"]` replaces the probe's own widths (heads capped at MAX_HEADS)."""
+    """`ctx.geometry["mla"]` replaces the probe's own widths, all of the model's heads included."""
     geometry = {"mla": dict(num_heads=8, qk_nope_head_dim=12, qk_rope_head_dim=6, kv_lora_rank=20, v_head_dim=10)}
     seen = []
 
@@ -245,7 +245,7 @@ def test_probe_runs_at_a_fitted_models_widths():
     result = validate_entry(contract, contract.entry("mla", "trainer_fwd"), small_probe, registry=registry, device=torch.device("cpu"),
                             dtypes=("bfloat16",), geometry=geometry)
     assert result.status == "admitted", result.failures[:5]
-    assert set(seen) == {((4, 12), (4, 6), 26, (4 * 22, 20))}
+    assert set(seen) == {((8, 12), (8, 6), 26, (8 * 22, 20))}
 
 
 def _call(op, q_nope, q_rope, rows, weight, **kwargs):

@@ -24,8 +24,6 @@ POISON = (float("nan"), float("inf"), float("-inf"))
 # The page size (and the chunk unit) of the engine forms, in units of the impl's key block; impls
 # without a block size (native) get this one.
 DEFAULT_BLOCK_N = 16
-# A model's heads all run one op order with their own weights, so a few stand for all of them.
-MAX_HEADS = 4
 
 
 @dataclass(frozen=True)
@@ -39,11 +37,13 @@ class Dims:
 
 def dims(ctx) -> Dims:
     """The probe's own small heads for a contract fitted to no model; else the fitted model's
-    (`ctx.geometry["mla"]`), whose widths decide the reductions' block counts and kernels' tiles."""
+    (`ctx.geometry["mla"]`), whose widths decide the reductions' block counts and kernels' tiles. All of
+    its heads: every head reads the one shared latent row, so a kernel packs heads and queries into a
+    tile by the head count (20 heads fill 3 queries of a 64-row tile), as attention's do by the group."""
     model = ctx.geometry.get("mla")
     if not model:
         return Dims(num_heads=4, nope=16, rope=8, rank=32, value=16)
-    return Dims(min(MAX_HEADS, model["num_heads"]), model["qk_nope_head_dim"], model["qk_rope_head_dim"], model["kv_lora_rank"],
+    return Dims(model["num_heads"], model["qk_nope_head_dim"], model["qk_rope_head_dim"], model["kv_lora_rank"],
                 model["v_head_dim"])
 
 
