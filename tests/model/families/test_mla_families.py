@@ -116,6 +116,7 @@ def test_a_checkpoint_transformers_wrote_loads_and_matches(tmp_path):
     (dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}), "rope_type"),
     (dict(first_k_dense_replace=7), "first_k_dense_replace must be an int in 0..3"),
     (dict(kv_lora_rank=None), "missing kv_lora_rank"),
+    (dict(quantization_config={"quant_method": "fp8", "fmt": "e4m3"}), r"quantization_config \(fp8\) is not supported"),
 ])
 def test_bad_configs_name_the_field(change, message):
     config = {**_config("deepseek-v3, q_lora 24, interleaved rope, 8 experts in 4 groups keep 2, top-3"), **change}

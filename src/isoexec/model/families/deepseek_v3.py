@@ -72,6 +72,9 @@ def mla_moe_spec(config: dict, source: str, *, family: str, architecture: str, s
     get = config_reader(config, source)
     if config.get("hidden_act", "silu") != "silu":
         raise SpecError(f"{source}: hidden_act {config.get('hidden_act')!r} is not supported (only silu)")
+    if config.get("quantization_config"):
+        method = config["quantization_config"].get("quant_method", "?") if isinstance(config["quantization_config"], dict) else "?"
+        raise SpecError(f"{source}: quantization_config ({method}) is not supported: convert the checkpoint to bf16 first")
     mixer = mla_of(config, source)
     moe = moe_of(config, source) if any(sparse) else None
     dense = MLPSpec(intermediate_size=get("intermediate_size")) if not all(sparse) else None
