@@ -152,19 +152,27 @@ def _engine_steps(ctx, case, seqs, order, window, page_size, spans):
     return {i: torch.cat(pieces[i]) for i in order}
 
 
+def prefill_spans(lengths: dict[int, int], order, chunk: int) -> list[list[tuple[int, int, int]]]:
+    """Chunked prefill's steps: every sequence of `order` advances by `chunk` tokens a step, all in one
+    batch; a step lists (sequence, start, stop) query ranges. `lengths`: sequence -> its length."""
+    longest = max(lengths[i] for i in order)
+    return [[(i, s, min(s + chunk, lengths[i])) for i in order if s < lengths[i]] for s in range(0, longest, chunk)]
+
+
+def decode_spans(lengths: dict[int, int], order, stagger: int) -> list[list[tuple[int, int, int]]]:
+    """Token-by-token decode's steps; sequence number n of `order` starts at step n * stagger."""
+    starts = {i: n * stagger for n, i in enumerate(order)}
+    last = max(starts[i] + lengths[i] for i in order)
+    return [[(i, s - starts[i], s - starts[i] + 1) for i in order if 0 <= s - starts[i] < lengths[i]] for s in range(last)]
+
+
 def _prefill(ctx, case, seqs, order, window, chunk, page_size=None):
-    """Chunked prefill: every sequence advances by `chunk` tokens per step, all in one batch."""
-    longest = max(len(seqs[i]) for i in order)
-    spans = [[(i, s, min(s + chunk, len(seqs[i]))) for i in order if s < len(seqs[i])] for s in range(0, longest, chunk)]
+    spans = prefill_spans({i: len(seqs[i]) for i in order}, order, chunk)
     return _engine_steps(ctx, case, seqs, order, window, page_size or _block_n(ctx), spans)
 
 
 def _decode(ctx, case, seqs, order, window, stagger):
-    """Token-by-token decode; sequence number n of `order` starts at step n * stagger."""
-    starts = {i: n * stagger for n, i in enumerate(order)}
-    last = max(starts[i] + len(seqs[i]) for i in order)
-    spans = [[(i, s - starts[i], s - starts[i] + 1) for i in order if 0 <= s - starts[i] < len(seqs[i])] for s in range(last)]
-    return _engine_steps(ctx, case, seqs, order, window, _block_n(ctx), spans)
+    return _engine_steps(ctx, case, seqs, order, window, _block_n(ctx), decode_spans({i: len(seqs[i]) for i in order}, order, stagger))
 
 
 def _block_n(ctx) -> int:

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ...validate.battery import Trial, strided
 from ..attention.metadata import UNUSED_SLOT, packed_slot_table, paged_slot_table
+from ..attention.probe import decode_spans, prefill_spans
 
 LENGTHS = (70, 1, 40, 16, 17, 15)
 POISON = (float("nan"), float("inf"), float("-inf"))
@@ -166,18 +167,12 @@ def _engine_steps(ctx, case, seqs, weight, order, page_size, spans):
 
 
 def _prefill(ctx, case, seqs, weight, order, chunk, page_size=None):
-    """Chunked prefill: every sequence advances by `chunk` tokens per step, all in one batch."""
-    longest = max(len(seqs[i]) for i in order)
-    spans = [[(i, s, min(s + chunk, len(seqs[i]))) for i in order if s < len(seqs[i])] for s in range(0, longest, chunk)]
+    spans = prefill_spans({i: len(seqs[i]) for i in order}, order, chunk)
     return _engine_steps(ctx, case, seqs, weight, order, page_size or _block_n(ctx), spans)
 
 
 def _decode(ctx, case, seqs, weight, order, stagger):
-    """Token-by-token decode; sequence number n of `order` starts at step n * stagger."""
-    starts = {i: n * stagger for n, i in enumerate(order)}
-    last = max(starts[i] + len(seqs[i]) for i in order)
-    spans = [[(i, s - starts[i], s - starts[i] + 1) for i in order if 0 <= s - starts[i] < len(seqs[i])] for s in range(last)]
-    return _engine_steps(ctx, case, seqs, weight, order, _block_n(ctx), spans)
+    return _engine_steps(ctx, case, seqs, weight, order, _block_n(ctx), decode_spans({i: len(seqs[i]) for i in order}, order, stagger))
 
 
 def _block_n(ctx) -> int:
