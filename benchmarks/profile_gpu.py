@@ -22,6 +22,10 @@ moe-tiles: the MoE layer's pieces alone at both of bench.py moe's shapes (router
            CUDA-graph replays at 1, 16, 64 tokens, eager at 4096), beside native's router and
            moe.experts.grouped_mm, then candidate router and experts tiles at each shape timed the same
            way, each output compared bit for bit with the listed tile's.
+mla-tiles: mla.triton at GLM-4.7-Flash's MLA shape per phase (training 8 x 2048 packed, prefill 2048 after
+           8192 cached, decode batch 1 / 16 / 64 after 2048 as graph replays) over a grid of attention
+           tiles (block_m, block_n, num_warps, num_stages, value_split), the attention launch alone and
+           the whole op (with its two per-head GEMMs), each output compared bit for bit with the listed tile's.
 launch:    host time per call (no profiler: perf_counter over many calls of a tiny problem, so the GPU
            keeps up) of the trainer's ops under the contract and native, and of the layers beneath
            linear.triton: tensor descriptors, Triton's launch, our wrapper, autograd.
@@ -445,6 +449,67 @@ def profile_moe_tiles(tokens=(1, 16, 64, 4096), shapes=None, device="cuda") -> N
             torch.cuda.empty_cache()
 
 
+def profile_mla_tiles(model="glm-4.7-flash-4l-random", device="cuda", sizes=((8, 2048), (2048, 8192), 2048)) -> None:
+    from mla import _inputs, _paged
+
+    from isoexec.ops.attention.metadata import packed_slot_table
+    from isoexec.ops.mla import triton as mla_triton
+    from isoexec.ops.mla import tuning
+    from isoexec.runtime.registry import REGISTRY
+
+    device = torch.device(device)
+    spec = PRESETS[model]
+    m = spec.mla[0]
+    (seqs, seq_len), (chunk, cached), context = sizes
+    listed = tuning.HOPPER[(m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim)]
+    generator = torch.Generator(device=device).manual_seed(0)
+    cases = {}
+    cu = torch.arange(seqs + 1, device=device) * seq_len
+    cases[f"train {seqs}x{seq_len}"] = (_inputs(spec, seqs * seq_len, seqs * seq_len, device, generator), *packed_slot_table(cu), False)
+    table, seq_ids, positions, slots = _paged(1, cached, chunk, device, generator)
+    cases[f"prefill {chunk}@{cached}"] = (_inputs(spec, chunk, slots, device, generator), table, seq_ids, positions, False)
+    for batch in (1, 16, 64):
+        table, seq_ids, positions, slots = _paged(batch, context, 1, device, generator)
+        cases[f"decode b{batch}@{context}"] = (_inputs(spec, batch, slots, device, generator), table, seq_ids, positions, True)
+    boundary = dict(input_dtype="bfloat16", output_dtype="bfloat16", kv_cache_dtype="bfloat16", weight_dtype="bfloat16",
+                    accum_dtype="float32", split_kv_size=0)
+
+    def whole(tile):
+        op = REGISTRY.get("mla.triton", 1).bind({**boundary, **listed, **tile})
+        return lambda x, t, s, p: op(x["q_nope"], x["q_rope"], x["rows"], x["kv_b"], t, s, p, x["scale"])
+
+    def latent(tile):
+        keys = ("block_m", "block_n", "value_split", "num_warps", "num_stages")
+        merged = {**listed, **tile}
+        return lambda x, t, s, p: mla_triton.mla_attn_latent(x["q_lat"], x["q_rope"], x["rows"], t, s, p, x["scale"],
+                                                             **{k: merged[k] for k in keys})
+
+    for x, *_ in cases.values():
+        x["q_lat"] = torch.randn(*x["q_nope"].shape[:2], m.kv_lora_rank, generator=generator, device=device).bfloat16()
+    timed = lambda fn, graph: graphed_ms(fn, device) if graph and device.type == "cuda" else kernel_ms(fn, device)
+    print(f"== mla.triton at {model}'s MLA shape, ms per call; listed {listed}", flush=True)
+    print("   " + "  ".join(cases), flush=True)
+    tiles = [dict()] + [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=st, value_split=vs) for bm, bn, w, st, vs in (
+        (64, 32, 8, 1, 1), (64, 32, 8, 3, 1), (64, 64, 8, 2, 1), (64, 32, 4, 2, 1), (64, 16, 8, 2, 1), (128, 32, 8, 2, 1),
+        (128, 64, 8, 2, 1), (64, 32, 8, 2, 2), (64, 32, 8, 2, 4), (64, 64, 8, 2, 2), (64, 32, 4, 2, 2))]
+    with torch.no_grad():
+        want = {name: whole({})(x, t, s, p) for name, (x, t, s, p, _) in cases.items()}
+        for tile in tiles:
+            for label, make in (("attention", latent), ("whole op", whole)):
+                try:
+                    fn = make(tile)
+                    times = [timed(lambda: fn(x, t, s, p), graph) for x, t, s, p, graph in cases.values()]
+                    same = all(torch.equal(whole(tile)(x, t, s, p).view(torch.int16), want[name].view(torch.int16))
+                               for name, (x, t, s, p, _) in cases.items()) if label == "whole op" else True
+                except Exception as error:  # a tile the device cannot hold
+                    print(f"    {tile or 'listed'} {label}: {type(error).__name__}: {str(error).splitlines()[0][:120]}", flush=True)
+                    continue
+                print(f"    {' '.join(f'{v:8.4f}' for v in times)}  {label:<9}{'' if same else ' (other bits)'}  {tile or 'listed'}",
+                      flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", nargs="*", help="decode, decode-kernels, attention, gemm, trainer, launch, moe, moe-tiles (default: decode and attention)")
@@ -453,7 +518,7 @@ def main():
     parser.add_argument("--seqs", type=int, default=8, help="trainer: sequences per step")
     parser.add_argument("--seq-len", type=int, default=512, help="trainer: tokens per sequence")
     args = parser.parse_args()
-    sections = {"decode", "decode-kernels", "attention", "gemm", "trainer", "launch", "moe", "moe-tiles"}
+    sections = {"decode", "decode-kernels", "attention", "gemm", "trainer", "launch", "moe", "moe-tiles", "mla-tiles"}
     args.what = args.what or ["decode", "attention"]
     if set(args.what) - sections:
         parser.error(f"unknown section(s) {sorted(set(args.what) - sections)}: choose from {', '.join(sorted(sections))}")
@@ -473,6 +538,8 @@ def main():
         profile_moe()
     if "moe-tiles" in args.what:
         profile_moe_tiles()
+    if "mla-tiles" in args.what:
+        profile_mla_tiles()
     if "trainer" in args.what:
         profile_trainer(args.model, [args.contract, FAST_BASELINE, "native"], args.seqs, args.seq_len)
 
