@@ -108,11 +108,12 @@ class DecodeGraphs:
                     first = error  # a failed capture also fails capture_end; the op that broke it comes first
                     while first.__context__ is not None:
                         first = first.__context__
-                    attention = self.contract.entry("attention", "engine_decode").impl
+                    mixers = [f"{region} with {entry.impl}" for region in ("attention", "mla")
+                              if (entry := self.contract.entry(region, "engine_decode")) is not None]
                     raise RuntimeError(
                         f"capturing the engine_decode forward (batch {bucket}) as a CUDA graph failed: {type(first).__name__}: {first}. "
                         "CUDA graphs need ops that never wait on the host while capturing (no .item(), int(tensor), "
-                        f"host-to-device copies); contract {self.contract.name} runs attention with {attention}. "
+                        f"host-to-device copies); contract {self.contract.name} runs {', '.join(mixers) or 'no attention'}. "
                         "Use capturable ops or set cuda_graphs = false."
                     ) from error
                 self.graphs[bucket] = graph
