@@ -259,8 +259,11 @@ def main(argv=None) -> int:
     results["cuda_graphs"] = "unavailable" if args.cuda_graphs and not cuda_graphs else cuda_graphs
     if results["cuda_graphs"] == "unavailable":
         print("cuda graphs: unavailable (EngineConfig has no cuda_graphs setting); the engine runs eagerly")
-    print(f"bench: {results['device']}, torch {results['torch']}, commit {results['commit']}, model {sizes.model}, "
-          f"contracts {', '.join(contracts)}", flush=True)
+    # moe and mla time their own layer shapes and contracts (their rows say which); --model and
+    # --contracts are the model sections'.
+    model_sections = {"engine", "hf", "roofline", "trainer"} & set(args.what or SECTIONS)
+    print(f"bench: {results['device']}, torch {results['torch']}, commit {results['commit']}"
+          + (f", model {sizes.model}, contracts {', '.join(contracts)}" if model_sections else ""), flush=True)
 
     model = engines = None
     failed = []
