@@ -21,9 +21,11 @@ REGIONS = {
     "linear.row_parallel": ROLES,
     "rms_norm": ROLES,
     "rms_norm.residual": ROLES,
+    "rms_norm.gated": ROLES,
     "rope": ROLES,
     "attention": ROLES,
     "activation": ROLES,
+    "activation.gate": ROLES,
     "residual": ROLES,
     "logprobs": ROLES,
     "sampling": ("engine",),
@@ -31,6 +33,8 @@ REGIONS = {
     "moe.experts": ROLES,
     "moe.combine": ROLES,
     "mla": ROLES,
+    "gdn.conv": ROLES,
+    "gdn.core": ROLES,
 }
 
 

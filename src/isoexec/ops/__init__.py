@@ -5,9 +5,9 @@ baseline, the admission probe and (where an impl has tunable constants) its tabl
 `runtime.REGISTRY` makes it on first use.
 """
 
-from . import activation, attention, embedding, linear, logprobs, mla, moe, residual, rms_norm, rope, sampling
+from . import activation, attention, embedding, gdn, linear, logprobs, mla, moe, residual, rms_norm, rope, sampling
 
-FAMILIES = (activation, attention, embedding, linear, logprobs, mla, moe, residual, rms_norm, rope, sampling)
+FAMILIES = (activation, attention, embedding, gdn, linear, logprobs, mla, moe, residual, rms_norm, rope, sampling)
 
 
 def register(registry) -> None:

@@ -16,7 +16,8 @@ def geometry_of(spec) -> dict:
     """The model shapes the probes run at (`Context.geometry`) and admission records are keyed by: the
     attention heads and head_dim (of its first `gqa` mixer), the projections' K values, and for a model
     with MoE layers their [experts, moe_intermediate_size, top_k] and the hidden size; for one with `mla`
-    mixers the first one's heads and widths. Empty without a model."""
+    mixers the first one's heads and widths, with `gdn` mixers the first one's heads, widths and conv.
+    Empty without a model."""
     from ..model.spec import MoESpec
 
     if spec is None:
@@ -29,6 +30,10 @@ def geometry_of(spec) -> dict:
         mla = spec.mla[0]
         geometry["mla"] = {"num_heads": mla.num_heads, "qk_nope_head_dim": mla.qk_nope_head_dim, "qk_rope_head_dim": mla.qk_rope_head_dim,
                            "kv_lora_rank": mla.kv_lora_rank, "v_head_dim": mla.v_head_dim}
+    if spec.gdn:
+        gdn = spec.gdn[0]
+        geometry["gdn"] = {"num_k_heads": gdn.num_k_heads, "num_v_heads": gdn.num_v_heads, "k_head_dim": gdn.k_head_dim,
+                           "v_head_dim": gdn.v_head_dim, "conv_dim": gdn.conv_dim, "conv_kernel": gdn.conv_kernel}
     geometry["linear_k"] = sorted({k for shapes in spec.projections.values() for _, k in shapes})
     moe = sorted({(f.num_experts, f.moe_intermediate_size, f.top_k) for f in (layer.ffn for layer in spec.layers) if isinstance(f, MoESpec)})
     if moe:

@@ -1,4 +1,5 @@
-"""Admission trials for `rms_norm` and `rms_norm.residual`, plain and zero-centred, with hazardous rows."""
+"""Admission trials for `rms_norm`, `rms_norm.residual` and `rms_norm.gated`, plain and zero-centred, with
+hazardous rows."""
 
 import dataclasses
 
@@ -37,3 +38,11 @@ def probe_residual(ctx):
     yield from rowwise(ctx, [x, residual], weight, 1e-6, sizes=RESIDUAL_SIZES)
     yield from rowwise(ctx, [x, residual], weight, 1e-5, True, sizes=(5,), label="zero-centred")
     yield from rowwise(ctx, [x], None, weight, 1e-6, sizes=(5,), label="no residual")
+
+
+def probe_gated(ctx):
+    """Hazard rows in x and in the gate (a huge negative gate underflows exp, a huge positive one overflows it)."""
+    hazards = hazard_rows(ctx, HIDDEN)
+    x = torch.cat([ctx.randn(RESIDUAL_RANDOM_ROWS, HIDDEN), hazards, ctx.randn(len(hazards), HIDDEN)])
+    gate = torch.cat([ctx.randn(RESIDUAL_RANDOM_ROWS, HIDDEN), ctx.randn(len(hazards), HIDDEN), hazards])
+    yield from rowwise(ctx, [x, gate], ctx.randn(HIDDEN), 1e-6, sizes=RESIDUAL_SIZES)
