@@ -15,7 +15,9 @@ BLAS summation orders; ours accumulates each op in fp32 in a fixed order and rou
 boundary, with a float64-built RoPE table. So each side carries its own rounding error e against the
 exact function, and |ours − HF| ≤ e_ours + e_HF. We estimate the exact function by running the same
 transformers model one precision up (bfloat16 → float32, float32 → float64; the weights are upcast
-exactly, so it is the same model) and measure e_HF directly. Our model is meant to be at least as
+exactly, so it is the same model) and measure e_HF directly. transformers casts to float32 by name
+in places (RMSNorm, Gated DeltaNet's delta rule and conv); during the reference run its modeling module
+reads `torch.float32` as float64, so those steps keep the reference's precision too. Our model is meant to be at least as
 accurate as transformers' (it rounds less), so e_ours ≤ e_HF and the bound becomes
 |ours − HF| ≤ 2·e_HF: that is the tolerance, per metric (over 72 runs of tiny Qwen3/Qwen2/Llama
 models, seeds and dtypes the measured |ours − HF| / e_HF stayed ≤ 1.6, e_ours / e_HF ≤ 1.0). It scales with what the dtype and the
@@ -35,6 +37,7 @@ default lengths here it is far below the float32 floor (2048 tokens: 3e-6 in log
 """
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -84,9 +87,11 @@ def compare(model_dir, dtype: str = "float32", *, contract: str | None = None, n
     our_logprobs, our_logits = _our_forward(ours, contract, lengths, tokens)
     del ours
     hf = _load_transformers(transformers, model_dir, dtype, spec.architecture)
+    pinned = [name for name in TORCH_PATHS if hasattr(sys.modules[type(hf).__module__], name)]
     hf_logits = _hf_forward(hf, lengths, tokens)
     reference = REFERENCE_DTYPE[dtype]
-    exact_logits = _hf_forward(hf.to(getattr(torch, reference)), lengths, tokens).double()  # same weights, upcast exactly
+    with _float32_as(hf, getattr(torch, reference)):
+        exact_logits = _hf_forward(hf.to(getattr(torch, reference)), lengths, tokens).double()  # same weights, upcast exactly
     del hf
 
     hf_logprobs = hf_logits.log_softmax(-1)
@@ -114,6 +119,7 @@ def compare(model_dir, dtype: str = "float32", *, contract: str | None = None, n
         "hf_error": hf_error,
         "our_error": our_error,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "transformers_path": "torch (" + ", ".join(pinned) + " pinned to transformers' own)" if pinned else "torch",
     }
 
 
@@ -180,7 +186,57 @@ def _load_transformers(transformers, model_dir, dtype: str, architecture: str):
             transformers.utils.logging.enable_progress_bar()
     if type(model).__name__ != architecture:
         raise ParityInputError(f"{model_dir}: transformers loaded {type(model).__name__}, the config names {architecture}")
+    _pin_torch_paths(model)
     return model.eval()
+
+
+# transformers swaps flash-linear-attention's and causal-conv1d's kernels in for these functions of its
+# Gated DeltaNet models when those packages import (hub_kernels.use_kernel_func_from_hub_with_fallback);
+# the parity reference is transformers' own torch code.
+TORCH_PATHS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn", "causal_conv1d_update")
+
+
+class _TorchWith:
+    """torch, with `torch.float32` (and `torch.float`) standing for another dtype."""
+
+    def __init__(self, dtype):
+        self._dtype = dtype
+
+    def __getattr__(self, name):
+        import torch
+
+        return self._dtype if name in ("float32", "float") else getattr(torch, name)
+
+
+@contextlib.contextmanager
+def _float32_as(model, dtype):
+    """While the reference run lasts, the model's modeling module reads `torch.float32` as `dtype`: its
+    explicit float32 casts (Gated DeltaNet's delta rule and conv, RMSNorm's) then keep the reference's
+    precision instead of rounding a float64 run to float32. (`Tensor.float()` calls still round.)"""
+    import torch
+
+    module = sys.modules[type(model).__module__]
+    if dtype != torch.float64 or getattr(module, "torch", None) is not torch:
+        yield
+        return
+    module.torch = _TorchWith(dtype)
+    try:
+        yield
+    finally:
+        module.torch = torch
+
+
+def _pin_torch_paths(model) -> list[str]:
+    """Rebind the model's modeling module to transformers' torch functions; -> the names rebound."""
+    import inspect
+
+    module = sys.modules[type(model).__module__]
+    pinned = []
+    for name in TORCH_PATHS:
+        if hasattr(module, name):
+            setattr(module, name, inspect.unwrap(getattr(module, name)))
+            pinned.append(name)
+    return pinned
 
 
 def _hf_forward(model, lengths: list[int], tokens):
@@ -214,6 +270,8 @@ def render(report: dict) -> str:
         lines.append(f"  {label:<22} {report['measured'][key]:>11.3e} {report['tolerance'][key]:>11.3e} "
                      f"{report['hf_error'][key]:>11.3e} {report['our_error'][key]:>11.3e}")
     lines.append(f"  (errors against transformers in {report['reference_dtype']}; tolerance = max(floor, {NOISE_FACTOR:g} × HF error))")
+    if report.get("transformers_path", "torch") != "torch":
+        lines.append(f"  (transformers ran {report['transformers_path']})")
     lines.append("PASS" if report["passed"] else
                  f"FAIL (worst token: sequence {report['worst_token']['sequence']}, position {report['worst_token']['position']})")
     return "\n".join(lines)

@@ -71,7 +71,7 @@ class Recorder:
         """[2, layers, slots, Hkv, D] integer view of every layer's keys and values."""
         return int_view(torch.stack([torch.stack([store.k for store in self.stores]), torch.stack([store.v for store in self.stores])]))
 
-    def checked_run(self, input_ids, positions, write_slots, slot_table):
+    def checked_run(self, input_ids, positions, write_slots, slot_table, state_ids=None):
         graphs = self.graphs
         if self.poison_scratch:
             for store in self.stores:
@@ -82,7 +82,7 @@ class Recorder:
         eager_sizes, forward = [], graphs._forward
         graphs._forward = lambda bucket: eager_sizes.append(bucket) or forward(bucket)
         try:
-            rows = self.run(input_ids, positions, write_slots, slot_table)
+            rows = self.run(input_ids, positions, write_slots, slot_table, state_ids)
         finally:
             del graphs._forward
         # A replayed graph runs no Python, so on a GPU the bucket is the smallest one that fits.

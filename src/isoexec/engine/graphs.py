@@ -7,7 +7,8 @@ token ids, positions, write slots and slot table in, the graph replays, and the 
 are read out; sampling stays outside, on the first B rows. The slot table is as wide as the most keys
 a decode row may have (`max_num_keys`); real rows keep UNUSED_SLOT past their own keys.
 
-A padded row is token 0 at position 0 of its own table row, and every one of its key slots and its
+A padded row is token 0 at position 0 of its own table row, in a sequence slot of its own (for layers
+with per-sequence state; a sequence at position 0 starts from zeros), and every one of its key slots and its
 write slot is the scratch slot: the first slot of one extra cache page that the block manager never
 hands out. It never reads or writes a page a sequence holds, and whichever attention impl runs sees
 one finite key there, written by the same forward. Every contract op computes a row from the row's
@@ -52,6 +53,9 @@ class DecodeGraphs:
         self.positions = torch.zeros(size, dtype=torch.int64, device=device)  # [N]
         self.seq_ids = torch.arange(size, device=device)  # [N], one token per sequence: never changes
         self.write_slots = torch.full((size,), scratch_slot, dtype=torch.int64, device=device)  # [N]
+        # Sequence slots (per-sequence layer state): padded row i owns slot N + i, which no sequence holds.
+        self.padding_state_ids = torch.arange(size, 2 * size, device=device)  # [N]
+        self.state_ids = self.padding_state_ids.clone()  # [N]
         self.slot_table = torch.full((size, max_num_keys), scratch_slot, dtype=torch.int64, device=device)  # [N, max_num_keys]
         self.routing = routing_buffer(model.spec, size, device) if record_routing else None  # [N, layers, k] or None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -63,16 +67,19 @@ class DecodeGraphs:
     def max_num_keys(self) -> int:
         return self.slot_table.shape[1]
 
-    def run(self, input_ids: Tensor, positions: Tensor, write_slots: Tensor, slot_table: Tensor) -> tuple[Tensor, Tensor | None]:
-        """One token per sequence: input_ids, positions, write_slots [B], slot_table [B, ≤ max_num_keys]
-        -> full-vocabulary log-prob rows [B, V] float32, bit for bit those of the unpadded forward, and
-        the rows' expert ids [B, layers, k] when recorded (else None)."""
+    def run(self, input_ids: Tensor, positions: Tensor, write_slots: Tensor, slot_table: Tensor,
+            state_ids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """One token per sequence: input_ids, positions, write_slots [B], slot_table [B, ≤ max_num_keys],
+        state_ids [B] (sequence slots; None: 0 … B - 1) -> full-vocabulary log-prob rows [B, V] float32, bit
+        for bit those of the unpadded forward, and the rows' expert ids [B, layers, k] when recorded (else None)."""
         num_seqs, num_keys = slot_table.shape
         bucket = next(b for b in self.buckets if b >= num_seqs)
         for static, values, padding in ((self.input_ids, input_ids, 0), (self.positions, positions, 0),
                                         (self.write_slots, write_slots, self.scratch_slot)):
             static[:num_seqs].copy_(values)
             static[num_seqs:bucket].fill_(padding)
+        self.state_ids[:num_seqs].copy_(torch.arange(num_seqs) if state_ids is None else state_ids)
+        self.state_ids[num_seqs:bucket].copy_(self.padding_state_ids[num_seqs:bucket])
         self.slot_table[:num_seqs, :num_keys].copy_(slot_table)
         self.slot_table[:num_seqs, num_keys:].fill_(UNUSED_SLOT)
         self.slot_table[num_seqs:bucket].fill_(self.scratch_slot)
@@ -85,7 +92,8 @@ class DecodeGraphs:
         return rows[:num_seqs].clone(), routing  # the next replay overwrites the static rows
 
     def _forward(self, bucket: int) -> Tensor:
-        batch = PagedBatch(self.positions[:bucket], self.seq_ids[:bucket], self.slot_table[:bucket], self.write_slots[:bucket])
+        batch = PagedBatch(self.positions[:bucket], self.seq_ids[:bucket], self.slot_table[:bucket], self.write_slots[:bucket],
+                           self.state_ids[:bucket])
         routing = None if self.routing is None else self.routing[:bucket]
         with step(Step(case="engine_decode", ops=self.ops, batch=batch, state=self.state, routing=routing)):
             return self.model.logprobs(self.model(self.input_ids[:bucket], self.positions[:bucket]))  # [bucket, V]

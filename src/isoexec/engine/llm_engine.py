@@ -6,16 +6,21 @@ decode steps change the work done, never the bits (under a bitwise contract; und
 visibly do).
 """
 
+import dataclasses
+import logging
 import operator
 
 import torch
 from tqdm.auto import tqdm
 
 from ..contract.schema import Contract
+from ..model.spec import RecurrentState
 from .config import EngineConfig, SamplingParams
 from .model_runner import ModelRunner
 from .scheduler import Scheduler
 from .sequence import Completion, Sequence
+
+log = logging.getLogger(__name__)
 
 STATS = ("steps", "prefill_chunks", "prefill_tokens", "decode_tokens", "preemptions", "prefix_cache_hit_tokens")
 
@@ -26,6 +31,10 @@ class LLMEngine:
         held_on = next(model.parameters()).device
         if held_on.type != torch.device(device).type:
             raise ValueError(f"the model's weights are on {held_on} but the engine runs on {device}: move the model first")
+        if config.prefix_caching and any(isinstance(layer.state(), RecurrentState) for layer in model.spec.layers):
+            log.warning("prefix caching is off for %s: the state its Gated DeltaNet layers hold after a prefix is not kept per page "
+                        "(docs/gdn.md)", model.spec.architecture)
+            config = dataclasses.replace(config, prefix_caching=False)
         self.model, self.contract, self.config = model, contract, config
         self.runner = ModelRunner(model, contract, config, device)
         self.binding = self.runner.binding  # what this engine calls: its fingerprint is taken from it

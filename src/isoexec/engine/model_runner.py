@@ -27,7 +27,11 @@ class ModelRunner:
         self.binding = bind(contract, spec, ENGINE_CASES)
         # With graphs, one scratch page past the block manager's pages takes the padded decode rows (graphs.py).
         scratch_slot = config.num_pages * self.page_size
-        self.state = allocate(spec, scratch_slot + config.cuda_graphs * self.page_size, torch_dtype(spec.dtype), self.device)
+        # Sequence slots: one per running sequence, and with graphs one more per padded decode row (graphs.py).
+        gdn = next((contract.entry("gdn.core", case) for case in ENGINE_CASES if contract.entry("gdn.core", case) is not None), None)
+        self.state = allocate(spec, scratch_slot + config.cuda_graphs * self.page_size, torch_dtype(spec.dtype), self.device,
+                              num_sequences=config.max_num_seqs * (2 if config.cuda_graphs else 1),
+                              chunk_size=None if gdn is None else gdn.constants.get("chunk_size"))
         self.decode_graphs = None
         if config.cuda_graphs:
             # The most keys an admitted sequence can have, capped at the contract's decode shape domain: a
@@ -54,20 +58,21 @@ class ModelRunner:
         each row [R, layers, k] (on the host; else None) for the R seqs whose chunk reaches their last
         token, in order: token r is drawn from row r, computed at position len(seq) - 1, with the
         request's seed and sampling position len(seq), the position the new token will occupy."""
-        input_ids, positions, seq_ids, labels = [], [], [], []
+        input_ids, positions, seq_ids, state_ids, labels = [], [], [], [], []
         tracing = is_tracing()
         for b, seq in enumerate(seqs):
             start, end = seq.num_computed, seq.num_computed + seq.num_scheduled
             input_ids += seq.token_ids[start:end]
             positions += range(start, end)
             seq_ids += [b] * (end - start)
+            state_ids += [seq.state_slot] * (end - start)
             if tracing:  # names each row (request, position) for audit --trace
                 labels += [(seq.request_id << 32) | p for p in range(start, end)]
         max_pages = max(len(seq.page_table) for seq in seqs)
         block_table = self._tensor([s.page_table + [-1] * (max_pages - len(s.page_table)) for s in seqs], torch.int64)  # [B, P]
         num_keys = max(seq.num_computed + seq.num_scheduled for seq in seqs)
-        input_ids, positions, seq_ids = (self._tensor(x, torch.int64) for x in (input_ids, positions, seq_ids))  # [T] each
-        batch = PagedBatch.of(block_table, self.page_size, num_keys, seq_ids, positions)  # slot table [B, num_keys]
+        input_ids, positions, seq_ids, state_ids = (self._tensor(x, torch.int64) for x in (input_ids, positions, seq_ids, state_ids))  # [T] each
+        batch = PagedBatch.of(block_table, self.page_size, num_keys, seq_ids, positions, state_ids)  # slot table [B, num_keys]
         sampled = [seq for seq in seqs if seq.samples_this_step]
         last_rows = (torch.cumsum(self._tensor([seq.num_scheduled for seq in seqs], torch.int64), 0) - 1)[
             self._tensor([seq.samples_this_step for seq in seqs], torch.bool)]  # [R]
@@ -75,7 +80,7 @@ class ModelRunner:
         ops = self.binding.ops[case]
         graphs = self.decode_graphs
         if case == "engine_decode" and graphs is not None and not tracing and num_keys <= graphs.max_num_keys:
-            rows, routing = graphs.run(input_ids, positions, batch.write_slots, batch.slot_table)  # every decode samples
+            rows, routing = graphs.run(input_ids, positions, batch.write_slots, batch.slot_table, state_ids)  # every decode samples
         else:
             labels = self._tensor(labels, torch.int64) if tracing else None
             routing = routing_buffer(self.model.spec, len(input_ids), self.device) if self.record_routing else None  # [T, layers, k]

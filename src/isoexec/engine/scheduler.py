@@ -10,6 +10,9 @@ Policy, per step, within max_num_batched_tokens tokens and max_num_seqs running 
 A chunk is at most prefill_chunk_size tokens and ends wherever the step's token budget does: a row's
 bits do not depend on where its chunk starts (every contract op computes a row from the row's own data
 and absolute position; tests/engine cut chunks at arbitrary tokens).
+
+Each running sequence holds one of max_num_seqs sequence slots (`Sequence.state_slot`), where layers with
+per-sequence state (Gated DeltaNet) keep it; admission takes one, finishing and preemption give it back.
 """
 
 from collections import deque
@@ -25,6 +28,7 @@ class Scheduler:
         self.block_manager = BlockManager(config.num_pages, config.kv_page_size, config.prefix_caching)
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
+        self.free_state_slots = list(range(config.max_num_seqs - 1, -1, -1))  # popped from the end: lowest first
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -39,9 +43,15 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: drop the keys (cached full pages stay reusable), keep the tokens."""
         self.block_manager.free_pages(seq)
+        self._release_slot(seq)
         seq.status, seq.num_computed, seq.num_scheduled = Status.WAITING, 0, 0
         self.waiting.appendleft(seq)
         self.stats["preemptions"] += 1
+
+    def _release_slot(self, seq: Sequence) -> None:
+        if seq.state_slot is not None:
+            self.free_state_slots.append(seq.state_slot)
+            seq.state_slot = None
 
     def schedule(self) -> tuple[list[Sequence], list[Sequence]]:
         """-> (sequences prefilling a chunk, sequences decoding one token); sets seq.num_scheduled."""
@@ -73,6 +83,7 @@ class Scheduler:
             if not self.block_manager.allocate(seq):
                 break
             self.waiting.popleft()
+            seq.state_slot = self.free_state_slots.pop()  # running < max_num_seqs: one is free
             self.stats["prefix_cache_hit_tokens"] += seq.num_computed
             seq.status, seq.prefill_end, seq.num_scheduled = Status.RUNNING, len(seq), self._chunk(seq, budget)
             prefills.append(seq)
@@ -95,6 +106,7 @@ class Scheduler:
             if seq.finish_reason is not None:
                 seq.status = Status.FINISHED
                 self.block_manager.free_pages(seq)
+                self._release_slot(seq)
                 self.running.remove(seq)
                 finished.append(seq)
         return finished

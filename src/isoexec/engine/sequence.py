@@ -50,6 +50,7 @@ class Sequence:
         self.num_computed = 0
         self.num_scheduled = 0  # tokens this step's forward computes for the sequence
         self.prefill_end = 0
+        self.state_slot: int | None = None  # the sequence slot of per-sequence layer state while running (Scheduler)
         self.page_table: list[int] = []  # page id of positions [i * page_size, (i + 1) * page_size)
         self.page_hashes: list[bytes] = []  # chain hash of each full page whose keys are computed
         self.logprobs: list[Tensor] = []  # [1] float32 each

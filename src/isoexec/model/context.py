@@ -48,13 +48,15 @@ class PagedBatch:
     seq_ids: Tensor  # [T] row of the block table of each token
     slot_table: Tensor  # [B, L] key j of sequence b -> slot
     write_slots: Tensor  # [T] slot each token's state is written to (vLLM's slot_mapping)
+    state_ids: Tensor | None = None  # [T] each token's sequence slot, for layers with per-sequence state
     packed_len = None
 
     @classmethod
-    def of(cls, block_table: Tensor, page_size: int, num_keys: int, seq_ids: Tensor, positions: Tensor) -> "PagedBatch":
+    def of(cls, block_table: Tensor, page_size: int, num_keys: int, seq_ids: Tensor, positions: Tensor,
+           state_ids: Tensor | None = None) -> "PagedBatch":
         """block_table [B, P] page ids (-1 past a sequence's pages); num_keys: the most keys any row reads."""
         slot_table = paged_slot_table(block_table, page_size, num_keys)
-        return cls(positions, seq_ids, slot_table, slot_table[seq_ids, positions])
+        return cls(positions, seq_ids, slot_table, slot_table[seq_ids, positions], state_ids)
 
 
 @dataclass

@@ -31,12 +31,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = Norm(spec.hidden_size, dtype)
         self.post_attention_layernorm = Norm(spec.hidden_size, dtype)
         self.eps = spec.rms_norm_eps
+        self.centred = (True,) if spec.zero_centered_norms else ()  # the norms' zero_centered argument
 
     def forward(self, h: Tensor, residual: Tensor | None, positions: Tensor) -> tuple[Tensor, Tensor]:
         ops = current_step().ops
-        h, residual = ops["input_layernorm"](h, residual, self.input_layernorm.weight, self.eps)
+        h, residual = ops["input_layernorm"](h, residual, self.input_layernorm.weight, self.eps, *self.centred)
         h = getattr(self, self.mixer_name)(h, positions)
-        h, residual = ops["post_attention_layernorm"](h, residual, self.post_attention_layernorm.weight, self.eps)
+        h, residual = ops["post_attention_layernorm"](h, residual, self.post_attention_layernorm.weight, self.eps, *self.centred)
         return getattr(self, self.ffn_name)(h), residual
 
 
@@ -65,7 +66,7 @@ class Decoder(nn.Module):
         h, residual = ops["embed_tokens"](input_ids, self.model.embed_tokens.weight), None
         for layer in self.model.layers:
             h, residual = layer(h, residual, positions)
-        return ops["norm"](h, residual, self.model.norm.weight, self.spec.rms_norm_eps)[0]
+        return ops["norm"](h, residual, self.model.norm.weight, self.spec.rms_norm_eps, *((True,) if self.spec.zero_centered_norms else ()))[0]
 
     def logprobs(self, hidden: Tensor) -> Tensor:
         """Full-vocabulary log-probabilities of the next token: hidden [T, hidden] -> [T, V]."""

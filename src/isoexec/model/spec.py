@@ -47,6 +47,19 @@ class LatentPages:
     width: int
 
 
+@dataclass(frozen=True)
+class RecurrentState:
+    """The state a `gdn` layer keeps in the engine, per sequence (not per token): the fp32 state at its
+    open chunk's start [Hv, Dk, Dv], the open chunk's rows [C, Hv, 2 Dk + 2 Dv + 1] fp32 (`ops/gdn/`), and
+    the conv's last `conv_kernel - 1` inputs [W - 1, conv_dim] in the model dtype."""
+
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_dim: int
+    conv_kernel: int
+
+
 @dataclass(frozen=True, kw_only=True)
 class AttentionSpec:
     """The `gqa` mixer: causal grouped-query attention with rotary positions."""
@@ -59,6 +72,12 @@ class AttentionSpec:
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
+    zero_centered_qk_norm: bool = False  # q_norm / k_norm scale by (1 + w) (Qwen3-Next / Qwen3.5)
+    # Qwen3-Next / Qwen3.5: q_proj also emits a gate per head (query then gate, head by head) and the
+    # attention output is multiplied by sigmoid(gate) before o_proj (op `attn_gate`).
+    output_gate: bool = False
+    # Rotary positions on the first `rotary_dim` dims of each head only (partial_rotary_factor); None: all.
+    rotary_dim: int | None = None
 
     def __post_init__(self):
         check_positive_ints(self)
@@ -66,14 +85,19 @@ class AttentionSpec:
             raise SpecError(f"num_attention_heads {self.num_heads} is not a multiple of num_key_value_heads {self.num_kv_heads}")
         if self.head_dim % 2:
             raise SpecError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        rotary = self.rotary_dim
+        if rotary is not None and (not isinstance(rotary, int) or isinstance(rotary, bool) or rotary < 2 or rotary % 2 or rotary > self.head_dim):
+            raise SpecError(f"rotary dims (head_dim × partial_rotary_factor): expected an even int in 2..{self.head_dim}, got {rotary!r}")
 
     @property
     def ops(self) -> frozenset[str]:
-        return frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "rotary_emb", "self_attn"} | ({"q_norm", "k_norm"} if self.qk_norm else set()))
+        return frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "rotary_emb", "self_attn"} | ({"q_norm", "k_norm"} if self.qk_norm else set())
+                         | ({"attn_gate"} if self.output_gate else set()))
 
     def projections(self, hidden_size: int) -> dict[str, tuple[int, int]]:
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        return {"q_proj": (q, hidden_size), "k_proj": (kv, hidden_size), "v_proj": (kv, hidden_size), "o_proj": (hidden_size, q)}
+        return {"q_proj": (q * (2 if self.output_gate else 1), hidden_size), "k_proj": (kv, hidden_size), "v_proj": (kv, hidden_size),
+                "o_proj": (hidden_size, q)}
 
     def norm_widths(self) -> dict[str, int]:
         return {"q_norm": self.head_dim, "k_norm": self.head_dim} if self.qk_norm else {}
@@ -138,6 +162,56 @@ class MLASpec:
 
     def state(self) -> LatentPages:
         return LatentPages(self.kv_lora_rank + self.qk_rope_head_dim)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GDNSpec:
+    """The `gdn` mixer: Gated DeltaNet (Qwen3-Next, Qwen3.5 `linear_attention` layers). `in_proj_qkv` gives
+    q, k (Hk heads of Dk) and v (Hv heads of Dv), the depthwise causal conv (`conv1d`, width
+    `conv_kernel`, + SiLU) runs over them, `in_proj_z` the output gate, `in_proj_b` / `in_proj_a` the
+    delta rule's β and decay inputs; `gdn_core` is the chunked delta rule (`ops/gdn/`), `gated_norm` the
+    per-head RMSNorm times silu(z), `out_proj` back to the hidden size."""
+
+    kind: ClassVar[str] = "gdn"
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int
+
+    def __post_init__(self):
+        check_positive_ints(self)
+        if self.num_v_heads % self.num_k_heads:
+            raise SpecError(f"linear_num_value_heads {self.num_v_heads} is not a multiple of linear_num_key_heads {self.num_k_heads}")
+        if self.conv_kernel < 2:
+            raise SpecError(f"linear_conv_kernel_dim must be at least 2, got {self.conv_kernel}")
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.k_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.v_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def ops(self) -> frozenset[str]:
+        return frozenset({"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "gdn_core", "gated_norm", "out_proj"})
+
+    def projections(self, hidden_size: int) -> dict[str, tuple[int, int]]:
+        return {"in_proj_qkv": (self.conv_dim, hidden_size), "in_proj_z": (self.value_dim, hidden_size),
+                "in_proj_b": (self.num_v_heads, hidden_size), "in_proj_a": (self.num_v_heads, hidden_size),
+                "out_proj": (hidden_size, self.value_dim)}
+
+    def norm_widths(self) -> dict[str, int]:
+        return {"gated_norm": self.v_head_dim}
+
+    def state(self) -> RecurrentState:
+        return RecurrentState(self.num_v_heads, self.k_head_dim, self.v_head_dim, self.conv_dim, self.conv_kernel)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -247,6 +321,8 @@ class ModelSpec:
     tie_word_embeddings: bool
     dtype: str = "bfloat16"
     eos_token_id: int | None = None
+    # Every RMSNorm but the gated one scales by (1 + w) (Qwen3-Next / Qwen3.5's zero-centred weights).
+    zero_centered_norms: bool = False
     # What the family needs to write config.json back (`Family.to_hf_config`), beyond these fields.
     extra: tuple[tuple[str, object], ...] = field(default=())
 
@@ -301,6 +377,11 @@ class ModelSpec:
     def attention(self) -> list[AttentionSpec]:
         """The distinct `gqa` mixers of the model, in layer order."""
         return list(dict.fromkeys(layer.mixer for layer in self.layers if isinstance(layer.mixer, AttentionSpec)))
+
+    @property
+    def gdn(self) -> list[GDNSpec]:
+        """The distinct `gdn` mixers of the model, in layer order."""
+        return list(dict.fromkeys(layer.mixer for layer in self.layers if isinstance(layer.mixer, GDNSpec)))
 
     @property
     def mla(self) -> list[MLASpec]:

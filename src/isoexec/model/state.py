@@ -1,15 +1,16 @@
 """Where each layer's state lives: the engine allocates it from the layers' declarations.
 
-A layer declares what it keeps per token in the engine (`LayerSpec.state()`: `KVPages` for a `gqa`
-layer, `LatentPages` for an `mla` layer, None for a layer that keeps nothing); `allocate` builds one
-store per declaring layer over the engine's slots. In a trainer forward the packed batch's own rows are
-the store (`PackedKV`).
+A layer declares what it keeps in the engine (`LayerSpec.state()`: `KVPages` for a `gqa` layer and
+`LatentPages` for an `mla` layer, per token; `RecurrentState` for a `gdn` layer, per sequence; None for a
+layer that keeps nothing); `allocate` builds one store per declaring layer, over the engine's token slots
+or its sequence slots. In a trainer forward the packed batch's own rows are the store (`PackedKV`), and a
+recurrent layer starts every sequence from a zero state.
 """
 
 import torch
 from torch import Tensor
 
-from .spec import KVPages, LatentPages, ModelSpec
+from .spec import KVPages, LatentPages, ModelSpec, RecurrentState
 
 
 class PackedKV:
@@ -56,9 +57,31 @@ class PagedLatent:
         self.rows.fill_(float("nan"))
 
 
-def allocate(spec: ModelSpec, num_slots: int, dtype: torch.dtype, device: torch.device) -> tuple:
+class RecurrentSlots:
+    """One `gdn` layer's state per sequence slot (`batch.state_ids` names each token's): conv [N, W - 1, D]
+    in the model dtype, the fp32 state at each open chunk's start [N, Hv, Dk, Dv] and the open chunk's
+    rows [N, C, Hv, 2 Dk + 2 Dv + 1] fp32 (ops/gdn/). A sequence at position 0 starts from zeros whatever
+    its slot holds, so a slot is reused without clearing."""
+
+    def __init__(self, declared: RecurrentState, num_sequences: int, chunk_size: int, dtype: torch.dtype, device: torch.device):
+        nan = float("nan")
+        width = 2 * declared.k_head_dim + 2 * declared.v_head_dim + 1
+        self.conv = torch.full((num_sequences, declared.conv_kernel - 1, declared.conv_dim), nan, dtype=dtype, device=device)
+        self.state = torch.full((num_sequences, declared.num_v_heads, declared.k_head_dim, declared.v_head_dim), nan, dtype=torch.float32,
+                                device=device)
+        self.rows = torch.full((num_sequences, chunk_size, declared.num_v_heads, width), nan, dtype=torch.float32, device=device)
+
+    def poison(self) -> None:
+        for t in (self.conv, self.state, self.rows):
+            t.fill_(float("nan"))
+
+
+def allocate(spec: ModelSpec, num_slots: int, dtype: torch.dtype, device: torch.device, num_sequences: int = 0,
+             chunk_size: int | None = None) -> tuple:
     """One store per layer, in layer order (None for a layer that declares no state), NaN-filled so a
-    read of a slot no forward has written poisons the row instead of passing silently."""
+    read of a slot no forward has written poisons the row instead of passing silently: token-slot stores
+    of `num_slots`, sequence-slot stores of `num_sequences` (recurrent layers, whose open chunks hold
+    `chunk_size` rows, the contract's)."""
     stores = []
     for layer in spec.layers:
         declared = layer.state()
@@ -69,6 +92,10 @@ def allocate(spec: ModelSpec, num_slots: int, dtype: torch.dtype, device: torch.
             stores.append(PagedKV(k, torch.full_like(k, float("nan"))))
         elif isinstance(declared, LatentPages):
             stores.append(PagedLatent(torch.full((num_slots, declared.width), float("nan"), dtype=dtype, device=device)))
+        elif isinstance(declared, RecurrentState):
+            if num_sequences < 1 or chunk_size is None:
+                raise ValueError("a recurrent (gdn) layer keeps its state per sequence: allocate needs num_sequences and the contract's chunk_size")
+            stores.append(RecurrentSlots(declared, num_sequences, chunk_size, dtype, device))
         else:
             raise ValueError(f"the engine cannot allocate state {type(declared).__name__} yet")
     return tuple(stores)

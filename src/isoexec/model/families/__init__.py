@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from ..spec import ModelSpec, SpecError
-from . import deepseek_v3, dense, glm4_moe_lite, qwen3_moe
+from . import deepseek_v3, dense, glm4_moe_lite, qwen3_5, qwen3_moe
 from .family import Family
 
 FAMILIES: dict[str, Family] = {}
@@ -34,6 +34,7 @@ register_family(dense.FAMILY)
 register_family(qwen3_moe.FAMILY)
 register_family(deepseek_v3.FAMILY)
 register_family(glm4_moe_lite.FAMILY)
+register_family(qwen3_5.FAMILY)
 
 
 def family_of(spec: ModelSpec) -> Family:

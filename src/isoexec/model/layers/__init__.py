@@ -7,12 +7,13 @@ registers its class here, or from outside with `register_mixer` / `register_ffn`
 """
 
 from .attention import Attention
+from .gdn import GatedDeltaNet
 from .mla import MLAttention
 from .mlp import MLP
 from .moe import MoE
 from .params import Embedding, Linear, Norm
 
-MIXERS: dict[str, type] = {"gqa": Attention, "mla": MLAttention}
+MIXERS: dict[str, type] = {"gqa": Attention, "mla": MLAttention, "gdn": GatedDeltaNet}
 FFNS: dict[str, type] = {"mlp": MLP, "moe": MoE}
 
 
@@ -28,4 +29,4 @@ def register_ffn(kind: str, cls: type) -> None:
     FFNS[kind] = cls
 
 
-__all__ = ["FFNS", "MIXERS", "MLP", "Attention", "MLAttention", "MoE", "Embedding", "Linear", "Norm", "register_ffn", "register_mixer"]
+__all__ = ["FFNS", "MIXERS", "MLP", "Attention", "GatedDeltaNet", "MLAttention", "MoE", "Embedding", "Linear", "Norm", "register_ffn", "register_mixer"]

@@ -20,7 +20,7 @@ class Attention(nn.Module):
         super().__init__()
         self.layer, self.spec, self.eps, self.max_position = layer, spec, eps, max_position
         q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-        self.q_proj = Linear(hidden_size, q, spec.qkv_bias, dtype)
+        self.q_proj = Linear(hidden_size, q * (2 if spec.output_gate else 1), spec.qkv_bias, dtype)
         self.k_proj = Linear(hidden_size, kv, spec.qkv_bias, dtype)
         self.v_proj = Linear(hidden_size, kv, spec.qkv_bias, dtype)
         self.o_proj = Linear(q, hidden_size, spec.o_bias, dtype)
@@ -32,15 +32,21 @@ class Attention(nn.Module):
         s = current_step()
         ops, spec, batch = s.ops, self.spec, s.batch
         num_tokens, head_dim = x.shape[0], spec.head_dim
-        q = ops["q_proj"](x, self.q_proj.weight, self.q_proj.bias).unflatten(1, (-1, head_dim))  # [T, H, D]
+        q = ops["q_proj"](x, self.q_proj.weight, self.q_proj.bias).unflatten(1, (-1, head_dim))  # [T, H, D] ([T, 2H, D] gated)
+        if spec.output_gate:  # per head: query, then gate
+            q, gate = q.unflatten(1, (-1, 2)).unbind(2)
         k = ops["k_proj"](x, self.k_proj.weight, self.k_proj.bias).unflatten(1, (-1, head_dim))  # [T, Hkv, D]
         v = ops["v_proj"](x, self.v_proj.weight, self.v_proj.bias).unflatten(1, (-1, head_dim))
         if spec.qk_norm:
-            q = ops["q_norm"](q, self.q_norm.weight, self.eps)
-            k = ops["k_norm"](k, self.k_norm.weight, self.eps)
-        q = ops["rotary_emb"](q, positions, spec.rope_theta, self.max_position)
-        k = ops["rotary_emb"](k, positions, spec.rope_theta, self.max_position)
+            centred = (True,) if spec.zero_centered_qk_norm else ()
+            q = ops["q_norm"](q, self.q_norm.weight, self.eps, *centred)
+            k = ops["k_norm"](k, self.k_norm.weight, self.eps, *centred)
+        rotary = () if spec.rotary_dim is None else (spec.rotary_dim,)
+        q = ops["rotary_emb"](q, positions, spec.rope_theta, self.max_position, *rotary)
+        k = ops["rotary_emb"](k, positions, spec.rope_theta, self.max_position, *rotary)
         k_store, v_store = s.state[self.layer].store(k, v, batch.write_slots)
         out = ops["self_attn"](q, k_store, v_store, batch.slot_table, batch.seq_ids, positions, head_dim**-0.5,
-                               packed_len=batch.packed_len)  # [T, H, D]
-        return ops["o_proj"](out.reshape(num_tokens, -1), self.o_proj.weight, self.o_proj.bias)
+                               packed_len=batch.packed_len).reshape(num_tokens, -1)  # [T, H D]
+        if spec.output_gate:
+            out = ops["attn_gate"](out, gate.reshape(num_tokens, -1))
+        return ops["o_proj"](out, self.o_proj.weight, self.o_proj.bias)

@@ -1,0 +1,143 @@
+"""The Qwen3.5 hybrid family (Gated DeltaNet + gated full attention): parity with transformers' own torch
+path on tiny configs (value heads > key heads, sequences over several 64-token chunks), the config read
+back from what it writes, a multimodal checkpoint read for its language model, bad configs refused in one
+line, and the engine (prefill chunks cut anywhere, decode from every offset of a chunk, preemption, the
+per-sequence state in its slots) bitwise the trainer's under tiny-hybrid, with native's two forms visibly not."""
+
+import dataclasses
+import json
+import logging
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import bitwise_equal, preset_dict
+from isoexec.audit import all_equal, run_audit
+from isoexec.contract import Contract, fit_contract, load_preset
+from isoexec.model import PRESETS, SpecError, from_hf_config, init_random, load, save
+
+transformers = pytest.importorskip("transformers")
+
+
+def _spec(dtype="float32", **config_changes):
+    config = {**PRESETS["tiny-hybrid"].to_hf_config(), "torch_dtype": dtype, **config_changes}
+    return from_hf_config(config)
+
+
+@pytest.mark.parametrize("dtype, changes", [
+    ("float32", {}),
+    ("bfloat16", {}),
+    # two full-attention layers, 8 value heads on 2 key heads, full rotary, a conv of 3
+    ("float32", dict(layer_types=["full_attention", "linear_attention", "linear_attention", "full_attention"], linear_num_value_heads=8,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}, linear_conv_kernel_dim=3)),
+])
+def test_parity_with_transformers(tmp_path, dtype, changes):
+    """transformers' Gated DeltaNet runs its own torch functions (the report says which were pinned);
+    note that it computes the delta rule in float32 even in its float64 reference run."""
+    from isoexec import parity
+
+    spec = _spec(dtype, **changes)
+    directory = save(init_random(spec, seed=0), tmp_path / "ckpt")
+    report = parity.compare(directory, dtype, num_sequences=3, seq_len=150)
+    assert report["architecture"] == "Qwen3_5ForCausalLM" and report["contract"] == "tiny-hybrid"
+    assert "torch_chunk_gated_delta_rule" in report["transformers_path"]
+    assert report["passed"], report
+
+
+def test_the_config_reads_back_as_the_same_spec():
+    spec = PRESETS["tiny-hybrid"]
+    assert from_hf_config(json.loads(json.dumps(spec.to_hf_config()))) == spec
+    kinds = [layer.mixer.kind for layer in spec.layers]
+    assert kinds == ["gdn", "gdn", "gdn", "gqa"] and spec.zero_centered_norms
+
+
+def test_a_multimodal_checkpoint_is_read_for_its_language_model(tmp_path, caplog):
+    spec = _spec()
+    model = init_random(spec, seed=2)
+    text = save(model, tmp_path / "text")
+    tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v for k, v in load_file(text / "model.safetensors").items()}
+    tensors["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 3)
+    tensors["mtp.fc.weight"] = torch.zeros(2, 2)
+    multimodal = tmp_path / "multimodal"
+    multimodal.mkdir()
+    save_file(tensors, str(multimodal / "model.safetensors"))
+    text_config = json.loads((text / "config.json").read_text())
+    config = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "text_config": text_config,
+              "vision_config": {"depth": 1}, "tie_word_embeddings": spec.tie_word_embeddings}
+    (multimodal / "config.json").write_text(json.dumps(config))
+    with caplog.at_level(logging.WARNING):
+        loaded = load(multimodal)
+    assert "ignored 2 checkpoint tensors" in caplog.text
+    for (name, ours), (_, theirs) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert bitwise_equal(ours, theirs), name
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(layer_types=["linear_attention", "sliding_attention", "linear_attention", "full_attention"]), "layer_types must list 4 of"),
+    (dict(linear_num_value_heads=3), "not a multiple of linear_num_key_heads"),
+    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}), "rope type 'yarn' is not supported"),
+    (dict(hidden_act="gelu"), "hidden_act 'gelu' is not supported"),
+])
+def test_bad_configs_are_refused_in_one_line(changes, message):
+    with pytest.raises(SpecError, match=message):
+        _spec(**changes)
+
+
+def _contract(name: str, chunk_size: int, claim_graphs: bool = False) -> Contract:
+    """`name` (tiny-hybrid or native) with gdn.core's chunks of `chunk_size`: short generations then cross
+    several chunk boundaries and decode from every offset of a chunk. `claim_graphs`: it claims its bits
+    under padded (CUDA-graph) decode too, which the test then checks."""
+    data = preset_dict(name)
+    if claim_graphs:
+        data["claims"]["state"]["cuda_graphs"] = True
+    entry = next(e for e in data["composition"] if e["region"] == "gdn.core")
+    entry["constants"]["chunk_size"] = chunk_size
+    data["name"] = f"{name}-chunks-of-{chunk_size}"
+    return Contract.from_dict(data)
+
+
+def test_audit_is_bitwise_under_tiny_hybrid_and_native_gdn_is_not(caplog):
+    """8 requests of 8 new tokens over prompts of up to ~37 tokens, in chunks of 8: every sampled token's
+    row, in prefill chunks that end mid-chunk and decode steps at every offset, is the trainer's bits."""
+    spec = PRESETS["tiny-hybrid"]
+    model = init_random(spec, seed=0)
+    report = run_audit(model, fit_contract(_contract("tiny-hybrid", 8), spec), requests=8, max_new_tokens=8, progress=False)
+    assert all_equal(report) and report["tokens"] == 64
+    control = run_audit(model, fit_contract(_contract("native", 8), spec), requests=8, max_new_tokens=8, progress=False)
+    assert not all_equal(control)
+    assert "prefix caching is off for Qwen3_5ForCausalLM" in caplog.text  # native's deployment asks for it
+
+
+def test_a_sequence_slot_is_reused_without_clearing():
+    """Two generate calls through one engine: the second's sequences land in slots the first left
+    holding state, and their rows are still the trainer's (a sequence at position 0 starts from zeros)."""
+    from isoexec.engine import EngineConfig, LLMEngine, SamplingParams
+
+    spec = PRESETS["tiny-hybrid"]
+    model = init_random(spec, seed=1)
+    contract = fit_contract(_contract("tiny-hybrid", 8), spec)
+    engine = LLMEngine(model, contract, EngineConfig.from_contract(contract, num_pages=32, max_num_seqs=2))
+    prompts = [[5, 6, 7] * 4, [9] * 11, [3, 1] * 5]
+    first = engine.generate(prompts, SamplingParams(max_tokens=6, temperature=1.0), progress=False)
+    engine.runner.reset = lambda: None  # keep the slots' state across calls: the second call must not need it cleared
+    second = engine.generate(prompts, SamplingParams(max_tokens=6, temperature=1.0), progress=False)
+    for a, b in zip(first, second):
+        assert a.token_ids == b.token_ids and bitwise_equal(a.logprobs, b.logprobs)
+
+
+def test_padded_decode_steps_leave_the_rows_unchanged():
+    """Decode padded to its bucket (graphs.py's forward, eager on a CPU): the padded rows run in sequence
+    slots of their own, so the real rows and tokens are those of unpadded decode, bit for bit."""
+    from isoexec.engine import EngineConfig, LLMEngine, SamplingParams
+
+    spec = PRESETS["tiny-hybrid"]
+    model = init_random(spec, seed=2)
+    contract = fit_contract(_contract("tiny-hybrid", 8, claim_graphs=True), spec)
+    prompts = [[5, 6, 7] * 4, [9] * 11, [3, 1] * 5]
+    outs = []
+    for graphs in (False, True):
+        config = EngineConfig.from_contract(contract, num_pages=32, max_num_seqs=4, cuda_graphs=graphs)
+        outs.append(LLMEngine(model, contract, config).generate(prompts, SamplingParams(max_tokens=10, temperature=1.0), progress=False))
+    for eager, padded in zip(*outs):
+        assert eager.token_ids == padded.token_ids and bitwise_equal(eager.logprobs, padded.logprobs)
