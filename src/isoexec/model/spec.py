@@ -260,6 +260,9 @@ class MoESpec:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     shared_intermediate_size: int | None = None
+    # Qwen3-Next / Qwen3.5-MoE: one shared expert (`shared_expert`) whose output is scaled by
+    # sigmoid(shared_expert_gate(x)) before the combine adds it; DeepSeek's `shared_experts` are ungated.
+    shared_gate: bool = False
 
     def __post_init__(self):
         check_positive_ints(self)
@@ -278,18 +281,22 @@ class MoESpec:
         shared = self.shared_intermediate_size
         if shared is not None and (not isinstance(shared, int) or isinstance(shared, bool) or shared < 1):
             raise SpecError(f"shared experts' width: expected a positive int, got {shared!r}")
+        if self.shared_gate and shared is None:
+            raise SpecError("a gated shared expert needs its width (shared_expert_intermediate_size)")
 
     @property
     def ops(self) -> frozenset[str]:
         shared = {"gate_proj", "up_proj", "down_proj", "silu_mul"} if self.shared_intermediate_size else set()
-        return frozenset({"router", "experts", "combine"} | shared)
+        gated = {"shared_expert_gate", "shared_gate"} if self.shared_gate else set()
+        return frozenset({"router", "experts", "combine"} | shared | gated)
 
     def projections(self, hidden_size: int) -> dict[str, tuple[int, int]]:
         # The gate and the experts' GEMMs are the MoE regions' own (their tables in ops/moe/tuning.py).
         if not self.shared_intermediate_size:
             return {}
         i = self.shared_intermediate_size
-        return {"gate_proj": (i, hidden_size), "up_proj": (i, hidden_size), "down_proj": (hidden_size, i)}
+        gate = {"shared_expert_gate": (1, hidden_size)} if self.shared_gate else {}
+        return {"gate_proj": (i, hidden_size), "up_proj": (i, hidden_size), "down_proj": (hidden_size, i), **gate}
 
     def norm_widths(self) -> dict[str, int]:
         return {}

@@ -38,6 +38,7 @@ def save(model: Decoder, directory: str | Path) -> Path:
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if model.spec.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
+    tensors = family_of(model.spec).export(tensors, model.spec)
     save_file(tensors, str(directory / "model.safetensors"))
     return directory
 

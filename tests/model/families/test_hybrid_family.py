@@ -1,4 +1,4 @@
-"""The Qwen3.5 hybrid family (Gated DeltaNet + gated full attention): parity with transformers' own torch
+"""The hybrid families (Qwen3.5, Qwen3.5-MoE, Qwen3-Next: Gated DeltaNet + gated full attention): parity with transformers' own torch
 path on tiny configs (value heads > key heads, sequences over several 64-token chunks), the config read
 back from what it writes, a multimodal checkpoint read for its language model, bad configs refused in one
 line, and the engine (prefill chunks cut anywhere, decode from every offset of a chunk, preemption, the
@@ -20,33 +20,40 @@ from isoexec.model import PRESETS, SpecError, from_hf_config, init_random, load,
 transformers = pytest.importorskip("transformers")
 
 
-def _spec(dtype="float32", **config_changes):
-    config = {**PRESETS["tiny-hybrid"].to_hf_config(), "torch_dtype": dtype, **config_changes}
+def _spec(dtype="float32", preset="tiny-hybrid", **config_changes):
+    config = {**PRESETS[preset].to_hf_config(), "torch_dtype": dtype, **config_changes}
     return from_hf_config(config)
 
 
-@pytest.mark.parametrize("dtype, changes", [
-    ("float32", {}),
-    ("bfloat16", {}),
+@pytest.mark.parametrize("preset, dtype, changes", [
+    ("tiny-hybrid", "float32", {}),
+    ("tiny-hybrid", "bfloat16", {}),
     # two full-attention layers, 8 value heads on 2 key heads, full rotary, a conv of 3
-    ("float32", dict(layer_types=["full_attention", "linear_attention", "linear_attention", "full_attention"], linear_num_value_heads=8,
-                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}, linear_conv_kernel_dim=3)),
+    ("tiny-hybrid", "float32", dict(layer_types=["full_attention", "linear_attention", "linear_attention", "full_attention"],
+                                    linear_num_value_heads=8, linear_conv_kernel_dim=3,
+                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0})),
+    ("tiny-hybrid-moe", "float32", {}),
+    ("tiny-hybrid-moe", "float32", dict(num_experts=5, num_experts_per_tok=3, linear_num_value_heads=6, linear_num_key_heads=3)),
+    # Qwen3-Next: in_proj_qkvz / in_proj_ba fused per key head (3 value heads each), dense layers 0 and 2
+    ("tiny-qwen3-next", "float32", dict(linear_num_value_heads=6, linear_num_key_heads=2, mlp_only_layers=[0], decoder_sparse_step=2)),
+    ("tiny-qwen3-next", "bfloat16", {}),
 ])
-def test_parity_with_transformers(tmp_path, dtype, changes):
-    """transformers' Gated DeltaNet runs its own torch functions (the report says which were pinned);
-    note that it computes the delta rule in float32 even in its float64 reference run."""
+def test_parity_with_transformers(tmp_path, preset, dtype, changes):
+    """transformers' Gated DeltaNet runs its own torch functions (the report says which were pinned), and
+    its float64 reference run keeps float64 where the modeling code casts to float32 by name."""
     from isoexec import parity
 
-    spec = _spec(dtype, **changes)
+    spec = _spec(dtype, preset, **changes)
     directory = save(init_random(spec, seed=0), tmp_path / "ckpt")
     report = parity.compare(directory, dtype, num_sequences=3, seq_len=150)
-    assert report["architecture"] == "Qwen3_5ForCausalLM" and report["contract"] == "tiny-hybrid"
+    assert report["architecture"] == spec.architecture and report["contract"] == "tiny-hybrid"
     assert "torch_chunk_gated_delta_rule" in report["transformers_path"]
     assert report["passed"], report
 
 
-def test_the_config_reads_back_as_the_same_spec():
-    spec = PRESETS["tiny-hybrid"]
+@pytest.mark.parametrize("preset", ["tiny-hybrid", "tiny-hybrid-moe", "tiny-qwen3-next"])
+def test_the_config_reads_back_as_the_same_spec(preset):
+    spec = PRESETS[preset]
     assert from_hf_config(json.loads(json.dumps(spec.to_hf_config()))) == spec
     kinds = [layer.mixer.kind for layer in spec.layers]
     assert kinds == ["gdn", "gdn", "gdn", "gqa"] and spec.zero_centered_norms
@@ -97,16 +104,17 @@ def _contract(name: str, chunk_size: int, claim_graphs: bool = False) -> Contrac
     return Contract.from_dict(data)
 
 
-def test_audit_is_bitwise_under_tiny_hybrid_and_native_gdn_is_not(caplog):
+@pytest.mark.parametrize("preset", ["tiny-hybrid", "tiny-hybrid-moe", "tiny-qwen3-next"])
+def test_audit_is_bitwise_under_tiny_hybrid_and_native_gdn_is_not(caplog, preset):
     """8 requests of 8 new tokens over prompts of up to ~37 tokens, in chunks of 8: every sampled token's
     row, in prefill chunks that end mid-chunk and decode steps at every offset, is the trainer's bits."""
-    spec = PRESETS["tiny-hybrid"]
+    spec = PRESETS[preset]
     model = init_random(spec, seed=0)
     report = run_audit(model, fit_contract(_contract("tiny-hybrid", 8), spec), requests=8, max_new_tokens=8, progress=False)
     assert all_equal(report) and report["tokens"] == 64
     control = run_audit(model, fit_contract(_contract("native", 8), spec), requests=8, max_new_tokens=8, progress=False)
     assert not all_equal(control)
-    assert "prefix caching is off for Qwen3_5ForCausalLM" in caplog.text  # native's deployment asks for it
+    assert f"prefix caching is off for {spec.architecture}" in caplog.text  # native's deployment asks for it
 
 
 def test_a_sequence_slot_is_reused_without_clearing():
@@ -141,3 +149,15 @@ def test_padded_decode_steps_leave_the_rows_unchanged():
         outs.append(LLMEngine(model, contract, config).generate(prompts, SamplingParams(max_tokens=10, temperature=1.0), progress=False))
     for eager, padded in zip(*outs):
         assert eager.token_ids == padded.token_ids and bitwise_equal(eager.logprobs, padded.logprobs)
+
+
+def test_qwen3_next_projections_split_and_fuse_back_exactly():
+    """The fused per-key-head layout -> the layer's four projections -> fused again: the same bits."""
+    from isoexec.model.families import qwen3_next
+
+    spec = PRESETS["tiny-qwen3-next"]
+    ours = {k: v for k, v in init_random(spec, seed=4).state_dict().items() if "linear_attn.in_proj" in k}
+    fused = qwen3_next.fuse_projections(ours, spec)
+    assert not any("in_proj_qkv." in k for k in fused) and any("in_proj_qkvz" in k for k in fused)
+    back = qwen3_next.split_projections(fused, spec)
+    assert back.keys() == ours.keys() and all(bitwise_equal(back[k], ours[k]) for k in ours)

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from ..spec import ModelSpec, SpecError
-from . import deepseek_v3, dense, glm4_moe_lite, qwen3_5, qwen3_moe
+from . import deepseek_v3, dense, glm4_moe_lite, qwen3_5, qwen3_5_moe, qwen3_moe, qwen3_next
 from .family import Family
 
 FAMILIES: dict[str, Family] = {}
@@ -35,6 +35,8 @@ register_family(qwen3_moe.FAMILY)
 register_family(deepseek_v3.FAMILY)
 register_family(glm4_moe_lite.FAMILY)
 register_family(qwen3_5.FAMILY)
+register_family(qwen3_5_moe.FAMILY)
+register_family(qwen3_next.FAMILY)
 
 
 def family_of(spec: ModelSpec) -> Family:

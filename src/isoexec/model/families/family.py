@@ -19,6 +19,8 @@ class Family:
     ignored_prefixes: Callable[[ModelSpec], tuple[str, ...]] = lambda spec: ()
     # The checkpoint's tensors -> the modules' names and layout, for checkpoints that name, split or fuse differently.
     adapt: Callable[[dict, ModelSpec], dict] = lambda tensors, spec: tensors
+    # The inverse, where `save` must write the checkpoint's layout rather than the modules' (fused projections).
+    export: Callable[[dict, ModelSpec], dict] = lambda tensors, spec: tensors
 
 
 def config_reader(config: dict, source: str):

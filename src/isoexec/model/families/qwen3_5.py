@@ -17,14 +17,14 @@ LAYER_TYPES = ("linear_attention", "full_attention")
 LANGUAGE_MODEL = "model.language_model."
 
 
-def text_config(config: dict, source: str) -> dict:
+def text_config(config: dict, source: str, multimodal: str = MULTIMODAL) -> dict:
     """The language model's config: `config` itself, or a multimodal checkpoint's `text_config`."""
-    if config["architectures"][0] != MULTIMODAL:
+    if config["architectures"][0] != multimodal:
         return config
     text = config.get("text_config")
     if not isinstance(text, dict):
-        raise SpecError(f"{source}: {MULTIMODAL} without a text_config")
-    return {**text, "architectures": [MULTIMODAL], "tie_word_embeddings": config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))}
+        raise SpecError(f"{source}: {multimodal} without a text_config")
+    return {**text, "architectures": [multimodal], "tie_word_embeddings": config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))}
 
 
 def hybrid_layers(config: dict, source: str, ffn_of) -> tuple[LayerSpec, ...]:
@@ -59,11 +59,12 @@ def hybrid_layers(config: dict, source: str, ffn_of) -> tuple[LayerSpec, ...]:
     return tuple(LayerSpec(gdn if kind == "linear_attention" else attention, ffn_of(i)) for i, kind in enumerate(types))
 
 
-def hybrid_spec(config: dict, source: str, family: str, architecture: str, layers: tuple[LayerSpec, ...]) -> ModelSpec:
+def hybrid_spec(config: dict, source: str, family: str, architecture: str, layers: tuple[LayerSpec, ...],
+                multimodal: str = MULTIMODAL) -> ModelSpec:
     get = config_reader(config, source)
     dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
     eos = config.get("eos_token_id")
-    extra = (("multimodal", config["architectures"][0] == MULTIMODAL),)
+    extra = (("multimodal", config["architectures"][0] == multimodal),)
     return ModelSpec(family=family, architecture=architecture, vocab_size=get("vocab_size"), hidden_size=get("hidden_size"), layers=layers,
                      rms_norm_eps=float(get("rms_norm_eps", 1e-6)), max_position_embeddings=get("max_position_embeddings"),
                      tie_word_embeddings=bool(config.get("tie_word_embeddings", False)), dtype=dtype if dtype in ("float32", "bfloat16") else "bfloat16",
@@ -109,14 +110,15 @@ def ignored(spec: ModelSpec) -> tuple[str, ...]:
     return ("model.visual.", "mtp.") if dict(spec.extra).get("multimodal") else ("mtp.",)
 
 
+TINY_CONFIG = dict(architectures=[ARCHITECTURE], vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=2048,
+                   tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "partial_rotary_factor": 0.5},
+                   linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+                   layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"])
+
+
 def _tiny(**changes) -> ModelSpec:
-    config = dict(architectures=[ARCHITECTURE], vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=2048,
-                  tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "partial_rotary_factor": 0.5},
-                  linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
-                  layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"])
-    config.update(changes)
-    return from_config(config, "preset")
+    return from_config({**TINY_CONFIG, **changes}, "preset")
 
 
 FAMILY = Family(
@@ -130,5 +132,12 @@ FAMILY = Family(
     presets={
         # Four layers (three Gated DeltaNet, one gated full attention), 4 value heads on 2 key heads: fast on a CPU.
         "tiny-hybrid": _tiny(),
+        # Qwen3.5-9B's layer shapes (transformers' Qwen3_5TextConfig defaults: hidden 4096, 16 heads / 4 KV heads of
+        # 256, rotary on a quarter, GDN 16 key / 32 value heads of 128, MLP 12288, vocabulary 248,320) with random
+        # weights and 4 layers (3 GDN, 1 full attention), for the GPU.
+        "qwen3.5-9b-4l-random": _tiny(vocab_size=248_320, hidden_size=4096, intermediate_size=12_288, num_attention_heads=16,
+                                      num_key_value_heads=4, head_dim=256, max_position_embeddings=32_768, tie_word_embeddings=False,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
+                                      linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128),
     },
 )

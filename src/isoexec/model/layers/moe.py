@@ -3,7 +3,8 @@
 Parameters follow transformers 5's layout: `gate.weight` [E, H], and the experts fused,
 `experts.gate_up_proj` [E, 2I, H] (gate rows first) and `experts.down_proj` [E, H, I]. DeepSeek-V3 / GLM
 add `gate.e_score_correction_bias` [E], kept in float32 as their checkpoints store it, and
-`shared_experts` (an `mlp` of the shared width, run by the dense ops; the combine adds its output).
+`shared_experts` (an `mlp` of the shared width, run by the dense ops; the combine adds its output);
+Qwen3-Next / Qwen3.5-MoE one `shared_expert` scaled by sigmoid(`shared_expert_gate`(x)) (`shared_gate`).
 
 When the step carries a routing buffer (`Step.routing`), the layer copies its expert ids into its
 column: a device copy, so a captured CUDA graph records them too.
@@ -15,6 +16,7 @@ from torch import Tensor, nn
 from ..context import current_step
 from ..spec import MLPSpec, MoESpec
 from .mlp import MLP
+from .params import Linear
 
 
 class Router(nn.Module):
@@ -42,8 +44,12 @@ class MoE(nn.Module):
         self.spec, self.layer = spec, layer
         self.gate = Router(spec.num_experts, hidden_size, spec.score_bias, dtype)
         self.experts = Experts(spec, hidden_size, dtype)
-        if spec.shared_intermediate_size:
-            self.shared_experts = MLP(MLPSpec(intermediate_size=spec.shared_intermediate_size), layer, hidden_size, dtype)
+        shared = MLP(MLPSpec(intermediate_size=spec.shared_intermediate_size), layer, hidden_size, dtype) if spec.shared_intermediate_size else None
+        if spec.shared_gate:  # Qwen3-Next / Qwen3.5-MoE's names
+            self.shared_expert = shared
+            self.shared_expert_gate = Linear(hidden_size, 1, False, dtype)
+        elif shared is not None:
+            self.shared_experts = shared
 
     def forward(self, x: Tensor) -> Tensor:
         current, spec = current_step(), self.spec
@@ -53,5 +59,11 @@ class MoE(nn.Module):
         if current.routing is not None:
             current.routing[:, self.layer, : spec.top_k].copy_(ids)
         routed = ops["experts"](x, ids, self.experts.gate_up_proj, self.experts.down_proj)  # [T, k, H]
-        shared = self.shared_experts(x) if spec.shared_intermediate_size else None
+        shared = None
+        if spec.shared_gate:
+            gate = ops["shared_expert_gate"](x, self.shared_expert_gate.weight)  # [T, 1]
+            out = self.shared_expert(x)
+            shared = ops["shared_gate"](out, gate.expand_as(out))
+        elif spec.shared_intermediate_size:
+            shared = self.shared_experts(x)
         return ops["combine"](routed, weights, ids, shared)
