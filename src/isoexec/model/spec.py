@@ -260,8 +260,8 @@ class MoESpec:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     shared_intermediate_size: int | None = None
-    # Qwen3-Next / Qwen3.5-MoE: one shared expert (`shared_expert`) whose output is scaled by
-    # sigmoid(shared_expert_gate(x)) before the combine adds it; DeepSeek's `shared_experts` are ungated.
+    # Qwen3-Next / Qwen3.5-MoE: one shared expert (`shared_expert`) whose output the combine scales by
+    # sigmoid(shared_expert_gate(x)) before adding it; DeepSeek's `shared_experts` are ungated.
     shared_gate: bool = False
 
     def __post_init__(self):
@@ -287,7 +287,7 @@ class MoESpec:
     @property
     def ops(self) -> frozenset[str]:
         shared = {"gate_proj", "up_proj", "down_proj", "silu_mul"} if self.shared_intermediate_size else set()
-        gated = {"shared_expert_gate", "shared_gate"} if self.shared_gate else set()
+        gated = {"shared_expert_gate"} if self.shared_gate else set()
         return frozenset({"router", "experts", "combine"} | shared | gated)
 
     def projections(self, hidden_size: int) -> dict[str, tuple[int, int]]:

@@ -4,7 +4,7 @@ Parameters follow transformers 5's layout: `gate.weight` [E, H], and the experts
 `experts.gate_up_proj` [E, 2I, H] (gate rows first) and `experts.down_proj` [E, H, I]. DeepSeek-V3 / GLM
 add `gate.e_score_correction_bias` [E], kept in float32 as their checkpoints store it, and
 `shared_experts` (an `mlp` of the shared width, run by the dense ops; the combine adds its output);
-Qwen3-Next / Qwen3.5-MoE one `shared_expert` scaled by sigmoid(`shared_expert_gate`(x)) (`shared_gate`).
+Qwen3-Next / Qwen3.5-MoE one `shared_expert`, which the combine scales by sigmoid(`shared_expert_gate`(x)).
 
 When the step carries a routing buffer (`Step.routing`), the layer copies its expert ids into its
 column: a device copy, so a captured CUDA graph records them too.
@@ -59,11 +59,9 @@ class MoE(nn.Module):
         if current.routing is not None:
             current.routing[:, self.layer, : spec.top_k].copy_(ids)
         routed = ops["experts"](x, ids, self.experts.gate_up_proj, self.experts.down_proj)  # [T, k, H]
-        shared = None
-        if spec.shared_gate:
-            gate = ops["shared_expert_gate"](x, self.shared_expert_gate.weight)  # [T, 1]
-            out = self.shared_expert(x)
-            shared = ops["shared_gate"](out, gate.expand_as(out))
+        shared = gate = None
+        if spec.shared_gate:  # the combine scales the shared output by sigmoid(gate) in fp32
+            shared, gate = self.shared_expert(x), ops["shared_expert_gate"](x, self.shared_expert_gate.weight)  # [T, H], [T, 1]
         elif spec.shared_intermediate_size:
             shared = self.shared_experts(x)
-        return ops["combine"](routed, weights, ids, shared)
+        return ops["combine"](routed, weights, ids, shared, gate)

@@ -1,5 +1,4 @@
-"""`activation.gate`: x · sigmoid(g), the output gate of Qwen3-Next / Qwen3.5's full attention (and of
-Qwen3.5-MoE's shared expert). `reference` writes sigmoid from exp, add and divide in the compute dtype
+"""`activation.gate`: x · sigmoid(g), the output gate of Qwen3-Next / Qwen3.5's full attention. `reference` writes sigmoid from exp, add and divide in the compute dtype
 with one rounding (torch.sigmoid is not batch-invariant on CPU, docs/experiments.md); `native` is
 transformers' `x * torch.sigmoid(g)` in the input dtype."""
 
