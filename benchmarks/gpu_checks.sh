@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-audits]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -16,6 +16,10 @@
 # 4-layer preset, whose admission here covers the regions it adds: mla, the norms and projections of its
 # widths, and the MoE regions at its experts); mla-bench times mla_attn per phase (bench.py mla) and the engine
 # and trainer on that preset against the fast baseline and native.
+#
+# gdn-audits runs the hybrid presets' audits on the GPU under the reference contract tiny-hybrid (its Triton
+# kernels are still to come) and under native: tiny-hybrid, and the Qwen3.5-9B- and 35B-A3B-shaped 4-layer
+# presets, with generations that cross several 64-token chunks.
 #
 # Files worth keeping go in benchmarks/results/<date>_<commit>_checks/ (index: benchmarks/results/README.md).
 set -u
@@ -90,4 +94,13 @@ if [ "$PART" = mla-bench ]; then
 (cd benchmarks && PYTHONPATH=../src python3 bench.py mla --json "$OUT/bench_mla.json" 2>&1 | grep -v Warning | tail -12 | tee "$OUT/bench_mla.txt")
 (cd benchmarks && PYTHONPATH=../src python3 bench.py engine trainer --cuda-graphs --model glm-4.7-flash-4l-random \
     --contracts tiny-mla-triton,contracts/fast-baseline.toml,native --json "$OUT/bench_glm.json" 2>&1 | tail -12 | tee "$OUT/bench_glm.txt")
+fi
+
+if [ "$PART" = gdn-audits ]; then
+for model in tiny-hybrid qwen3.5-9b-4l-random qwen3.5-35b-a3b-4l-random; do
+for contract in tiny-hybrid native; do
+python3 -m isoexec audit --device cuda --quiet --model "$model" --contract "$contract" --requests 8 --max-new-tokens 140 \
+    --json "$OUT/audit_${model}_$contract.json" 2>&1 | tail -8 | tee "$OUT/audit_${model}_$contract.txt"
+done
+done
 fi

@@ -17,10 +17,11 @@ exact function, and |ours − HF| ≤ e_ours + e_HF. We estimate the exact funct
 transformers model one precision up (bfloat16 → float32, float32 → float64; the weights are upcast
 exactly, so it is the same model) and measure e_HF directly. transformers casts to float32 by name
 in places (RMSNorm, Gated DeltaNet's delta rule and conv); during the reference run its modeling module
-reads `torch.float32` as float64, so those steps keep the reference's precision too. Our model is meant to be at least as
-accurate as transformers' (it rounds less), so e_ours ≤ e_HF and the bound becomes
-|ours − HF| ≤ 2·e_HF: that is the tolerance, per metric (over 72 runs of tiny Qwen3/Qwen2/Llama
-models, seeds and dtypes the measured |ours − HF| / e_HF stayed ≤ 1.6, e_ours / e_HF ≤ 1.0). It scales with what the dtype and the
+reads `torch.float32` as float64, so those steps keep the reference's precision too (`Tensor.float()`
+calls still round). Our model is meant to be at least as accurate as transformers' (it rounds less),
+so e_ours ≤ e_HF and the bound becomes |ours − HF| ≤ 2·e_HF: that is the tolerance, per metric (over
+72 runs of tiny Qwen3/Qwen2/Llama models, seeds and dtypes, measured while the reference's RMSNorm
+still ran in float32, |ours − HF| / e_HF stayed ≤ 1.6, e_ours / e_HF ≤ 1.0). It scales with what the dtype and the
 model's depth and logit range make unavoidable (bf16 on tiny random models gives e_HF ≈ 0.01–0.06 in
 logprob and grows with depth), so one rule serves a 2-layer test model and a real checkpoint, while
 a real mistake (a wrong RoPE layout, a missing bias, a misplaced norm, a wrong weight) moves
