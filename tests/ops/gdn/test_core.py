@@ -83,8 +83,8 @@ class Cache:
 
 def in_pieces(fn, seq, params, cuts, slot=1):
     """`seq` run through the cache in calls cut at `cuts`, next to another sequence in each call."""
-    cache, other = Cache(), make_seq(40, seq["q"].dtype, seed=7)
     length, pieces, bounds = seq["q"].shape[0], [], [0, *cuts, seq["q"].shape[0]]
+    cache, other = Cache(), make_seq(len(bounds), seq["q"].dtype, seed=7)  # one neighbour token a call
     for n, (start, stop) in enumerate(zip(bounds, bounds[1:])):
         if start == stop:
             continue
@@ -121,7 +121,7 @@ def forms(fn, dtype, length=3 * C + 5):
     others = [make_seq(n, dtype, seed=10 + n) for n in (5, C + 2)]
     yield "alone", packed(fn, [seq], params)[0]
     yield "packed after others", packed(fn, [*others, seq], params)[2]
-    yield "prefill at chunk boundaries", in_pieces(fn, seq, params, [C, 2 * C, 3 * C])
+    yield "prefill at chunk boundaries", in_pieces(fn, seq, params, [cut for cut in (C, 2 * C, 3 * C) if cut < length])
     yield "prefill chunks of 5", in_pieces(fn, seq, params, range(5, length, 5))
     yield "prefill mid-chunk then decode", in_pieces(fn, seq, params, [C + 3, *range(C + 4, length)])
     yield "decode", in_pieces(fn, seq, params, range(1, length))

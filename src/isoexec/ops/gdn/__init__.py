@@ -4,7 +4,7 @@ core (`gdn.core`), each with an invariant reference and the two-form native path
 from ...runtime.registry import Impl
 from .. import reduce
 from ..common import ALL_CASES
-from . import conv, native, probe, reference
+from . import conv, native, probe, reference, triton
 
 
 def register(registry) -> None:
@@ -15,3 +15,4 @@ def register(registry) -> None:
     registry.register(Impl(id="gdn.core.native", version=1, region="gdn.core", cases=ALL_CASES, fn=native.gdn_core))
     registry.register_probe("gdn.conv", probe.conv)
     registry.register_probe("gdn.core", probe.core)
+    triton.register(registry)  # skipped where Triton is not installed
