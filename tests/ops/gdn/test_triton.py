@@ -28,21 +28,34 @@ pytestmark = [INTERPRETER_WARNINGS, pytest.mark.gpu]
 C = 16  # tl.dot's smallest tile
 
 
-def triton_op(dtype=torch.float32):
-    name = str(dtype).removeprefix("torch.")
-    bound = functools.partial(gdn_triton.gdn_core, input_dtype=name, output_dtype=name, accum_dtype="float32", chunk_size=C, num_warps=4)
+def on_device(fn):
+    """fn taking and returning CPU tensors, run on DEVICE (a cache already there is used in place)."""
 
-    def op(*args, **kwargs):
-        moved = {k: (t.to(DEVICE) if isinstance(t, torch.Tensor) else t) for k, t in kwargs.items()}
-        return bound(*args, **moved).cpu()
+    def op(**kwargs):
+        return fn(**{k: (t.to(DEVICE) if isinstance(t, torch.Tensor) else t) for k, t in kwargs.items()}).cpu()
 
     return op
 
 
+def triton_op(dtype=torch.float32):
+    name = str(dtype).removeprefix("torch.")
+    return on_device(functools.partial(gdn_triton.gdn_core, input_dtype=name, output_dtype=name, accum_dtype="float32", chunk_size=C,
+                                       num_warps=4))
+
+
+class DeviceCache(test_core.Cache):
+    """test_core's cache where the kernel runs, so that it writes the slots the next call reads."""
+
+    def __init__(self, slots=3):
+        super().__init__(slots)
+        self.state, self.rows = self.state.to(DEVICE), self.rows.to(DEVICE)
+
+
 @pytest.fixture
 def chunks_of_16(monkeypatch):
-    """test_core's helpers (its Cache, packed and forms) with this file's chunk size."""
+    """test_core's helpers (its Cache, packed and forms) with this file's chunk size, the cache on DEVICE."""
     monkeypatch.setattr(test_core, "C", C)
+    monkeypatch.setattr(test_core, "Cache", DeviceCache)
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.bfloat16, 3e-2)])
@@ -70,11 +83,10 @@ def test_the_cache_matches_the_references_layout(chunks_of_16):
     what the reference keeps (both are the same quantities, in another order of operations)."""
     seq, params = make_seq(2 * C + 3), make_params()
     caches = {}
-    for name, fn in (("triton", triton_op()), ("reference", functools.partial(reference.gdn_core, input_dtype="float32",
-                                                                               output_dtype="float32", accum_dtype="float32",
-                                                                               chunk_size=C, **test_core.REDUCE))):
+    reference_op = on_device(functools.partial(reference.gdn_core, input_dtype="float32", output_dtype="float32", accum_dtype="float32",
+                                               chunk_size=C, **test_core.REDUCE))
+    for name, fn in (("triton", triton_op()), ("reference", reference_op)):
         cache = test_core.Cache()
-        cache.state, cache.rows = cache.state.to(DEVICE), cache.rows.to(DEVICE)
         cache.step(fn, params, [(2, seq, 0, 2 * C + 3)])
         caches[name] = cache
     torch.testing.assert_close(caches["triton"].state[2].cpu(), caches["reference"].state[2].cpu(), atol=1e-5, rtol=1e-5)

@@ -103,11 +103,11 @@ def _run(
         s0 = tl.load(p_state, mask=m_k[:, None] & m_v[None, :] & (pos0 > 0), other=0.0)
     else:
         cached = cached & (rows < 0)
-    kk = tl.where(cached[:, None] & m_k[None, :], tl.load(p_row + o_k[None, :], mask=cached[:, None] & m_k[None, :], other=0.0), 0.0)
-    ww = tl.where(cached[:, None] & m_k[None, :], tl.load(p_row + DK + o_k[None, :], mask=cached[:, None] & m_k[None, :], other=0.0), 0.0)
-    uu = tl.where(cached[:, None] & m_v[None, :], tl.load(p_row + 2 * DK + o_v[None, :], mask=cached[:, None] & m_v[None, :], other=0.0), 0.0)
-    dd = tl.where(cached[:, None] & m_v[None, :], tl.load(p_row + 2 * DK + DV + o_v[None, :], mask=cached[:, None] & m_v[None, :], other=0.0), 0.0)
-    cc = tl.where(cached, tl.load(p_base + 2 * DK + 2 * DV, mask=cached, other=0.0), 0.0)
+    kk = tl.where(cached[:, None] & m_k[None, :], tl.load(p_row + o_k[None, :], mask=cached[:, None] & m_k[None, :], other=0.0).to(tl.float32), 0.0)
+    ww = tl.where(cached[:, None] & m_k[None, :], tl.load(p_row + DK + o_k[None, :], mask=cached[:, None] & m_k[None, :], other=0.0).to(tl.float32), 0.0)
+    uu = tl.where(cached[:, None] & m_v[None, :], tl.load(p_row + 2 * DK + o_v[None, :], mask=cached[:, None] & m_v[None, :], other=0.0).to(tl.float32), 0.0)
+    dd = tl.where(cached[:, None] & m_v[None, :], tl.load(p_row + 2 * DK + DV + o_v[None, :], mask=cached[:, None] & m_v[None, :], other=0.0).to(tl.float32), 0.0)
+    cc = tl.where(cached, tl.load(p_base + 2 * DK + 2 * DV, mask=cached, other=0.0).to(tl.float32), 0.0)
 
     t = i_t.to(tl.int64)  # the token at offset `first` of the current chunk
     pos = pos0
@@ -196,9 +196,9 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
     if k.stride() != q.stride():  # the kernel reads both with q's strides (the layer's are views of one tensor)
         q, k = q.contiguous(), k.contiguous()
     has_cache = state is not None
-    dummy = positions.new_zeros(1)
+    dummy, scratch = positions.new_zeros(1), v.new_zeros(1, dtype=torch.float32)
     gdn_fwd_kernel[(num_tokens, num_v_heads)](
-        q, k, v, a, b, a_log, dt_bias, out, state if has_cache else out, rows if has_cache else out, state_ids if has_cache else dummy,
+        q, k, v, a, b, a_log, dt_bias, out, state if has_cache else scratch, rows if has_cache else scratch, state_ids if has_cache else dummy,
         positions.contiguous(), num_tokens, float(k_dim**-0.5),
         q.stride(0), q.stride(1), v.stride(0), v.stride(1), a.stride(0), out.stride(0), out.stride(1),
         HAS_CACHE=has_cache, GROUP=num_v_heads // num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim,
