@@ -68,10 +68,10 @@ def test_rows_match_the_float64_recurrence(chunks_of_16, dtype, tol):
 
 
 def test_every_form_gives_the_trainers_bits(chunks_of_16):
-    """Packed alone and after others, prefill at chunk boundaries, in chunks of 5, mid-chunk then decode,
-    decode from every offset: one op sequence a row, so the same bits (fp32: the interpreter's bf16 is
-    not the GPU's)."""
-    results = dict(test_core.forms(triton_op(), torch.float32, length=2 * C + 3))
+    """A sequence over two chunks, packed alone and after others, prefill at the chunk boundary, in chunks
+    of 5, mid-chunk then decode, decode from every offset: one op sequence a row, so the same bits (fp32:
+    the interpreter's bf16 is not the GPU's)."""
+    results = dict(test_core.forms(triton_op(), torch.float32, length=C + 5))
     first = results["alone"]
     differing = {form: int((int_view(out) != int_view(first)).sum()) for form, out in results.items() if not bitwise_equal(out, first)}
     assert not differing
@@ -107,9 +107,9 @@ def test_gradients_match_float64_autograd_of_the_recurrence(chunks_of_16):
 
 
 def test_the_battery_admits_it():
-    """In the interpreter, the probe's forms and hazards at fewer, shorter sequences (C + 1 and 5 carry
-    its hazards; the interpreter runs every program of the (token, head) grid in numpy); on a GPU the
-    full probe."""
+    """In the interpreter, the probe's forms and hazards at two short sequences (C + 1 and 5 carry its
+    hazards; the interpreter runs every program of the (token, head) grid in numpy), fp32 only; on a GPU
+    the full probe in both dtype passes."""
     data = preset_dict("tiny-dense")
     data["composition"].append({"region": "gdn.core", "ops": ["gdn_core"], "cases": ["trainer_fwd", "trainer_score", "engine_prefill", "engine_decode"],
                                 "impl": {"id": "gdn.core.triton", "version": 1},
@@ -117,8 +117,9 @@ def test_the_battery_admits_it():
                                                   num_warps=4),
                                 "discharge": {"method": "bitwise_equal_to", "case": "trainer_fwd"}})
     contract = Contract.from_dict(data)
-    probe = REGISTRY.probe("gdn.core") if ON_GPU else functools.partial(REGISTRY.probe("gdn.core"), lengths=(C + 1, 1, 5))
-    result = validate_entry(contract, contract.entry("gdn.core", "trainer_fwd"), probe, registry=REGISTRY, device=DEVICE)
+    probe = REGISTRY.probe("gdn.core") if ON_GPU else functools.partial(REGISTRY.probe("gdn.core"), lengths=(C + 1, 5))
+    dtypes = ("bfloat16", "float32") if ON_GPU else ("float32",)  # the interpreter's bf16 is not the GPU's
+    result = validate_entry(contract, contract.entry("gdn.core", "trainer_fwd"), probe, registry=REGISTRY, device=DEVICE, dtypes=dtypes)
     assert result.status == "admitted", result.failures[:5]
 
 
