@@ -151,6 +151,10 @@ def check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, position
             raise ValueError(f"gdn.core: state_ids must be [T] integers, got {state_ids.dtype} of shape {tuple(state_ids.shape)}")
         if num_tokens and (int(state_ids.min()) < 0 or int(state_ids.max()) >= state.shape[0]):
             raise ValueError(f"gdn.core: a state id lies outside the cache's {state.shape[0]} slots")
+    elif num_tokens:
+        starts = torch.cat([positions.new_ones(1, dtype=torch.bool), positions[1:] != positions[:-1] + 1])
+        if bool((positions[starts] != 0).any()):
+            raise ValueError(f"gdn.core: without a cache every run starts at position 0, one starts at {int(positions[starts].max())}")
     return num_k_heads, num_v_heads, k_dim, v_dim
 
 
@@ -183,8 +187,6 @@ def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tenso
     outputs = []
     for start, stop in _runs(state_ids, positions):
         first = int(positions[start])
-        if state is None and first != 0:
-            raise ValueError(f"gdn.core: without a cache every run starts at position 0, one starts at {first}")
         slot = None if state is None else int(state_ids[start])
         if first == 0:  # a sequence starts from a zero state, whatever its cache slot held before
             chunk = _Chunk(q.new_zeros((num_v_heads, k_dim, v_dim), dtype=accum), q.new_zeros((chunk_size, num_v_heads, width), dtype=accum),

@@ -250,8 +250,6 @@ def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tenso
         raise ValueError("gdn.core: positions are required")
     check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, input_dtype)
     require_device(ID, q, k, v, a, b)
-    if state is None and q.shape[0] and bool((positions[:1] != 0).any()):
-        raise ValueError(f"gdn.core: without a cache every run starts at position 0, one starts at {int(positions[0])}")
     if needs_grad(q, k, v, a, b, a_log, dt_bias):
         dtypes = dict(input_dtype=input_dtype, output_dtype=output_dtype)
         return _TritonGDN.apply(q, k, v, a, b, a_log, dt_bias, positions, chunk_size, dtypes, num_warps)
