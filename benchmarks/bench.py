@@ -21,6 +21,8 @@ moe:       one MoE layer (router + experts + combine) at two MoE layer shapes (Q
            batches and training shapes (moe.py);
 mla:       multi-head latent attention (mla_attn) under the contract vs native, training, prefill and decode,
            at GLM-4.7-Flash's shapes (mla.py; the contract's `mla` entry, tiny-mla-triton by default).
+gdn:       Gated DeltaNet's core (gdn_core) under the contract vs flash-linear-attention, training, prefill and
+           decode, at two GDN shapes (gdn.py; the contract's `gdn.core` entry, tiny-hybrid-triton by default).
 
 --contracts takes preset names or contract files; on CUDA the default compares tiny-dense-triton with
 two baselines: benchmarks/contracts/fast-baseline.toml (cuBLAS GEMMs and torch log_softmax, the Triton
@@ -51,6 +53,7 @@ import torch.nn.functional as F
 
 from attention import bench_attention
 from engine import Engines, bench_engine, bench_hf, bench_roofline
+from gdn import bench_gdn
 from mla import bench_mla
 from moe import GPU_SHAPES, TINY, bench_moe
 from isoexec.contract import ContractError, fit_contract, load
@@ -59,7 +62,7 @@ from isoexec.model import PRESETS, init_random
 from isoexec.trainer import Trainer
 from timing import device_name, graphed_ms, kernel_ms, wall_ms
 
-SECTIONS = ("gemm", "attention", "engine", "hf", "roofline", "trainer", "moe", "mla")
+SECTIONS = ("gemm", "attention", "engine", "hf", "roofline", "trainer", "moe", "mla", "gdn")
 QWEN3_8B = {  # (N, K) of the projections of one Qwen3-8B layer
     "qkv_proj": (6144, 4096),
     "o_proj": (4096, 4096),
@@ -259,7 +262,7 @@ def main(argv=None) -> int:
     results["cuda_graphs"] = "unavailable" if args.cuda_graphs and not cuda_graphs else cuda_graphs
     if results["cuda_graphs"] == "unavailable":
         print("cuda graphs: unavailable (EngineConfig has no cuda_graphs setting); the engine runs eagerly")
-    # moe and mla time their own layer shapes and contracts (their rows say which); --model and
+    # moe, mla and gdn time their own layer shapes and contracts (their rows say which); --model and
     # --contracts are the model sections'.
     model_sections = {"engine", "hf", "roofline", "trainer"} & set(args.what or SECTIONS)
     print(f"bench: {results['device']}, torch {results['torch']}, commit {results['commit']}"
@@ -286,6 +289,7 @@ def main(argv=None) -> int:
                 "trainer": lambda: bench_trainer(model, sizes, loaded, device),
                 "moe": lambda: bench_moe(device, *(((TINY,), (1, 4), (64,)) if args.small else (GPU_SHAPES,))),
                 "mla": lambda: bench_mla(device, small=args.small),
+                "gdn": lambda: bench_gdn(device, small=args.small),
             }[section]()
         except Exception as error:  # noqa: BLE001  (one broken section must not lose the others' figures)
             traceback.print_exc()

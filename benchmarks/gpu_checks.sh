@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-audits]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -17,16 +17,17 @@
 # widths, and the MoE regions at its experts); mla-bench times mla_attn per phase (bench.py mla) and the engine
 # and trainer on that preset against the fast baseline and native.
 #
-# gdn-audits runs the hybrid presets' audits on the GPU under the reference contract tiny-hybrid (its Triton
-# kernels are still to come) and under native: tiny-hybrid, and the Qwen3.5-9B- and 35B-A3B-shaped 4-layer
-# presets, with generations that cross several 64-token chunks.
+# The gdn-* parts do the same for the hybrid Gated DeltaNet families (tiny-hybrid-triton; the Qwen3.5-9B- and
+# 35B-A3B-shaped 4-layer presets, audits with generations that cross several 64-token chunks); gdn-bench times
+# gdn_core per phase against flash-linear-attention (bench.py gdn; carry fla-core's wheel, `pip install --no-deps --target
+# /tmp/site` it and run with PYTHONPATH=/tmp/site) and the engine and trainer on the 9B-shaped preset against native.
 #
 # Files worth keeping go in benchmarks/results/<date>_<commit>_checks/ (index: benchmarks/results/README.md).
 set -u
 OUT=${OUT:-gpu_out}
 PART=${1:-all}
 mkdir -p "$OUT"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 
 if [ "$PART" = all ] || [ "$PART" = tests ]; then
@@ -96,11 +97,27 @@ if [ "$PART" = mla-bench ]; then
     --contracts tiny-mla-triton,contracts/fast-baseline.toml,native --json "$OUT/bench_glm.json" 2>&1 | tail -12 | tee "$OUT/bench_glm.txt")
 fi
 
+if [ "$PART" = gdn-tests ]; then
+python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/gdn 2>&1 | tail -15 | tee "$OUT/pytest_gdn.txt"
+fi
+
+if [ "$PART" = gdn-admission ]; then
+python3 -m isoexec validate --device cuda --contract tiny-hybrid-triton --model tiny-hybrid --json "$OUT/validate_tiny-hybrid-triton.json" 2>&1 | tail -20 | tee "$OUT/validate_tiny-hybrid-triton.txt"
+python3 -m isoexec validate --device cuda --contract tiny-hybrid-triton --model qwen3.5-9b-4l-random --region gdn.core --region gdn.conv \
+    --region rms_norm.gated --region activation.gate --region attention --region rms_norm --json "$OUT/validate_9b.json" 2>&1 | tail -16 | tee "$OUT/validate_9b.txt"
+fi
+
 if [ "$PART" = gdn-audits ]; then
-for model in tiny-hybrid qwen3.5-9b-4l-random qwen3.5-35b-a3b-4l-random; do
-for contract in tiny-hybrid native; do
+for model in qwen3.5-9b-4l-random qwen3.5-35b-a3b-4l-random; do
+for contract in tiny-hybrid-triton native; do
 python3 -m isoexec audit --device cuda --quiet --model "$model" --contract "$contract" --requests 8 --max-new-tokens 140 \
     --json "$OUT/audit_${model}_$contract.json" 2>&1 | tail -8 | tee "$OUT/audit_${model}_$contract.txt"
 done
 done
+fi
+
+if [ "$PART" = gdn-bench ]; then
+(cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py gdn --json "$OUT/bench_gdn.json" 2>&1 | grep -v Warning | tail -30 | tee "$OUT/bench_gdn.txt")
+(cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py engine trainer --model qwen3.5-9b-4l-random \
+    --contracts tiny-hybrid-triton,native --json "$OUT/bench_9b.json" 2>&1 | tail -12 | tee "$OUT/bench_9b.txt")
 fi
