@@ -156,7 +156,10 @@ def bench_gdn(device: torch.device, small: bool = False, contract: str | None = 
                     for t in leaves.values():
                         t.grad = None
 
-                row[f"{name}_fwd_bwd_ms"] = kernel_ms(step, device)
+                try:
+                    row[f"{name}_fwd_bwd_ms"] = kernel_ms(step, device)
+                except RuntimeError as error:  # FLA 0.6.0 refuses its gated backward under Triton 3.4 - 3.7.0 on Hopper
+                    row[f"{name}_fwd_bwd_error"] = str(error).splitlines()[0][:200]
             record(row, outputs)
 
         for length, context in sizes["prefill"]:

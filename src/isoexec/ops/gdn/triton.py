@@ -52,12 +52,14 @@ def _dot(a, b, DOT_IN_FP32: tl.constexpr):
     return tl.dot(a, b, input_precision="ieee")
 
 
-@jit(do_not_specialize=["T"])
+# T and has_cache are not specialised: one compiled kernel serves every case (a trainer call without a
+# cache and an engine call with one compiled as two variants gave rows other last bits on an H200).
+@jit(do_not_specialize=["T", "has_cache"])
 def gdn_fwd_kernel(
     q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions,
-    T, q_scale,
+    T, q_scale, has_cache,
     stride_qt, stride_qh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
-    HAS_CACHE: tl.constexpr, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, C: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):
     # Program (t, h): if a run starts at token t (a new slot, or a position that does not follow the
@@ -66,21 +68,20 @@ def gdn_fwd_kernel(
     pos0 = tl.load(positions + i_t)
     prev_pos = tl.load(positions + i_t - 1, mask=i_t > 0, other=-2)
     starts = (i_t == 0) | (prev_pos + 1 != pos0)
-    slot = (i_t * 0).to(tl.int64)
-    if HAS_CACHE:
-        slot = tl.load(state_ids + i_t)
-        starts = starts | (tl.load(state_ids + i_t - 1, mask=i_t > 0, other=-1) != slot)
+    caching = has_cache != 0
+    slot = tl.load(state_ids + i_t, mask=caching, other=0).to(tl.int64)
+    starts = starts | (caching & (tl.load(state_ids + i_t - 1, mask=caching & (i_t > 0), other=-1) != slot))
     if starts:
-        _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, pos0, slot,
+        _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, pos0, slot, caching,
              stride_qt, stride_qh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
-             HAS_CACHE, GROUP, HV, DK, DV, DK_PAD, DV_PAD, C, DOT_IN_FP32)
+             GROUP, HV, DK, DV, DK_PAD, DV_PAD, C, DOT_IN_FP32)
 
 
 @jit
 def _run(
-    q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, pos0, slot,
+    q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, pos0, slot, caching,
     stride_qt, stride_qh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
-    HAS_CACHE: tl.constexpr, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, C: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):
     """Value head i_h of the run that starts at token i_t, chunk piece by chunk piece."""
@@ -97,12 +98,8 @@ def _run(
     p_row = p_base[:, None]
     p_state = state + slot.to(tl.int64) * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :]
     first = pos0 % C
-    cached = (rows < first) & (pos0 > 0)  # [C]
-    s0 = tl.zeros([DK_PAD, DV_PAD], dtype=tl.float32)
-    if HAS_CACHE:
-        s0 = tl.load(p_state, mask=m_k[:, None] & m_v[None, :] & (pos0 > 0), other=0.0)
-    else:
-        cached = cached & (rows < 0)
+    cached = (rows < first) & (pos0 > 0) & caching  # [C]
+    s0 = tl.load(p_state, mask=m_k[:, None] & m_v[None, :] & (pos0 > 0) & caching, other=0.0)
     kk = tl.where(cached[:, None] & m_k[None, :], tl.load(p_row + o_k[None, :], mask=cached[:, None] & m_k[None, :], other=0.0).to(tl.float32), 0.0)
     ww = tl.where(cached[:, None] & m_k[None, :], tl.load(p_row + DK + o_k[None, :], mask=cached[:, None] & m_k[None, :], other=0.0).to(tl.float32), 0.0)
     uu = tl.where(cached[:, None] & m_v[None, :], tl.load(p_row + 2 * DK + o_v[None, :], mask=cached[:, None] & m_v[None, :], other=0.0).to(tl.float32), 0.0)
@@ -112,6 +109,8 @@ def _run(
     t = i_t.to(tl.int64)  # the token at offset `first` of the current chunk
     pos = pos0
     going = pos0 >= 0
+    fresh = rows < 0  # the open chunk's rows computed by this call
+    closed = pos0 < 0  # whether a chunk closed in this call
     while going:
         off = pos % C
         # This piece: the run's tokens from offset `off` to the chunk's end or the run's end.
@@ -119,8 +118,7 @@ def _run(
         cand = (rows >= off) & (tok < T)
         p_tok = tl.load(positions + tok, mask=cand, other=-1)
         same = p_tok == pos + rows - off
-        if HAS_CACHE:
-            same = same & (tl.load(state_ids + tok, mask=cand, other=-1) == slot)
+        same = same & (~caching | (tl.load(state_ids + tok, mask=cand & caching, other=-1) == slot))
         stop = tl.min(tl.where(cand & ~same, rows, C), 0)  # the first offset past the piece
         stop = tl.minimum(stop, tl.max(tl.where(cand, rows, -1), 0) + 1)
         piece = (rows >= off) & (rows < stop)  # [C]
@@ -164,25 +162,29 @@ def _run(
         o = tl.exp(cc)[:, None] * _dot(qn, s0, DOT_IN_FP32) + _dot(scores, dd, DOT_IN_FP32)
         o = tl.where(o == 0.0, 0.0, o)
         tl.store(out + tok64[:, None] * stride_ot + i_h * stride_oh + o_v[None, :], o.to(out.dtype.element_ty), mask=piece[:, None] & m_v[None, :])
+        fresh = fresh | piece
         if stop == C:  # the chunk closes: the next chunk's start state, and no open rows
             c_last = _at(cc, rows, C - 1)
             s0 = tl.exp(c_last) * s0 + _dot(tl.trans(kk * tl.exp(c_last - cc)[:, None]), dd, DOT_IN_FP32)
             kk, ww, uu, dd, cc = kk * 0.0, ww * 0.0, uu * 0.0, dd * 0.0, cc * 0.0
+            fresh, closed = rows < 0, pos0 >= 0
         t += stop - off
         pos += stop - off
         going = (stop == C) & (t < T)
         if going:
             going = tl.load(positions + t, mask=t < T, other=-1) == pos
-            if HAS_CACHE:
-                going = going & (tl.load(state_ids + t, mask=t < T, other=-1) == slot)
-    if HAS_CACHE:  # the open chunk's rows and its start state, for the sequence's next call
-        m_open = rows < pos % C
+            going = going & (~caching | (tl.load(state_ids + t, mask=caching & (t < T), other=-1) == slot))
+    if caching:
+        # The open chunk's rows this call computed (the earlier ones are in the slot already) and, where it
+        # changed (a chunk closed) or was never stored (the run began the sequence), its start state.
+        m_open = fresh & (rows < pos % C)
         tl.store(p_row + o_k[None, :], kk, mask=m_open[:, None] & m_k[None, :])
         tl.store(p_row + DK + o_k[None, :], ww, mask=m_open[:, None] & m_k[None, :])
         tl.store(p_row + 2 * DK + o_v[None, :], uu, mask=m_open[:, None] & m_v[None, :])
         tl.store(p_row + 2 * DK + DV + o_v[None, :], dd, mask=m_open[:, None] & m_v[None, :])
         tl.store(p_base + 2 * DK + 2 * DV, cc, mask=m_open)
-        tl.store(p_state, s0, mask=m_k[:, None] & m_v[None, :])
+        if closed | (pos0 == 0):
+            tl.store(p_state, s0, mask=m_k[:, None] & m_v[None, :])
 
 
 def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size: int, out_dtype: torch.dtype,
@@ -199,9 +201,9 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
     dummy, scratch = positions.new_zeros(1), v.new_zeros(1, dtype=torch.float32)
     gdn_fwd_kernel[(num_tokens, num_v_heads)](
         q, k, v, a, b, a_log, dt_bias, out, state if has_cache else scratch, rows if has_cache else scratch, state_ids if has_cache else dummy,
-        positions.contiguous(), num_tokens, float(k_dim**-0.5),
+        positions.contiguous(), num_tokens, float(k_dim**-0.5), int(has_cache),
         q.stride(0), q.stride(1), v.stride(0), v.stride(1), a.stride(0), out.stride(0), out.stride(1),
-        HAS_CACHE=has_cache, GROUP=num_v_heads // num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim,
+        GROUP=num_v_heads // num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim,
         DK_PAD=max(16, triton.next_power_of_2(k_dim)), DV_PAD=max(16, triton.next_power_of_2(v_dim)), C=chunk_size,
         DOT_IN_FP32=triton_support.interpreting(), num_warps=num_warps,
     )
