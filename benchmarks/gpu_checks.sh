@@ -98,7 +98,7 @@ if [ "$PART" = mla-bench ]; then
 fi
 
 if [ "$PART" = gdn-tests ]; then
-python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/gdn 2>&1 | tail -15 | tee "$OUT/pytest_gdn.txt"
+python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/gdn tests/model/families/test_hybrid_family.py 2>&1 | tail -15 | tee "$OUT/pytest_gdn.txt"
 fi
 
 if [ "$PART" = gdn-admission ]; then
