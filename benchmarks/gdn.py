@@ -9,7 +9,7 @@ value heads of 128, one key head each).
   `chunk_gated_delta_rule` for training and prefill and `fused_recurrent_gated_delta_rule` for decode,
   with the same gating, l2 norms and q scale fused in (`use_gate_in_kernel`, `use_beta_sigmoid_in_kernel`,
   `use_qk_l2norm_in_kernel`) and the running state as the cache. Needs `fla-core` (carried as a wheel to
-  the device, benchmarks/README.md); without it the rows carry the contract's times alone.
+  the device: gpu_checks.sh, gdn-bench); without it the rows carry the contract's times alone.
 
 Phases: training (packed sequences from position 0; forward alone as trainer_score runs it, and forward +
 backward as trainer_fwd does), prefill (one chunk of a sequence after a cached context) and decode (a batch
