@@ -26,8 +26,11 @@ from isoexec.runtime.registry import REGISTRY
 from timing import graphed_ms, kernel_ms
 
 SHAPES = {"hk16-hv32-d128": (16, 32, 128, 128), "hk16-hv16-d128": (16, 16, 128, 128)}
+# Decode at a chunk's first offset (context 2048: the contract recomputes one row) and its last (2048 + 31 for
+# chunks of 32: all of them); the second's output is not compared with FLA's (the open chunk's cached rows are
+# random, FLA has only its state).
 GPU = dict(contract="tiny-hybrid-triton", training=((8, 2048), (2, 4096)), prefill=((2048, 2048), (512, 2048)),
-           decode=((1, 2048), (16, 2048), (64, 2048), (256, 2048)))
+           decode=((1, 2048), (16, 2048), (64, 2048), (256, 2048), (1, -1), (64, -1), (256, -1)))
 SMALL = dict(contract="tiny-hybrid", training=((2, 80),), prefill=((40, 64),), decode=((1, 128), (4, 128)))
 SMALL_SHAPES = {"hk2-hv4-d16": (2, 4, 16, 16)}
 
@@ -35,7 +38,7 @@ SMALL_SHAPES = {"hk2-hv4-d16": (2, 4, 16, 16)}
 def _contract_op(name: str):
     entry = next(e for e in load(name).composition if e.region == "gdn.core")
     impl = REGISTRY.get(entry.impl.id, entry.impl.version)
-    return impl.bind(dict(entry.constants)), entry
+    return impl.bind(dict(entry.constants)), entry, impl.row_width
 
 
 def _fla():
@@ -72,18 +75,19 @@ def _fla_decode(fla, x, state):
     return out[:, 0]
 
 
-def _cache(shape, num_seqs: int, chunk: int, device, generator):
-    """A cache slot per sequence: a random state and random open-chunk rows (read only past a chunk offset of
-    0: the phases start at chunk boundaries, so the contract's output compares with FLA's from the same state)."""
+def _cache(shape, num_seqs: int, chunk: int, width: int, device, generator):
+    """A cache slot per sequence: a random state and random open-chunk rows of `width` floats (the impl's
+    `row_width`; read only past a chunk offset of 0: the phases start at chunk boundaries, so the contract's
+    output compares with FLA's from the same state)."""
     hk, hv, dk, dv = shape
     state = torch.randn(num_seqs, hv, dk, dv, generator=generator, device=device) * 0.05
-    rows = torch.randn(num_seqs, chunk, hv, 2 * dk + 2 * dv + 1, generator=generator, device=device) * 0.05
+    rows = torch.randn(num_seqs, chunk, hv, width, generator=generator, device=device) * 0.05
     return state, rows
 
 
-def _cached_phase(op, fla, x, shape, num_seqs, chunk, ids, positions, cu, device, generator, row, graph: bool) -> dict:
+def _cached_phase(op, fla, x, shape, num_seqs, chunk, width, ids, positions, cu, device, generator, row, graph: bool) -> dict:
     """Time a prefill (cu given) or decode call of both impls from one cache; returns their outputs."""
-    state, cache_rows = _cache(shape, num_seqs, chunk, device, generator)
+    state, cache_rows = _cache(shape, num_seqs, chunk, width, device, generator)
 
     def contract(s, r):
         return op(x["q"], x["k"], x["v"], x["a"], x["b"], x["a_log"], x["dt_bias"], s, r, ids, positions)
@@ -114,7 +118,7 @@ def _timed(fn, device, graph: bool, row: dict, name: str) -> None:
 
 def bench_gdn(device: torch.device, small: bool = False, contract: str | None = None) -> list[dict]:
     sizes = SMALL if small else GPU
-    op, entry = _contract_op(contract or (sizes["contract"] if device.type == "cuda" else SMALL["contract"]))
+    op, entry, row_width = _contract_op(contract or (sizes["contract"] if device.type == "cuda" else SMALL["contract"]))
     chunk = entry.constants["chunk_size"]
     fla, why = _fla() if device.type == "cuda" else (None, "needs a CUDA device")
     if fla is None:
@@ -123,7 +127,7 @@ def bench_gdn(device: torch.device, small: bool = False, contract: str | None = 
     rows = []
 
     def record(row: dict, outputs: dict) -> None:
-        if "fla" in outputs:
+        if "fla" in outputs and row.get("context", 0) % chunk == 0:
             row["contract_max_abs_diff_vs_fla"] = float((outputs["contract"].float() - outputs["fla"].float()).abs().max())
         for timing, ratio in (("ms", "fla_vs_contract"), ("fwd_bwd_ms", "fla_vs_contract_fwd_bwd")):
             if f"contract_{timing}" in row and f"fla_{timing}" in row:
@@ -168,14 +172,17 @@ def bench_gdn(device: torch.device, small: bool = False, contract: str | None = 
             ids = torch.zeros(length, dtype=torch.long, device=device)
             cu = torch.tensor([0, length], device=device)
             row = {"shape": shape_name, "phase": "prefill", "chunk": length, "context": context}
-            record(row, _cached_phase(op, fla, x, shape, 1, chunk, ids, positions, cu, device, generator, row, graph=False))
+            record(row, _cached_phase(op, fla, x, shape, 1, chunk, row_width(*shape[1:]), ids, positions, cu, device, generator, row,
+                                      graph=False))
 
         for batch, context in sizes["decode"]:
+            context = 2048 + chunk - 1 if context == -1 else context  # -1: a chunk's last offset
             x = _inputs(shape, batch, device, generator)
             positions = torch.full((batch,), context, device=device)
             ids = torch.arange(batch, device=device)
             row = {"shape": shape_name, "phase": "decode", "batch": batch, "context": context}
-            record(row, _cached_phase(op, fla, x, shape, batch, chunk, ids, positions, None, device, generator, row, graph=True))
+            record(row, _cached_phase(op, fla, x, shape, batch, chunk, row_width(*shape[1:]), ids, positions, None, device, generator, row,
+                                      graph=True))
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows

@@ -26,6 +26,11 @@ mla-tiles: mla.triton at GLM-4.7-Flash's MLA shape per phase (training 8 x 2048 
            8192 cached, decode batch 1 / 16 / 64 after 2048 as graph replays) over a grid of attention
            tiles (block_m, block_n, num_warps, num_stages, value_split), the attention launch alone and
            the whole op (with its two per-head GEMMs), each output compared bit for bit with the listed tile's.
+gdn-tiles: gdn.core.triton at Qwen3.5's GDN shapes over a grid of constants (chunk_size, block_v, num_warps,
+           dot_precision): per config, one sequence's rows in every form (packed alone and after others,
+           prefill chunks of 37 over a NaN-poisoned cache, decode token by token) compared bit for bit with
+           the packed rows, then training 8 x 2048 (forward), prefill 2048 after 2048 cached, decode batch
+           1 / 16 / 64 / 256 at chunk offsets 0 and C - 1 (graph replays), beside flash-linear-attention.
 launch:    host time per call (no profiler: perf_counter over many calls of a tiny problem, so the GPU
            keeps up) of the trainer's ops under the contract and native, and of the layers beneath
            linear.triton: tensor descriptors, Triton's launch, our wrapper, autograd.
@@ -510,6 +515,92 @@ def profile_mla_tiles(model="glm-4.7-flash-4l-random", device="cuda", sizes=((8,
                 torch.cuda.empty_cache()
 
 
+def profile_gdn_tiles(device="cuda", configs=None, with_fla=True, shapes=None) -> None:
+    from gdn import SHAPES, _fla, _fla_chunk, _fla_decode, _inputs
+
+    from isoexec.ops.gdn import triton as gdn_triton
+    from isoexec.runtime.registry import REGISTRY
+
+    TOKEN_INPUTS = ("q", "k", "v", "a", "b")
+    device = torch.device(device)
+    configs = configs or [dict(chunk_size=c, block_v=bv, num_warps=w, dot_precision=p) for c, bv, w, p in (
+        (64, 64, 4, "bf16"), (64, 64, 8, "bf16"), (64, 32, 4, "bf16"), (64, 32, 8, "bf16"), (32, 64, 4, "bf16"), (32, 32, 4, "bf16"),
+        (32, 128, 8, "bf16"), (64, 64, 8, "tf32"), (32, 64, 4, "tf32"))]
+    fla, why = _fla() if with_fla else (None, "not asked for")
+    generator = torch.Generator(device=device).manual_seed(0)
+    for shape_name, shape in SHAPES.items():
+        if shapes and shape_name not in shapes:
+            continue
+        hk, hv, dk, dv = shape
+        print(f"== gdn.core.triton at {shape_name} (ms per call; FLA: {'flash-linear-attention' if fla else why})", flush=True)
+        train = _inputs(shape, 8 * 2048, device, generator)
+        train_pos = torch.arange(2048, device=device).repeat(8)
+        prefill = _inputs(shape, 2048, device, generator)
+        decode = _inputs(shape, 256, device, generator)
+        if fla is not None:
+            cu = torch.arange(9, device=device) * 2048
+            state = torch.randn(256, hv, dk, dv, generator=generator, device=device) * 0.05
+            with torch.no_grad():
+                fla_times = [kernel_ms(lambda: _fla_chunk(fla, train, cu), device),
+                             kernel_ms(lambda: _fla_chunk(fla, prefill, torch.tensor([0, 2048], device=device), state[:1].clone()), device)]
+                for batch in (1, 16, 64, 256):
+                    x = {k: (t[:batch] if k in TOKEN_INPUTS else t) for k, t in decode.items()}
+                    s = state[:batch].clone()
+                    fla_times.append(graphed_ms(lambda: _fla_decode(fla, x, s), device))
+            print("    fla      " + " ".join(f"{t:8.4f}" for t in fla_times) + "   (train, prefill, decode b1 b16 b64 b256)", flush=True)
+        for config in configs:
+            constants = dict(input_dtype="bfloat16", output_dtype="bfloat16", accum_dtype="float32", **config)
+            op = REGISTRY.get("gdn.core.triton", gdn_triton.VERSION).bind(constants)
+            chunk = config["chunk_size"]
+            width = gdn_triton.row_width(hv, dk, dv)
+
+            def cache(n):
+                return (torch.full((n, hv, dk, dv), float("nan"), device=device),
+                        torch.full((n, chunk, hv, width), float("nan"), device=device))
+
+            def rows_of(x, start, stop):
+                return {k: (t[start:stop] if k in TOKEN_INPUTS else t) for k, t in x.items()}
+
+            def call(x, positions, state=None, rows=None, ids=None):
+                return op(x["q"], x["k"], x["v"], x["a"], x["b"], x["a_log"], x["dt_bias"], state, rows, ids, positions)
+
+            try:
+                with torch.no_grad():
+                    # Bits: one sequence of 2C + 37 tokens in every form.
+                    n = 2 * chunk + 37
+                    seq, other = rows_of(prefill, 0, n), rows_of(prefill, n, n + 50)
+                    alone = call(seq, torch.arange(n, device=device))
+                    both = {k: torch.cat([other[k], seq[k]]) if k in TOKEN_INPUTS else seq[k] for k in seq}
+                    forms = {"packed after another": call(both, torch.cat([torch.arange(50), torch.arange(n)]).to(device))[50:]}
+                    for label, cuts in (("prefill chunks of 37", list(range(0, n, 37))), ("decode", list(range(n)))):
+                        state, rows = cache(3)
+                        pieces = [call(rows_of(seq, start, stop), torch.arange(start, stop, device=device), state, rows,
+                                       torch.full((stop - start,), 1, device=device)) for start, stop in zip(cuts, [*cuts[1:], n])]
+                        forms[label] = torch.cat(pieces)
+                    bits = {label: int((out.view(torch.int16) != alone.view(torch.int16)).sum()) for label, out in forms.items()}
+                    times = [kernel_ms(lambda: call(train, train_pos), device)]
+                    state, rows = cache(256)
+                    state.normal_(0, 0.05)
+                    rows.normal_(0, 0.05)
+                    times.append(kernel_ms(lambda: call(prefill, 2048 + torch.arange(2048, device=device), state[:1], rows[:1],
+                                                        torch.zeros(2048, dtype=torch.long, device=device)), device))
+                print("    " + " ".join(f"{t:8.4f}" for t in times) + f"   {config}  differing elements {bits}", flush=True)
+                with torch.no_grad():
+                    times = []
+                    for batch in (1, 16, 64, 256):
+                        x = rows_of(decode, 0, batch)
+                        ids = torch.arange(batch, device=device)
+                        for offset in (0, chunk - 1):
+                            positions = torch.full((batch,), 2048 + offset, device=device)
+                            times.append(graphed_ms(lambda: call(x, positions, state, rows, ids), device))
+            except Exception as error:  # a config the device cannot hold
+                print(f"    {config}: {type(error).__name__}: {str(error).splitlines()[0][:160]}", flush=True)
+                continue
+            print("    " + " ".join(f"{t:8.4f}" for t in times) + "   decode b1 @0 @C-1, b16, b64, b256", flush=True)
+        print("    (columns: train 8x2048 forward, prefill 2048@2048)", flush=True)
+        torch.cuda.empty_cache()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", nargs="*", help="decode, decode-kernels, attention, gemm, trainer, launch, moe, moe-tiles (default: decode and attention)")
@@ -517,8 +608,12 @@ def main():
     parser.add_argument("--contract", default="tiny-dense-triton")
     parser.add_argument("--seqs", type=int, default=8, help="trainer: sequences per step")
     parser.add_argument("--seq-len", type=int, default=512, help="trainer: tokens per sequence")
+    parser.add_argument("--gdn-config", action="append", default=[], metavar="C,BV,WARPS,PRECISION",
+                        help="gdn-tiles: one config to time (repeatable; default: the built-in grid)")
+    parser.add_argument("--gdn-no-fla", action="store_true", help="gdn-tiles: leave flash-linear-attention's rows out")
+    parser.add_argument("--gdn-shape", action="append", default=[], help="gdn-tiles: one of bench gdn's SHAPES (repeatable; default: all)")
     args = parser.parse_args()
-    sections = {"decode", "decode-kernels", "attention", "gemm", "trainer", "launch", "moe", "moe-tiles", "mla-tiles"}
+    sections = {"decode", "decode-kernels", "attention", "gemm", "trainer", "launch", "moe", "moe-tiles", "mla-tiles", "gdn-tiles"}
     args.what = args.what or ["decode", "attention"]
     if set(args.what) - sections:
         parser.error(f"unknown section(s) {sorted(set(args.what) - sections)}: choose from {', '.join(sorted(sections))}")
@@ -540,6 +635,10 @@ def main():
         profile_moe_tiles()
     if "mla-tiles" in args.what:
         profile_mla_tiles()
+    if "gdn-tiles" in args.what:
+        configs = [dict(zip(("chunk_size", "block_v", "num_warps"), map(int, c.split(",")[:3])), dot_precision=c.split(",")[3])
+                   for c in args.gdn_config]
+        profile_gdn_tiles(configs=configs or None, with_fla=not args.gdn_no_fla, shapes=args.gdn_shape)
     if "trainer" in args.what:
         profile_trainer(args.model, [args.contract, FAST_BASELINE, "native"], args.seqs, args.seq_len)
 

@@ -28,10 +28,13 @@ class ModelRunner:
         # With graphs, one scratch page past the block manager's pages takes the padded decode rows (graphs.py).
         scratch_slot = config.num_pages * self.page_size
         # Sequence slots: one per running sequence, and with graphs one more per padded decode row (graphs.py).
-        gdn = next((contract.entry("gdn.core", case) for case in ENGINE_CASES if contract.entry("gdn.core", case) is not None), None)
+        # A recurrent layer's rows are laid out by the contract's gdn.core impl (both engine cases share the cache).
+        gdn = next(((contract.entry("gdn.core", case), self.binding.installed["gdn.core", case]) for case in ENGINE_CASES
+                    if ("gdn.core", case) in self.binding.installed), None)
         self.state = allocate(spec, scratch_slot + config.cuda_graphs * self.page_size, torch_dtype(spec.dtype), self.device,
                               num_sequences=config.max_num_seqs * (2 if config.cuda_graphs else 1),
-                              chunk_size=None if gdn is None else gdn.constants.get("chunk_size"))
+                              chunk_size=None if gdn is None else gdn[0].constants.get("chunk_size"),
+                              row_width=None if gdn is None else gdn[1].row_width)
         self.decode_graphs = None
         if config.cuda_graphs:
             # The most keys an admitted sequence can have, capped at the contract's decode shape domain: a

@@ -7,6 +7,8 @@ or its sequence slots. In a trainer forward the packed batch's own rows are the 
 recurrent layer starts every sequence from a zero state.
 """
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
@@ -60,12 +62,13 @@ class PagedLatent:
 class RecurrentSlots:
     """One `gdn` layer's state per sequence slot (`batch.state_ids` names each token's): conv [N, W - 1, D]
     in the model dtype, the fp32 state at each open chunk's start [N, Hv, Dk, Dv] and the open chunk's
-    rows [N, C, Hv, 2 Dk + 2 Dv + 1] fp32 (ops/gdn/). A sequence at position 0 starts from zeros whatever
-    its slot holds, so a slot is reused without clearing."""
+    rows [N, C, Hv, width] fp32, `width` floats per value head as the contract's gdn.core impl keeps them
+    (its `row_width`, ops/gdn/). A sequence at position 0 starts from zeros whatever its slot holds, so a
+    slot is reused without clearing."""
 
-    def __init__(self, declared: RecurrentState, num_sequences: int, chunk_size: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, declared: RecurrentState, num_sequences: int, chunk_size: int, width: int, dtype: torch.dtype,
+                 device: torch.device):
         nan = float("nan")
-        width = 2 * declared.k_head_dim + 2 * declared.v_head_dim + 1
         self.conv = torch.full((num_sequences, declared.conv_kernel - 1, declared.conv_dim), nan, dtype=dtype, device=device)
         self.state = torch.full((num_sequences, declared.num_v_heads, declared.k_head_dim, declared.v_head_dim), nan, dtype=torch.float32,
                                 device=device)
@@ -77,11 +80,12 @@ class RecurrentSlots:
 
 
 def allocate(spec: ModelSpec, num_slots: int, dtype: torch.dtype, device: torch.device, num_sequences: int = 0,
-             chunk_size: int | None = None) -> tuple:
+             chunk_size: int | None = None, row_width: Callable[[int, int, int], int] | None = None) -> tuple:
     """One store per layer, in layer order (None for a layer that declares no state), NaN-filled so a
     read of a slot no forward has written poisons the row instead of passing silently: token-slot stores
     of `num_slots`, sequence-slot stores of `num_sequences` (recurrent layers, whose open chunks hold
-    `chunk_size` rows, the contract's)."""
+    `chunk_size` rows of `row_width(Hv, Dk, Dv)` floats per value head: the contract's constant and its
+    gdn.core impl's layout)."""
     stores = []
     for layer in spec.layers:
         declared = layer.state()
@@ -93,9 +97,11 @@ def allocate(spec: ModelSpec, num_slots: int, dtype: torch.dtype, device: torch.
         elif isinstance(declared, LatentPages):
             stores.append(PagedLatent(torch.full((num_slots, declared.width), float("nan"), dtype=dtype, device=device)))
         elif isinstance(declared, RecurrentState):
-            if num_sequences < 1 or chunk_size is None:
-                raise ValueError("a recurrent (gdn) layer keeps its state per sequence: allocate needs num_sequences and the contract's chunk_size")
-            stores.append(RecurrentSlots(declared, num_sequences, chunk_size, dtype, device))
+            if num_sequences < 1 or chunk_size is None or row_width is None:
+                raise ValueError("a recurrent (gdn) layer keeps its state per sequence: allocate needs num_sequences, the contract's "
+                                 "chunk_size and its gdn.core impl's row_width")
+            width = row_width(declared.num_v_heads, declared.k_head_dim, declared.v_head_dim)
+            stores.append(RecurrentSlots(declared, num_sequences, chunk_size, width, dtype, device))
         else:
             raise ValueError(f"the engine cannot allocate state {type(declared).__name__} yet")
     return tuple(stores)

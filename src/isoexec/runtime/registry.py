@@ -35,7 +35,9 @@ class Impl:
     may refuse the shapes of a model (`validate.geometry_of`) the impl cannot run (ValueError naming
     the config field), so that a contract is refused when it is fitted, not in the forward;
     `tune(ops, cases, spec, arch)` gives the constants its family's tables list for a model on a device
-    arch, as [(cases, constants to set)], or None where the arch has no table (`contract/fit.py`).
+    arch, as [(cases, constants to set)], or None where the arch has no table (`contract/fit.py`);
+    `row_width(num_v_heads, k_dim, v_dim)`, for an impl of a recurrent region (`gdn.core`), the floats per
+    value head of each open-chunk row it keeps in the engine's cache (`model/state.py` allocates them).
     """
 
     id: str
@@ -48,6 +50,7 @@ class Impl:
     gpu_kernels: bool = False
     check_geometry: Callable[[dict, dict], None] | None = None
     tune: Callable | None = None
+    row_width: Callable[[int, int, int], int] | None = None
 
     @property
     def ref(self) -> str:

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..contract.schema import Contract
 from ..contract.vocabulary import BOUNDARY_CONSTANTS
-from ..runtime.registry import Registry
+from ..runtime.registry import Impl, Registry
 
 # Row counts a batch is tried at; chosen to straddle the vector widths and tile sizes of common
 # backends (the CPU's fp32 GEMM already changes a row's bits from M = 7 on).
@@ -63,7 +63,8 @@ class Context:
     """What a probe needs: the op per case, the grad mode per case, a device, a dtype, randomness, and
     the model's shapes where the contract was fitted to one (`geometry`: num_heads, num_kv_heads,
     head_dim, linear_k (the projections' K values); empty otherwise), for probes whose kernels pick
-    instructions or loop structure by those shapes."""
+    instructions or loop structure by those shapes; `impl`, the entry's impl (a probe sizes the engine
+    state an impl lays out by it: `Impl.row_width`)."""
 
     region: str
     ops: dict[str, Callable]
@@ -75,6 +76,7 @@ class Context:
     device: torch.device
     constants: dict
     geometry: dict = field(default_factory=dict)
+    impl: Impl | None = None
     generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
 
     def randn(self, *shape: int, scale: float = 1.0, dtype: torch.dtype | None = None) -> Tensor:
@@ -212,6 +214,7 @@ def validate_entry(contract: Contract, entry, probe, *, registry: Registry, devi
             device=device,
             constants=_dtype_pass(entry.constants, boundary, dtype),
             geometry=dict(geometry or {}),
+            impl=registry.get(entry.impl.id, entry.impl.version),
         )
         done_dtypes.append(dtype)
         try:

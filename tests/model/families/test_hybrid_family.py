@@ -166,22 +166,23 @@ def test_qwen3_next_projections_split_and_fuse_back_exactly():
 @pytest.mark.parametrize("preset", ["tiny-hybrid", "tiny-hybrid-moe", "tiny-qwen3-next", "qwen3.5-9b-4l-random", "qwen3.5-35b-a3b-4l-random"])
 def test_the_gpu_contract_fits_and_binds_every_op_of_the_hybrid_families(preset):
     """tiny-hybrid-triton fitted for an H200 (sm_90) names an impl for every op each hybrid layer calls, in
-    every case; its gdn.core entry is the Triton kernel at the contract's chunk size."""
+    every case; its gdn.core and gdn.conv entries are Triton kernels, the core in chunks of 32."""
     from isoexec.runtime.binding import bind
 
     contract = fit_contract(load_preset("tiny-hybrid-triton"), PRESETS[preset], arch="sm_90")
     binding = bind(contract, PRESETS[preset], contract.cases)
     assert all("gdn_core" in ops and "conv1d" in ops and "self_attn" in ops for ops in binding.ops.values())
     assert contract.entry("gdn.core", "engine_decode").impl.id == "gdn.core.triton"
-    assert contract.entry("gdn.core", "engine_decode").constants["chunk_size"] == 64
+    assert contract.entry("gdn.core", "engine_decode").constants["chunk_size"] == 32
+    assert contract.entry("gdn.conv", "engine_decode").impl.id == "gdn.conv.triton"
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="runs the Triton kernels compiled for a GPU")
 @pytest.mark.parametrize("preset", ["tiny-hybrid", "tiny-hybrid-moe"])
 def test_on_the_gpu_the_audit_is_bitwise_under_tiny_hybrid_triton(preset):
-    """On a GPU: under tiny-hybrid-triton every sampled token's log-prob and full row equal the trainer's bits
-    over generations that cross a 64-token chunk; native differs."""
+    """On a GPU: under tiny-hybrid-triton (decode steps as CUDA graphs) every sampled token's log-prob and
+    full row equal the trainer's bits over generations that cross two 32-token chunks; native differs."""
     model = init_random(PRESETS[preset], seed=0).to("cuda")
     report = run_audit(model, fit_contract(load_preset("tiny-hybrid-triton"), model.spec, device="cuda"), requests=4, max_new_tokens=70,
                        device="cuda", progress=False)

@@ -1,7 +1,7 @@
 """gdn.core.triton: values against the float64 recurrence, bit for bit the same packed, in prefill chunks
-cut anywhere and in decode from every offset of a chunk over a NaN-poisoned cache, native's pair of forms
-visibly not; gradients (through native's chunk form) against float64; the battery's admission; bad
-constants refused. Without a GPU the kernel runs in Triton's interpreter (tests/ops/linear/test_triton.py
+cut anywhere and in decode from every offset of a chunk over a NaN-poisoned cache (also with several
+blocks of value columns and at Qwen3.5's head sizes on a GPU); gradients (through native's chunk form)
+against float64; the battery's admission; bad constants refused. Without a GPU the kernel runs in Triton's interpreter (tests/ops/linear/test_triton.py
 has why TRITON_INTERPRET must be set before `triton` is imported), where bf16 is compared by tolerance
 only (the interpreter truncates fp32 -> bf16)."""
 
@@ -37,18 +37,22 @@ def on_device(fn):
     return op
 
 
-def triton_op(dtype=torch.float32):
+CONSTANTS = dict(accum_dtype="float32", chunk_size=C, dot_precision="ieee", block_v=16, num_warps=4)
+
+
+def triton_op(dtype=torch.float32, **changes):
     name = str(dtype).removeprefix("torch.")
-    return on_device(functools.partial(gdn_triton.gdn_core, input_dtype=name, output_dtype=name, accum_dtype="float32", chunk_size=C,
-                                       num_warps=4))
+    return on_device(functools.partial(gdn_triton.gdn_core, input_dtype=name, output_dtype=name, **{**CONSTANTS, **changes}))
 
 
 class DeviceCache(test_core.Cache):
-    """test_core's cache where the kernel runs, so that it writes the slots the next call reads."""
+    """test_core's cache in this impl's layout (its rows: the open chunk's inputs) where the kernel runs, so
+    that it writes the slots the next call reads."""
 
     def __init__(self, slots=3):
-        super().__init__(slots)
-        self.state, self.rows = self.state.to(DEVICE), self.rows.to(DEVICE)
+        self.state = torch.full((slots, test_core.HV, test_core.DK, test_core.DV), float("nan"), device=DEVICE)
+        self.rows = torch.full((slots, test_core.C, test_core.HV, gdn_triton.row_width(test_core.HV, test_core.DK, test_core.DV)), float("nan"),
+                               device=DEVICE)
 
 
 @pytest.fixture
@@ -78,20 +82,60 @@ def test_every_form_gives_the_trainers_bits(chunks_of_16):
     assert torch.isfinite(first).all()
 
 
-def test_the_cache_matches_the_references_layout(chunks_of_16):
-    """After a prefill of 2C + 3 tokens the slot holds S₀ after two chunks and three open rows, close to
-    what the reference keeps (both are the same quantities, in another order of operations)."""
+def test_the_cache_holds_the_open_chunks_inputs(chunks_of_16):
+    """After a prefill of 2C + 3 tokens the slot holds S₀ after two chunks (close to the reference's) and the
+    open chunk's three rows of inputs: k and v as given, g and β as gated; the rest stays poisoned."""
     seq, params = make_seq(2 * C + 3), make_params()
-    caches = {}
-    reference_op = on_device(functools.partial(reference.gdn_core, input_dtype="float32", output_dtype="float32", accum_dtype="float32",
-                                               chunk_size=C, **test_core.REDUCE))
-    for name, fn in (("triton", triton_op()), ("reference", reference_op)):
-        cache = test_core.Cache()
-        cache.step(fn, params, [(2, seq, 0, 2 * C + 3)])
-        caches[name] = cache
-    torch.testing.assert_close(caches["triton"].state[2].cpu(), caches["reference"].state[2].cpu(), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(caches["triton"].rows[2, :3].cpu(), caches["reference"].rows[2, :3].cpu(), atol=1e-5, rtol=1e-5)
-    assert torch.isnan(caches["triton"].rows[2, 3:].cpu()).all() and torch.isnan(caches["triton"].state[:2].cpu()).all()
+    cache, ref = test_core.Cache(), test_core.Cache()
+    reference_op = functools.partial(reference.gdn_core, input_dtype="float32", output_dtype="float32", accum_dtype="float32", chunk_size=C,
+                                     **test_core.REDUCE)
+    cache.step(triton_op(), params, [(2, seq, 0, 2 * C + 3)])
+    ref.rows = torch.full((3, C, HV, reference.row_width(HV, DK, DV)), float("nan"))
+    ref.state = torch.full((3, HV, DK, DV), float("nan"))
+    ref.step(reference_op, params, [(2, seq, 0, 2 * C + 3)])
+    torch.testing.assert_close(cache.state[2].cpu(), ref.state[2], atol=1e-5, rtol=1e-5)
+    rows = cache.rows[2].cpu()  # [C, HV, width]
+    k_pad, v_pad = gdn_triton._padded(DK), gdn_triton._padded(DV)
+    group = HV // seq["k"].shape[1]
+    assert torch.equal(rows[:3, :, :DK], seq["k"][2 * C :].repeat_interleave(group, 1))
+    assert torch.equal(rows[:3, :, k_pad : k_pad + DV], seq["v"][2 * C :])
+    g, beta = reference.gates(seq["a"][2 * C :], seq["b"][2 * C :], params["a_log"], params["dt_bias"], torch.float32)
+    torch.testing.assert_close(rows[:3, :, k_pad + v_pad], g, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(rows[:3, :, k_pad + v_pad + 1], beta, atol=1e-6, rtol=1e-6)
+    assert torch.isnan(rows[3:]).all() and torch.isnan(cache.state[:2].cpu()).all()
+
+
+def test_several_blocks_of_value_columns_give_the_same_rows(chunks_of_16, monkeypatch):
+    """Value heads of 48 in blocks of 16 (three programs a head, each its own columns of the state): the same
+    forms, bit for bit, and the values of one block of 64."""
+    monkeypatch.setattr(test_core, "DV", 48)
+    results = dict(test_core.forms(triton_op(), torch.float32, length=C + 5))
+    first = results["alone"]
+    assert all(bitwise_equal(out, first) for out in results.values()), [f for f, o in results.items() if not bitwise_equal(o, first)]
+    seq, params = make_seq(C + 5, seed=3), make_params()
+    one_block = test_core.packed(triton_op(block_v=64), [seq], params)[0]
+    torch.testing.assert_close(one_block, test_core.packed(triton_op(), [seq], params)[0], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the contract's tile at Qwen3.5's head sizes: compiled for the GPU (the interpreter takes minutes)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("chunk, block_v, num_warps", [(32, 128, 8), (64, 64, 8)], ids=["contract", "chunks of 64"])
+def test_at_qwen_head_sizes_every_form_gives_the_trainers_bits(monkeypatch, dtype, chunk, block_v, num_warps):
+    """Heads of 128 and bf16 tensor-core products (tiny-hybrid-triton's constants, and chunks of 64): a
+    sequence over three chunks packed, in prefill chunks and decoded from every offset, bit for bit; close
+    to float64."""
+    monkeypatch.setattr(test_core, "C", chunk)
+    monkeypatch.setattr(test_core, "DK", 128)
+    monkeypatch.setattr(test_core, "DV", 128)
+    monkeypatch.setattr(test_core, "Cache", DeviceCache)
+    op = triton_op(dtype, chunk_size=chunk, dot_precision="bf16", block_v=block_v, num_warps=num_warps)
+    results = dict(test_core.forms(op, dtype, length=2 * chunk + 37))
+    first = results["alone"]
+    differing = {form: int((int_view(out) != int_view(first)).sum()) for form, out in results.items() if not bitwise_equal(out, first)}
+    assert not differing
+    seq, params = make_seq(2 * chunk + 37, dtype, seed=3), make_params()
+    want = textbook(seq, params)
+    assert (first.double() - want).abs().max() < 3e-2 * max(1.0, float(want.abs().max()))
 
 
 def test_gradients_match_float64_autograd_of_the_recurrence(chunks_of_16):
@@ -112,9 +156,8 @@ def test_the_battery_admits_it():
     the full probe in both dtype passes."""
     data = preset_dict("tiny-dense")
     data["composition"].append({"region": "gdn.core", "ops": ["gdn_core"], "cases": ["trainer_fwd", "trainer_score", "engine_prefill", "engine_decode"],
-                                "impl": {"id": "gdn.core.triton", "version": 1},
-                                "constants": dict(input_dtype="bfloat16", output_dtype="bfloat16", accum_dtype="float32", chunk_size=C,
-                                                  num_warps=4),
+                                "impl": {"id": "gdn.core.triton", "version": gdn_triton.VERSION},
+                                "constants": dict(input_dtype="bfloat16", output_dtype="bfloat16", **CONSTANTS),
                                 "discharge": {"method": "bitwise_equal_to", "case": "trainer_fwd"}})
     contract = Contract.from_dict(data)
     probe = REGISTRY.probe("gdn.core") if ON_GPU else functools.partial(REGISTRY.probe("gdn.core"), lengths=(C + 1, 5))
@@ -125,10 +168,13 @@ def test_the_battery_admits_it():
 
 @pytest.mark.parametrize("changes, message", [
     (dict(accum_dtype="float64"), "accumulates in float32 only"),
-    (dict(chunk_size=8), "chunk_size must be a power of two >= 16"),
+    (dict(chunk_size=8), "chunk_size must be 16, 32 or 64"),
+    (dict(chunk_size=128), "chunk_size must be 16, 32 or 64"),
+    (dict(dot_precision="fp16"), "dot_precision must be one of"),
+    (dict(block_v=24), "block_v must be a power of two"),
     (dict(num_warps=3), "num_warps must be a power of two"),
 ])
 def test_bad_constants_are_refused(changes, message):
-    constants = {**dict(input_dtype="float32", output_dtype="float32", accum_dtype="float32", chunk_size=C, num_warps=4), **changes}
+    constants = {**dict(input_dtype="float32", output_dtype="float32"), **CONSTANTS, **changes}
     with pytest.raises(ValueError, match=message):
         gdn_triton.check_constants(constants)

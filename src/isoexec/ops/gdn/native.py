@@ -3,7 +3,7 @@
 Runs of more than one token (training, prefill) take the chunk form, chunks counted from the run's
 first token, with the UT system solved by `torch.linalg.solve_triangular` and the in-chunk products as
 matmuls; a run of one token (decode) takes the recurrent step from the running state. The cache's
-`state` holds that running state (after the sequence's last token); `rows` is not used. The two forms
+`state` holds that running state (after the sequence's last token); `rows` is not used (`row_width` 1). The two forms
 are different arithmetic, so a decoded row is not the bits the trainer computes for it.
 """
 
@@ -13,6 +13,11 @@ from torch import Tensor
 
 from ..common import torch_dtype
 from .reference import L2_EPS, _runs, check_inputs
+
+
+def row_width(num_v_heads: int, k_dim: int, v_dim: int) -> int:
+    """native keeps the running state alone and never reads the rows: the engine gives it one float a row."""
+    return 1
 
 
 def _normalized(x: Tensor) -> Tensor:
@@ -58,7 +63,7 @@ def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tenso
     if positions is None:
         raise ValueError("gdn.core: positions are required")
     num_k_heads, num_v_heads, k_dim, v_dim = check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size,
-                                                          input_dtype)
+                                                          input_dtype, None)
     group = num_v_heads // num_k_heads
     beta = b.float().sigmoid()
     g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())

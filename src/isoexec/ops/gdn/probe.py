@@ -28,7 +28,8 @@ from torch import Tensor
 from ...validate.battery import Trial, hazard_rows, strided
 from ..attention.probe import decode_spans, prefill_spans
 from ..common import torch_dtype
-from .reference import SOFTPLUS_THRESHOLD, row_width
+from . import reference
+from .reference import SOFTPLUS_THRESHOLD
 
 POISON = (float("nan"), float("inf"), float("-inf"))
 NUM_SPARE_SLOTS = 2  # cache slots no sequence owns: they stay poisoned
@@ -241,6 +242,8 @@ def core(ctx, lengths=None):
     def arguments(tokens, cache, state_ids, positions):
         state, rows = cache or (None, None)
         return (*(tokens[name] for name in "qkvab"), a_log, dt_bias, state, rows, state_ids, positions)
+
+    row_width = ctx.impl.row_width if ctx.impl is not None and ctx.impl.row_width is not None else reference.row_width
 
     def new_cache(num_slots):
         return (_poisoned(ctx, (num_slots, hv, dk, dv), torch.float32),

@@ -121,8 +121,9 @@ def _row(chunk: _Chunk, i: int, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta
     return o
 
 
-def check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, input_dtype):
-    """Shapes and dtypes of a call (shared with `native`); -> (Hk, Hv, Dk, Dv)."""
+def check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, input_dtype, width):
+    """Shapes and dtypes of a call, shared by the impls; `width`: the floats per value head of the calling
+    impl's cache rows (its `row_width`), None for an impl that does not read them. -> (Hk, Hv, Dk, Dv)."""
     for name, t in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
         expect_dtype(t, input_dtype, f"gdn.core {name}")
     if q.dim() != 3 or k.shape != q.shape or v.dim() != 3 or v.shape[0] != q.shape[0]:
@@ -142,14 +143,15 @@ def check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, position
     if (state is None) != (rows is None) or (state is None) != (state_ids is None):
         raise ValueError("gdn.core: state, rows and state_ids come together (the engine's cache) or not at all (a trainer forward)")
     if state is not None:
-        width = row_width(num_v_heads, k_dim, v_dim)
         if state.dtype != torch.float32 or state.dim() != 4 or state.shape[1:] != (num_v_heads, k_dim, v_dim):
             raise ValueError(f"gdn.core: state must be float32 [N, {num_v_heads}, {k_dim}, {v_dim}], got {state.dtype} {tuple(state.shape)}")
+        width = rows.shape[-1] if width is None else width
         if rows.dtype != torch.float32 or rows.shape != (state.shape[0], chunk_size, num_v_heads, width):
             raise ValueError(f"gdn.core: rows must be float32 [N, {chunk_size}, {num_v_heads}, {width}], got {rows.dtype} {tuple(rows.shape)}")
         if state_ids.shape != (num_tokens,) or state_ids.is_floating_point():
             raise ValueError(f"gdn.core: state_ids must be [T] integers, got {state_ids.dtype} of shape {tuple(state_ids.shape)}")
-        if num_tokens and (int(state_ids.min()) < 0 or int(state_ids.max()) >= state.shape[0]):
+        capturing = state_ids.is_cuda and torch.cuda.is_current_stream_capturing()  # a CUDA graph's decode step: no host reads
+        if num_tokens and not capturing and (int(state_ids.min()) < 0 or int(state_ids.max()) >= state.shape[0]):
             raise ValueError(f"gdn.core: a state id lies outside the cache's {state.shape[0]} slots")
     elif num_tokens:
         starts = torch.cat([positions.new_ones(1, dtype=torch.bool), positions[1:] != positions[:-1] + 1])
@@ -174,7 +176,7 @@ def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tenso
     if positions is None:
         raise ValueError("gdn.core: positions are required")
     num_k_heads, num_v_heads, k_dim, v_dim = check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size,
-                                                          input_dtype)
+                                                          input_dtype, row_width(v.shape[1], q.shape[-1], v.shape[-1]))
     accum = torch_dtype(accum_dtype)
     reduce = dict(block=reduce_block, block_tree=block_tree, tree=tree)
     group = num_v_heads // num_k_heads

@@ -1,14 +1,32 @@
-"""gdn.core by chunk-form rows as one Triton kernel: every row from its absolute chunk's start state and
-the chunk's earlier rows, by one op sequence in training, prefill chunks and decode (README.md).
+"""gdn.core by chunk-form rows as one Triton kernel: every row from its absolute chunk's start state and the
+chunk's inputs up to itself, by one op sequence in training, prefill chunks and decode (README.md).
 
-One program per (token, value head) looks at its token and, if a run starts there (a new sequence or
-slot, or a position that does not follow the previous token's), walks that run chunk piece by chunk
-piece for its head. Every tile has C rows, row r holding the chunk's offset r, whichever of them the
-piece computes: a decode step is row r of the same tiles as the trainer's, the rows it does not compute
-masked to +0.0 (earlier rows come from the sequence's cache slot, later ones do not exist). The matrix
-products (k·kᵀ, q·kᵀ, w S₀, q S₀, scores · δ, kᵀ δ) are `tl.dot`s of those fixed tiles; the in-chunk
-decay cumsum and the forward substitution are serial over the piece's rows, each row's sums over the C
-rows of the chunk. Nothing waits on the host. The backward pass recomputes the forward with `native`
+One program per (run, value head) walks its run chunk piece by chunk piece, serially (the state chain);
+the work inside a chunk is a handful of C-row tensor-core products, as flash-linear-attention's chunk
+kernels do it. Every tile has C rows with row r at chunk offset r whatever the piece computes: a piece
+that starts mid-chunk (an engine call continuing its sequence) loads the chunk's earlier inputs from the
+sequence's cache slot and recomputes those rows exactly as the first call did, so a decode step runs the
+trainer's tiles with the rows past it zero. The engine's cache is therefore the open chunk's *inputs*
+(k and v as given, g and β as this kernel gated them) and the fp32 state at its start: no intermediate a
+later call would have to reproduce.
+
+A chunk piece, for rows r < `stop` (rows past it are zero, finite and never read by a row before them):
+1. gates, l2 norms (`tl.sum` over the head dim), the decay cumsum c (`tl.cumsum` over the C rows: a prefix
+   scan, so row r's value depends on rows <= r alone);
+2. A = β_i (k_i · k_j) exp(c_i - c_j) below the diagonal, one product; T = (I + A)^-1 by forward
+   substitution inside 16-row diagonal blocks and block products below them (`_inverse`, through a
+   per-program scratch: a register tile cannot be sliced). Row i of T reads rows <= i of A only;
+3. W = T (β e^c k), U = T (β v), δ = U - W S₀, o = e^c (q S₀) + (q kᵀ ∘ decay, j <= i) δ; when the chunk
+   closes, S₀ ← e^{c_last} S₀ + (k e^{c_last - c})ᵀ δ.
+The big products take `dot_precision` (ieee fp32 on the FMA units, tf32 or bf16 operands on the tensor
+cores, fp32 accumulation either way); the block products of the inverse are ieee. An MMA's element is a
+function of its own row and column, and the rows a row does not see are zero or multiplied by an exact
+zero, so a row's bits do not depend on the rows after it.
+
+One compiled kernel serves every case: nothing that differs between a trainer call and an engine call
+is a constexpr or a specialised integer (has_cache, T and the strides are runtime values; the wrapper
+hands the kernel 16-byte aligned pointers only), because two compiled variants may lay a tile out
+differently and reduce it in another order. The backward pass recomputes the forward with `native`
 (the chunk form in torch) under autograd: correct gradients, not invariant ones.
 """
 
@@ -27,44 +45,106 @@ from .reference import SOFTPLUS_THRESHOLD as _SOFTPLUS_THRESHOLD
 from .reference import check_inputs
 
 ID = "gdn.core.triton"
+VERSION = 2
 # The reference's constants, as constexprs a kernel may read.
 L2_EPS = tl.constexpr(_L2_EPS) if tl is not None else _L2_EPS
 SOFTPLUS_THRESHOLD = tl.constexpr(_SOFTPLUS_THRESHOLD) if tl is not None else _SOFTPLUS_THRESHOLD
 DTYPES = ("bfloat16", "float32")
+PRECISIONS = {"ieee": 0, "tf32": 1, "bf16": 2}
+SUB = 16  # rows of the inverse's diagonal blocks: tl.dot's smallest tile
+
+
+def _padded(dim: int) -> int:
+    """A head dim as the kernel tiles it: a power of two >= 16 (tl.dot's smallest tile)."""
+    return max(16, triton.next_power_of_2(dim)) if triton is not None else max(16, 1 << (dim - 1).bit_length())
+
+
+def row_width(num_v_heads: int, k_dim: int, v_dim: int) -> int:
+    """Floats a cached open-chunk row holds per value head: the inputs k and v as given (in [Dk_pad] and
+    [Dv_pad] fields), then g and β, padded to 16 floats so that every field starts 64-byte aligned."""
+    return _padded(k_dim) + _padded(v_dim) + 16
 
 
 @jit
-def _row_of(x, rows, r):
-    """Row r of a [C, N] tile (a [N] vector), by a masked sum: a register tile has no dynamic index."""
-    return tl.sum(tl.where(rows[:, None] == r, x, 0.0), 0)
+def _operand(x, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """x as a product operand: rounded to bf16 where PRECISION is 2 (kept as bf16, half the registers; widened
+    back to fp32 in the interpreter, which multiplies bf16 bit patterns: triton_support's doc), else x."""
+    if PRECISION == 2 and INTERPRET:
+        y = x.to(tl.bfloat16).to(tl.float32)
+    elif PRECISION == 2:
+        y = x.to(tl.bfloat16)
+    else:
+        y = x
+    return y
 
 
 @jit
-def _at(x, rows, r):
-    """Element r of a [C] vector."""
-    return tl.sum(tl.where(rows == r, x, 0.0), 0)
+def _mm(a, b, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """a @ b of `_operand`s, accumulated in fp32: tensor cores with bf16 (2) or tf32 (1) operands, or ieee
+    fp32 (0, the FMA units); the interpreter's products are its fixed-order fp32 sums in every case."""
+    if INTERPRET:
+        y = tl.dot(a, b, input_precision="ieee")
+    elif PRECISION == 2:
+        y = tl.dot(a, b)
+    elif PRECISION == 1:
+        y = tl.dot(a, b, input_precision="tf32")
+    else:
+        y = tl.dot(a, b, input_precision="ieee")
+    return y
 
 
 @jit
-def _dot(a, b, DOT_IN_FP32: tl.constexpr):
-    if DOT_IN_FP32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b, input_precision="ieee")
+def _inverse(system, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """(I + A)^-1 of a strictly lower [C, C] A, by products alone (no serial row loop): with D its SUB-row
+    diagonal blocks and L the rest, T_D = (I + D)^-1 = (I - D)(I + D²)(I + D⁴)… (D^SUB = 0), N = T_D L and
+    (I + A)^-1 = (I + N)^-1 T_D = (I - N)(I + N²)… T_D (N^(C / SUB) = 0). Every factor is lower
+    triangular, so row i of the result reads rows <= i of A alone; the powers stay within a block or a
+    few, where entries of |A| <= 1 cannot grow far. Products in tf32 where the others take bf16 (the
+    inverse then feeds bf16 products, as flash-linear-attention's does)."""
+    INV: tl.constexpr = 1 if PRECISION == 2 else PRECISION
+    rows = tl.arange(0, C)
+    eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+    same_block = rows[:, None] // SUB == rows[None, :] // SUB
+    d = tl.where(same_block, system, 0.0)
+    inv = eye - d
+    power = d
+    for _ in tl.static_range(SUB.bit_length() - 2):  # D², D⁴, D⁸ for blocks of 16
+        power = _mm(power, power, INV, INTERPRET)
+        inv = inv + _mm(inv, power, INV, INTERPRET)
+    n = _mm(inv, tl.where(same_block, 0.0, system), INV, INTERPRET)
+    t = eye - n
+    power = n
+    for _ in tl.static_range((C // SUB).bit_length() - 2):  # N² for four blocks
+        power = _mm(power, power, INV, INTERPRET)
+        t = t + _mm(t, power, INV, INTERPRET)
+    return _mm(t, inv, INV, INTERPRET)
 
 
-# T and has_cache are not specialised: one compiled kernel serves every case (a trainer call without a
-# cache and an engine call with one compiled as two variants gave rows other last bits on an H200).
-@jit(do_not_specialize=["T", "has_cache"])
+@jit
+def _rows_mask(rows_in, m_cols, WHOLE: tl.constexpr):
+    """[C, D] mask of the rows in `rows_in`, and of the columns `m_cols` unless the tile's columns are all
+    in the head (WHOLE): a column mask Triton cannot see through keeps a load from being vectorised."""
+    if WHOLE:
+        m = rows_in[:, None]
+    else:
+        m = rows_in[:, None] & m_cols[None, :]
+    return m
+
+
+# T, has_cache and the strides are not specialised: one compiled kernel serves every case (the module doc).
+@jit(do_not_specialize=["T", "has_cache", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_at",
+                        "stride_ot", "stride_oh"])
 def gdn_fwd_kernel(
-    q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions,
+    q, k, v, a, b, a_log, dt_bias, out, gates, state, rows_cache, state_ids, positions, candidates,
     T, q_scale, has_cache,
-    stride_qt, stride_qh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
-    GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, C: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
+    GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    # Program (t, h): if a run starts at token t (a new slot, or a position that does not follow the
-    # previous token's), walk that run for value head h.
-    i_t, i_h = tl.program_id(0), tl.program_id(1)
+    # Program (p, h, v): if a run starts at token candidates[p] (a new slot, or a position that does not
+    # follow the previous token's), walk that run for value head h, value columns [v BV, (v + 1) BV).
+    i_c, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_t = tl.load(candidates + i_c)
     pos0 = tl.load(positions + i_t)
     prev_pos = tl.load(positions + i_t - 1, mask=i_t > 0, other=-2)
     starts = (i_t == 0) | (prev_pos + 1 != pos0)
@@ -72,44 +152,36 @@ def gdn_fwd_kernel(
     slot = tl.load(state_ids + i_t, mask=caching, other=0).to(tl.int64)
     starts = starts | (caching & (tl.load(state_ids + i_t - 1, mask=caching & (i_t > 0), other=-1) != slot))
     if starts:
-        _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, pos0, slot, caching,
-             stride_qt, stride_qh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
-             GROUP, HV, DK, DV, DK_PAD, DV_PAD, C, DOT_IN_FP32)
+        _run(q, k, v, a, b, a_log, dt_bias, out, gates, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v,
+             pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
+             GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, INTERPRET)
 
 
 @jit
 def _run(
-    q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, pos0, slot, caching,
-    stride_qt, stride_qh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
-    GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, C: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    q, k, v, a, b, a_log, dt_bias, out, gates, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, pos0, slot,
+    caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
+    GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    """Value head i_h of the run that starts at token i_t, chunk piece by chunk piece."""
-    width = 2 * DK + 2 * DV + 1
+    """Value head i_h, columns [i_v BV, (i_v + 1) BV) of the run that starts at token i_t, piece by piece."""
+    width: tl.constexpr = DK_PAD + DV_PAD + 16
     rows = tl.arange(0, C)
-    o_k, o_v = tl.arange(0, DK_PAD), tl.arange(0, DV_PAD)
+    o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < DK, o_v < DV
+    m_state = m_k[:, None] & m_v[None, :]
     i_kh = i_h // GROUP
     neg_a = -tl.exp(tl.load(a_log + i_h).to(tl.float32))
     bias = tl.load(dt_bias + i_h).to(tl.float32)
+    below = rows[:, None] > rows[None, :]
+    upto = rows[:, None] >= rows[None, :]
+    # The run's start state: the slot's open chunk's, or zeros at position 0 (this program's value columns).
+    s0 = tl.load(state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :],
+                 mask=m_state & (pos0 > 0) & caching, other=0.0)  # [DK_PAD, BV]
 
-    # The run's start state and its open chunk's rows (offsets < pos0 % C), or zeros at position 0.
-    p_base = rows_cache + slot.to(tl.int64) * (C * HV * width) + rows * (HV * width) + i_h * width  # [C]
-    p_row = p_base[:, None]
-    p_state = state + slot.to(tl.int64) * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :]
-    first = pos0 % C
-    cached = (rows < first) & (pos0 > 0) & caching  # [C]
-    s0 = tl.load(p_state, mask=m_k[:, None] & m_v[None, :] & (pos0 > 0) & caching, other=0.0)
-    kk = tl.where(cached[:, None] & m_k[None, :], tl.load(p_row + o_k[None, :], mask=cached[:, None] & m_k[None, :], other=0.0).to(tl.float32), 0.0)
-    ww = tl.where(cached[:, None] & m_k[None, :], tl.load(p_row + DK + o_k[None, :], mask=cached[:, None] & m_k[None, :], other=0.0).to(tl.float32), 0.0)
-    uu = tl.where(cached[:, None] & m_v[None, :], tl.load(p_row + 2 * DK + o_v[None, :], mask=cached[:, None] & m_v[None, :], other=0.0).to(tl.float32), 0.0)
-    dd = tl.where(cached[:, None] & m_v[None, :], tl.load(p_row + 2 * DK + DV + o_v[None, :], mask=cached[:, None] & m_v[None, :], other=0.0).to(tl.float32), 0.0)
-    cc = tl.where(cached, tl.load(p_base + 2 * DK + 2 * DV, mask=cached, other=0.0).to(tl.float32), 0.0)
-
-    t = i_t.to(tl.int64)  # the token at offset `first` of the current chunk
+    t = i_t.to(tl.int64)  # the token at offset `off` of the current piece
     pos = pos0
     going = pos0 >= 0
-    fresh = rows < 0  # the open chunk's rows computed by this call
     closed = pos0 < 0  # whether a chunk closed in this call
     while going:
         off = pos % C
@@ -122,100 +194,164 @@ def _run(
         stop = tl.min(tl.where(cand & ~same, rows, C), 0)  # the first offset past the piece
         stop = tl.minimum(stop, tl.max(tl.where(cand, rows, -1), 0) + 1)
         piece = (rows >= off) & (rows < stop)  # [C]
+        cached = rows < off  # the chunk's earlier rows, from the slot (off > 0 only with a cache)
         tok64 = tok.to(tl.int64)
-        m_pk = piece[:, None] & m_k[None, :]
-        qf = tl.load(q + tok64[:, None] * stride_qt + i_kh * stride_qh + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32)
-        kf = tl.load(k + tok64[:, None] * stride_qt + i_kh * stride_qh + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32)
-        vf = tl.load(v + tok64[:, None] * stride_vt + i_h * stride_vh + o_v[None, :], mask=piece[:, None] & m_v[None, :], other=0.0).to(tl.float32)
-        af = tl.load(a + tok64 * stride_at + i_h, mask=piece, other=0.0).to(tl.float32)
-        bf = tl.load(b + tok64 * stride_at + i_h, mask=piece, other=0.0).to(tl.float32)
-        # Gates and norms, per row.
-        x = af + bias
+        # The slot as the piece's first token names it (the run's slot): read per piece, so the compiler
+        # does not hoist the cache's [C, D] address tiles out of the loop and keep them live.
+        p_slot = rows_cache + tl.load(state_ids + t, mask=caching, other=0).to(tl.int64) * (C * HV * width) + i_h * width
+        p_cached = p_slot + rows * (HV * width)  # [C]
+        # Row offsets: every stride is a multiple of 16 elements (gdn_fwd pads where not), so loads are 16-byte vectors.
+        k_rows = tl.multiple_of(tok64 * stride_kt + i_kh * stride_kh, 16)
+        v_rows = tl.multiple_of(tok64 * stride_vt + i_h * stride_vh, 16)
+
+        # 1. The rows' inputs: the earlier rows as the slot holds them, the piece's from the call, zero past it.
+        m_ck, m_cv = _rows_mask(cached, m_k, DK == DK_PAD), _rows_mask(cached, m_v, DV % BV == 0)
+        m_pk, m_pv = _rows_mask(piece, m_k, DK == DK_PAD), _rows_mask(piece, m_v, DV % BV == 0)
+        kf = tl.where(m_ck, tl.load(p_cached[:, None] + o_k[None, :], mask=m_ck, other=0.0),
+                      tl.load(k + k_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32))
+        vf = tl.where(m_cv, tl.load(p_cached[:, None] + DK_PAD + o_v[None, :], mask=m_cv, other=0.0),
+                      tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_pv, other=0.0).to(tl.float32))
+        x = tl.load(a + tok64 * stride_at + i_h, mask=piece, other=0.0).to(tl.float32) + bias
         g = neg_a * tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(tl.where(x > SOFTPLUS_THRESHOLD, 0.0, x))))
-        beta = 1.0 / (1.0 + tl.exp(-bf))
-        qn = qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) + L2_EPS))[:, None] * q_scale
-        kn = kf * (1.0 / tl.sqrt(tl.sum(kf * kf, 1) + L2_EPS))[:, None]
-        kk = tl.where(piece[:, None], kn, kk)
-        # The decay cumsum in row order.
-        c_prev = _at(cc, rows, off - 1) * (off > 0)
-        r = off
-        while r < stop:
-            c_prev = c_prev + _at(g, rows, r)
-            cc = tl.where(rows == r, c_prev, cc)
-            r += 1
-        gram = _dot(kk, tl.trans(kk), DOT_IN_FP32)  # [C, C]
-        below = rows[None, :] < rows[:, None]
-        system = tl.where(below, beta[:, None] * gram * tl.exp(tl.where(below, cc[:, None] - cc[None, :], 0.0)), 0.0)
-        # Forward substitution, row by row.
-        scale_k = beta * tl.exp(cc)
-        r = off
-        while r < stop:
-            a_r = _row_of(system, rows, r)  # [C]
-            w_r = _at(scale_k, rows, r) * _row_of(kk, rows, r) - tl.sum(a_r[:, None] * ww, 0)
-            u_r = _at(beta, rows, r) * _row_of(vf, rows, r) - tl.sum(a_r[:, None] * uu, 0)
-            ww = tl.where(rows[:, None] == r, w_r[None, :], ww)
-            uu = tl.where(rows[:, None] == r, u_r[None, :], uu)
-            r += 1
-        dd = tl.where(piece[:, None], uu - _dot(ww, s0, DOT_IN_FP32), dd)
-        upto = rows[None, :] <= rows[:, None]
-        scores = tl.where(upto, _dot(qn, tl.trans(kk), DOT_IN_FP32) * tl.exp(tl.where(upto, cc[:, None] - cc[None, :], 0.0)), 0.0)
-        o = tl.exp(cc)[:, None] * _dot(qn, s0, DOT_IN_FP32) + _dot(scores, dd, DOT_IN_FP32)
-        o = tl.where(o == 0.0, 0.0, o)
-        tl.store(out + tok64[:, None] * stride_ot + i_h * stride_oh + o_v[None, :], o.to(out.dtype.element_ty), mask=piece[:, None] & m_v[None, :])
-        fresh = fresh | piece
-        if stop == C:  # the chunk closes: the next chunk's start state, and no open rows
-            c_last = _at(cc, rows, C - 1)
-            s0 = tl.exp(c_last) * s0 + _dot(tl.trans(kk * tl.exp(c_last - cc)[:, None]), dd, DOT_IN_FP32)
-            kk, ww, uu, dd, cc = kk * 0.0, ww * 0.0, uu * 0.0, dd * 0.0, cc * 0.0
-            fresh, closed = rows < 0, pos0 >= 0
+        beta = 1.0 / (1.0 + tl.exp(-tl.load(b + tok64 * stride_at + i_h, mask=piece, other=0.0).to(tl.float32)))
+        g = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD, mask=cached, other=0.0), tl.where(piece, g, 0.0))
+        beta = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD + 1, mask=cached, other=0.0), tl.where(piece, beta, 0.0))
+        if caching & (i_v == 0):  # the gates a later call reads from the slot (gdn_rows_kernel stores them)
+            tl.store(gates + tok64 * (2 * HV) + 2 * i_h, g, mask=piece)
+            tl.store(gates + tok64 * (2 * HV) + 2 * i_h + 1, beta, mask=piece)
+        kn = _operand(kf * (1.0 / tl.sqrt(tl.sum(kf * kf, 1) + L2_EPS))[:, None], PRECISION, INTERPRET)  # [C, DK_PAD]
+        c = tl.cumsum(g, 0)
+
+        # 2. The UT system and its inverse.
+        gram = _mm(kn, tl.trans(kn), PRECISION, INTERPRET)  # [C, C]
+        system = tl.where(below, beta[:, None] * gram * tl.exp(tl.where(below, c[:, None] - c[None, :], 0.0)), 0.0)
+        inverse = _operand(_inverse(system, C, SUB, PRECISION, INTERPRET), PRECISION, INTERPRET)
+
+        # 3. The rows' values and outputs, and the next chunk's start state.
+        w = _operand(_mm(inverse, _operand((beta * tl.exp(c))[:, None] * kn.to(tl.float32), PRECISION, INTERPRET), PRECISION, INTERPRET),
+                     PRECISION, INTERPRET)  # [C, DK_PAD]
+        s_op = _operand(s0, PRECISION, INTERPRET)
+        delta = _mm(inverse, _operand(beta[:, None] * vf, PRECISION, INTERPRET), PRECISION, INTERPRET) - _mm(w, s_op, PRECISION, INTERPRET)
+        delta = _operand(delta, PRECISION, INTERPRET)  # [C, BV]
+        q_rows = tl.multiple_of(tok64 * stride_qt + i_kh * stride_qh, 16)
+        qf = tl.load(q + q_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32)
+        qn = _operand(qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) + L2_EPS))[:, None] * q_scale, PRECISION, INTERPRET)
+        scores = tl.where(upto, _mm(qn, tl.trans(kn), PRECISION, INTERPRET) * tl.exp(tl.where(upto, c[:, None] - c[None, :], 0.0)), 0.0)
+        o = tl.exp(c)[:, None] * _mm(qn, s_op, PRECISION, INTERPRET) + _mm(_operand(scores, PRECISION, INTERPRET), delta, PRECISION, INTERPRET)
+        o = tl.where(o == 0.0, 0.0, o)  # one zero whichever rows shared the products (their exact zeros carry signs)
+        o_rows = tl.multiple_of(tok64 * stride_ot + i_h * stride_oh, 16)
+        tl.store(out + o_rows[:, None] + o_v[None, :], o.to(out.dtype.element_ty), mask=m_pv)
+        if stop == C:
+            c_last = tl.sum(tl.where(rows == C - 1, c, 0.0), 0)
+            decayed = _operand(kn.to(tl.float32) * tl.exp(c_last - c)[:, None], PRECISION, INTERPRET)
+            s0 = tl.exp(c_last) * s0 + _mm(tl.trans(decayed), delta, PRECISION, INTERPRET)
+            closed = pos0 >= 0
         t += stop - off
         pos += stop - off
         going = (stop == C) & (t < T)
         if going:
             going = tl.load(positions + t, mask=t < T, other=-1) == pos
             going = going & (~caching | (tl.load(state_ids + t, mask=caching & (t < T), other=-1) == slot))
-    if caching:
-        # The open chunk's rows this call computed (the earlier ones are in the slot already) and, where it
-        # changed (a chunk closed) or was never stored (the run began the sequence), its start state.
-        m_open = fresh & (rows < pos % C)
-        tl.store(p_row + o_k[None, :], kk, mask=m_open[:, None] & m_k[None, :])
-        tl.store(p_row + DK + o_k[None, :], ww, mask=m_open[:, None] & m_k[None, :])
-        tl.store(p_row + 2 * DK + o_v[None, :], uu, mask=m_open[:, None] & m_v[None, :])
-        tl.store(p_row + 2 * DK + DV + o_v[None, :], dd, mask=m_open[:, None] & m_v[None, :])
-        tl.store(p_base + 2 * DK + 2 * DV, cc, mask=m_open)
-        if closed | (pos0 == 0):
-            tl.store(p_state, s0, mask=m_k[:, None] & m_v[None, :])
+    if caching & (closed | (pos0 == 0)):  # the state changed (a chunk closed), or the slot never held this sequence's
+        p_state = state + tl.load(state_ids + i_t).to(tl.int64) * (HV * DK * DV) + i_h * (DK * DV)  # reread: see p_slot
+        tl.store(p_state + o_k[:, None] * DV + o_v[None, :], s0, mask=m_state)
+
+
+@jit(do_not_specialize=["T", "stride_kt", "stride_kh", "stride_vt", "stride_vh"])
+def gdn_rows_kernel(k, v, gates, rows_cache, state_ids, positions, T, stride_kt, stride_kh, stride_vt, stride_vh,
+                    GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, HV_PAD: tl.constexpr,
+                    DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, C: tl.constexpr):
+    """After gdn_fwd_kernel: token t's inputs into its slot's open-chunk row, if its run stops inside its
+    chunk (a run that reaches the chunk's last offset closes it, and the next call starts a new one). A
+    kernel of its own, since a program of the main kernel may still read the slot's earlier rows while
+    another has finished its run."""
+    i_t = tl.program_id(0).to(tl.int64)
+    width: tl.constexpr = DK_PAD + DV_PAD + 16
+    pos = tl.load(positions + i_t)
+    slot = tl.load(state_ids + i_t).to(tl.int64)
+    off = pos % C
+    j = tl.arange(0, C)
+    ahead = (j >= 1) & (j <= C - 1 - off)  # the tokens up to the chunk's last offset
+    follows = (tl.load(positions + i_t + j, mask=ahead & (i_t + j < T), other=-1) == pos + j)
+    follows = follows & (tl.load(state_ids + i_t + j, mask=ahead & (i_t + j < T), other=-1) == slot)
+    if tl.sum(tl.where(ahead & ~follows, 1, 0), 0) > 0:
+        o_h, o_k, o_v = tl.arange(0, HV_PAD), tl.arange(0, DK_PAD), tl.arange(0, DV_PAD)
+        m_h = o_h < HV
+        p_row = rows_cache + slot * (C * HV * width) + off * (HV * width) + o_h * width  # [HV_PAD]
+        m_k, m_v = m_h[:, None] & (o_k < DK)[None, :], m_h[:, None] & (o_v < DV)[None, :]
+        kk = tl.load(k + i_t * stride_kt + (o_h // GROUP)[:, None] * stride_kh + o_k[None, :], mask=m_k, other=0.0).to(tl.float32)
+        vv = tl.load(v + i_t * stride_vt + o_h[:, None] * stride_vh + o_v[None, :], mask=m_v, other=0.0).to(tl.float32)
+        tl.store(p_row[:, None] + o_k[None, :], kk, mask=m_k)
+        tl.store(p_row[:, None] + DK_PAD + o_v[None, :], vv, mask=m_v)
+        tl.store(p_row + DK_PAD + DV_PAD, tl.load(gates + i_t * (2 * HV) + 2 * o_h, mask=m_h), mask=m_h)
+        tl.store(p_row + DK_PAD + DV_PAD + 1, tl.load(gates + i_t * (2 * HV) + 2 * o_h + 1, mask=m_h), mask=m_h)
+
+
+def _run_starts(positions: Tensor, state_ids: Tensor | None) -> Tensor:
+    """The tokens a program checks for a run start: each run's first token, or every token while a CUDA
+    graph is captured (no host sync then; the kernel's own check is the same either way)."""
+    num_tokens = positions.shape[0]
+    if positions.is_cuda and torch.cuda.is_current_stream_capturing():
+        return torch.arange(num_tokens, device=positions.device, dtype=torch.int32)
+    breaks = positions[1:] != positions[:-1] + 1
+    if state_ids is not None:
+        breaks = breaks | (state_ids[1:] != state_ids[:-1])
+    starts = torch.cat([breaks.new_ones(1), breaks])
+    return torch.nonzero(starts).flatten().to(torch.int32)
+
+
+def _strided16(t: Tensor, dim_pad: int) -> Tensor:
+    """t [T, H, D], or a copy whose rows and heads start on multiples of 16 elements (each head padded to
+    `dim_pad`) where t's do not, or its address is not 16-byte aligned: the kernel tells the compiler its
+    strides are such multiples (16-byte vector loads) and must see one pointer specialisation in every call."""
+    if t.stride(-1) == 1 and t.stride(0) % 16 == 0 and t.stride(1) % 16 == 0 and t.data_ptr() % 16 == 0:
+        return t
+    padded = t.new_zeros((t.shape[0], t.shape[1], dim_pad))
+    padded[..., : t.shape[2]] = t
+    return padded[..., : t.shape[2]]
 
 
 def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size: int, out_dtype: torch.dtype,
-            num_warps: int) -> Tensor:
+            precision: str, block_v: int, num_warps: int) -> Tensor:
     num_tokens, num_k_heads, k_dim = q.shape
     num_v_heads, v_dim = v.shape[1:]
-    out = v.new_empty((num_tokens, num_v_heads, v_dim), dtype=out_dtype)
+    k_pad, v_pad = _padded(k_dim), _padded(v_dim)
+    out = _strided16(v.new_empty((num_tokens, num_v_heads, v_dim), dtype=out_dtype), v_pad)
     if num_tokens == 0:
         return out
-    q, k, v, a, b = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, a, b))
-    if k.stride() != q.stride():  # the kernel reads both with q's strides (the layer's are views of one tensor)
-        q, k = q.contiguous(), k.contiguous()
+    q, k, v = _strided16(q, k_pad), _strided16(k, k_pad), _strided16(v, v_pad)
+    if a.stride() != b.stride() or a.stride(-1) != 1 or b.stride(-1) != 1:  # the kernel reads both with a's strides
+        a, b = a.contiguous(), b.contiguous()
+    a_log, dt_bias = a_log.contiguous(), dt_bias.contiguous()
+    positions = positions.contiguous()
+    candidates = _run_starts(positions, state_ids)
     has_cache = state is not None
-    dummy, scratch = positions.new_zeros(1), v.new_zeros(1, dtype=torch.float32)
-    gdn_fwd_kernel[(num_tokens, num_v_heads)](
-        q, k, v, a, b, a_log, dt_bias, out, state if has_cache else scratch, rows if has_cache else scratch, state_ids if has_cache else dummy,
-        positions.contiguous(), num_tokens, float(k_dim**-0.5), int(has_cache),
-        q.stride(0), q.stride(1), v.stride(0), v.stride(1), a.stride(0), out.stride(0), out.stride(1),
-        GROUP=num_v_heads // num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim,
-        DK_PAD=max(16, triton.next_power_of_2(k_dim)), DV_PAD=max(16, triton.next_power_of_2(v_dim)), C=chunk_size,
-        DOT_IN_FP32=triton_support.interpreting(), num_warps=num_warps,
+    if has_cache and (state.data_ptr() % 16 or rows.data_ptr() % 16 or not state.is_contiguous() or not rows.is_contiguous()):
+        raise ValueError("gdn.core.triton: the cache's state and rows must be contiguous and 16-byte aligned")
+    block_v = min(block_v, v_pad)
+    ids = state_ids.contiguous() if has_cache else positions.new_zeros(1)
+    gates = v.new_empty((num_tokens if has_cache else 1, num_v_heads, 2), dtype=torch.float32)
+    fp32_dummy = v.new_zeros(4, dtype=torch.float32)
+    dims = dict(GROUP=num_v_heads // num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, DK_PAD=k_pad, DV_PAD=v_pad, C=chunk_size)
+    gdn_fwd_kernel[(candidates.shape[0], num_v_heads, triton.cdiv(v_dim, block_v))](
+        q, k, v, a, b, a_log, dt_bias, out, gates, state if has_cache else fp32_dummy, rows if has_cache else fp32_dummy, ids, positions,
+        candidates, num_tokens, float(k_dim**-0.5), int(has_cache),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), out.stride(0), out.stride(1),
+        BV=block_v, SUB=SUB, PRECISION=PRECISIONS[precision], INTERPRET=triton_support.interpreting(),
+        num_warps=num_warps, **dims,
     )
-    return out
+    if has_cache:
+        gdn_rows_kernel[(num_tokens,)](k, v, gates, rows, ids, positions, num_tokens, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                                       HV_PAD=triton.next_power_of_2(num_v_heads), num_warps=4, **dims)
+    return out if out.is_contiguous() else out.contiguous()
 
 
 class _TritonGDN(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, a, b, a_log, dt_bias, positions, chunk_size, dtypes, num_warps):
+    def forward(ctx, q, k, v, a, b, a_log, dt_bias, positions, chunk_size, dtypes, tiles):
         ctx.save_for_backward(q, k, v, a, b, a_log, dt_bias, positions)
         ctx.chunk_size, ctx.dtypes = chunk_size, dtypes
-        return gdn_fwd(q, k, v, a, b, a_log, dt_bias, None, None, None, positions, chunk_size, torch_dtype(dtypes["output_dtype"]), num_warps)
+        return gdn_fwd(q, k, v, a, b, a_log, dt_bias, None, None, None, positions, chunk_size, torch_dtype(dtypes["output_dtype"]), **tiles)
 
     @staticmethod
     def backward(ctx, grad):
@@ -229,40 +365,48 @@ class _TritonGDN(torch.autograd.Function):
 
 
 def check_constants(constants: dict) -> None:
-    """Refuse dtypes and chunk sizes the kernel does not implement (one-line ValueErrors)."""
+    """Refuse dtypes, chunk sizes and precisions the kernel does not implement (one-line ValueErrors)."""
     if constants["accum_dtype"] != "float32":
         raise ValueError(f'{ID} accumulates in float32 only, got accum_dtype = "{constants["accum_dtype"]}"')
     for name in ("input_dtype", "output_dtype"):
         if constants[name] not in DTYPES:
             raise ValueError(f"{ID}: {name} must be one of {', '.join(DTYPES)}, got {constants[name]!r}")
     chunk = constants["chunk_size"]
-    if not isinstance(chunk, int) or chunk < 16 or chunk & (chunk - 1):
-        raise ValueError(f"{ID}: chunk_size must be a power of two >= 16 (tl.dot's smallest tile), got {chunk!r}")
+    if chunk not in (16, 32, 64):
+        raise ValueError(f"{ID}: chunk_size must be 16, 32 or 64 (whole {SUB}-row blocks of the inverse, tl.dot's smallest tile), got {chunk!r}")
+    block_v = constants["block_v"]
+    if not isinstance(block_v, int) or block_v < 16 or block_v & (block_v - 1):
+        raise ValueError(f"{ID}: block_v must be a power of two >= 16, got {block_v!r}")
+    if constants["dot_precision"] not in PRECISIONS:
+        raise ValueError(f"{ID}: dot_precision must be one of {', '.join(PRECISIONS)}, got {constants['dot_precision']!r}")
     if constants["num_warps"] not in (1, 2, 4, 8, 16):
         raise ValueError(f"{ID}: num_warps must be a power of two <= 16, got {constants['num_warps']!r}")
 
 
 def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor, state: Tensor | None = None,
              rows: Tensor | None = None, state_ids: Tensor | None = None, positions: Tensor | None = None, *, input_dtype: str,
-             output_dtype: str, accum_dtype: str, chunk_size: int, num_warps: int) -> Tensor:
-    """Same arguments and result as `reference.gdn_core` (its docstring has the layout)."""
+             output_dtype: str, accum_dtype: str, chunk_size: int, dot_precision: str, block_v: int, num_warps: int) -> Tensor:
+    """Same arguments and result as `reference.gdn_core` (its docstring), with this impl's cache rows
+    [N, C, Hv, `row_width`]: the open chunk's inputs."""
     check_constants(dict(input_dtype=input_dtype, output_dtype=output_dtype, accum_dtype=accum_dtype, chunk_size=chunk_size,
-                         num_warps=num_warps))
+                         dot_precision=dot_precision, block_v=block_v, num_warps=num_warps))
     if positions is None:
         raise ValueError("gdn.core: positions are required")
-    check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, input_dtype)
+    check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, input_dtype,
+                 row_width(v.shape[1], q.shape[-1], v.shape[-1]))
     require_device(ID, q, k, v, a, b)
+    tiles = dict(precision=dot_precision, block_v=block_v, num_warps=num_warps)
     if needs_grad(q, k, v, a, b, a_log, dt_bias):
         dtypes = dict(input_dtype=input_dtype, output_dtype=output_dtype)
-        return _TritonGDN.apply(q, k, v, a, b, a_log, dt_bias, positions, chunk_size, dtypes, num_warps)
-    return gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, torch_dtype(output_dtype), num_warps)
+        return _TritonGDN.apply(q, k, v, a, b, a_log, dt_bias, positions, chunk_size, dtypes, tiles)
+    return gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, torch_dtype(output_dtype), **tiles)
 
 
-SOURCES = (gdn_fwd_kernel, _run, _row_of, _at, _dot, triton_support)
+SOURCES = (gdn_fwd_kernel, _run, _inverse, _mm, _operand, _rows_mask, gdn_rows_kernel, triton_support)
 
 
 def register(registry) -> None:
-    """Register gdn.core.triton@1; without Triton installed, nothing is registered."""
+    """Register gdn.core.triton@2; without Triton installed, nothing is registered."""
     if triton_available():
-        registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="gdn.core", cases=ALL_CASES, fn=gdn_core,
-                               check_constants=check_constants, sources=SOURCES))
+        registry.register(Impl(gpu_kernels=True, id=ID, version=VERSION, region="gdn.core", cases=ALL_CASES, fn=gdn_core,
+                               check_constants=check_constants, sources=SOURCES, row_width=row_width))
