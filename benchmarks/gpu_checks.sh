@@ -18,7 +18,8 @@
 # and trainer on that preset against the fast baseline and native.
 #
 # The gdn-* parts do the same for the hybrid Gated DeltaNet families (tiny-hybrid-triton; the Qwen3.5-9B- and
-# 35B-A3B-shaped 4-layer presets, audits with generations that cross several 64-token chunks); gdn-bench times
+# 35B-A3B-shaped 4-layer presets, audits with generations that cross several of the contract's 32-token chunks,
+# decode as CUDA graphs); gdn-bench times
 # gdn_core per phase against flash-linear-attention (bench.py gdn; carry fla-core's wheel, `pip install --no-deps --target
 # /tmp/site` it and run with PYTHONPATH=/tmp/site) and the engine and trainer on the 9B-shaped preset against native.
 #

@@ -172,6 +172,7 @@ def test_the_battery_admits_it():
     (dict(chunk_size=128), "chunk_size must be 16, 32 or 64"),
     (dict(dot_precision="fp16"), "dot_precision must be one of"),
     (dict(block_v=24), "block_v must be a power of two"),
+    (dict(chunk_size=64, block_v=32), "chunk_size 64 needs block_v >= 64"),
     (dict(num_warps=3), "num_warps must be a power of two"),
 ])
 def test_bad_constants_are_refused(changes, message):

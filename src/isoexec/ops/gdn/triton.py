@@ -1,35 +1,34 @@
 """gdn.core by chunk-form rows as one Triton kernel: every row from its absolute chunk's start state and the
 chunk's inputs up to itself, by one op sequence in training, prefill chunks and decode (README.md).
 
-One program per (run, value head) walks its run chunk piece by chunk piece, serially (the state chain);
-the work inside a chunk is a handful of C-row tensor-core products, as flash-linear-attention's chunk
-kernels do it. Every tile has C rows with row r at chunk offset r whatever the piece computes: a piece
-that starts mid-chunk (an engine call continuing its sequence) loads the chunk's earlier inputs from the
-sequence's cache slot and recomputes those rows exactly as the first call did, so a decode step runs the
-trainer's tiles with the rows past it zero. The engine's cache is therefore the open chunk's *inputs*
-(k and v as given, g and β as this kernel gated them) and the fp32 state at its start: no intermediate a
-later call would have to reproduce.
+One program per (run, value head, block of BV value columns) walks its run chunk piece by chunk piece,
+serially (the state chain); the work inside a chunk is a handful of C-row tensor-core products, as
+flash-linear-attention's chunk kernels do it. Every tile has C rows with row r at chunk offset r whatever
+the piece computes: a piece that starts mid-chunk (an engine call continuing its sequence) loads the
+chunk's earlier inputs from the sequence's cache slot and recomputes those rows exactly as the first call
+did, so a decode step runs the trainer's tiles with the rows past it zero. The engine's cache is
+therefore the open chunk's *inputs* (k and v as given, g and β as this kernel gated them) and the fp32
+state at its start: no intermediate a later call would have to reproduce.
 
 A chunk piece, for rows r < `stop` (rows past it are zero, finite and never read by a row before them):
 1. gates, l2 norms (`tl.sum` over the head dim), the decay cumsum c (`tl.cumsum` over the C rows: a prefix
    scan, so row r's value depends on rows <= r alone);
-2. A = β_i (k_i · k_j) exp(c_i - c_j) below the diagonal, one product; T = (I + A)^-1 by forward
-   substitution inside 16-row diagonal blocks and block products below them (`_inverse`, through a
-   per-program scratch: a register tile cannot be sliced). Row i of T reads rows <= i of A only;
+2. A = β_i (k_i · k_j) exp(c_i - c_j) below the diagonal, one product; T = (I + A)^-1 by block products
+   (`_inverse`): every factor lower triangular, so row i of T reads rows <= i of A only;
 3. W = T (β e^c k), U = T (β v), δ = U - W S₀, o = e^c (q S₀) + (q kᵀ ∘ decay, j <= i) δ; when the chunk
    closes, S₀ ← e^{c_last} S₀ + (k e^{c_last - c})ᵀ δ.
-The big products take `dot_precision` (ieee fp32 on the FMA units, tf32 or bf16 operands on the tensor
-cores, fp32 accumulation either way); the block products of the inverse are ieee. An MMA's element is a
+The products take `dot_precision` (ieee fp32 on the FMA units, tf32 or bf16 operands on the tensor cores,
+fp32 accumulation either way; the inverse's take tf32 where the others take bf16). An MMA's element is a
 function of its own row and column, and the rows a row does not see are zero or multiplied by an exact
-zero, so a row's bits do not depend on the rows after it.
+zero, so a row's bits do not depend on the rows after it (a zero's sign may: the output takes +0.0).
 
 One compiled kernel serves every case: nothing that differs between a trainer call and an engine call
 is a constexpr or a specialised integer (has_cache, T and the strides are runtime values; the wrapper
-hands the kernel 16-byte aligned pointers only), because two compiled variants may lay a tile out
-differently and reduce it in another order. The backward pass recomputes the forward with `native`
-(the chunk form in torch) under autograd: correct gradients, not invariant ones.
+hands the kernel 16-byte aligned pointers and strides that are multiples of 16 elements only), because
+two compiled variants may lay a tile out differently and reduce it in another order. After it,
+`gdn_rows_kernel` writes each run's open rows into its slot. The backward pass recomputes the forward with
+`native` (the chunk form in torch) under autograd: correct gradients, not invariant ones.
 """
-
 from __future__ import annotations
 
 import torch
@@ -377,6 +376,10 @@ def check_constants(constants: dict) -> None:
     block_v = constants["block_v"]
     if not isinstance(block_v, int) or block_v < 16 or block_v & (block_v - 1):
         raise ValueError(f"{ID}: block_v must be a power of two >= 16, got {block_v!r}")
+    if chunk == 64 and block_v < 64:
+        # Compiled for sm_90 by Triton 3.6 at heads of 128, this pair faults in a shared-memory read Triton
+        # plans for the q norm's reduction (compute-sanitizer; docs/experiments.md, 2026-12-02).
+        raise ValueError(f"{ID}: chunk_size 64 needs block_v >= 64 (smaller value blocks crash the compiled kernel), got {block_v}")
     if constants["dot_precision"] not in PRECISIONS:
         raise ValueError(f"{ID}: dot_precision must be one of {', '.join(PRECISIONS)}, got {constants['dot_precision']!r}")
     if constants["num_warps"] not in (1, 2, 4, 8, 16):
