@@ -93,6 +93,14 @@ def _mm(a, b, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @jit
+def _gates(a, b, neg_a, bias):
+    """g = -exp(A_log) softplus(a + dt_bias) (softplus x itself above its threshold) and β = sigmoid(b), in fp32."""
+    x = a.to(tl.float32) + bias
+    g = neg_a * tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(tl.where(x > SOFTPLUS_THRESHOLD, 0.0, x))))
+    return g, 1.0 / (1.0 + tl.exp(-b.to(tl.float32)))
+
+
+@jit
 def _inverse(system, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """(I + A)^-1 of a strictly lower [C, C] A, by products alone (no serial row loop): with D its SUB-row
     diagonal blocks and L the rest, T_D = (I + D)^-1 = (I - D)(I + D²)(I + D⁴)… (D^SUB = 0), N = T_D L and
@@ -210,9 +218,8 @@ def _run(
                       tl.load(k + k_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32))
         vf = tl.where(m_cv, tl.load(p_cached[:, None] + DK_PAD + o_v[None, :], mask=m_cv, other=0.0),
                       tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_pv, other=0.0).to(tl.float32))
-        x = tl.load(a + tok64 * stride_at + i_h, mask=piece, other=0.0).to(tl.float32) + bias
-        g = neg_a * tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(tl.where(x > SOFTPLUS_THRESHOLD, 0.0, x))))
-        beta = 1.0 / (1.0 + tl.exp(-tl.load(b + tok64 * stride_at + i_h, mask=piece, other=0.0).to(tl.float32)))
+        g, beta = _gates(tl.load(a + tok64 * stride_at + i_h, mask=piece, other=0.0), tl.load(b + tok64 * stride_at + i_h, mask=piece, other=0.0),
+                         neg_a, bias)
         g = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD, mask=cached, other=0.0), tl.where(piece, g, 0.0))
         beta = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD + 1, mask=cached, other=0.0), tl.where(piece, beta, 0.0))
         if caching & (i_v == 0):  # the gates a later call reads from the slot (gdn_rows_kernel stores them)
@@ -349,18 +356,16 @@ class _TritonGDN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, a, b, a_log, dt_bias, positions, chunk_size, dtypes, tiles):
         ctx.save_for_backward(q, k, v, a, b, a_log, dt_bias, positions)
-        ctx.chunk_size, ctx.dtypes = chunk_size, dtypes
+        ctx.chunk_size, ctx.tiles = chunk_size, tiles
         return gdn_fwd(q, k, v, a, b, a_log, dt_bias, None, None, None, positions, chunk_size, torch_dtype(dtypes["output_dtype"]), **tiles)
 
     @staticmethod
     def backward(ctx, grad):
+        from .triton_bwd import gdn_bwd  # it builds on this module's helpers
+
         saved = ctx.saved_tensors
-        inputs = [t.detach().requires_grad_(need) for t, need in zip(saved[:7], ctx.needs_input_grad[:7])]
-        with torch.enable_grad():
-            out = native.gdn_core(*inputs, positions=saved[7], chunk_size=ctx.chunk_size, **ctx.dtypes)
-        wanted = [t for t in inputs if t.requires_grad]
-        grads = iter(torch.autograd.grad(out, wanted, grad.to(out.dtype), allow_unused=True))
-        return (*(next(grads) if t.requires_grad else None for t in inputs), None, None, None, None)
+        grads = gdn_bwd(*saved, grad, ctx.chunk_size, **ctx.tiles)
+        return (*(g.to(t.dtype) if need else None for g, t, need in zip(grads, saved, ctx.needs_input_grad)), None, None, None, None)
 
 
 def check_constants(constants: dict) -> None:
@@ -405,7 +410,7 @@ def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tenso
     return gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, torch_dtype(output_dtype), **tiles)
 
 
-SOURCES = (gdn_fwd_kernel, _run, _inverse, _mm, _operand, _rows_mask, gdn_rows_kernel, triton_support)
+SOURCES = (gdn_fwd_kernel, _run, _gates, _inverse, _mm, _operand, _rows_mask, gdn_rows_kernel, triton_support)
 
 
 def register(registry) -> None:
