@@ -50,8 +50,8 @@ class LatentPages:
 @dataclass(frozen=True)
 class RecurrentState:
     """The state a `gdn` layer keeps in the engine, per sequence (not per token): the fp32 state at its
-    open chunk's start [Hv, Dk, Dv], the open chunk's rows [C, Hv, width] fp32 (laid out by the gdn.core impl: `ops/gdn/`), and
-    the conv's last `conv_kernel - 1` inputs [W - 1, conv_dim] in the model dtype."""
+    open chunk's start [Hv, Dk, Dv], the open chunk's rows [C, Hv, width] fp32 (laid out by the gdn.core
+    impl: `ops/gdn/`), and the conv's last `conv_kernel - 1` inputs [W - 1, conv_dim] in the model dtype."""
 
     num_v_heads: int
     k_head_dim: int

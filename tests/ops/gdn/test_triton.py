@@ -1,9 +1,9 @@
 """gdn.core.triton: values against the float64 recurrence, bit for bit the same packed, in prefill chunks
 cut anywhere and in decode from every offset of a chunk over a NaN-poisoned cache (also with several
-blocks of value columns and at Qwen3.5's head sizes on a GPU); gradients (through native's chunk form)
-against float64; the battery's admission; bad constants refused. Without a GPU the kernel runs in Triton's interpreter (tests/ops/linear/test_triton.py
-has why TRITON_INTERPRET must be set before `triton` is imported), where bf16 is compared by tolerance
-only (the interpreter truncates fp32 -> bf16)."""
+blocks of value columns and at Qwen3.5's head sizes on a GPU); the Triton backward's gradients against
+float64; the battery's admission; bad constants refused. Without a GPU the kernels run in Triton's
+interpreter (tests/ops/linear/test_triton.py has why TRITON_INTERPRET must be set before `triton` is
+imported), where bf16 is compared by tolerance only (the interpreter truncates fp32 -> bf16)."""
 
 import functools
 
@@ -17,6 +17,7 @@ require_triton()
 from isoexec.contract import Contract  # noqa: E402
 from isoexec.ops.gdn import reference  # noqa: E402
 from isoexec.ops.gdn import triton as gdn_triton  # noqa: E402
+from isoexec.ops.gdn import triton_bwd as gdn_triton_bwd  # noqa: E402
 from isoexec.runtime.registry import REGISTRY  # noqa: E402
 from isoexec.validate.battery import validate_entry  # noqa: E402
 
@@ -51,8 +52,8 @@ class DeviceCache(test_core.Cache):
 
     def __init__(self, slots=3):
         self.state = torch.full((slots, test_core.HV, test_core.DK, test_core.DV), float("nan"), device=DEVICE)
-        self.rows = torch.full((slots, test_core.C, test_core.HV, gdn_triton.row_width(test_core.HV, test_core.DK, test_core.DV)), float("nan"),
-                               device=DEVICE)
+        width = gdn_triton.row_width(test_core.HV, test_core.DK, test_core.DV)
+        self.rows = torch.full((slots, test_core.C, test_core.HV, width), float("nan"), device=DEVICE)
 
 
 @pytest.fixture
@@ -138,12 +139,14 @@ def test_at_qwen_head_sizes_every_form_gives_the_trainers_bits(monkeypatch, dtyp
     assert (first.double() - want).abs().max() < 3e-2 * max(1.0, float(want.abs().max()))
 
 
-@pytest.mark.parametrize("v_dim, block_v", [(6, 16), (48, 16)], ids=["one value block", "three value blocks"])
+@pytest.mark.parametrize("v_dim, block_v", [(6, 64), (48, 16)], ids=["one value block", "three value blocks"])
 def test_gradients_match_float64_autograd_of_the_recurrence(chunks_of_16, monkeypatch, v_dim, block_v):
-    """The Triton backward (states kernel, reverse chunk walk, the norms' and gates' backward): every input's
-    gradient, A_log's and dt_bias' too, over three packed sequences (a partial last chunk, one of 1 token,
-    one of exactly two chunks), value heads sharing key heads, against float64 autograd of the recurrence."""
+    """The Triton backward (the chunk-start states, the reverse walk for each chunk's dS, the chunks'
+    gradients, the norms' and gates' backward): every input's gradient, A_log's and dt_bias' too, over three
+    packed sequences (a partial last chunk, one of 1 token, one of exactly two chunks), value heads sharing
+    key heads, in one or three blocks of value columns, against float64 autograd of the recurrence."""
     monkeypatch.setattr(test_core, "DV", v_dim)
+    monkeypatch.setattr(gdn_triton_bwd, "BLOCK_V", block_v)
     seqs, params = [make_seq(n, seed=n) for n in (C + 5, 1, 2 * C)], make_params()
     leaves = [{n: t.clone().requires_grad_() for n, t in seq.items()} for seq in seqs]
     p32 = {n: t.clone().requires_grad_() for n, t in params.items()}

@@ -13,7 +13,8 @@ def register(registry) -> None:
     registry.register(Impl(id="gdn.conv.native", version=1, region="gdn.conv", cases=ALL_CASES, fn=conv.native_causal_conv))
     registry.register(Impl(id="gdn.core.reference", version=1, region="gdn.core", cases=ALL_CASES, fn=reference.gdn_core, sources=(reduce,),
                            row_width=reference.row_width))
-    registry.register(Impl(id="gdn.core.native", version=1, region="gdn.core", cases=ALL_CASES, fn=native.gdn_core, row_width=native.row_width))
+    registry.register(Impl(id="gdn.core.native", version=1, region="gdn.core", cases=ALL_CASES, fn=native.gdn_core,
+                           row_width=native.row_width))
     registry.register_probe("gdn.conv", probe.conv)
     registry.register_probe("gdn.core", probe.core)
     triton.register(registry)  # skipped where Triton is not installed

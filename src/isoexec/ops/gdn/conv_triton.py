@@ -79,7 +79,8 @@ def gdn_conv_state_kernel(x, conv_state, state_ids, positions, T, D, stride_xt, 
     pos = tl.load(positions + i_t)
     slot = tl.load(state_ids + i_t).to(tl.int64)
     has_next = i_t + 1 < T
-    continues = (tl.load(positions + i_t + 1, mask=has_next, other=-1) == pos + 1) & (tl.load(state_ids + i_t + 1, mask=has_next, other=-1) == slot)
+    continues = tl.load(positions + i_t + 1, mask=has_next, other=-1) == pos + 1
+    continues = continues & (tl.load(state_ids + i_t + 1, mask=has_next, other=-1) == slot)
     if not continues:
         offset = 0  # how many of the W-1 tokens before it are in its run
         cont = pos >= 0
@@ -102,7 +103,8 @@ def gdn_conv_state_kernel(x, conv_state, state_ids, positions, T, D, stride_xt, 
         tl.store(p_slot + columns[:, None] * D + o_d[None, :], values, mask=m_c[:, None] & m_d[None, :])
 
 
-def conv_fwd(x: Tensor, weight: Tensor, conv_state: Tensor | None, state_ids: Tensor | None, positions: Tensor, out_dtype: torch.dtype) -> Tensor:
+def conv_fwd(x: Tensor, weight: Tensor, conv_state: Tensor | None, state_ids: Tensor | None, positions: Tensor,
+             out_dtype: torch.dtype) -> Tensor:
     num_tokens, num_dims = x.shape
     width = weight.shape[1]
     y = x.new_empty((num_tokens, num_dims), dtype=out_dtype)

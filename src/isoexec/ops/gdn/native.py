@@ -3,8 +3,8 @@
 Runs of more than one token (training, prefill) take the chunk form, chunks counted from the run's
 first token, with the UT system solved by `torch.linalg.solve_triangular` and the in-chunk products as
 matmuls; a run of one token (decode) takes the recurrent step from the running state. The cache's
-`state` holds that running state (after the sequence's last token); `rows` is not used (`row_width` 1). The two forms
-are different arithmetic, so a decoded row is not the bits the trainer computes for it.
+`state` holds that running state (after the sequence's last token); `rows` is not used (`row_width` 1).
+The two forms are different arithmetic, so a decoded row is not the bits the trainer computes for it.
 """
 
 import torch

@@ -26,8 +26,8 @@ One compiled kernel serves every case: nothing that differs between a trainer ca
 is a constexpr or a specialised integer (has_cache, T and the strides are runtime values; the wrapper
 hands the kernel 16-byte aligned pointers and strides that are multiples of 16 elements only), because
 two compiled variants may lay a tile out differently and reduce it in another order. After it,
-`gdn_rows_kernel` writes each run's open rows into its slot. The backward pass recomputes the forward with
-`native` (the chunk form in torch) under autograd: correct gradients, not invariant ones.
+`gdn_rows_kernel` writes each run's open rows into its slot. The backward pass (`triton_bwd.py`) is Triton
+kernels of its own: correct gradients, not invariant ones.
 """
 from __future__ import annotations
 
@@ -38,7 +38,6 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
 from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
-from . import native
 from .reference import L2_EPS as _L2_EPS
 from .reference import SOFTPLUS_THRESHOLD as _SOFTPLUS_THRESHOLD
 from .reference import check_inputs
@@ -218,8 +217,8 @@ def _run(
                       tl.load(k + k_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32))
         vf = tl.where(m_cv, tl.load(p_cached[:, None] + DK_PAD + o_v[None, :], mask=m_cv, other=0.0),
                       tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_pv, other=0.0).to(tl.float32))
-        g, beta = _gates(tl.load(a + tok64 * stride_at + i_h, mask=piece, other=0.0), tl.load(b + tok64 * stride_at + i_h, mask=piece, other=0.0),
-                         neg_a, bias)
+        g, beta = _gates(tl.load(a + tok64 * stride_at + i_h, mask=piece, other=0.0),
+                         tl.load(b + tok64 * stride_at + i_h, mask=piece, other=0.0), neg_a, bias)
         g = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD, mask=cached, other=0.0), tl.where(piece, g, 0.0))
         beta = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD + 1, mask=cached, other=0.0), tl.where(piece, beta, 0.0))
         if caching & (i_v == 0):  # the gates a later call reads from the slot (gdn_rows_kernel stores them)
@@ -243,7 +242,8 @@ def _run(
         qf = tl.load(q + q_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32)
         qn = _operand(qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) + L2_EPS))[:, None] * q_scale, PRECISION, INTERPRET)
         scores = tl.where(upto, _mm(qn, tl.trans(kn), PRECISION, INTERPRET) * tl.exp(tl.where(upto, c[:, None] - c[None, :], 0.0)), 0.0)
-        o = tl.exp(c)[:, None] * _mm(qn, s_op, PRECISION, INTERPRET) + _mm(_operand(scores, PRECISION, INTERPRET), delta, PRECISION, INTERPRET)
+        o = tl.exp(c)[:, None] * _mm(qn, s_op, PRECISION, INTERPRET) \
+            + _mm(_operand(scores, PRECISION, INTERPRET), delta, PRECISION, INTERPRET)
         o = tl.where(o == 0.0, 0.0, o)  # one zero whichever rows shared the products (their exact zeros carry signs)
         o_rows = tl.multiple_of(tok64 * stride_ot + i_h * stride_oh, 16)
         tl.store(out + o_rows[:, None] + o_v[None, :], o.to(out.dtype.element_ty), mask=m_pv)
@@ -364,7 +364,7 @@ class _TritonGDN(torch.autograd.Function):
         from .triton_bwd import gdn_bwd  # it builds on this module's helpers
 
         saved = ctx.saved_tensors
-        grads = gdn_bwd(*saved, grad, ctx.chunk_size, **ctx.tiles)
+        grads = gdn_bwd(*saved, grad, ctx.chunk_size, ctx.tiles["precision"])
         return (*(g.to(t.dtype) if need else None for g, t, need in zip(grads, saved, ctx.needs_input_grad)), None, None, None, None)
 
 
@@ -377,7 +377,8 @@ def check_constants(constants: dict) -> None:
             raise ValueError(f"{ID}: {name} must be one of {', '.join(DTYPES)}, got {constants[name]!r}")
     chunk = constants["chunk_size"]
     if chunk not in (16, 32, 64):
-        raise ValueError(f"{ID}: chunk_size must be 16, 32 or 64 (whole {SUB}-row blocks of the inverse, tl.dot's smallest tile), got {chunk!r}")
+        raise ValueError(f"{ID}: chunk_size must be 16, 32 or 64 (whole {SUB}-row blocks of the inverse, tl.dot's smallest tile), "
+                         f"got {chunk!r}")
     block_v = constants["block_v"]
     if not isinstance(block_v, int) or block_v < 16 or block_v & (block_v - 1):
         raise ValueError(f"{ID}: block_v must be a power of two >= 16, got {block_v!r}")
