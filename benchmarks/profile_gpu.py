@@ -29,8 +29,9 @@ mla-tiles: mla.triton at GLM-4.7-Flash's MLA shape per phase (training 8 x 2048 
 gdn-tiles: gdn.core.triton at Qwen3.5's GDN shapes over a grid of constants (chunk_size, block_v, num_warps,
            dot_precision): per config, one sequence's rows in every form (packed alone and after others,
            prefill chunks of 37 over a NaN-poisoned cache, decode token by token) compared bit for bit with
-           the packed rows, then training 8 x 2048 (forward), prefill 2048 after 2048 cached, decode batch
-           1 / 16 / 64 / 256 at chunk offsets 0 and C - 1 (graph replays), beside flash-linear-attention.
+           the packed rows, then training 8 x 2048 (forward, and forward + backward), prefill 2048 after 2048
+           cached, decode batch 1 / 16 / 64 / 256 at chunk offsets 0 and C - 1 (graph replays), beside
+           flash-linear-attention (whose backward refuses Triton 3.6 on Hopper).
 launch:    host time per call (no profiler: perf_counter over many calls of a tiny problem, so the GPU
            keeps up) of the trainer's ops under the contract and native, and of the layers beneath
            linear.triton: tensor descriptors, Triton's launch, our wrapper, autograd.
@@ -524,8 +525,8 @@ def profile_gdn_tiles(device="cuda", configs=None, with_fla=True, shapes=None) -
     TOKEN_INPUTS = ("q", "k", "v", "a", "b")
     device = torch.device(device)
     configs = configs or [dict(chunk_size=c, block_v=bv, num_warps=w, dot_precision=p) for c, bv, w, p in (
-        (64, 64, 4, "bf16"), (64, 64, 8, "bf16"), (64, 32, 4, "bf16"), (64, 32, 8, "bf16"), (32, 64, 4, "bf16"), (32, 32, 4, "bf16"),
-        (32, 128, 8, "bf16"), (64, 64, 8, "tf32"), (32, 64, 4, "tf32"))]
+        (32, 128, 8, "bf16"), (32, 64, 4, "bf16"), (16, 128, 8, "bf16"), (16, 128, 4, "bf16"), (16, 64, 4, "bf16"), (64, 128, 8, "bf16"),
+        (64, 64, 8, "bf16"), (32, 128, 8, "tf32"))]
     fla, why = _fla() if with_fla else (None, "not asked for")
     generator = torch.Generator(device=device).manual_seed(0)
     for shape_name, shape in SHAPES.items():
@@ -579,7 +580,17 @@ def profile_gdn_tiles(device="cuda", configs=None, with_fla=True, shapes=None) -
                         forms[label] = torch.cat(pieces)
                     bits = {label: int((out.view(torch.int16) != alone.view(torch.int16)).sum()) for label, out in forms.items()}
                     times = [kernel_ms(lambda: call(train, train_pos), device)]
-                    state, rows = cache(256)
+                state, rows = cache(256)
+                leaves = {k: (t.clone().requires_grad_() if k in TOKEN_INPUTS else t) for k, t in train.items()}
+                grad = torch.randn(train["v"].shape, generator=generator, device=device).to(torch.bfloat16)
+
+                def fwd_bwd():
+                    call(leaves, train_pos).backward(grad)
+                    for t in leaves.values():
+                        t.grad = None
+
+                times.append(kernel_ms(fwd_bwd, device))
+                with torch.no_grad():
                     state.normal_(0, 0.05)
                     rows.normal_(0, 0.05)
                     times.append(kernel_ms(lambda: call(prefill, 2048 + torch.arange(2048, device=device), state[:1], rows[:1],
@@ -597,7 +608,7 @@ def profile_gdn_tiles(device="cuda", configs=None, with_fla=True, shapes=None) -
                 print(f"    {config}: {type(error).__name__}: {str(error).splitlines()[0][:160]}", flush=True)
                 continue
             print("    " + " ".join(f"{t:8.4f}" for t in times) + "   decode b1 @0 @C-1, b16, b64, b256", flush=True)
-        print("    (columns: train 8x2048 forward, prefill 2048@2048)", flush=True)
+        print("    (columns: train 8x2048 forward, forward + backward, prefill 2048@2048)", flush=True)
         torch.cuda.empty_cache()
 
 

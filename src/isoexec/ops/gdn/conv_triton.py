@@ -113,6 +113,8 @@ def conv_fwd(x: Tensor, weight: Tensor, conv_state: Tensor | None, state_ids: Te
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight, positions = weight.contiguous(), positions.contiguous()
     has_state = conv_state is not None
+    if has_state and not conv_state.is_contiguous():
+        raise ValueError(f"{ID}: conv_state must be contiguous (the kernels write it in place)")
     ids = state_ids.contiguous() if has_state else positions
     state = conv_state if has_state else x
     grid = (triton.cdiv(num_tokens, BLOCK_T), triton.cdiv(num_dims, BLOCK_D))
