@@ -165,9 +165,9 @@ def test_unreadable_source_and_missing_impls_refuse():
 
 def test_parallel_sizes_outside_the_claims_refuse():
     trainer, engine = _pair()
-    trainer["parallel"]["tp"] = 2
+    trainer["parallel"]["tp"] = 3
     verdict = check(trainer, engine)
-    assert [(p.scope, p.field, p.a, p.b) for p in verdict.problems] == [("parallel", "tp", [1], 2)]
+    assert [(p.scope, p.field, p.a, p.b) for p in verdict.problems] == [("parallel", "tp", [1, 2, 4, 8], 3)]
 
 
 def test_impls_without_an_admission_record_refuse_in_a_bitwise_contract():

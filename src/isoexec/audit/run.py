@@ -1,6 +1,8 @@
 """`isoexec audit`: roll out a mixed workload in the engine, score it in the trainer under another
 packing, and compare every sampled token's log-probability and every full-vocabulary row, and for an
-MoE model the experts each sampled token's row was routed to."""
+MoE model the experts each sampled token's row was routed to. Each side may run tensor-parallel at its
+own size (`trainer_tp`, `engine_tp`): it then runs in processes of its own (`parallel.spawn`), each rank on
+its shard, and the comparison is between the two sides' rank 0 results."""
 
 import contextlib
 import time
@@ -9,6 +11,7 @@ from ..contract.identity import identities
 from ..contract.schema import Contract
 from ..engine import LLMEngine
 from ..model import Decoder, tracing
+from ..parallel import check, shard, spawn
 from ..trainer import Trainer
 from .metrics import compare, compare_routing
 from .workload import engine_config, prompts_and_params
@@ -18,15 +21,43 @@ class AuditError(ValueError):
     """A workload the audit cannot compare anything on."""
 
 
+def _rank_model(model: Decoder, contract: Contract, mesh) -> Decoder:
+    return shard(model, contract, mesh.tp, mesh.rank) if mesh.tp > 1 else model
+
+
+def _roll_out(mesh, model, contract, config, prompts, params, device, progress, tracer):
+    """One engine rank: its completions and the engine's counters."""
+    engine = LLMEngine(_rank_model(model, contract, mesh), contract, config, device=device, mesh=mesh)
+    with tracing(tracer) if tracer is not None else contextlib.nullcontext():
+        completions = engine.generate(prompts, params, progress=progress and mesh.rank == 0)
+    return completions, dict(engine.stats)
+
+
+def _score(mesh, model, contract, sequences, budget, device, labels, tracer):
+    """One trainer rank: each trainer case's rows and routing for `sequences`."""
+    trainer = Trainer(_rank_model(model, contract, mesh), contract, mesh)
+    out = {}
+    for case in ("trainer_score", "trainer_fwd"):
+        case_labels = labels if tracer is not None and case == "trainer_score" else None
+        with tracing(tracer) if case_labels is not None else contextlib.nullcontext():
+            rows, routing = trainer.logprobs(sequences, case=case, micro_batch_tokens=budget, device=device, labels=case_labels, routing=True)
+        out[case] = [r.detach() for r in rows], routing
+    return out
+
+
 def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new_tokens: int = 16, seed: int = 0,
-              device: str = "cpu", progress: bool = True, tracer=None, prompts: list[list[int]] | None = None) -> dict:
-    """prompts: token ids (a file's, `workload.file_prompts`) the requests cycle through; None: random ones."""
+              device: str = "cpu", progress: bool = True, tracer=None, prompts: list[list[int]] | None = None, trainer_tp: int = 1,
+              engine_tp: int = 1) -> dict:
+    """prompts: token ids (a file's, `workload.file_prompts`) the requests cycle through; None: random ones.
+    trainer_tp / engine_tp: each side's tensor-parallel size (processes on this machine, gloo)."""
     start = time.perf_counter()
+    for tp in (trainer_tp, engine_tp):
+        check(model.spec, contract, tp)
+    if max(trainer_tp, engine_tp) > 1 and (tracer is not None or str(device) != "cpu"):
+        raise ValueError("a tensor-parallel audit runs on the CPU (gloo) and without --trace")
     prompts, params = prompts_and_params(model.spec, requests, max_new_tokens, seed, prompts)
     config = engine_config(contract, prompts, max_new_tokens)
-    engine = LLMEngine(model, contract, config, device=device)
-    with tracing(tracer) if tracer is not None else contextlib.nullcontext():
-        completions = engine.generate(prompts, params, progress=progress)
+    completions, stats = spawn(engine_tp, _roll_out, model, contract, config, prompts, params, device, progress, tracer)
     failed = [c for c in completions if c.finish_reason == "error"]
     done = [c for c in completions if c.finish_reason != "error"]
     if not done:
@@ -36,11 +67,8 @@ def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new
     budget = max(len(s) for s in sequences) + sum(len(s) for s in sequences) // 3
     report = {"model": model.spec.architecture, "contract": {"name": contract.name, **identities(contract).to_dict()}}
     rollout = [c.logprobs for c in done], [c.full_logprobs for c in done], [c.token_ids for c in done]
-    trainer = Trainer(model, contract)
-    for case in ("trainer_score", "trainer_fwd"):
-        labels = [c.request_id for c in done] if tracer is not None and case == "trainer_score" else None
-        with tracing(tracer) if labels is not None else contextlib.nullcontext():
-            rows, routing = trainer.logprobs(sequences, case=case, micro_batch_tokens=budget, device=device, labels=labels, routing=True)
+    scored = spawn(trainer_tp, _score, model, contract, sequences, budget, device, [c.request_id for c in done], tracer)
+    for case, (rows, routing) in scored.items():
         generated = [r[len(c.prompt) - 1 :] for r, c in zip(rows, done)]
         # The routing of the rows the tokens were drawn from: positions len(prompt) - 1 … len(sequence) - 2.
         generated_routing = [None if r is None else r[len(c.prompt) - 1 : -1] for r, c in zip(routing, done)]
@@ -50,9 +78,10 @@ def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new
                                                    "rollout_train_logprob_abs_diff_mean", "rollout_train_logprob_abs_diff_max", "k3_kl",
                                                    "routing_compared_tokens", "routing_mismatch_tokens")},
         "requests": requests,
+        "layout": {"trainer": {"tp": trainer_tp}, "engine": {"tp": engine_tp}},
         "prompt_token_ids": [c.prompt for c in completions],
         "failed_requests": [{"request": c.request_id, "error": c.error} for c in failed],
-        "engine": dict(engine.stats) | {"num_pages": config.num_pages, "prefill_chunk_size": config.prefill_chunk_size},
+        "engine": stats | {"num_pages": config.num_pages, "prefill_chunk_size": config.prefill_chunk_size},
         "device": str(device),
         "seconds": round(time.perf_counter() - start, 2),
     })
@@ -74,7 +103,9 @@ def render(report: dict) -> str:
     engine = report["engine"]
     lines = [
         f"audit: {report['model']} under contract {ids['name']} (numerical_policy {ids['numerical_policy'][:23]}…), "
-        f"{report['requests']} requests on {report['device']}, {report['seconds']} s",
+        f"{report['requests']} requests on {report['device']}, {report['seconds']} s"
+        + ("" if "layout" not in report or report["layout"] == {"trainer": {"tp": 1}, "engine": {"tp": 1}}
+           else f"; trainer TP {report['layout']['trainer']['tp']}, engine TP {report['layout']['engine']['tp']}"),
         f"  engine: {engine.get('decode_tokens', 0)} decode tokens, {engine.get('prefill_chunks', 0)} prefill chunks of ≤{engine['prefill_chunk_size']}, "
         f"{engine.get('preemptions', 0)} preemptions, {engine.get('prefix_cache_hit_tokens', 0)} prefix-cache hit tokens, {engine['num_pages']} pages",
         f"  {'trainer case':<14} {'tokens equal':>14} {'full rows equal':>16} {'|Δlogp| mean':>13} {'|Δlogp| max':>12} {'k3 KL':>10}",

@@ -38,6 +38,9 @@ def add_parser(commands):
     add_device_flag(audit, "where to run (default: cpu)")
     add_json_file_flag(audit, "report")
     audit.add_argument("--trace", action="store_true", help="trace the first mismatching token op by op and name the first diverging region")
+    audit.add_argument("--trainer-tp", type=int, default=1, metavar="N", help="the trainer's tensor-parallel size: N processes on "
+                       "this machine (gloo, CPU), each holding its shard (default: 1)")
+    audit.add_argument("--engine-tp", type=int, default=1, metavar="N", help="the engine's tensor-parallel size, likewise (default: 1)")
     add_quiet_flag(audit)
     return audit
 
@@ -45,6 +48,7 @@ def add_parser(commands):
 def run(args) -> int:
     from ..audit import Tracer, all_equal, render, run_audit
     from ..audit.run import AuditError
+    from .. import parallel
     from ..contract import fit_contract
     from ..model import SpecError, family_of, load_model
 
@@ -52,6 +56,10 @@ def run(args) -> int:
         raise input_error("--requests and --max-new-tokens must be at least 1")
     if args.no_chat_template and args.prompts is None:
         raise input_error("--no-chat-template applies to --prompts only (random prompts are token ids already)")
+    if args.trainer_tp < 1 or args.engine_tp < 1:
+        raise input_error("--trainer-tp and --engine-tp must be at least 1")
+    if max(args.trainer_tp, args.engine_tp) > 1 and (args.trace or args.device != "cpu"):
+        raise input_error("--trainer-tp / --engine-tp above 1 run on the CPU (gloo processes) and without --trace")
     require_device(args.device)
     check_output_path("--json", args.json)
     family = load(args.contract) if args.contract else None
@@ -63,11 +71,17 @@ def run(args) -> int:
     family = family or load(family_of(model.spec).contract)  # the model family's own contract by default
     contract = fit_contract(family, model.spec, device=args.device, profile=str(args.model))
     check_runnable(contract, args.device)
+    try:
+        for flag, tp in (("--trainer-tp", args.trainer_tp), ("--engine-tp", args.engine_tp)):
+            parallel.check(model.spec, contract, tp)
+    except ValueError as error:
+        raise input_error(f"{flag} {tp}: {error}") from None
     tracer = Tracer() if args.trace else None
     requests = args.requests if args.requests is not None else len(prompts) if prompts is not None else 16
     try:
         report = run_audit(model, contract, requests=requests, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                           device=args.device, progress=not args.quiet, tracer=tracer, prompts=prompts)
+                           device=args.device, progress=not args.quiet, tracer=tracer, prompts=prompts, trainer_tp=args.trainer_tp,
+                           engine_tp=args.engine_tp)
     except AuditError as error:
         raise input_error(error) from None
     print(render(report))

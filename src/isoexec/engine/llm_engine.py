@@ -26,7 +26,10 @@ STATS = ("steps", "prefill_chunks", "prefill_tokens", "decode_tokens", "preempti
 
 
 class LLMEngine:
-    def __init__(self, model, contract: Contract, config: EngineConfig, device: str = "cpu"):
+    """With a `mesh` of tensor-parallel size > 1, `model` is this rank's shard (`parallel.shard`): every rank
+    runs the same steps on its shard, and every rank's completions are the same."""
+
+    def __init__(self, model, contract: Contract, config: EngineConfig, device: str = "cpu", mesh=None):
         config.check(contract)
         held_on = next(model.parameters()).device
         if held_on.type != torch.device(device).type:
@@ -36,7 +39,7 @@ class LLMEngine:
                         "(docs/gdn.md)", model.spec.architecture)
             config = dataclasses.replace(config, prefix_caching=False)
         self.model, self.contract, self.config = model, contract, config
-        self.runner = ModelRunner(model, contract, config, device)
+        self.runner = ModelRunner(model, contract, config, device, mesh)
         self.binding = self.runner.binding  # what this engine calls: its fingerprint is taken from it
         self.stats = dict.fromkeys(STATS, 0)  # counters over the engine's lifetime
         self.scheduler = Scheduler(config, self.stats)

@@ -9,6 +9,7 @@ from torch import Tensor
 from ..contract.schema import Contract
 from ..model import PagedBatch, Step, allocate, is_tracing, routing_buffer, step
 from ..ops.common import torch_dtype
+from ..parallel import compose
 from ..runtime.binding import bind
 from .config import ENGINE_CASES, EngineConfig
 from .graphs import DecodeGraphs
@@ -16,7 +17,7 @@ from .sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model, contract: Contract, config: EngineConfig, device: str):
+    def __init__(self, model, contract: Contract, config: EngineConfig, device: str, mesh=None):
         spec, self.model, self.page_size, self.device = model.spec, model, config.kv_page_size, torch.device(device)
         self.record_routing = config.record_routing
         kv_dtypes = {contract.entry("attention", case).constants.get("kv_cache_dtype") for case in ENGINE_CASES
@@ -25,6 +26,9 @@ class ModelRunner:
             raise ValueError(f"contract {contract.name} stores keys as {sorted(map(str, kv_dtypes))} but the model is {spec.dtype}: "
                              "fit the contract to the model first (isoexec.contract.fit_contract)")
         self.binding = bind(contract, spec, ENGINE_CASES)
+        self.ops = {case: self.binding.ops[case] for case in ENGINE_CASES}
+        if mesh is not None and mesh.tp > 1:  # a tensor-parallel rank: the ops composed with its collectives
+            self.ops = {case: compose(ops, contract, case, model.unsharded_spec, mesh) for case, ops in self.ops.items()}
         # With graphs, one scratch page past the block manager's pages takes the padded decode rows (graphs.py).
         scratch_slot = config.num_pages * self.page_size
         # Sequence slots: one per running sequence, and with graphs one more per padded decode row (graphs.py).
@@ -41,7 +45,7 @@ class ModelRunner:
             # step past it (where the contract claims nothing) runs eagerly rather than widen every graph.
             max_num_keys = min(scratch_slot, spec.max_position_embeddings, contract.cases["engine_decode"].shape_domain.max_seq_len,
                                config.max_model_len or spec.max_position_embeddings)
-            self.decode_graphs = DecodeGraphs(model, contract, self.binding.ops["engine_decode"], self.state,
+            self.decode_graphs = DecodeGraphs(model, contract, self.ops["engine_decode"], self.state,
                                               scratch_slot, config.max_num_seqs, max_num_keys, config.record_routing)
 
     def reset(self) -> None:
@@ -80,7 +84,7 @@ class ModelRunner:
         last_rows = (torch.cumsum(self._tensor([seq.num_scheduled for seq in seqs], torch.int64), 0) - 1)[
             self._tensor([seq.samples_this_step for seq in seqs], torch.bool)]  # [R]
 
-        ops = self.binding.ops[case]
+        ops = self.ops[case]
         graphs = self.decode_graphs
         if case == "engine_decode" and graphs is not None and not tracing and num_keys <= graphs.max_num_keys:
             rows, routing = graphs.run(input_ids, positions, batch.write_slots, batch.slot_table, state_ids)  # every decode samples

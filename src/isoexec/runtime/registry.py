@@ -37,7 +37,9 @@ class Impl:
     `tune(ops, cases, spec, arch)` gives the constants its family's tables list for a model on a device
     arch, as [(cases, constants to set)], or None where the arch has no table (`contract/fit.py`);
     `row_width(num_v_heads, k_dim, v_dim)`, for an impl of a recurrent region (`gdn.core`), the floats per
-    value head of each open-chunk row it keeps in the engine's cache (`model/state.py` allocates them).
+    value head of each open-chunk row it keeps in the engine's cache (`model/state.py` allocates them);
+    `leaf_parts = (partials, fold)`, for a row-parallel linear, its two halves a tensor-parallel rank runs
+    around the gather of every rank's leaf partials (`parallel/ops.py`).
     """
 
     id: str
@@ -51,6 +53,7 @@ class Impl:
     check_geometry: Callable[[dict, dict], None] | None = None
     tune: Callable | None = None
     row_width: Callable[[int, int, int], int] | None = None
+    leaf_parts: tuple[Callable, Callable] | None = None
 
     @property
     def ref(self) -> str:

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ..contract.schema import Contract
 from ..model import PackedBatch, Step, packed_state, routing_buffer, step
+from ..parallel import compose
 from ..runtime.binding import bind
 
 TRAINER_CASES = ("trainer_fwd", "trainer_score")
@@ -30,11 +31,16 @@ def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 
 class Trainer:
-    """The model and the bound ops of the trainer cases: bound once, used for every step."""
+    """The model and the bound ops of the trainer cases: bound once, used for every step. With a `mesh` of
+    tensor-parallel size > 1, `model` is this rank's shard (`parallel.shard`) and the ops are composed with
+    the collectives it needs (`parallel.compose`); every rank returns the same rows."""
 
-    def __init__(self, model, contract: Contract):
+    def __init__(self, model, contract: Contract, mesh=None):
         self.model, self.contract = model, contract
         self.binding = bind(contract, model.spec, TRAINER_CASES)
+        self.ops = {case: self.binding.ops[case] for case in TRAINER_CASES}
+        if mesh is not None and mesh.tp > 1:
+            self.ops = {case: compose(ops, contract, case, model.unsharded_spec, mesh) for case, ops in self.ops.items()}
         self.state = packed_state(model.spec)
 
     def logprobs(self, sequences: list[list[int]], *, case: str = "trainer_score", micro_batch_tokens: int | None = None,
@@ -50,7 +56,7 @@ class Trainer:
             raise ValueError(f"case must be one of {', '.join(TRAINER_CASES)}, got {case!r}")
         if any(len(s) < 2 for s in sequences):
             raise ValueError("every sequence needs at least two tokens (a prompt token and a scored token)")
-        model, ops = self.model, self.binding.ops[case]
+        model, ops = self.model, self.ops[case]
         budget = micro_batch_tokens or self.contract.deployment.trainer.micro_batch_tokens
         out: list[Tensor | None] = [None] * len(sequences)
         experts: list[Tensor | None] = [None] * len(sequences)

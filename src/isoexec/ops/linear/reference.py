@@ -161,6 +161,26 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, input_dtype
     return _linear(x, weight, bias, input_dtype, weight_dtype, output_dtype, accum_dtype, block_k, block_tree, tree, 1, "sequential")
 
 
+def row_parallel_partials(x: Tensor, weight: Tensor, *, leaves: range, global_k: int, input_dtype: str, weight_dtype: str,
+                          accum_dtype: str, block_k: int, block_tree: str, tree: str, num_leaves: int, **_) -> Tensor:
+    """A tensor-parallel rank's half of `row_parallel_linear`: x [..., K_r] and weight [N, K_r], the columns of
+    `leaves` of the whole weight's `global_k` -> their partials [M, N, len(leaves)] in the accumulation dtype,
+    the whole weight's leaf partials bit for bit (`leaf_partials`)."""
+    expect_dtype(x, input_dtype, "linear input")
+    expect_dtype(weight, weight_dtype, "linear weight")
+    return leaf_partials(x.reshape(-1, x.shape[-1]), weight, num_leaves=num_leaves, block_k=block_k, block_tree=block_tree, tree=tree,
+                         accum=torch_dtype(accum_dtype), global_k=global_k, leaves=leaves)
+
+
+def row_parallel_fold(partials: Tensor, bias: Tensor | None, *, output_dtype: str, accum_dtype: str, leaf_tree: str, **_) -> Tensor:
+    """The other half: all G leaf partials [M, N, G] (every rank's, in leaf order) -> [M, N], by the leaf tree,
+    bias added, rounded once: what `row_parallel_linear` does after its partials."""
+    acc = combine_leaves(partials, leaf_tree)
+    if bias is not None:
+        acc = acc + bias.to(torch_dtype(accum_dtype))
+    return acc.to(torch_dtype(output_dtype))
+
+
 def row_parallel_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, input_dtype: str, weight_dtype: str,
                         output_dtype: str, accum_dtype: str, block_k: int, block_tree: str, tree: str, num_leaves: int,
                         leaf_tree: str) -> Tensor:
