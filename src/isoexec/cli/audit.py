@@ -41,6 +41,9 @@ def add_parser(commands):
     audit.add_argument("--trainer-tp", type=int, default=1, metavar="N", help="the trainer's tensor-parallel size: N processes on "
                        "this machine (gloo, CPU), each holding its shard (default: 1)")
     audit.add_argument("--engine-tp", type=int, default=1, metavar="N", help="the engine's tensor-parallel size, likewise (default: 1)")
+    audit.add_argument("--trainer-ep", type=int, default=1, metavar="N", help="the trainer's expert-parallel size (an MoE model): the "
+                       "routed experts cut over N processes, 1 or the trainer's TP size (default: 1)")
+    audit.add_argument("--engine-ep", type=int, default=1, metavar="N", help="the engine's expert-parallel size, likewise (default: 1)")
     add_quiet_flag(audit)
     return audit
 
@@ -56,10 +59,12 @@ def run(args) -> int:
         raise input_error("--requests and --max-new-tokens must be at least 1")
     if args.no_chat_template and args.prompts is None:
         raise input_error("--no-chat-template applies to --prompts only (random prompts are token ids already)")
-    if args.trainer_tp < 1 or args.engine_tp < 1:
-        raise input_error("--trainer-tp and --engine-tp must be at least 1")
-    if max(args.trainer_tp, args.engine_tp) > 1 and (args.trace or args.device != "cpu"):
-        raise input_error("--trainer-tp / --engine-tp above 1 run on the CPU (gloo processes) and without --trace")
+    sizes = {"--trainer-tp": args.trainer_tp, "--engine-tp": args.engine_tp, "--trainer-ep": args.trainer_ep, "--engine-ep": args.engine_ep}
+    if min(sizes.values()) < 1:
+        raise input_error(f"{', '.join(sizes)} must be at least 1")
+    if max(sizes.values()) > 1 and (args.trace or args.device != "cpu"):
+        raise input_error("parallel sides (--trainer-tp, --engine-tp, --trainer-ep, --engine-ep above 1) run on the CPU "
+                          "(gloo processes) and without --trace")
     require_device(args.device)
     check_output_path("--json", args.json)
     family = load(args.contract) if args.contract else None
@@ -71,17 +76,18 @@ def run(args) -> int:
     family = family or load(family_of(model.spec).contract)  # the model family's own contract by default
     contract = fit_contract(family, model.spec, device=args.device, profile=str(args.model))
     check_runnable(contract, args.device)
-    try:
-        for flag, tp in (("--trainer-tp", args.trainer_tp), ("--engine-tp", args.engine_tp)):
-            parallel.check(model.spec, contract, tp)
-    except ValueError as error:
-        raise input_error(f"{flag} {tp}: {error}") from None
+    for side in ("trainer", "engine"):
+        tp, ep = getattr(args, f"{side}_tp"), getattr(args, f"{side}_ep")
+        try:
+            parallel.check(model.spec, contract, tp, ep)
+        except ValueError as error:
+            raise input_error(f"--{side}-tp {tp} --{side}-ep {ep}: {error}") from None
     tracer = Tracer() if args.trace else None
     requests = args.requests if args.requests is not None else len(prompts) if prompts is not None else 16
     try:
         report = run_audit(model, contract, requests=requests, max_new_tokens=args.max_new_tokens, seed=args.seed,
                            device=args.device, progress=not args.quiet, tracer=tracer, prompts=prompts, trainer_tp=args.trainer_tp,
-                           engine_tp=args.engine_tp)
+                           engine_tp=args.engine_tp, trainer_ep=args.trainer_ep, engine_ep=args.engine_ep)
     except AuditError as error:
         raise input_error(error) from None
     print(render(report))

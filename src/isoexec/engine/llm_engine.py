@@ -26,8 +26,8 @@ STATS = ("steps", "prefill_chunks", "prefill_tokens", "decode_tokens", "preempti
 
 
 class LLMEngine:
-    """With a `mesh` of tensor-parallel size > 1, `model` is this rank's shard (`parallel.shard`): every rank
-    runs the same steps on its shard, and every rank's completions are the same."""
+    """With a `mesh` of more than one rank, `model` is this rank's shard (`parallel.shard`): every rank runs the
+    same steps on its shard, and every rank's completions are the same."""
 
     def __init__(self, model, contract: Contract, config: EngineConfig, device: str = "cpu", mesh=None):
         config.check(contract)

@@ -27,7 +27,7 @@ class ModelRunner:
                              "fit the contract to the model first (isoexec.contract.fit_contract)")
         self.binding = bind(contract, spec, ENGINE_CASES)
         self.ops = {case: self.binding.ops[case] for case in ENGINE_CASES}
-        if mesh is not None and mesh.tp > 1:  # a tensor-parallel rank: the ops composed with its collectives
+        if mesh is not None and mesh.world > 1:  # a rank of a parallel side: the ops composed with its collectives
             self.ops = {case: compose(ops, contract, case, model.unsharded_spec, mesh) for case, ops in self.ops.items()}
         # With graphs, one scratch page past the block manager's pages takes the padded decode rows (graphs.py).
         scratch_slot = config.num_pages * self.page_size

@@ -1,4 +1,4 @@
-"""The ops a tensor-parallel rank binds: the contract's own, composed with the collectives its shard needs.
+"""The ops a rank binds: the contract's own, composed with the collectives its shard needs.
 
 - Column-parallel projections run the bound op on the rank's weight rows; no collective in the forward.
   Their input is replicated, so in the backward each rank holds part of its gradient: those are summed
@@ -9,6 +9,10 @@
   leaf count gives the same bits, and every rank the same output. No collective does arithmetic there.
 - An impl without leaf parts (`native`'s cuBLAS / oneDNN GEMM) is composed as the frameworks do it: the
   rank's GEMM over its K columns, rounded, then an all-reduce sum — the control that must differ.
+- Routed experts (expert parallelism): each rank runs the bound experts op on the (token, slot) pairs routed
+  to its experts, the ranks' [T, k, H] outputs are all-gathered (bytes) and each pair takes its expert's
+  rank's row. The router and the combine run whole on every rank (replicated inputs), so the combine sums
+  the same rows in the same order as one process.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from ..model import MLPSpec
+from ..ops.common import torch_dtype
 from ..ops.linear.reference import linear_grads, rank_leaves
 from ..runtime.registry import REGISTRY
 from .mesh import Mesh
@@ -78,23 +84,61 @@ def _row_parallel(bound: Callable, impl, constants: dict, mesh: Mesh, leaves: in
     return op
 
 
+class _OwnedRows(torch.autograd.Function):
+    """Each (token, slot)'s row from its expert's rank: the gathered rows forward, the gradient of the rows
+    this rank computed back to its own computation (the others' go to theirs)."""
+
+    @staticmethod
+    def forward(ctx, mine, gathered, owned):
+        ctx.save_for_backward(owned)
+        return torch.where(owned[..., None], mine, gathered)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (owned,) = ctx.saved_tensors
+        return torch.where(owned[..., None], grad, 0.0), None, None
+
+
+def _expert_parallel(bound: Callable, output_dtype, mesh: Mesh) -> Callable:
+    def experts(x, ids, gate_up, down):
+        num_local = gate_up.shape[0]
+        first = mesh.rank * num_local
+        tokens, top_k = ids.shape
+        owned = (ids >= first) & (ids < first + num_local)  # [T, k]
+        mine = x.new_zeros((tokens, top_k, x.shape[-1]), dtype=output_dtype)
+        t, j = torch.nonzero(owned, as_tuple=True)
+        if t.numel():
+            xe = _ReplicatedInput.apply(x, mesh) if torch.is_grad_enabled() and x.requires_grad else x
+            rows = bound(xe[t], (ids[t, j] - first)[:, None], gate_up, down)[:, 0]  # [n, H], one slot a row
+            mine = mine.index_put((t, j), rows)
+        owner = torch.div(ids, num_local, rounding_mode="floor")  # [T, k]
+        gathered = torch.stack(mesh.all_gather(mine.detach()))  # [ranks, T, k, H]
+        picked = gathered.gather(0, owner[None, ..., None].expand(1, -1, -1, x.shape[-1]))[0]
+        return _OwnedRows.apply(mine, picked, owned)
+
+    return experts
+
+
 def _entry_of(contract, op: str, case: str):
     return next(entry for region, c, entry in contract.cells() if c == case and op in entry.ops)
 
 
 def compose(ops: dict[str, Callable], contract, case: str, spec, mesh: Mesh) -> dict[str, Callable]:
     """`ops` (one case's bound ops, for the whole model's `spec`) as a rank of `mesh` runs them."""
+    composed = dict(ops)
+    if mesh.ep > 1 and "experts" in ops:
+        output_dtype = torch_dtype(_entry_of(contract, "experts", case).constants["output_dtype"])
+        composed["experts"] = _expert_parallel(ops["experts"], output_dtype, mesh)
     if mesh.tp == 1:
-        return ops
+        return composed
     leaves = num_leaves(contract) or mesh.tp
     global_k = {"o_proj": {layer.mixer.num_heads * layer.mixer.head_dim for layer in spec.layers},
-                "down_proj": {layer.ffn.intermediate_size for layer in spec.layers}}
-    composed = dict(ops)
+                "down_proj": {layer.ffn.intermediate_size for layer in spec.layers if isinstance(layer.ffn, MLPSpec)}}
     for name in COLUMN_PARALLEL:
         if name in ops:
             composed[name] = _column_parallel(ops[name], mesh)
     for name in ROW_PARALLEL:
-        if name not in ops:
+        if name not in ops or not global_k[name]:
             continue
         if len(global_k[name]) != 1:
             raise ValueError(f"tensor parallelism needs every layer's {name} of one width, got {sorted(global_k[name])}")

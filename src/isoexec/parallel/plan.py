@@ -1,18 +1,20 @@
-"""Which part of each weight a tensor-parallel rank holds, and the model it runs.
+"""Which part of each weight a rank holds, and the model it runs.
 
-Tensor parallelism cuts only where the contract's arithmetic is already cut, so that every TP size gives
-the bits of one process:
-- column-parallel projections (q/k/v, gate/up) by whole output columns: a column's bits never depend on
-  the other columns. Attention's by whole heads: a rank's query heads and the key/value heads they read
-  (replicated where TP exceeds the key/value heads);
-- row-parallel projections (o_proj, down_proj) by whole K leaves of the contract's `num_leaves`: rank r of
-  TP = C holds K columns [floor(rK/C), floor((r+1)K/C)), leaves [rG/C, (r+1)G/C) (`linear.reference`'s
-  `leaf_bounds`), which are the columns its column-parallel half produced;
-- everything else replicated: the embedding, the norms, lm_head and the log-probs.
+Tensor parallelism (TP) and expert parallelism (EP) cut only where the contract's arithmetic is already cut,
+so that every layout gives the bits of one process:
+- column-parallel projections (q/k/v, gate/up of a dense MLP) by whole output columns: a column's bits never
+  depend on the other columns. Attention's by whole heads: a rank's query heads and the key/value heads they
+  read (replicated where TP exceeds the key/value heads);
+- row-parallel projections (o_proj, down_proj of a dense MLP) by whole K leaves of the contract's
+  `num_leaves`: rank r of TP = C holds K columns [floor(rK/C), floor((r+1)K/C)), leaves [rG/C, (r+1)G/C)
+  (`linear.reference`'s `leaf_bounds`), which are the columns its column-parallel half produced;
+- routed experts by whole experts: rank r of EP = P holds experts [rE/P, (r+1)E/P); a (token, slot)'s
+  output depends only on its own row and its expert (the experts op's invariance);
+- everything else replicated: the embedding, the norms, the router, shared experts, lm_head, the log-probs.
 
-The rank's model is the ordinary single-device `Decoder` built from its `local_spec` (fewer heads, a
-narrower MLP) and loaded with its shards: model code never sees the layout. The ops that cross ranks
-are composed around the contract's bound ops by `parallel/ops.py`.
+The rank's model is the ordinary single-device `Decoder` built from its `local_spec` (fewer heads, a narrower
+MLP) and loaded with its shards (a rank's routed experts are its expert tensors' first dim): model code never
+sees the layout. The ops that cross ranks are composed around the contract's bound ops by `parallel/ops.py`.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from torch import nn
 
 from ..contract.values import ContractError
-from ..model import AttentionSpec, Decoder, MLPSpec, ModelSpec
+from ..model import AttentionSpec, Decoder, MLPSpec, ModelSpec, MoESpec
 from ..ops.linear.reference import leaf_columns, rank_leaves
+from .mesh import Mesh, world_of
 
 ROW_PARALLEL = ("o_proj", "down_proj")
 COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -46,27 +50,35 @@ def _leaves(contract, tp: int) -> int:
     return num_leaves(contract) or tp
 
 
-def check(spec: ModelSpec, contract, tp: int) -> None:
-    """Refuse, in one line naming the reason, a TP size the model or the contract cannot be cut into."""
-    if not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"tensor-parallel size must be a positive int, got {tp!r}")
-    if tp == 1:
-        return
+def check(spec: ModelSpec, contract, tp: int, ep: int = 1) -> None:
+    """Refuse, in one line naming the reason, a layout the model or the contract cannot be cut into."""
+    world_of(tp, ep)
+    moe = [index for index, layer in enumerate(spec.layers) if isinstance(layer.ffn, MoESpec)]
+    if ep > 1 and not moe:
+        raise ValueError(f"EP = {ep} needs routed experts, and {spec.architecture} has no MoE layer")
     leaves = _leaves(contract, tp)
-    if leaves % tp:
+    if tp > 1 and leaves % tp:
         raise ValueError(f"TP = {tp} does not divide contract {contract.name}'s {leaves} row-parallel leaves")
     for index, layer in enumerate(spec.layers):
-        if not isinstance(layer.mixer, AttentionSpec) or not isinstance(layer.ffn, MLPSpec):
-            raise ValueError(f"tensor parallelism shards gqa attention and mlp layers so far; layer {index} is "
+        if not isinstance(layer.mixer, AttentionSpec) or not isinstance(layer.ffn, (MLPSpec, MoESpec)):
+            raise ValueError(f"tensor and expert parallelism shard gqa attention, mlp and moe layers so far; layer {index} is "
                              f"{layer.mixer.kind} + {layer.ffn.kind}")
         heads, kv_heads = layer.mixer.num_heads, layer.mixer.num_kv_heads
         if heads % tp:
             raise ValueError(f"TP = {tp} does not divide layer {index}'s {heads} attention heads")
         if kv_heads % tp and tp % kv_heads:
             raise ValueError(f"TP = {tp} neither divides layer {index}'s {kv_heads} key/value heads nor is a multiple of them")
-    claimed = contract.claims.topology.tp
-    if contract.claims.is_bitwise and tp not in claimed:
-        raise ValueError(f"contract {contract.name} claims its bits at TP {', '.join(map(str, claimed))} only (claims.topology.tp)")
+        if isinstance(layer.ffn, MoESpec) and layer.ffn.num_experts % ep:
+            raise ValueError(f"EP = {ep} does not divide layer {index}'s {layer.ffn.num_experts} experts")
+        if isinstance(layer.ffn, MoESpec) and layer.ffn.shared_intermediate_size and tp > 1:
+            raise ValueError(f"TP = {tp} with layer {index}'s shared experts: they call the dense MLP's ops, which TP cuts; "
+                             "not built yet")
+    topology = contract.claims.topology
+    for name, size in (("tp", tp), ("ep", ep)):
+        claimed = getattr(topology, name)
+        if contract.claims.is_bitwise and size not in claimed:
+            raise ValueError(f"contract {contract.name} claims its bits at {name.upper()} {', '.join(map(str, claimed))} only "
+                             f"(claims.topology.{name})")
 
 
 def _heads(attention: AttentionSpec, tp: int, rank: int) -> tuple[range, range]:
@@ -77,16 +89,23 @@ def _heads(attention: AttentionSpec, tp: int, rank: int) -> tuple[range, range]:
     return queries, range(queries.start // group, (queries.stop - 1) // group + 1)
 
 
-def local_spec(spec: ModelSpec, contract, tp: int, rank: int) -> ModelSpec:
-    """The spec of rank's model: its heads and its slice of every MLP."""
-    check(spec, contract, tp)
-    leaves = _leaves(contract, tp)
+def _rank_columns(intermediate: int, leaves: int, mesh: Mesh) -> slice:
+    return leaf_columns(intermediate, leaves, rank_leaves(leaves, mesh.rank if mesh.tp > 1 else 0, mesh.tp))
+
+
+def local_spec(spec: ModelSpec, contract, mesh: Mesh) -> ModelSpec:
+    """The spec of a rank's model: its heads and its slice of every dense MLP (an MoE layer's spec stays whole:
+    its router sees every expert)."""
+    check(spec, contract, mesh.tp, mesh.ep)
+    leaves, tp_rank = _leaves(contract, mesh.tp), mesh.rank if mesh.tp > 1 else 0
     layers = []
     for layer in spec.layers:
-        queries, kv = _heads(layer.mixer, tp, rank)
+        queries, kv = _heads(layer.mixer, mesh.tp, tp_rank)
         mixer = dataclasses.replace(layer.mixer, num_heads=len(queries), num_kv_heads=len(kv))
-        columns = leaf_columns(layer.ffn.intermediate_size, leaves, rank_leaves(leaves, rank, tp))
-        ffn = dataclasses.replace(layer.ffn, intermediate_size=columns.stop - columns.start)
+        ffn = layer.ffn
+        if isinstance(ffn, MLPSpec):
+            columns = _rank_columns(ffn.intermediate_size, leaves, mesh)
+            ffn = dataclasses.replace(ffn, intermediate_size=columns.stop - columns.start)
         layers.append(dataclasses.replace(layer, mixer=mixer, ffn=ffn))
     return dataclasses.replace(spec, layers=tuple(layers))
 
@@ -95,35 +114,51 @@ def _rows(weight: torch.Tensor, heads: range, rows_per_head: int) -> torch.Tenso
     return weight[heads.start * rows_per_head : heads.stop * rows_per_head]
 
 
-def shard(model: Decoder, contract, tp: int, rank: int) -> Decoder:
-    """Rank's model: a `Decoder` of its `local_spec`, holding its shard of each of `model`'s weights."""
+def experts_of(layer_spec, mesh: Mesh) -> range:
+    """The routed experts a rank of `mesh` holds in an MoE layer."""
+    per_rank = layer_spec.ffn.num_experts // mesh.ep
+    first = (mesh.rank if mesh.ep > 1 else 0) * per_rank
+    return range(first, first + per_rank)
+
+
+def _shard_of(name: str, weight: torch.Tensor, spec: ModelSpec, leaves: int, mesh: Mesh) -> torch.Tensor:
+    """The part of the whole model's weight `name` a rank of `mesh` holds."""
+    parts = name.split(".")
+    if parts[:2] != ["model", "layers"]:
+        return weight  # the embedding, the final norm, lm_head
+    layer = spec.layers[int(parts[2])]
+    owner, projection = parts[3], parts[4] if len(parts) > 4 else ""
+    if owner == "self_attn":
+        attention = layer.mixer
+        queries, kv = _heads(attention, mesh.tp, mesh.rank if mesh.tp > 1 else 0)
+        per_head = attention.head_dim * (2 if attention.output_gate else 1)  # q_proj: each head's query, then gate
+        if projection == "q_proj":
+            return _rows(weight, queries, per_head)
+        if projection in ("k_proj", "v_proj"):
+            return _rows(weight, kv, attention.head_dim)
+        if projection == "o_proj" and parts[-1] == "weight":
+            return weight[:, _rank_columns(weight.shape[1], leaves, mesh)]
+        return weight  # q_norm / k_norm (per head dim) and o_proj's bias
+    if owner == "mlp" and isinstance(layer.ffn, MLPSpec):
+        columns = _rank_columns(layer.ffn.intermediate_size, leaves, mesh)
+        return weight[columns] if projection in ("gate_proj", "up_proj") else weight[:, columns]
+    if owner == "mlp" and projection == "experts":
+        experts = experts_of(layer, mesh)
+        return weight[experts.start : experts.stop]
+    return weight  # the layer norms, the router, shared experts and their gate
+
+
+def shard(model: Decoder, contract, mesh: Mesh) -> Decoder:
+    """A rank's model: a `Decoder` of its `local_spec`, holding its shard of each of `model`'s weights."""
     spec = model.spec
-    local = Decoder(local_spec(spec, contract, tp, rank))
-    leaves = _leaves(contract, tp)
-    full = model.state_dict()
-    shards = {}
-    for name, weight in full.items():
-        parts = name.split(".")
-        if parts[:2] != ["model", "layers"] or parts[3] not in ("self_attn", "mlp"):
-            shards[name] = weight  # replicated
-            continue
-        layer = spec.layers[int(parts[2])]
-        projection = parts[4]
-        if parts[3] == "self_attn":
-            attention = layer.mixer
-            queries, kv = _heads(attention, tp, rank)
-            per_head = attention.head_dim * (2 if attention.output_gate else 1)  # q_proj: each head's query, then gate
-            if projection == "q_proj":
-                shards[name] = _rows(weight, queries, per_head)
-            elif projection in ("k_proj", "v_proj"):
-                shards[name] = _rows(weight, kv, attention.head_dim)
-            elif projection == "o_proj" and parts[-1] == "weight":
-                shards[name] = weight[:, leaf_columns(weight.shape[1], leaves, rank_leaves(leaves, rank, tp))]
-            else:  # q_norm / k_norm (per head dim) and o_proj's bias: replicated
-                shards[name] = weight
-        else:
-            columns = leaf_columns(layer.ffn.intermediate_size, leaves, rank_leaves(leaves, rank, tp))
-            shards[name] = weight[columns] if projection in ("gate_proj", "up_proj") else weight[:, columns]
+    local = Decoder(local_spec(spec, contract, mesh))
+    leaves = _leaves(contract, mesh.tp)
+    shards = {name: _shard_of(name, weight, spec, leaves, mesh) for name, weight in model.state_dict().items()}
+    for index, layer in enumerate(spec.layers):
+        if isinstance(layer.ffn, MoESpec) and mesh.ep > 1:  # the rank's experts only: its expert tensors are shorter
+            experts = local.model.layers[index].mlp.experts
+            for name in ("gate_up_proj", "down_proj"):
+                setattr(experts, name, nn.Parameter(torch.empty_like(shards[f"model.layers.{index}.mlp.experts.{name}"])))
     local.load_state_dict({name: t.clone() for name, t in shards.items()})
     local.unsharded_spec = spec  # what the composed ops need of the whole model (`parallel/ops.py`)
     return local

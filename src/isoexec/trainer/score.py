@@ -32,14 +32,14 @@ def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 class Trainer:
     """The model and the bound ops of the trainer cases: bound once, used for every step. With a `mesh` of
-    tensor-parallel size > 1, `model` is this rank's shard (`parallel.shard`) and the ops are composed with
-    the collectives it needs (`parallel.compose`); every rank returns the same rows."""
+    more than one rank, `model` is this rank's shard (`parallel.shard`) and the ops are composed with the
+    collectives it needs (`parallel.compose`); every rank returns the same rows."""
 
     def __init__(self, model, contract: Contract, mesh=None):
         self.model, self.contract = model, contract
         self.binding = bind(contract, model.spec, TRAINER_CASES)
         self.ops = {case: self.binding.ops[case] for case in TRAINER_CASES}
-        if mesh is not None and mesh.tp > 1:
+        if mesh is not None and mesh.world > 1:
             self.ops = {case: compose(ops, contract, case, model.unsharded_spec, mesh) for case, ops in self.ops.items()}
         self.state = packed_state(model.spec)
 

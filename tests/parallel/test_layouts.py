@@ -1,0 +1,174 @@
+"""Tensor and expert parallelism from outside the model (isoexec.parallel), in real gloo processes on the CPU:
+a trainer's rows at TP 2 and 4, and an MoE model's at EP 2 and 3 with and without TP, bitwise equal to one
+process's; the engine and the trainer at different layouts bitwise equal in the audit; native's TP
+composition (each rank's GEMM rounded, then summed by the collective) differing by construction; gradients
+through the composed ops matching one process's; layouts the model or the contract cannot be cut into
+refused in one line."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import bitwise_equal, int_view
+from isoexec.audit import all_equal, run_audit
+from isoexec.contract import fit_contract, load_preset
+from isoexec.model import PRESETS, init_random
+from isoexec.parallel import Mesh, check, shard, spawn
+from isoexec.trainer import Trainer
+
+SEQUENCES = [[(7 * i + 3 * j) % 500 for j in range(n)] for i, n in enumerate((9, 23, 40))]
+
+
+def _rows(mesh, contract_name, case, preset="tiny-dense"):
+    contract = load_preset(contract_name)
+    model = init_random(PRESETS[preset], seed=0)
+    local = shard(model, contract, mesh) if mesh.world > 1 else model
+    return [r.detach() for r in Trainer(local, contract, mesh).logprobs(SEQUENCES, case=case)]
+
+
+def _differing(a, b) -> int:
+    return sum(int((int_view(x) != int_view(y)).sum()) for x, y in zip(a, b))
+
+
+def test_trainer_rows_are_the_same_bits_at_every_tp_size():
+    """TP 2 (two heads, two key/value heads, four leaves a rank) and TP 4 (one head a rank, key/value heads
+    replicated, two leaves a rank) against one process: every full-vocabulary row bit for bit (trainer_fwd's
+    too, in the audits below)."""
+    one = _rows_in(1, "tiny-dense")
+    for tp in (2, 4):
+        assert _differing(one, _rows_in(tp, "tiny-dense")) == 0, f"TP {tp}"
+
+
+def _rows_in(tp, contract_name, case="trainer_score", preset="tiny-dense", ep=1):
+    return spawn(tp, _rows, contract_name, case, preset, ep=ep)
+
+
+@pytest.mark.parametrize("tp, ep", [(1, 2), (2, 2), (1, 3)])
+def test_moe_rows_are_the_same_bits_with_experts_cut_over_ranks(tp, ep):
+    """tiny-moe (6 experts, top-2; a dense first layer): routed experts split 3 + 3 or 2 + 2 + 2 over the ranks,
+    with attention and the dense MLP replicated or cut at TP 2; trainer_fwd's rows (autograd through the
+    composed experts) against one process's, bit for bit."""
+    one = _rows_in(1, "tiny-moe", "trainer_fwd", "tiny-moe")
+    assert _differing(one, _rows_in(tp, "tiny-moe", "trainer_fwd", "tiny-moe", ep=ep)) == 0
+
+
+def test_native_tensor_parallelism_is_not_the_same_bits():
+    """The control: native's o_proj and down_proj at TP 2 are each rank's GEMM over its half of K, rounded to
+    bf16, then summed by the collective; one process rounds one GEMM over all of K. Two roundings against one:
+    other bits by construction (here every element of every row)."""
+    one, two = _rows_in(1, "native"), _rows_in(2, "native")
+    assert _differing(one, two) > 0
+
+
+def _gradients(mesh):
+    spec = dataclasses.replace(PRESETS["tiny-dense"], dtype="float32")  # fp32 weights and gradients: a tight tolerance
+    contract = fit_contract(load_preset("tiny-dense"), spec)
+    model = init_random(spec, seed=0)
+    local = shard(model, contract, mesh) if mesh.world > 1 else model
+    rows = Trainer(local, contract, mesh).logprobs(SEQUENCES, case="trainer_fwd")
+    weights = [torch.linspace(-1, 1, r.numel()).view_as(r) for r in rows]
+    sum((r * w).sum() for r, w in zip(rows, weights)).backward()
+    return {name: p.grad.float() for name, p in local.named_parameters()}
+
+
+def _moe_gradients(mesh):
+    spec = dataclasses.replace(PRESETS["tiny-moe"], dtype="float32")
+    contract = fit_contract(load_preset("tiny-moe"), spec)
+    model = init_random(spec, seed=0)
+    local = shard(model, contract, mesh) if mesh.world > 1 else model
+    rows = Trainer(local, contract, mesh).logprobs(SEQUENCES, case="trainer_fwd")
+    sum((r * torch.linspace(-1, 1, r.numel()).view_as(r)).sum() for r in rows).backward()
+    return {name: p.grad.float() for name, p in local.named_parameters() if p.grad is not None}
+
+
+def test_expert_parallel_gradients_match_one_process():
+    """EP 2 on an fp32 tiny-moe: rank 0's experts (the first 3 of 6), the router and the embedding, against one
+    process's gradients (the experts' input gradient is summed over the ranks, each owning some (token, slot)s)."""
+    full, rank0 = spawn(1, _moe_gradients), spawn(1, _moe_gradients, ep=2)
+    for name, part in {"model.layers.1.mlp.experts.gate_up_proj": lambda g: g[:3], "model.layers.2.mlp.experts.down_proj": lambda g: g[:3],
+                       "model.layers.1.mlp.gate.weight": lambda g: g, "model.embed_tokens.weight": lambda g: g}.items():
+        want = part(full[name])
+        assert rank0[name].shape == want.shape, name
+        assert float((rank0[name] - want).norm() / want.norm()) < 1e-5, name
+
+
+def test_gradients_through_the_composed_ops_match_one_process():
+    """Rank 0's shard at TP 2, an fp32 model: the replicated weights' gradients (the embedding, the norms: the
+    sum over ranks of the column-parallel inputs' gradients) and its own rows and columns of the sharded
+    ones, against one process's, to float tolerance (gradients are reduced by any means)."""
+    full, rank0 = _gradients_in(1), _gradients_in(2)
+    checks = {
+        "model.embed_tokens.weight": lambda g: g,
+        "model.layers.0.input_layernorm.weight": lambda g: g,
+        "model.layers.1.self_attn.q_proj.weight": lambda g: g[:32],  # heads 0 and 1 of 4, 16 rows each
+        "model.layers.1.self_attn.k_proj.weight": lambda g: g[:16],  # key/value head 0 of 2
+        "model.layers.1.self_attn.o_proj.weight": lambda g: g[:, :32],
+        "model.layers.0.mlp.gate_proj.weight": lambda g: g[:64],
+        "model.layers.0.mlp.down_proj.weight": lambda g: g[:, :64],
+    }
+    for name, part in checks.items():
+        want = part(full[name])
+        assert rank0[name].shape == want.shape, name
+        assert float((rank0[name] - want).norm() / want.norm()) < 1e-5, name
+
+
+def _gradients_in(tp):
+    return spawn(tp, _gradients)
+
+
+@pytest.mark.parametrize("preset, trainer, engine", [
+    ("tiny-dense", (2, 1), (1, 1)), ("tiny-dense", (1, 1), (2, 1)), ("tiny-dense", (4, 1), (2, 1)), ("tiny-moe", (1, 1), (1, 2)),
+    ("tiny-moe", (2, 2), (1, 3)),
+], ids=["dense-trainer-tp2", "dense-engine-tp2", "dense-tp4-vs-tp2", "moe-engine-ep2", "moe-tp2ep2-vs-ep3"])
+def test_the_audit_is_bitwise_across_layouts(preset, trainer, engine):
+    """The engine (paged cache, chunked prefill, preemption, prefix caching, sampling) at one (TP, EP), the
+    trainer at another: every sampled token, every full-vocabulary row and every routing equal."""
+    model = init_random(PRESETS[preset], seed=0)
+    report = run_audit(model, load_preset(preset), requests=6, max_new_tokens=8, progress=False, trainer_tp=trainer[0], trainer_ep=trainer[1],
+                       engine_tp=engine[0], engine_ep=engine[1])
+    assert all_equal(report), report["trainer_score"]
+    assert report["layout"] == {"trainer": dict(tp=trainer[0], ep=trainer[1]), "engine": dict(tp=engine[0], ep=engine[1])}
+
+
+@pytest.mark.parametrize("preset, tp, ep, message", [
+    ("tiny-dense", 3, 1, "TP = 3 does not divide contract tiny-dense's 8 row-parallel leaves"),
+    ("tiny-dense", 8, 1, "TP = 8 does not divide layer 0's 4 attention heads"),
+    ("tiny-dense", 1, 2, "EP = 2 needs routed experts, and Qwen3ForCausalLM has no MoE layer"),
+    ("tiny-moe", 1, 4, "EP = 4 does not divide layer 1's 6 experts"),
+    ("tiny-moe", 2, 3, "tp and ep span the same ranks: each is 1 or both are equal, got tp = 2, ep = 3"),
+    ("tiny-hybrid", 2, 1, "tensor and expert parallelism shard gqa attention, mlp and moe layers so far; layer 0 is gdn + mlp"),
+])
+def test_layouts_that_cannot_be_cut_are_refused(preset, tp, ep, message):
+    with pytest.raises(ValueError, match=message.replace("+", r"\+")):
+        check(PRESETS[preset], load_preset(preset), tp, ep)
+
+
+def test_a_bitwise_contract_refuses_sizes_it_does_not_claim():
+    contract = load_preset("tiny-dense")
+    restricted = dataclasses.replace(contract, claims=dataclasses.replace(contract.claims, topology=dataclasses.replace(
+        contract.claims.topology, tp=(1, 2))))
+    with pytest.raises(ValueError, match=r"claims its bits at TP 1, 2 only \(claims.topology.tp\)"):
+        check(PRESETS["tiny-dense"], restricted, 4)
+
+
+def test_the_audit_command_refuses_a_bad_layout_in_one_line():
+    result = subprocess.run([sys.executable, "-m", "isoexec", "audit", "--engine-tp", "3", "--quiet"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["isoexec: error: --engine-tp 3 --engine-ep 1: TP = 3 does not divide contract "
+                                                  "tiny-dense's 8 row-parallel leaves"]
+
+
+def test_a_rank_model_is_the_single_device_decoder_with_fewer_heads():
+    """The plan only reshapes the spec and slices weights: rank 1 of TP 2 is a Decoder with 2 heads and 1
+    key/value head a layer and half of each MLP, its q_proj rows the full model's heads 2 and 3."""
+    contract = load_preset("tiny-dense")
+    model = init_random(PRESETS["tiny-dense"], seed=0)
+    rank1 = shard(model, contract, Mesh(tp=2, rank=1, group=object()))
+    attention, mlp = rank1.spec.layers[0].mixer, rank1.spec.layers[0].ffn
+    assert (attention.num_heads, attention.num_kv_heads, mlp.intermediate_size) == (2, 1, 64)
+    assert bitwise_equal(rank1.model.layers[0].self_attn.q_proj.weight, model.model.layers[0].self_attn.q_proj.weight[32:])
+    assert bitwise_equal(rank1.model.layers[0].mlp.down_proj.weight, model.model.layers[0].mlp.down_proj.weight[:, 64:])
+    assert rank1.unsharded_spec == model.spec
