@@ -1,6 +1,6 @@
 """Tensor and expert parallelism from outside the model (isoexec.parallel), in real gloo processes on the CPU:
-a trainer's rows at TP 2 and 4, and an MoE model's at EP 2 and 3 with and without TP, bitwise equal to one
-process's; the engine and the trainer at different layouts bitwise equal in the audit; native's TP
+a trainer's rows at TP 2 and 4 (with sequence parallelism too), and an MoE model's at EP 2 and 3 with and
+without TP, bitwise equal to one process's; the engine and the trainer at different layouts bitwise equal in the audit; native's TP
 composition (each rank's GEMM rounded, then summed by the collective) differing by construction; gradients
 through the composed ops matching one process's; layouts the model or the contract cannot be cut into
 refused in one line."""
@@ -42,8 +42,16 @@ def test_trainer_rows_are_the_same_bits_at_every_tp_size():
         assert _differing(one, _rows_in(tp, "tiny-dense")) == 0, f"TP {tp}"
 
 
-def _rows_in(tp, contract_name, case="trainer_score", preset="tiny-dense", ep=1):
-    return spawn(tp, _rows, contract_name, case, preset, ep=ep)
+def _rows_in(tp, contract_name, case="trainer_score", preset="tiny-dense", ep=1, sp=False):
+    return spawn(tp, _rows, contract_name, case, preset, ep=ep, sp=sp)
+
+
+def test_sequence_parallel_rows_are_the_same_bits():
+    """TP 2 and 4 with the tokens cut over the ranks between the projections (72 tokens: 36 and 18 a rank)
+    against one process, trainer_fwd (autograd through the gathers and the partial folds)."""
+    one = _rows_in(1, "tiny-dense", "trainer_fwd")
+    for tp in (2, 4):
+        assert _differing(one, _rows_in(tp, "tiny-dense", "trainer_fwd", sp=True)) == 0, f"TP {tp} + SP"
 
 
 @pytest.mark.parametrize("tp, ep", [(1, 2), (2, 2), (1, 3)])
@@ -95,11 +103,13 @@ def test_expert_parallel_gradients_match_one_process():
         assert float((rank0[name] - want).norm() / want.norm()) < 1e-5, name
 
 
-def test_gradients_through_the_composed_ops_match_one_process():
-    """Rank 0's shard at TP 2, an fp32 model: the replicated weights' gradients (the embedding, the norms: the
-    sum over ranks of the column-parallel inputs' gradients) and its own rows and columns of the sharded
-    ones, against one process's, to float tolerance (gradients are reduced by any means)."""
-    full, rank0 = _gradients_in(1), _gradients_in(2)
+@pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
+def test_gradients_through_the_composed_ops_match_one_process(sp):
+    """Rank 0's shard at TP 2 (sequence parallel or not), an fp32 model: the replicated weights' gradients (the
+    embedding, the norms: with sequence parallelism each rank's covers its tokens, summed over the ranks) and
+    its own rows and columns of the sharded ones, against one process's, to float tolerance (gradients are
+    reduced by any means)."""
+    full, rank0 = _gradients_in(1), spawn(2, _gradients, sp=sp)
     checks = {
         "model.embed_tokens.weight": lambda g: g,
         "model.layers.0.input_layernorm.weight": lambda g: g,
@@ -120,17 +130,17 @@ def _gradients_in(tp):
 
 
 @pytest.mark.parametrize("preset, trainer, engine", [
-    ("tiny-dense", (2, 1), (1, 1)), ("tiny-dense", (1, 1), (2, 1)), ("tiny-dense", (4, 1), (2, 1)), ("tiny-moe", (1, 1), (1, 2)),
-    ("tiny-moe", (2, 2), (1, 3)),
-], ids=["dense-trainer-tp2", "dense-engine-tp2", "dense-tp4-vs-tp2", "moe-engine-ep2", "moe-tp2ep2-vs-ep3"])
+    ("tiny-dense", (2, 1, False), (1, 1, False)), ("tiny-dense", (1, 1, False), (2, 1, True)), ("tiny-dense", (4, 1, False), (2, 1, False)),
+    ("tiny-moe", (1, 1, False), (1, 2, False)), ("tiny-moe", (2, 2, False), (1, 3, False)),
+], ids=["dense-trainer-tp2", "dense-engine-tp2-sp", "dense-tp4-vs-tp2", "moe-engine-ep2", "moe-tp2ep2-vs-ep3"])
 def test_the_audit_is_bitwise_across_layouts(preset, trainer, engine):
-    """The engine (paged cache, chunked prefill, preemption, prefix caching, sampling) at one (TP, EP), the
+    """The engine (paged cache, chunked prefill, preemption, prefix caching, sampling) at one (TP, EP, SP), the
     trainer at another: every sampled token, every full-vocabulary row and every routing equal."""
     model = init_random(PRESETS[preset], seed=0)
     report = run_audit(model, load_preset(preset), requests=6, max_new_tokens=8, progress=False, trainer_tp=trainer[0], trainer_ep=trainer[1],
-                       engine_tp=engine[0], engine_ep=engine[1])
+                       trainer_sp=trainer[2], engine_tp=engine[0], engine_ep=engine[1], engine_sp=engine[2])
     assert all_equal(report), report["trainer_score"]
-    assert report["layout"] == {"trainer": dict(tp=trainer[0], ep=trainer[1]), "engine": dict(tp=engine[0], ep=engine[1])}
+    assert report["layout"] == {"trainer": dict(zip(("tp", "ep", "sp"), trainer)), "engine": dict(zip(("tp", "ep", "sp"), engine))}
 
 
 @pytest.mark.parametrize("preset, tp, ep, message", [
@@ -139,11 +149,14 @@ def test_the_audit_is_bitwise_across_layouts(preset, trainer, engine):
     ("tiny-dense", 1, 2, "EP = 2 needs routed experts, and Qwen3ForCausalLM has no MoE layer"),
     ("tiny-moe", 1, 4, "EP = 4 does not divide layer 1's 6 experts"),
     ("tiny-moe", 2, 3, "tp and ep span the same ranks: each is 1 or both are equal, got tp = 2, ep = 3"),
+    ("tiny-dense", 1, 1, "sequence parallelism cuts the tokens over the tensor-parallel ranks: it needs TP > 1"),
+    ("tiny-moe", 2, 1, "sequence parallelism with MoE layers \\(layer 1\\) is not built yet"),
     ("tiny-hybrid", 2, 1, "tensor and expert parallelism shard gqa attention, mlp and moe layers so far; layer 0 is gdn + mlp"),
 ])
 def test_layouts_that_cannot_be_cut_are_refused(preset, tp, ep, message):
+    sp = "sequence parallelism" in message
     with pytest.raises(ValueError, match=message.replace("+", r"\+")):
-        check(PRESETS[preset], load_preset(preset), tp, ep)
+        check(PRESETS[preset], load_preset(preset), tp, ep, sp)
 
 
 def test_a_bitwise_contract_refuses_sizes_it_does_not_claim():

@@ -44,6 +44,9 @@ def add_parser(commands):
     audit.add_argument("--trainer-ep", type=int, default=1, metavar="N", help="the trainer's expert-parallel size (an MoE model): the "
                        "routed experts cut over N processes, 1 or the trainer's TP size (default: 1)")
     audit.add_argument("--engine-ep", type=int, default=1, metavar="N", help="the engine's expert-parallel size, likewise (default: 1)")
+    audit.add_argument("--trainer-sp", action="store_true", help="sequence parallelism on the trainer's tensor-parallel ranks: each "
+                       "holds a shard of the tokens between the row- and the column-parallel projections")
+    audit.add_argument("--engine-sp", action="store_true", help="likewise for the engine")
     add_quiet_flag(audit)
     return audit
 
@@ -77,17 +80,18 @@ def run(args) -> int:
     contract = fit_contract(family, model.spec, device=args.device, profile=str(args.model))
     check_runnable(contract, args.device)
     for side in ("trainer", "engine"):
-        tp, ep = getattr(args, f"{side}_tp"), getattr(args, f"{side}_ep")
+        tp, ep, sp = getattr(args, f"{side}_tp"), getattr(args, f"{side}_ep"), getattr(args, f"{side}_sp")
         try:
-            parallel.check(model.spec, contract, tp, ep)
+            parallel.check(model.spec, contract, tp, ep, sp)
         except ValueError as error:
-            raise input_error(f"--{side}-tp {tp} --{side}-ep {ep}: {error}") from None
+            raise input_error(f"--{side}-tp {tp} --{side}-ep {ep}{f' --{side}-sp' if sp else ''}: {error}") from None
     tracer = Tracer() if args.trace else None
     requests = args.requests if args.requests is not None else len(prompts) if prompts is not None else 16
     try:
         report = run_audit(model, contract, requests=requests, max_new_tokens=args.max_new_tokens, seed=args.seed,
                            device=args.device, progress=not args.quiet, tracer=tracer, prompts=prompts, trainer_tp=args.trainer_tp,
-                           engine_tp=args.engine_tp, trainer_ep=args.trainer_ep, engine_ep=args.engine_ep)
+                           engine_tp=args.engine_tp, trainer_ep=args.trainer_ep, engine_ep=args.engine_ep, trainer_sp=args.trainer_sp,
+                           engine_sp=args.engine_sp)
     except AuditError as error:
         raise input_error(error) from None
     print(render(report))

@@ -45,6 +45,7 @@ class Mesh:
     ep: int = 1
     rank: int = 0
     group: Any = None
+    sp: bool = False  # sequence parallel: the tensor-parallel ranks cut the tokens between the column- and row-parallel halves
 
     def __post_init__(self):
         world_of(self.tp, self.ep)
@@ -58,13 +59,13 @@ class Mesh:
         return max(self.tp, self.ep)
 
     @classmethod
-    def from_env(cls, tp: int | None = None, ep: int = 1) -> "Mesh":
+    def from_env(cls, tp: int | None = None, ep: int = 1, sp: bool = False) -> "Mesh":
         """The world torch.distributed was initialised with, as one group: tensor-parallel over all of it unless
-        `tp` says otherwise, expert-parallel size `ep`."""
+        `tp` says otherwise, expert-parallel size `ep`, sequence parallel or not."""
         if not dist.is_initialized():
             return cls()
         world = dist.get_world_size()
-        return cls(tp=world if tp is None else tp, ep=ep, rank=dist.get_rank(), group=dist.group.WORLD)
+        return cls(tp=world if tp is None else tp, ep=ep, rank=dist.get_rank(), group=dist.group.WORLD, sp=sp)
 
     def all_gather(self, t: Tensor) -> list:
         """Every rank's `t` (same shape and dtype on every rank), in rank order: bytes moved, no arithmetic."""
@@ -89,25 +90,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, tp: int, ep: int, port: int, result: str, fn: Callable, args: tuple) -> None:
+def _worker(rank: int, world: int, tp: int, ep: int, sp: bool, port: int, result: str, fn: Callable, args: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # the ranks share this machine's cores
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        out = fn(Mesh.from_env(tp=tp, ep=ep), *args)
+        out = fn(Mesh.from_env(tp=tp, ep=ep, sp=sp), *args)
         if rank == 0:
             torch.save(out, result)
     finally:
         dist.destroy_process_group()
 
 
-def spawn(tp: int, fn: Callable, *args, ep: int = 1) -> Any:
-    """Run fn(mesh, *args) on a side of TP `tp` and EP `ep`: max(tp, ep) processes (gloo), and return rank 0's
-    result; one process runs it here, without torch.distributed. An exception in any rank raises here."""
+def spawn(tp: int, fn: Callable, *args, ep: int = 1, sp: bool = False) -> Any:
+    """Run fn(mesh, *args) on a side of TP `tp`, EP `ep` and sequence parallelism `sp`: max(tp, ep) processes
+    (gloo), and return rank 0's result; one process runs it here, without torch.distributed. An exception in
+    any rank raises here."""
     world = world_of(tp, ep)
     if world == 1:
         return fn(Mesh(), *args)
     with tempfile.TemporaryDirectory() as tmp:
         result = str(Path(tmp) / "rank0.pt")
-        mp.spawn(_worker, args=(world, tp, ep, _free_port(), result, fn, args), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, tp, ep, sp, _free_port(), result, fn, args), nprocs=world, join=True)
         return torch.load(result, weights_only=False)

@@ -13,6 +13,13 @@
   to its experts, the ranks' [T, k, H] outputs are all-gathered (bytes) and each pair takes its expert's
   rank's row. The router and the combine run whole on every rank (replicated inputs), so the combine sums
   the same rows in the same order as one process.
+- Sequence parallelism: between a row-parallel projection and the next column-parallel one each rank holds
+  a contiguous shard of the tokens (the call's T padded to a multiple of TP). The row-parallel fold is
+  evaluated for the rank's tokens only (the same gathered partials, the same tree: the reduce-scatter that
+  equals all-reduce-then-slice), the residual adds and norms run on the shard, the column-parallel input is
+  all-gathered (bytes), and the final norm's output too, so the rows the trainer and the engine read are
+  whole. Every row meets the same operations as in one process. In the backward, the norms' and the
+  embedding's weights saw only the rank's tokens: their gradients are summed over the ranks.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..model import MLPSpec
+from ..model import MLPSpec, current_step
 from ..ops.common import torch_dtype
 from ..ops.linear.reference import linear_grads, rank_leaves
 from ..runtime.registry import REGISTRY
@@ -43,9 +50,57 @@ class _ReplicatedInput(torch.autograd.Function):
         return ctx.mesh.all_reduce_sum(grad.contiguous().clone()), None
 
 
+class _PartialGradient(torch.autograd.Function):
+    """Identity forward; the backward sums the ranks' gradients of a replicated weight used on their own tokens."""
+
+    @staticmethod
+    def forward(ctx, weight, mesh):
+        ctx.mesh = mesh
+        return weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.mesh.all_reduce_sum(grad.contiguous().clone()), None
+
+
+def _replicated(weight: Tensor, mesh: Mesh) -> Tensor:
+    return _PartialGradient.apply(weight, mesh) if torch.is_grad_enabled() and weight.requires_grad else weight
+
+
+def _tokens() -> int:
+    """The call's token count, from the step being run (the ops see only their shards)."""
+    return current_step().batch.positions.shape[0]
+
+
+def _shard_rows(x: Tensor, mesh: Mesh) -> Tensor:
+    """The rank's contiguous shard of x's rows, x padded to a multiple of TP rows (zeros)."""
+    per_rank = -(-x.shape[0] // mesh.tp)
+    padded = torch.cat([x, x.new_zeros((per_rank * mesh.tp - x.shape[0], *x.shape[1:]))]) if x.shape[0] % mesh.tp else x
+    return padded[mesh.rank * per_rank : (mesh.rank + 1) * per_rank]
+
+
+class _GatherRows(torch.autograd.Function):
+    """Every rank's shard of rows, whole (`tokens` of them). The backward takes the rank's rows of the gradient,
+    summed over the ranks first where each rank's gradient is a part (`partial`: a column-parallel input)."""
+
+    @staticmethod
+    def forward(ctx, x, mesh, tokens, partial):
+        ctx.mesh, ctx.partial = mesh, partial
+        return torch.cat(mesh.all_gather(x))[:tokens]
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        if ctx.partial:
+            grad = ctx.mesh.all_reduce_sum(grad)
+        return _shard_rows(grad, ctx.mesh), None, None, None
+
+
 def _column_parallel(bound: Callable, mesh: Mesh) -> Callable:
     def op(x, weight, bias=None):
-        if torch.is_grad_enabled() and x.requires_grad:
+        if mesh.sp:
+            x = _GatherRows.apply(x, mesh, _tokens(), True)
+        elif torch.is_grad_enabled() and x.requires_grad:
             x = _ReplicatedInput.apply(x, mesh)
         return bound(x, weight, bias)
 
@@ -53,19 +108,24 @@ def _column_parallel(bound: Callable, mesh: Mesh) -> Callable:
 
 
 class _RowParallel(torch.autograd.Function):
-    """y = fold(all-gathered leaf partials of every rank) (+ bias); backward local to the rank (y is replicated)."""
+    """y = fold(all-gathered leaf partials of every rank) (+ bias), for every token or (sequence parallel) the
+    rank's shard of them; the backward is local to the rank, given the whole output's gradient."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, parts, constants, mesh, leaves, global_k):
         partials_fn, fold_fn = parts
         ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
+        ctx.has_bias, ctx.mesh, ctx.tokens = bias is not None, mesh, x.shape[0]
         local = partials_fn(x, weight, leaves=leaves, global_k=global_k, **constants)  # [M, N, leaves of this rank]
         partials = torch.cat(mesh.all_gather(local), dim=-1)  # [M, N, G], in leaf order
-        return fold_fn(partials, bias, **constants).reshape(*x.shape[:-1], weight.shape[0])
+        if mesh.sp:
+            partials = _shard_rows(partials, mesh)
+        return fold_fn(partials, bias, **constants).reshape(partials.shape[0], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad):
+        if ctx.mesh.sp:  # every rank's x fed every shard: the whole output's gradient
+            grad = torch.cat(ctx.mesh.all_gather(grad.contiguous()))[: ctx.tokens]
         return (*linear_grads(ctx, grad), None, None, None, None, None)
 
 
@@ -73,15 +133,34 @@ def _row_parallel(bound: Callable, impl, constants: dict, mesh: Mesh, leaves: in
     if impl.leaf_parts is None:  # the frameworks' composition: local GEMM, rounded, summed by the collective
         def native(x, weight, bias=None):
             y = bound(x, weight, None if mesh.rank else bias)
-            return mesh.all_reduce_sum(y.float()).to(y.dtype)
+            y = mesh.all_reduce_sum(y.float()).to(y.dtype)
+            return _shard_rows(y, mesh) if mesh.sp else y
 
         return native
     mine = rank_leaves(leaves, mesh.rank, mesh.tp)  # `leaves` is the contract's here: the impl has leaf parts
 
     def op(x, weight, bias=None):
-        return _RowParallel.apply(x, weight, bias, impl.leaf_parts, constants, mesh, mine, global_k)
+        return _RowParallel.apply(x.reshape(-1, x.shape[-1]), weight, bias, impl.leaf_parts, constants, mesh, mine, global_k)
 
     return op
+
+
+def _sequence_parallel(ops: dict[str, Callable], mesh: Mesh) -> dict[str, Callable]:
+    """The embedding, the residual norms and the final norm on the rank's shard of the tokens (the final norm's
+    output gathered whole)."""
+    composed = dict(ops)
+    embed = ops["embed_tokens"]
+    composed["embed_tokens"] = lambda ids, weight: embed(_shard_rows(ids, mesh), _replicated(weight, mesh))
+    for name in ("input_layernorm", "post_attention_layernorm"):
+        composed[name] = (lambda norm: lambda h, residual, weight, *rest: norm(h, residual, _replicated(weight, mesh), *rest))(ops[name])
+    final = ops["norm"]
+
+    def norm(h, residual, weight, *rest):
+        normed, stream = final(h, residual, _replicated(weight, mesh), *rest)
+        return _GatherRows.apply(normed, mesh, _tokens(), False), stream
+
+    composed["norm"] = norm
+    return composed
 
 
 class _OwnedRows(torch.autograd.Function):
@@ -131,6 +210,8 @@ def compose(ops: dict[str, Callable], contract, case: str, spec, mesh: Mesh) -> 
         composed["experts"] = _expert_parallel(ops["experts"], output_dtype, mesh)
     if mesh.tp == 1:
         return composed
+    if mesh.sp:
+        composed = _sequence_parallel(composed, mesh)
     leaves = num_leaves(contract) or mesh.tp
     global_k = {"o_proj": {layer.mixer.num_heads * layer.mixer.head_dim for layer in spec.layers},
                 "down_proj": {layer.ffn.intermediate_size for layer in spec.layers if isinstance(layer.ffn, MLPSpec)}}

@@ -50,10 +50,15 @@ def _leaves(contract, tp: int) -> int:
     return num_leaves(contract) or tp
 
 
-def check(spec: ModelSpec, contract, tp: int, ep: int = 1) -> None:
+def check(spec: ModelSpec, contract, tp: int, ep: int = 1, sp: bool = False) -> None:
     """Refuse, in one line naming the reason, a layout the model or the contract cannot be cut into."""
     world_of(tp, ep)
+    if sp and tp == 1:
+        raise ValueError("sequence parallelism cuts the tokens over the tensor-parallel ranks: it needs TP > 1")
     moe = [index for index, layer in enumerate(spec.layers) if isinstance(layer.ffn, MoESpec)]
+    if sp and moe:
+        raise ValueError(f"sequence parallelism with MoE layers (layer {moe[0]}) is not built yet: the router, the experts' ranks "
+                         "and the routing record see every token")
     if ep > 1 and not moe:
         raise ValueError(f"EP = {ep} needs routed experts, and {spec.architecture} has no MoE layer")
     leaves = _leaves(contract, tp)
@@ -74,7 +79,7 @@ def check(spec: ModelSpec, contract, tp: int, ep: int = 1) -> None:
             raise ValueError(f"TP = {tp} with layer {index}'s shared experts: they call the dense MLP's ops, which TP cuts; "
                              "not built yet")
     topology = contract.claims.topology
-    for name, size in (("tp", tp), ("ep", ep)):
+    for name, size in (("tp", tp), ("ep", ep), ("sp", sp)):
         claimed = getattr(topology, name)
         if contract.claims.is_bitwise and size not in claimed:
             raise ValueError(f"contract {contract.name} claims its bits at {name.upper()} {', '.join(map(str, claimed))} only "

@@ -1,8 +1,9 @@
 """The `gqa` mixer: q/k/v projections, optional per-head q/k RMSNorm, rotary positions, causal GQA
 attention over the layer's key store, o projection.
 
-Shapes are local: heads are counted from the projections' outputs (`unflatten(1, (-1, head_dim))`), so a
-model whose projections were sharded by heads from outside runs this code unchanged.
+Shapes are local: heads are counted from the projections' outputs (`unflatten(1, (-1, head_dim))`) and tokens
+from the attention's rows, so a model whose projections were sharded by heads from outside, or whose input
+rows are a shard of the tokens (sequence parallelism), runs this code unchanged.
 """
 
 import torch
@@ -31,7 +32,7 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         s = current_step()
         ops, spec, batch = s.ops, self.spec, s.batch
-        num_tokens, head_dim = x.shape[0], spec.head_dim
+        head_dim = spec.head_dim
         q = ops["q_proj"](x, self.q_proj.weight, self.q_proj.bias).unflatten(1, (-1, head_dim))  # [T, H, D] ([T, 2H, D] gated)
         if spec.output_gate:  # per head: query, then gate
             q, gate = q.unflatten(1, (-1, 2)).unbind(2)
@@ -46,7 +47,7 @@ class Attention(nn.Module):
         k = ops["rotary_emb"](k, positions, spec.rope_theta, self.max_position, *rotary)
         k_store, v_store = s.state[self.layer].store(k, v, batch.write_slots)
         out = ops["self_attn"](q, k_store, v_store, batch.slot_table, batch.seq_ids, positions, head_dim**-0.5,
-                               packed_len=batch.packed_len).reshape(num_tokens, -1)  # [T, H D]
+                               packed_len=batch.packed_len).flatten(1)  # [T, H D]
         if spec.output_gate:
-            out = ops["attn_gate"](out, gate.reshape(num_tokens, -1))
+            out = ops["attn_gate"](out, gate.flatten(1))
         return ops["o_proj"](out, self.o_proj.weight, self.o_proj.bias)
