@@ -113,7 +113,7 @@ def _policy_mutations(data: dict):
         yield f"cases.{case}.shape_domain.max_num_seqs", lambda d, c=case: d["cases"][c]["shape_domain"].update(max_num_seqs=d["cases"][c]["shape_domain"]["max_num_seqs"] + 1)
     yield "claims.topology.tp", lambda d: d["claims"]["topology"].update(tp=[1, 2])
     yield "claims.topology.ep", lambda d: d["claims"]["topology"].update(ep=[1, 4])
-    yield "claims.topology.sp", lambda d: d["claims"]["topology"].update(sp=[False, True])
+    yield "claims.topology.sp", lambda d: d["claims"]["topology"].update(sp=[False])
     yield "claims.state.cuda_graphs", lambda d: d["claims"]["state"].update(cuda_graphs=True)
     yield "claims.tolerances.full_vocab_logprobs", lambda d: d["claims"]["tolerances"].update(full_vocab_logprobs="0.001")
     yield "ops moved between regions", lambda d: (

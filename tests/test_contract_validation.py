@@ -112,7 +112,7 @@ CASES = [
     (_set(["composition", SMP, "discharge", "case"], "trainer_fwd"), f'composition[{SMP}].discharge.case: region "sampling" is not pinned for case "trainer_fwd"'),
     (_set(["deployment", "engine", "kv_page_size"], 0), "deployment.engine.kv_page_size: expected a positive int, got 0"),
     (_set(["deployment", "engine", "tp"], 3), "deployment.engine.tp: 3 is outside claims.topology.tp [1, 2, 4, 8]"),
-    (_set(["deployment", "trainer", "sp"], True), "deployment.trainer.sp: true is outside claims.topology.sp [false]"),
+    (_set(["deployment", "trainer", "ep"], 2), "deployment.trainer.ep: 2 is outside claims.topology.ep [1]"),
     (_set(["claims", "state", "prefix_caching"], False), "deployment.engine.prefix_caching: enabled, but claims.state.prefix_caching is false"),
     (_set(["claims", "state", "chunked_prefill"], False), "deployment.engine.prefill_chunk_size: 256 splits prompts of up to 2048 tokens, but claims.state.chunked_prefill is false"),
 ]

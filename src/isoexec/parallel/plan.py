@@ -64,7 +64,7 @@ def check(spec: ModelSpec, contract, tp: int, ep: int = 1, sp: bool = False) -> 
     leaves = _leaves(contract, tp)
     if tp > 1 and leaves % tp:
         raise ValueError(f"TP = {tp} does not divide contract {contract.name}'s {leaves} row-parallel leaves")
-    for index, layer in enumerate(spec.layers):
+    for index, layer in enumerate(spec.layers if max(tp, ep) > 1 else ()):
         if not isinstance(layer.mixer, AttentionSpec) or not isinstance(layer.ffn, (MLPSpec, MoESpec)):
             raise ValueError(f"tensor and expert parallelism shard gqa attention, mlp and moe layers so far; layer {index} is "
                              f"{layer.mixer.kind} + {layer.ffn.kind}")

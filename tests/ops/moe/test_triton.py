@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from conftest import DEVICE, INTERPRETER_WARNINGS, ON_GPU, batch_dependent, bitwise_equal, hazards, randn, require_triton
+from conftest import BATTERY_DTYPES, DEVICE, INTERPRETER_WARNINGS, ON_GPU, batch_dependent, bitwise_equal, hazards, randn, require_triton
 
 require_triton()
 
@@ -217,8 +217,9 @@ def test_the_fused_swiglu_backward_matches_torchs():
 
 
 def test_the_battery_admits_the_triton_moe_impls():
-    """Under tiny-moe-triton fitted to tiny-moe, the reduced probes' trials all pass, in bfloat16 and
-    float32. (Validating on a GPU adds trials at the model's MoE shape: `validate.geometry_of`.)"""
+    """Under tiny-moe-triton fitted to tiny-moe, the reduced probes' trials all pass (in bfloat16 and float32 on
+    a GPU, float32 in the interpreter). (Validating on a GPU adds trials at the model's MoE shape:
+    `validate.geometry_of`.)"""
     contract = fit_contract(load_preset("tiny-moe-triton"), PRESETS["tiny-moe"])
     small = dict(count=6, sizes=SMALL_SIZES)
     probes = {"moe.router": functools.partial(probe.router, large=60, **small),
@@ -227,9 +228,9 @@ def test_the_battery_admits_the_triton_moe_impls():
     for region, fn in probes.items():
         entry = contract.entry(region, "trainer_fwd")
         assert entry.impl.id == f"{region}.triton"
-        result = validate_entry(contract, entry, fn, registry=REGISTRY, device=DEVICE)
+        result = validate_entry(contract, entry, fn, registry=REGISTRY, device=DEVICE, dtypes=BATTERY_DTYPES)
         assert result.status == "admitted", (region, result.failures[:3])
-        assert result.dtypes == ("bfloat16", "float32") and result.trials > 30, (region, result.trials)
+        assert result.dtypes == BATTERY_DTYPES and result.trials > 15, (region, result.trials)
 
 
 def test_without_triton_no_triton_moe_impl_registers():
