@@ -22,9 +22,10 @@ from isoexec.trainer import Trainer
 SEQUENCES = [[(7 * i + 3 * j) % 500 for j in range(n)] for i, n in enumerate((9, 23, 40))]
 
 
-def _rows(mesh, contract_name, case, preset="tiny-dense"):
+def _rows(mesh, contract_name, case, preset="tiny-dense", vocab_size=None):
     contract = load_preset(contract_name)
-    model = init_random(PRESETS[preset], seed=0)
+    spec = PRESETS[preset] if vocab_size is None else dataclasses.replace(PRESETS[preset], vocab_size=vocab_size)
+    model = init_random(spec, seed=0)
     local = shard(model, contract, mesh) if mesh.world > 1 else model
     return [r.detach() for r in Trainer(local, contract, mesh).logprobs(SEQUENCES, case=case)]
 
@@ -44,6 +45,15 @@ def test_trainer_rows_are_the_same_bits_at_every_tp_size():
 
 def _rows_in(tp, contract_name, case="trainer_score", preset="tiny-dense", ep=1, sp=False):
     return spawn(tp, _rows, contract_name, case, preset, ep=ep, sp=sp)
+
+
+def test_uneven_vocabulary_shards_give_the_same_bits():
+    """A vocabulary of 520 tokens is 9 blocks of 64, the last one 8 tokens: at TP 4 the ranks hold 2, 2, 2 and 3
+    blocks (the last rank the short one), whose per-block leaves are gathered and folded by the one tree;
+    trainer_fwd's rows (autograd through the composed log-probs) against one process's, bit for bit."""
+    one = spawn(1, _rows, "tiny-dense", "trainer_fwd", "tiny-dense", 520)
+    assert one[0].shape[-1] == 520
+    assert _differing(one, spawn(4, _rows, "tiny-dense", "trainer_fwd", "tiny-dense", 520)) == 0
 
 
 def test_sequence_parallel_rows_are_the_same_bits():
@@ -106,12 +116,12 @@ def test_expert_parallel_gradients_match_one_process():
 @pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
 def test_gradients_through_the_composed_ops_match_one_process(sp):
     """Rank 0's shard at TP 2 (sequence parallel or not), an fp32 model: the replicated weights' gradients (the
-    embedding, the norms: with sequence parallelism each rank's covers its tokens, summed over the ranks) and
-    its own rows and columns of the sharded ones, against one process's, to float tolerance (gradients are
-    reduced by any means)."""
+    norms: with sequence parallelism each rank's covers its tokens, summed over the ranks) and its own rows and
+    columns of the sharded ones (the tied embedding and lm_head: its half of the vocabulary), against one
+    process's, to float tolerance (gradients are reduced by any means)."""
     full, rank0 = _gradients_in(1), spawn(2, _gradients, sp=sp)
     checks = {
-        "model.embed_tokens.weight": lambda g: g,
+        "model.embed_tokens.weight": lambda g: g[:256],  # vocabulary blocks 0-3 of 8
         "model.layers.0.input_layernorm.weight": lambda g: g,
         "model.layers.1.self_attn.q_proj.weight": lambda g: g[:32],  # heads 0 and 1 of 4, 16 rows each
         "model.layers.1.self_attn.k_proj.weight": lambda g: g[:16],  # key/value head 0 of 2
@@ -159,6 +169,30 @@ def test_layouts_that_cannot_be_cut_are_refused(preset, tp, ep, message):
         check(PRESETS[preset], load_preset(preset), tp, ep, sp)
 
 
+def _with_entry(contract, region, **changes):
+    composition = tuple(dataclasses.replace(e, **changes) if e.region == region else e for e in contract.composition)
+    return dataclasses.replace(contract, composition=composition)
+
+
+def test_the_vocabulary_is_cut_on_whole_blocks_only():
+    """Blocks of 256 make 2 of tiny-dense's 512 tokens: TP 4 would leave ranks without a block."""
+    contract = load_preset("tiny-dense")
+    entry = next(e for e in contract.composition if e.region == "logprobs")
+    coarse = _with_entry(contract, "logprobs", constants={**entry.constants, "vocab_block": 256})
+    check(PRESETS["tiny-dense"], coarse, 2)
+    with pytest.raises(ValueError, match=r"TP = 4 exceeds the 2 vocabulary blocks of contract tiny-dense \(512 tokens in blocks"):
+        check(PRESETS["tiny-dense"], coarse, 4)
+
+
+def test_a_bitwise_contract_needs_the_halves_its_cuts_run():
+    """torch's log_softmax has no vocabulary-parallel form: a bitwise contract binding it cannot be cut by TP."""
+    contract = load_preset("tiny-dense")
+    native = _with_entry(contract, "logprobs", impl=dataclasses.replace(contract.entry("logprobs", "trainer_fwd").impl, id="logprobs.native"))
+    check(PRESETS["tiny-dense"], native, 1)
+    with pytest.raises(ValueError, match=r"logprobs.native@1 \(logprobs of contract tiny-dense\) has no vocabulary-parallel"):
+        check(PRESETS["tiny-dense"], native, 2)
+
+
 def test_a_bitwise_contract_refuses_sizes_it_does_not_claim():
     contract = load_preset("tiny-dense")
     restricted = dataclasses.replace(contract, claims=dataclasses.replace(contract.claims, topology=dataclasses.replace(
@@ -184,4 +218,6 @@ def test_a_rank_model_is_the_single_device_decoder_with_fewer_heads():
     assert (attention.num_heads, attention.num_kv_heads, mlp.intermediate_size) == (2, 1, 64)
     assert bitwise_equal(rank1.model.layers[0].self_attn.q_proj.weight, model.model.layers[0].self_attn.q_proj.weight[32:])
     assert bitwise_equal(rank1.model.layers[0].mlp.down_proj.weight, model.model.layers[0].mlp.down_proj.weight[:, 64:])
+    assert bitwise_equal(rank1.model.embed_tokens.weight, model.model.embed_tokens.weight[256:])  # vocabulary blocks 4-7 of 8
+    assert rank1.lm_head.weight is rank1.model.embed_tokens.weight  # still tied
     assert rank1.unsharded_spec == model.spec

@@ -75,13 +75,18 @@ class Mesh:
         dist.all_gather(out, t.contiguous(), group=self.group)
         return out
 
+    def all_reduce_max(self, t: Tensor) -> Tensor:
+        """The elementwise maximum over ranks, in place (exact in any order, up to which of ±0.0 wins)."""
+        if self.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return t
+
     def all_reduce_sum(self, t: Tensor) -> Tensor:
         """Σ over ranks in place, by the backend's own order: for gradients and the `native` control only,
         never on the contract's path."""
         if self.world > 1:
             dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
         return t
-
 
 
 def _free_port() -> int:

@@ -13,13 +13,20 @@
   to its experts, the ranks' [T, k, H] outputs are all-gathered (bytes) and each pair takes its expert's
   rank's row. The router and the combine run whole on every rank (replicated inputs), so the combine sums
   the same rows in the same order as one process.
+- The vocabulary: each rank holds whole vocab blocks of the embedding and of lm_head (`plan.vocab_shards`).
+  The embedding looks up the ids in the rank's rows; the ranks' rows are all-gathered (bytes) and each token
+  takes its owner's. lm_head is column-parallel: the rank's logits columns. The log-probs run the impl's
+  `vocab_parallel` form: the rank's per-block maxima and exp-sums, all-gathered and folded by the contract's
+  tree on every rank, so each rank's columns are the whole row's bit for bit; the columns are then gathered
+  (bytes) into whole rows, which sampling and the trainer read as in one process. An impl without that form
+  (`native`'s log_softmax) is composed as the frameworks do it: max and sum-of-exp all-reduced.
 - Sequence parallelism: between a row-parallel projection and the next column-parallel one each rank holds
   a contiguous shard of the tokens (the call's T padded to a multiple of TP). The row-parallel fold is
   evaluated for the rank's tokens only (the same gathered partials, the same tree: the reduce-scatter that
   equals all-reduce-then-slice), the residual adds and norms run on the shard, the column-parallel input is
   all-gathered (bytes), and the final norm's output too, so the rows the trainer and the engine read are
-  whole. Every row meets the same operations as in one process. In the backward, the norms' and the
-  embedding's weights saw only the rank's tokens: their gradients are summed over the ranks.
+  whole. Every row meets the same operations as in one process. In the backward, the norms' weights saw only
+  the rank's tokens: their gradients are summed over the ranks.
 """
 
 from __future__ import annotations
@@ -30,11 +37,11 @@ import torch
 from torch import Tensor
 
 from ..model import MLPSpec, current_step
-from ..ops.common import torch_dtype
+from ..ops.common import TILE_ELEMENTS, torch_dtype
 from ..ops.linear.reference import linear_grads, rank_leaves
 from ..runtime.registry import REGISTRY
 from .mesh import Mesh
-from .plan import COLUMN_PARALLEL, ROW_PARALLEL, num_leaves
+from .plan import COLUMN_PARALLEL, ROW_PARALLEL, num_leaves, vocab_shards
 
 
 class _ReplicatedInput(torch.autograd.Function):
@@ -145,12 +152,25 @@ def _row_parallel(bound: Callable, impl, constants: dict, mesh: Mesh, leaves: in
     return op
 
 
+class _ShardRows(torch.autograd.Function):
+    """The rank's shard of rows every rank holds whole; the backward puts the shards' gradients together."""
+
+    @staticmethod
+    def forward(ctx, x, mesh):
+        ctx.mesh, ctx.tokens = mesh, x.shape[0]
+        return _shard_rows(x, mesh)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.cat(ctx.mesh.all_gather(grad.contiguous()))[: ctx.tokens], None
+
+
 def _sequence_parallel(ops: dict[str, Callable], mesh: Mesh) -> dict[str, Callable]:
-    """The embedding, the residual norms and the final norm on the rank's shard of the tokens (the final norm's
-    output gathered whole)."""
+    """The embedding's output, the residual norms and the final norm on the rank's shard of the tokens (the final
+    norm's output gathered whole)."""
     composed = dict(ops)
     embed = ops["embed_tokens"]
-    composed["embed_tokens"] = lambda ids, weight: embed(_shard_rows(ids, mesh), _replicated(weight, mesh))
+    composed["embed_tokens"] = lambda ids, weight: _ShardRows.apply(embed(ids, weight), mesh)
     for name in ("input_layernorm", "post_attention_layernorm"):
         composed[name] = (lambda norm: lambda h, residual, weight, *rest: norm(h, residual, _replicated(weight, mesh), *rest))(ops[name])
     final = ops["norm"]
@@ -198,6 +218,90 @@ def _expert_parallel(bound: Callable, output_dtype, mesh: Mesh) -> Callable:
     return experts
 
 
+def _gather_columns(t: Tensor, mesh: Mesh, widths: list[int]) -> Tensor:
+    """Every rank's columns of `t` ([R, widths[rank]]), side by side in rank order: [R, sum(widths)]; bytes moved."""
+    padded = torch.nn.functional.pad(t, (0, max(widths) - t.shape[-1]))
+    return torch.cat([part[..., :width] for part, width in zip(mesh.all_gather(padded), widths)], dim=-1)
+
+
+def _vocab_parallel_embedding(bound: Callable, mesh: Mesh, shards: list[slice]) -> Callable:
+    mine = shards[mesh.rank]
+    starts = torch.tensor([shard.start for shard in shards[1:]])
+
+    def embed(ids, weight):
+        owned = (ids >= mine.start) & (ids < mine.stop)
+        rows = bound(torch.where(owned, ids - mine.start, 0), weight)  # [..., H], a row of this rank's table for every id
+        rows = torch.where(owned[..., None], rows, 0)
+        owner = torch.bucketize(ids, starts.to(ids.device), right=True)  # [...]
+        gathered = torch.stack(mesh.all_gather(rows.detach()))  # [ranks, ..., H]
+        picked = gathered.gather(0, owner[None, ..., None].expand(1, *rows.shape))[0]
+        return _OwnedRows.apply(rows, picked, owned)
+
+    return embed
+
+
+def _lm_head(bound: Callable, mesh: Mesh) -> Callable:
+    """The rank's logits columns; its input (the final norm's output, whole on every rank) is replicated."""
+    def op(x, weight):
+        return bound(_ReplicatedInput.apply(x, mesh) if torch.is_grad_enabled() and x.requires_grad else x, weight)
+
+    return op
+
+
+class _VocabParallelLogprobs(torch.autograd.Function):
+    """Whole log-prob rows from the rank's logits columns: `part` gives the rank's columns of them (row tiles
+    counted from the whole vocabulary, so every rank runs the same collectives), gathered as bytes. The
+    backward is the log-softmax's, the gradient of whole rows being the same on every rank."""
+
+    @staticmethod
+    def forward(ctx, logits, part, mesh, widths):
+        rows = logits.reshape(-1, logits.shape[-1])  # [R, v]
+        tile = max(1, TILE_ELEMENTS // sum(widths))
+        out = torch.cat([part(rows[r0 : r0 + tile]) for r0 in range(0, max(1, rows.shape[0]), tile)])[: rows.shape[0]]
+        start = sum(widths[: mesh.rank])
+        ctx.save_for_backward(out)
+        ctx.columns, ctx.input_shape, ctx.input_dtype = slice(start, start + widths[mesh.rank]), logits.shape, logits.dtype
+        return _gather_columns(out, mesh, widths).reshape(*logits.shape[:-1], sum(widths))
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        dtype = torch.promote_types(out.dtype, torch.float32)
+        g = grad.reshape(-1, grad.shape[-1]).to(dtype)
+        dx = g[:, ctx.columns] - torch.exp(out.to(dtype)) * g.sum(-1, keepdim=True)
+        return dx.to(ctx.input_dtype).reshape(ctx.input_shape), None, None, None
+
+
+def _vocab_parallel_logprobs(impl, constants: dict, mesh: Mesh, shards: list[slice]) -> Callable:
+    widths = [shard.stop - shard.start for shard in shards]
+    if impl.vocab_parallel is not None:
+        block = constants["vocab_block"]
+        counts = [-(-width // block) for width in widths]  # every rank's vocab blocks
+
+        def part(x):
+            return impl.vocab_parallel(x, lambda leaves: _gather_columns(leaves, mesh, counts), **constants)
+    else:  # the frameworks' composition: max and sum-of-exp all-reduced (the sum by the collective's order)
+        output_dtype = torch_dtype(constants["output_dtype"])
+
+        def part(x):
+            x = x.float()
+            row_max = mesh.all_reduce_max(x.max(-1, keepdim=True).values)
+            shifted = x - row_max
+            return (shifted - torch.log(mesh.all_reduce_sum(torch.exp(shifted).sum(-1, keepdim=True)))).to(output_dtype)
+
+    return lambda logits: _VocabParallelLogprobs.apply(logits, part, mesh, widths)
+
+
+def _vocabulary(ops: dict[str, Callable], contract, case: str, spec, mesh: Mesh) -> dict[str, Callable]:
+    """The embedding, lm_head and the log-probs over the rank's vocabulary blocks."""
+    composed, shards = dict(ops), vocab_shards(spec.vocab_size, contract, mesh.tp)
+    composed["embed_tokens"] = _vocab_parallel_embedding(ops["embed_tokens"], mesh, shards)
+    composed["lm_head"] = _lm_head(ops["lm_head"], mesh)
+    entry = _entry_of(contract, "logprobs", case)
+    composed["logprobs"] = _vocab_parallel_logprobs(REGISTRY.get(entry.impl.id, entry.impl.version), dict(entry.constants), mesh, shards)
+    return composed
+
+
 def _entry_of(contract, op: str, case: str):
     return next(entry for region, c, entry in contract.cells() if c == case and op in entry.ops)
 
@@ -210,6 +314,7 @@ def compose(ops: dict[str, Callable], contract, case: str, spec, mesh: Mesh) -> 
         composed["experts"] = _expert_parallel(ops["experts"], output_dtype, mesh)
     if mesh.tp == 1:
         return composed
+    composed = _vocabulary(composed, contract, case, spec, mesh)
     if mesh.sp:
         composed = _sequence_parallel(composed, mesh)
     leaves = num_leaves(contract) or mesh.tp

@@ -10,7 +10,10 @@ so that every layout gives the bits of one process:
   (`linear.reference`'s `leaf_bounds`), which are the columns its column-parallel half produced;
 - routed experts by whole experts: rank r of EP = P holds experts [rE/P, (r+1)E/P); a (token, slot)'s
   output depends only on its own row and its expert (the experts op's invariance);
-- everything else replicated: the embedding, the norms, the router, shared experts, lm_head, the log-probs.
+- the vocabulary (the embedding's rows, lm_head's rows, the log-probs' columns) by whole blocks of the
+  contract's log-probs `vocab_block`: rank r of TP = C holds blocks [floor(rB/C), floor((r+1)B/C)) of the B,
+  whose per-block maxima and sums are the leaves of the log-softmax's fold (`vocab_shards`);
+- everything else replicated: the norms, the router, shared experts.
 
 The rank's model is the ordinary single-device `Decoder` built from its `local_spec` (fewer heads, a narrower
 MLP) and loaded with its shards (a rank's routed experts are its expert tensors' first dim): model code never
@@ -27,6 +30,7 @@ from torch import nn
 from ..contract.values import ContractError
 from ..model import AttentionSpec, Decoder, MLPSpec, ModelSpec, MoESpec
 from ..ops.linear.reference import leaf_columns, rank_leaves
+from ..runtime.registry import REGISTRY
 from .mesh import Mesh, world_of
 
 ROW_PARALLEL = ("o_proj", "down_proj")
@@ -43,6 +47,24 @@ def num_leaves(contract) -> int | None:
         raise ContractError("composition", f"contract {contract.name}: tensor parallelism needs one num_leaves for its row-parallel "
                             f"entries, found {sorted(map(str, counts))}")
     return counts.pop()
+
+
+def vocab_block(contract) -> int | None:
+    """The contract's log-probs vocab block (one for every case, or a ContractError); None for a contract whose
+    log-probs have no blocks (`native`'s log_softmax)."""
+    blocks = {entry.constants.get("vocab_block") for entry in contract.composition if entry.region == "logprobs"}
+    if len(blocks) > 1:
+        raise ContractError("composition", f"contract {contract.name}: tensor parallelism needs one vocab_block for its log-probs "
+                            f"entries, found {sorted(map(str, blocks))}")
+    return blocks.pop() if blocks else None
+
+
+def vocab_shards(vocab_size: int, contract, tp: int) -> list[slice]:
+    """Every rank's vocabulary columns at TP `tp`: whole `vocab_block`s, rank r's blocks [floor(rB/tp), floor((r+1)B/tp))
+    (a contract without blocks: columns [floor(rV/tp), floor((r+1)V/tp)))."""
+    block = vocab_block(contract) or 1
+    blocks = -(-vocab_size // block)
+    return [slice(min(vocab_size, (r * blocks // tp) * block), min(vocab_size, ((r + 1) * blocks // tp) * block)) for r in range(tp)]
 
 
 def _leaves(contract, tp: int) -> int:
@@ -64,6 +86,12 @@ def check(spec: ModelSpec, contract, tp: int, ep: int = 1, sp: bool = False) -> 
     leaves = _leaves(contract, tp)
     if tp > 1 and leaves % tp:
         raise ValueError(f"TP = {tp} does not divide contract {contract.name}'s {leaves} row-parallel leaves")
+    block = vocab_block(contract)
+    if block and tp > -(-spec.vocab_size // block):
+        raise ValueError(f"TP = {tp} exceeds the {-(-spec.vocab_size // block)} vocabulary blocks of contract {contract.name} "
+                         f"({spec.vocab_size} tokens in blocks of {block}): a rank holds whole blocks")
+    if tp > 1 and contract.claims.is_bitwise:
+        _check_parts(contract)
     for index, layer in enumerate(spec.layers if max(tp, ep) > 1 else ()):
         if not isinstance(layer.mixer, AttentionSpec) or not isinstance(layer.ffn, (MLPSpec, MoESpec)):
             raise ValueError(f"tensor and expert parallelism shard gqa attention, mlp and moe layers so far; layer {index} is "
@@ -84,6 +112,17 @@ def check(spec: ModelSpec, contract, tp: int, ep: int = 1, sp: bool = False) -> 
         if contract.claims.is_bitwise and size not in claimed:
             raise ValueError(f"contract {contract.name} claims its bits at {name.upper()} {', '.join(map(str, claimed))} only "
                              f"(claims.topology.{name})")
+
+
+def _check_parts(contract) -> None:
+    """A bitwise contract cut by TP needs the halves its cuts run (`Impl.leaf_parts`, `Impl.vocab_parallel`)."""
+    for entry in contract.composition:
+        impl = REGISTRY.get(entry.impl.id, entry.impl.version)
+        missing = {"linear.row_parallel": impl.leaf_parts is None and "leaf parts",
+                   "logprobs": impl.vocab_parallel is None and "vocabulary-parallel form"}.get(entry.region)
+        if missing:
+            raise ValueError(f"{impl.ref} ({entry.region} of contract {contract.name}) has no {missing}: tensor parallelism "
+                             "would not give its bits")
 
 
 def _heads(attention: AttentionSpec, tp: int, rank: int) -> tuple[range, range]:
@@ -126,11 +165,14 @@ def experts_of(layer_spec, mesh: Mesh) -> range:
     return range(first, first + per_rank)
 
 
-def _shard_of(name: str, weight: torch.Tensor, spec: ModelSpec, leaves: int, mesh: Mesh) -> torch.Tensor:
+def _shard_of(name: str, weight: torch.Tensor, spec: ModelSpec, contract, mesh: Mesh) -> torch.Tensor:
     """The part of the whole model's weight `name` a rank of `mesh` holds."""
+    leaves = _leaves(contract, mesh.tp)
     parts = name.split(".")
+    if name in ("model.embed_tokens.weight", "lm_head.weight") and mesh.tp > 1:
+        return weight[vocab_shards(spec.vocab_size, contract, mesh.tp)[mesh.rank]]
     if parts[:2] != ["model", "layers"]:
-        return weight  # the embedding, the final norm, lm_head
+        return weight  # the final norm
     layer = spec.layers[int(parts[2])]
     owner, projection = parts[3], parts[4] if len(parts) > 4 else ""
     if owner == "self_attn":
@@ -157,8 +199,11 @@ def shard(model: Decoder, contract, mesh: Mesh) -> Decoder:
     """A rank's model: a `Decoder` of its `local_spec`, holding its shard of each of `model`'s weights."""
     spec = model.spec
     local = Decoder(local_spec(spec, contract, mesh))
-    leaves = _leaves(contract, mesh.tp)
-    shards = {name: _shard_of(name, weight, spec, leaves, mesh) for name, weight in model.state_dict().items()}
+    shards = {name: _shard_of(name, weight, spec, contract, mesh) for name, weight in model.state_dict().items()}
+    if mesh.tp > 1:  # the rank's vocabulary rows only (lm_head the same tensor again where tied)
+        local.model.embed_tokens.weight = nn.Parameter(torch.empty_like(shards["model.embed_tokens.weight"]))
+        local.lm_head.weight = local.model.embed_tokens.weight if spec.tie_word_embeddings else nn.Parameter(
+            torch.empty_like(shards["lm_head.weight"]))
     for index, layer in enumerate(spec.layers):
         if isinstance(layer.ffn, MoESpec) and mesh.ep > 1:  # the rank's experts only: its expert tensors are shorter
             experts = local.model.layers[index].mlp.experts

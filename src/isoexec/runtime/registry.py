@@ -39,7 +39,9 @@ class Impl:
     `row_width(num_v_heads, k_dim, v_dim)`, for an impl of a recurrent region (`gdn.core`), the floats per
     value head of each open-chunk row it keeps in the engine's cache (`model/state.py` allocates them);
     `leaf_parts = (partials, fold)`, for a row-parallel linear, its two halves a tensor-parallel rank runs
-    around the gather of every rank's leaf partials (`parallel/ops.py`).
+    around the gather of every rank's leaf partials (`parallel/ops.py`); `vocab_parallel(logits, gather,
+    **constants)`, for a log-probs impl, a rank's rows over its whole vocab blocks, the per-block leaves of
+    every rank put together by `gather` (`parallel/ops.py`).
     """
 
     id: str
@@ -54,6 +56,7 @@ class Impl:
     tune: Callable | None = None
     row_width: Callable[[int, int, int], int] | None = None
     leaf_parts: tuple[Callable, Callable] | None = None
+    vocab_parallel: Callable | None = None
 
     @property
     def ref(self) -> str:

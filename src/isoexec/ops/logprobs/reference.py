@@ -5,7 +5,9 @@ blocks of `vocab_block`, `block_tree` inside a block, `leaf_tree` across blocks)
 S = Σ exp(shifted) by `blocked_sum` over the same blocks and trees; out = shifted - log(S), rounded
 once to the output dtype. The last block is padded inside the reductions only (-inf for the max, +0.0
 for the sum), so any vocabulary size works. Nothing in that sequence depends on how many rows share
-the call, so vocabulary shards that align with blocks can later reproduce the same tree.
+the call. A tensor-parallel rank holding whole blocks of the vocabulary runs the same sequence on its
+blocks (`vocab_parallel`): the per-block maxima and sums are the leaves every rank gathers (bytes) and
+folds by `leaf_tree`, so its entries are the whole row's bit for bit.
 
 Rows that are not ordinary probability rows:
 - -inf entries (masked vocabulary) give -inf and do not change the other entries' arithmetic;
@@ -17,23 +19,34 @@ The backward pass is grad - softmax · Σ grad with ordinary ops: gradients must
 batch-invariant.
 """
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ..common import TILE_ELEMENTS, expect_dtype, torch_dtype
-from ..reduce import blocked_max, blocked_sum
+from ..reduce import blocked, tree_max, tree_sum
 
 
-def log_softmax_rows(x: Tensor, *, vocab_block: int, block_tree: str, leaf_tree: str) -> Tensor:
+def _whole(leaves: Tensor) -> Tensor:
+    return leaves
+
+
+def log_softmax_rows(x: Tensor, *, vocab_block: int, block_tree: str, leaf_tree: str,
+                     gather: Callable[[Tensor], Tensor] = _whole) -> Tensor:
     """Log-softmax of the last dim of `x`, in `x`'s dtype, by the fixed order above: [..., V] -> [..., V].
 
-    The renormalisation every contract op shares (sampling uses it after top-k)."""
+    The renormalisation every contract op shares (sampling uses it after top-k). With `gather`, `x` is a
+    shard of the rows made of whole vocab blocks and gather([..., its blocks]) -> [..., every block] puts
+    every shard's per-block leaves in block order: the result is the shard's part of the whole rows'."""
     # Detached: log-softmax does not depend on the shift, and the max's ties need no gradient.
-    row_max = blocked_max(x.detach(), vocab_block, block_tree, leaf_tree).unsqueeze(-1)  # [..., 1]
+    block_maxima = tree_max(blocked(x.detach(), vocab_block, float("-inf")), block_tree)  # [..., blocks]
+    row_max = tree_max(gather(block_maxima), leaf_tree).unsqueeze(-1)  # [..., 1]
     is_empty = row_max == float("-inf")  # [..., 1] all entries -inf
     shifted = x - torch.where(is_empty, 0.0, row_max)  # [..., V]
-    total = blocked_sum(torch.exp(shifted), vocab_block, block_tree, leaf_tree).unsqueeze(-1)  # [..., 1]
+    block_sums = tree_sum(blocked(torch.exp(shifted), vocab_block, 0.0), block_tree)  # [..., blocks]
+    total = tree_sum(gather(block_sums), leaf_tree).unsqueeze(-1)  # [..., 1]
     return shifted - torch.log(torch.where(is_empty, 1.0, total))
 
 
@@ -71,6 +84,16 @@ def logprobs(logits: Tensor, *, input_dtype: str, output_dtype: str, accum_dtype
     """Full-vocabulary log-probabilities: logits [..., V] -> [..., V] in the output dtype."""
     expect_dtype(logits, input_dtype, "logprobs input")
     return _LogSoftmax.apply(logits, torch_dtype(output_dtype), torch_dtype(accum_dtype), vocab_block, block_tree, leaf_tree)
+
+
+def vocab_parallel(logits: Tensor, gather: Callable[[Tensor], Tensor], *, input_dtype: str, output_dtype: str, accum_dtype: str,
+                   vocab_block: int, block_tree: str, leaf_tree: str) -> Tensor:
+    """A tensor-parallel rank's part of `logprobs` (no autograd, no row tiling: `parallel/ops.py` adds both):
+    logits [R, v] of the rank's whole vocab blocks -> [R, v] in the output dtype, `gather` as in `log_softmax_rows`."""
+    expect_dtype(logits, input_dtype, "logprobs input")
+    out = log_softmax_rows(logits.to(torch_dtype(accum_dtype)), vocab_block=vocab_block, block_tree=block_tree, leaf_tree=leaf_tree,
+                           gather=gather)
+    return out.to(torch_dtype(output_dtype))
 
 
 def token_logprobs(full: Tensor, tokens: Tensor) -> Tensor:
