@@ -113,21 +113,26 @@ def test_expert_parallel_gradients_match_one_process():
         assert float((rank0[name] - want).norm() / want.norm()) < 1e-5, name
 
 
-@pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
-def test_gradients_through_the_composed_ops_match_one_process(sp):
-    """Rank 0's shard at TP 2 (sequence parallel or not), an fp32 model: the replicated weights' gradients (the
-    norms: with sequence parallelism each rank's covers its tokens, summed over the ranks) and its own rows and
-    columns of the sharded ones (the tied embedding and lm_head: its half of the vocabulary), against one
+@pytest.mark.parametrize("tp, sp", [(2, False), (2, True), (4, False)], ids=["tp2", "tp2-sp", "tp4"])
+def test_gradients_through_the_composed_ops_match_one_process(tp, sp):
+    """Rank 0's shard at TP 2 (sequence parallel or not) and TP 4, an fp32 model: the replicated weights' gradients
+    (the norms: with sequence parallelism each rank's covers its tokens, q_norm and k_norm each rank's heads,
+    summed over the ranks) and its own rows and columns of the sharded ones (the tied embedding and lm_head: its
+    blocks of the vocabulary; at TP 4 key/value head 0, which ranks 0 and 1 both hold and read), against one
     process's, to float tolerance (gradients are reduced by any means)."""
-    full, rank0 = _gradients_in(1), spawn(2, _gradients, sp=sp)
+    full, rank0 = _gradients_in(1), spawn(tp, _gradients, sp=sp)
+    heads = 4 // tp  # query heads a rank, 16 rows each
     checks = {
-        "model.embed_tokens.weight": lambda g: g[:256],  # vocabulary blocks 0-3 of 8
+        "model.embed_tokens.weight": lambda g: g[: 512 // tp],  # vocabulary blocks [0, 8 / TP) of 8
         "model.layers.0.input_layernorm.weight": lambda g: g,
-        "model.layers.1.self_attn.q_proj.weight": lambda g: g[:32],  # heads 0 and 1 of 4, 16 rows each
+        "model.layers.1.self_attn.q_norm.weight": lambda g: g,
+        "model.layers.1.self_attn.k_norm.weight": lambda g: g,
+        "model.layers.1.self_attn.q_proj.weight": lambda g: g[: 16 * heads],
         "model.layers.1.self_attn.k_proj.weight": lambda g: g[:16],  # key/value head 0 of 2
-        "model.layers.1.self_attn.o_proj.weight": lambda g: g[:, :32],
-        "model.layers.0.mlp.gate_proj.weight": lambda g: g[:64],
-        "model.layers.0.mlp.down_proj.weight": lambda g: g[:, :64],
+        "model.layers.1.self_attn.v_proj.weight": lambda g: g[:16],
+        "model.layers.1.self_attn.o_proj.weight": lambda g: g[:, : 16 * heads],
+        "model.layers.0.mlp.gate_proj.weight": lambda g: g[: 128 // tp],
+        "model.layers.0.mlp.down_proj.weight": lambda g: g[:, : 128 // tp],
     }
     for name, part in checks.items():
         want = part(full[name])

@@ -2,7 +2,9 @@
 
 - Column-parallel projections run the bound op on the rank's weight rows; no collective in the forward.
   Their input is replicated, so in the backward each rank holds part of its gradient: those are summed
-  (all-reduce) — gradients need only be correct.
+  (all-reduce) — gradients need only be correct. The same holds for weights every rank holds whole but uses
+  for its heads only (q_norm, k_norm), and for key/value heads replicated where TP exceeds them (summed over
+  the ranks holding the same heads).
 - Row-parallel projections run the impl's two halves (`Impl.leaf_parts`): the rank's leaf partials, an
   all-gather of every rank's partials (bytes, in rank order = leaf order), and the fold by the contract's
   leaf tree on every rank. TP = 1 folds the same partials by the same tree, so every TP that divides the
@@ -72,6 +74,37 @@ class _PartialGradient(torch.autograd.Function):
 
 def _replicated(weight: Tensor, mesh: Mesh) -> Tensor:
     return _PartialGradient.apply(weight, mesh) if torch.is_grad_enabled() and weight.requires_grad else weight
+
+
+class _SharedGradient(torch.autograd.Function):
+    """Identity forward; the backward sums, in rank order, the gradients of the ranks holding the same copy of a
+    weight (`peers`: key/value heads replicated where TP exceeds them, each copy read by its rank's queries)."""
+
+    @staticmethod
+    def forward(ctx, weight, mesh, peers):
+        ctx.mesh, ctx.peers = mesh, peers
+        return weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        gathered = ctx.mesh.all_gather(grad.contiguous())
+        total = gathered[ctx.peers[0]].clone()
+        for rank in ctx.peers[1:]:
+            total += gathered[rank]
+        return total, None, None
+
+
+def _kv_projection(bound: Callable, mesh: Mesh, peers: list[int]) -> Callable:
+    """k_proj / v_proj where TP exceeds the key/value heads: the rank's copy of its heads' rows, whose gradient is
+    summed over the ranks holding the same heads."""
+    column = _column_parallel(bound, mesh)
+
+    def op(x, weight, bias=None):
+        if torch.is_grad_enabled():
+            weight, bias = (t if t is None or not t.requires_grad else _SharedGradient.apply(t, mesh, peers) for t in (weight, bias))
+        return column(x, weight, bias)
+
+    return op
 
 
 def _tokens() -> int:
@@ -323,6 +356,17 @@ def compose(ops: dict[str, Callable], contract, case: str, spec, mesh: Mesh) -> 
     for name in COLUMN_PARALLEL:
         if name in ops:
             composed[name] = _column_parallel(ops[name], mesh)
+    for name in ("q_norm", "k_norm"):  # one weight for every head: each rank's gradient covers its heads
+        if name in ops:
+            composed[name] = (lambda norm: lambda x, weight, *rest: norm(x, _replicated(weight, mesh), *rest))(ops[name])
+    kv_heads = {layer.mixer.num_kv_heads for layer in spec.layers}
+    if mesh.tp > min(kv_heads):
+        if len(kv_heads) != 1:
+            raise ValueError(f"TP = {mesh.tp} replicates key/value heads: it needs every layer's of one count, got {sorted(kv_heads)}")
+        heads = min(kv_heads)
+        peers = [rank for rank in range(mesh.tp) if rank * heads // mesh.tp == mesh.rank * heads // mesh.tp]
+        for name in ("k_proj", "v_proj"):
+            composed[name] = _kv_projection(ops[name], mesh, peers)
     for name in ROW_PARALLEL:
         if name not in ops or not global_k[name]:
             continue
