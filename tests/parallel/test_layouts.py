@@ -17,6 +17,9 @@ from isoexec.audit import all_equal, run_audit
 from isoexec.contract import fit_contract, load_preset
 from isoexec.model import PRESETS, init_random
 from isoexec.parallel import Mesh, check, shard, spawn
+from isoexec.rl.handshake import side_fingerprint
+from isoexec.runtime import REGISTRY, fingerprint
+from isoexec.runtime.handshake import check as check_fingerprints
 from isoexec.trainer import Trainer
 
 SEQUENCES = [[(7 * i + 3 * j) % 500 for j in range(n)] for i, n in enumerate((9, 23, 40))]
@@ -155,7 +158,7 @@ def test_the_audit_is_bitwise_across_layouts(preset, trainer, engine):
     report = run_audit(model, load_preset(preset), requests=6, max_new_tokens=8, progress=False, trainer_tp=trainer[0], trainer_ep=trainer[1],
                        trainer_sp=trainer[2], engine_tp=engine[0], engine_ep=engine[1], engine_sp=engine[2])
     assert all_equal(report), report["trainer_score"]
-    assert report["layout"] == {"trainer": dict(zip(("tp", "ep", "sp"), trainer)), "engine": dict(zip(("tp", "ep", "sp"), engine))}
+    assert report["layout"] == {side: {**dict(zip(("tp", "ep", "sp"), sizes)), "dp": 1} for side, sizes in (("trainer", trainer), ("engine", engine))}
 
 
 @pytest.mark.parametrize("preset, tp, ep, message", [
@@ -204,6 +207,29 @@ def test_a_bitwise_contract_refuses_sizes_it_does_not_claim():
         contract.claims.topology, tp=(1, 2))))
     with pytest.raises(ValueError, match=r"claims its bits at TP 1, 2 only \(claims.topology.tp\)"):
         check(PRESETS["tiny-dense"], restricted, 4)
+
+
+def _trainer_fingerprint(mesh):
+    contract = load_preset("tiny-dense")
+    model = init_random(PRESETS["tiny-dense"], seed=0)
+    trainer = Trainer(shard(model, contract, mesh), contract, mesh)
+    return side_fingerprint(trainer.binding, "trainer", spec=model.spec, mesh=trainer.mesh)
+
+
+def test_fingerprints_carry_each_sides_sizes_and_the_handshake_holds_them_to_the_claims():
+    """A TP 4 + SP trainer's rank 0 fingerprints its mesh; against a TP 1 engine the layouts differ and the handshake
+    accepts them (the contract claims both); a contract claiming TP 1 and 2 refuses the trainer, naming the axis."""
+    trainer = spawn(4, _trainer_fingerprint, sp=True)
+    assert trainer["parallel"] == {"tp": 4, "ep": 1, "sp": True, "dp": 1}
+    contract = load_preset("tiny-dense")
+    engine = fingerprint(contract, REGISTRY.resolve(contract, contract.cases_of("engine")), role="engine")
+    for fp in (trainer, engine):  # stand-ins for admission records: this test is about the layout
+        for cells in fp["installed"].values():
+            for cell in cells.values():
+                cell["admitted"] = True
+    assert check_fingerprints(trainer, engine).ok
+    trainer["guarantees"]["topology"]["tp"] = [1, 2]
+    assert [(p.scope, p.field, p.b) for p in check_fingerprints(trainer, engine).problems] == [("parallel", "tp", 4)]
 
 
 def test_the_audit_command_refuses_a_bad_layout_in_one_line():

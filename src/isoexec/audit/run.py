@@ -30,7 +30,7 @@ def _roll_out(mesh, model, contract, config, prompts, params, device, progress, 
     engine = LLMEngine(_rank_model(model, contract, mesh), contract, config, device=device, mesh=mesh)
     with tracing(tracer) if tracer is not None else contextlib.nullcontext():
         completions = engine.generate(prompts, params, progress=progress and mesh.rank == 0)
-    return completions, dict(engine.stats)
+    return completions, dict(engine.stats), mesh.sizes()
 
 
 def _score(mesh, model, contract, sequences, budget, device, labels, tracer):
@@ -42,23 +42,28 @@ def _score(mesh, model, contract, sequences, budget, device, labels, tracer):
         with tracing(tracer) if case_labels is not None else contextlib.nullcontext():
             rows, routing = trainer.logprobs(sequences, case=case, micro_batch_tokens=budget, device=device, labels=case_labels, routing=True)
         out[case] = [r.detach() for r in rows], routing
-    return out
+    return out, mesh.sizes()
 
 
 def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new_tokens: int = 16, seed: int = 0,
               device: str = "cpu", progress: bool = True, tracer=None, prompts: list[list[int]] | None = None, trainer_tp: int = 1,
-              engine_tp: int = 1, trainer_ep: int = 1, engine_ep: int = 1, trainer_sp: bool = False, engine_sp: bool = False) -> dict:
+              engine_tp: int = 1, trainer_ep: int = 1, engine_ep: int = 1, trainer_sp: bool = False, engine_sp: bool = False,
+              trainer_dp: int = 1) -> dict:
     """prompts: token ids (a file's, `workload.file_prompts`) the requests cycle through; None: random ones.
     trainer_tp / engine_tp, trainer_ep / engine_ep, trainer_sp / engine_sp: each side's tensor- and
-    expert-parallel sizes and sequence parallelism (processes on this machine, gloo)."""
+    expert-parallel sizes and sequence parallelism (processes on this machine, gloo); trainer_dp: the trainer's
+    data-parallel groups (FSDP), each scoring its share of the sequences. The report's `layout` is each side's
+    sizes as its rank 0 ran them."""
     start = time.perf_counter()
     for tp, ep, sp in ((trainer_tp, trainer_ep, trainer_sp), (engine_tp, engine_ep, engine_sp)):
         check(model.spec, contract, tp, ep, sp)
-    if max(trainer_tp, engine_tp, trainer_ep, engine_ep) > 1 and (tracer is not None or str(device) != "cpu"):
+    if trainer_dp > requests:
+        raise ValueError(f"trainer DP = {trainer_dp} needs at least {trainer_dp} requests (one sequence a group), got {requests}")
+    if max(trainer_tp, engine_tp, trainer_ep, engine_ep, trainer_dp) > 1 and (tracer is not None or str(device) != "cpu"):
         raise ValueError("a parallel audit runs on the CPU (gloo) and without --trace")
     prompts, params = prompts_and_params(model.spec, requests, max_new_tokens, seed, prompts)
     config = engine_config(contract, prompts, max_new_tokens)
-    completions, stats = spawn(engine_tp, _roll_out, model, contract, config, prompts, params, device, progress, tracer, ep=engine_ep,
+    completions, stats, engine_layout = spawn(engine_tp, _roll_out, model, contract, config, prompts, params, device, progress, tracer, ep=engine_ep,
                                sp=engine_sp)
     failed = [c for c in completions if c.finish_reason == "error"]
     done = [c for c in completions if c.finish_reason != "error"]
@@ -69,8 +74,8 @@ def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new
     budget = max(len(s) for s in sequences) + sum(len(s) for s in sequences) // 3
     report = {"model": model.spec.architecture, "contract": {"name": contract.name, **identities(contract).to_dict()}}
     rollout = [c.logprobs for c in done], [c.full_logprobs for c in done], [c.token_ids for c in done]
-    scored = spawn(trainer_tp, _score, model, contract, sequences, budget, device, [c.request_id for c in done], tracer, ep=trainer_ep,
-                   sp=trainer_sp)
+    scored, trainer_layout = spawn(trainer_tp, _score, model, contract, sequences, budget, device, [c.request_id for c in done], tracer,
+                                   ep=trainer_ep, sp=trainer_sp, dp=trainer_dp)
     for case, (rows, routing) in scored.items():
         generated = [r[len(c.prompt) - 1 :] for r, c in zip(rows, done)]
         # The routing of the rows the tokens were drawn from: positions len(prompt) - 1 … len(sequence) - 2.
@@ -81,7 +86,7 @@ def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new
                                                    "rollout_train_logprob_abs_diff_mean", "rollout_train_logprob_abs_diff_max", "k3_kl",
                                                    "routing_compared_tokens", "routing_mismatch_tokens")},
         "requests": requests,
-        "layout": {"trainer": {"tp": trainer_tp, "ep": trainer_ep, "sp": trainer_sp}, "engine": {"tp": engine_tp, "ep": engine_ep, "sp": engine_sp}},
+        "layout": {"trainer": trainer_layout, "engine": engine_layout},
         "prompt_token_ids": [c.prompt for c in completions],
         "failed_requests": [{"request": c.request_id, "error": c.error} for c in failed],
         "engine": stats | {"num_pages": config.num_pages, "prefill_chunk_size": config.prefill_chunk_size},
@@ -107,8 +112,8 @@ def render(report: dict) -> str:
     lines = [
         f"audit: {report['model']} under contract {ids['name']} (numerical_policy {ids['numerical_policy'][:23]}…), "
         f"{report['requests']} requests on {report['device']}, {report['seconds']} s"
-        + "".join(f"; {side} TP {sizes['tp']}, EP {sizes['ep']}{', SP' if sizes['sp'] else ''}"
-                  for side, sizes in report.get("layout", {}).items() if max(sizes["tp"], sizes["ep"]) > 1),
+        + "".join(f"; {side} TP {sizes['tp']}, EP {sizes['ep']}{', SP' if sizes['sp'] else ''}{', DP %d' % sizes['dp'] if sizes['dp'] > 1 else ''}"
+                  for side, sizes in report.get("layout", {}).items() if max(sizes["tp"], sizes["ep"], sizes["dp"]) > 1),
         f"  engine: {engine.get('decode_tokens', 0)} decode tokens, {engine.get('prefill_chunks', 0)} prefill chunks of ≤{engine['prefill_chunk_size']}, "
         f"{engine.get('preemptions', 0)} preemptions, {engine.get('prefix_cache_hit_tokens', 0)} prefix-cache hit tokens, {engine['num_pages']} pages",
         f"  {'trainer case':<14} {'tokens equal':>14} {'full rows equal':>16} {'|Δlogp| mean':>13} {'|Δlogp| max':>12} {'k3 KL':>10}",

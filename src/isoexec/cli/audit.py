@@ -47,6 +47,9 @@ def add_parser(commands):
     audit.add_argument("--trainer-sp", action="store_true", help="sequence parallelism on the trainer's tensor-parallel ranks: each "
                        "holds a shard of the tokens between the row- and the column-parallel projections")
     audit.add_argument("--engine-sp", action="store_true", help="likewise for the engine")
+    audit.add_argument("--trainer-dp", type=int, default=1, metavar="N", help="the trainer's data-parallel size: N groups of its "
+                       "TP/EP processes, the parameters sharded over them (FSDP2), each scoring its share of the sequences "
+                       "(default: 1)")
     add_quiet_flag(audit)
     return audit
 
@@ -62,11 +65,12 @@ def run(args) -> int:
         raise input_error("--requests and --max-new-tokens must be at least 1")
     if args.no_chat_template and args.prompts is None:
         raise input_error("--no-chat-template applies to --prompts only (random prompts are token ids already)")
-    sizes = {"--trainer-tp": args.trainer_tp, "--engine-tp": args.engine_tp, "--trainer-ep": args.trainer_ep, "--engine-ep": args.engine_ep}
+    sizes = {"--trainer-tp": args.trainer_tp, "--engine-tp": args.engine_tp, "--trainer-ep": args.trainer_ep, "--engine-ep": args.engine_ep,
+             "--trainer-dp": args.trainer_dp}
     if min(sizes.values()) < 1:
         raise input_error(f"{', '.join(sizes)} must be at least 1")
     if max(sizes.values()) > 1 and (args.trace or args.device != "cpu"):
-        raise input_error("parallel sides (--trainer-tp, --engine-tp, --trainer-ep, --engine-ep above 1) run on the CPU "
+        raise input_error("parallel sides (--trainer-tp, --engine-tp, --trainer-ep, --engine-ep, --trainer-dp above 1) run on the CPU "
                           "(gloo processes) and without --trace")
     require_device(args.device)
     check_output_path("--json", args.json)
@@ -87,11 +91,13 @@ def run(args) -> int:
             raise input_error(f"--{side}-tp {tp} --{side}-ep {ep}{f' --{side}-sp' if sp else ''}: {error}") from None
     tracer = Tracer() if args.trace else None
     requests = args.requests if args.requests is not None else len(prompts) if prompts is not None else 16
+    if args.trainer_dp > requests:
+        raise input_error(f"--trainer-dp {args.trainer_dp}: each data-parallel group scores at least one of the {requests} requests")
     try:
         report = run_audit(model, contract, requests=requests, max_new_tokens=args.max_new_tokens, seed=args.seed,
                            device=args.device, progress=not args.quiet, tracer=tracer, prompts=prompts, trainer_tp=args.trainer_tp,
                            engine_tp=args.engine_tp, trainer_ep=args.trainer_ep, engine_ep=args.engine_ep, trainer_sp=args.trainer_sp,
-                           engine_sp=args.engine_sp)
+                           engine_sp=args.engine_sp, trainer_dp=args.trainer_dp)
     except AuditError as error:
         raise input_error(error) from None
     print(render(report))

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from ..contract.schema import Contract
 from ..model.spec import RecurrentState
+from ..parallel import Mesh
 from .config import EngineConfig, SamplingParams
 from .model_runner import ModelRunner
 from .scheduler import Scheduler
@@ -39,6 +40,7 @@ class LLMEngine:
                         "(docs/gdn.md)", model.spec.architecture)
             config = dataclasses.replace(config, prefix_caching=False)
         self.model, self.contract, self.config = model, contract, config
+        self.mesh = mesh if mesh is not None else Mesh()  # its sizes go into the engine's fingerprint
         self.runner = ModelRunner(model, contract, config, device, mesh)
         self.binding = self.runner.binding  # what this engine calls: its fingerprint is taken from it
         self.stats = dict.fromkeys(STATS, 0)  # counters over the engine's lifetime

@@ -1,13 +1,16 @@
 """One side's process layout (a mesh), and starting the processes of one.
 
-A `Mesh` is what a rank knows of its side: its tensor-parallel size (attention heads and MLP columns cut over
-the ranks), its expert-parallel size (the routed experts cut over them), its rank, and the process group its
-collectives run on (None for one process: every collective is then the identity). Both axes span the same
-ranks: a side of `world` processes has tp and ep each 1 or `world` (TP 1 with EP 2 replicates attention on
-two ranks that split the experts). `spawn`
-starts `world` processes of a side on this machine with `torch.distributed` over gloo (CPU tensors) and
-returns what rank 0's function returned; `torchrun` sets the same environment, so `Mesh.from_env` serves
-both.
+A `Mesh` is what a rank knows of its side: its tensor-parallel size (attention heads, MLP columns and the
+vocabulary cut over the ranks), its expert-parallel size (the routed experts cut over them), whether the
+tokens are cut between the projections too (sequence parallel), its rank among them and the process group of
+their collectives; and its data-parallel size (FSDP: `dp` copies of that model group, each scoring its own
+sequences, the parameters sharded over the copies). TP and EP span the same ranks: a model group of `world`
+processes has tp and ep each 1 or `world` (TP 1 with EP 2 replicates attention on two ranks that split the
+experts). One process is the mesh with every size 1, and every collective is then the identity.
+
+`spawn` starts a side's world x dp processes on this machine with `torch.distributed` over gloo (CPU tensors)
+and returns what global rank 0's function returned; `torchrun` sets the same environment, so `Mesh.from_env`
+serves both.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 
-def world_of(tp: int, ep: int) -> int:
-    """The processes of a side of TP `tp` and EP `ep`, or a ValueError naming what is wrong."""
-    for name, value in (("tp", tp), ("ep", ep)):
+def world_of(tp: int, ep: int, dp: int = 1) -> int:
+    """The processes of a model group of TP `tp` and EP `ep` (a side has `dp` of them), or a ValueError naming what
+    is wrong."""
+    for name, value in (("tp", tp), ("ep", ep), ("dp", dp)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     world = max(tp, ep)
@@ -38,34 +42,54 @@ def world_of(tp: int, ep: int) -> int:
 
 @dataclass(frozen=True)
 class Mesh:
-    """A side's ranks, this process being `rank`: tensor-parallel size tp, expert-parallel size ep (each 1 or
-    the world's size); `group` the process group of their collectives."""
+    """A side's ranks, this process being `rank` of its model group: tensor-parallel size tp, expert-parallel size
+    ep (each 1 or the group's size), `group` the process group of their collectives; `dp` such groups side by side
+    (data parallel), this process in the `dp_rank`-th, `dp_mesh` the device mesh over the groups (FSDP shards over
+    it, the sequences are cut over it)."""
 
     tp: int = 1
     ep: int = 1
     rank: int = 0
     group: Any = None
     sp: bool = False  # sequence parallel: the tensor-parallel ranks cut the tokens between the column- and row-parallel halves
+    dp: int = 1
+    dp_rank: int = 0
+    dp_mesh: Any = None
 
     def __post_init__(self):
-        world_of(self.tp, self.ep)
-        if not 0 <= self.rank < self.world:
-            raise ValueError(f"rank {self.rank!r} is outside a world of {self.world}")
-        if self.world > 1 and self.group is None and not dist.is_initialized():
-            raise ValueError(f"a mesh of {self.world} ranks needs torch.distributed initialised (spawn, or torchrun)")
+        world_of(self.tp, self.ep, self.dp)
+        if not 0 <= self.rank < self.world or not 0 <= self.dp_rank < self.dp:
+            raise ValueError(f"rank {self.rank!r} of {self.dp_rank!r} is outside a world of {self.world} x {self.dp}")
+        if self.world * self.dp > 1 and self.group is None and self.dp_mesh is None and not dist.is_initialized():
+            raise ValueError(f"a mesh of {self.world * self.dp} ranks needs torch.distributed initialised (spawn, or torchrun)")
 
     @property
     def world(self) -> int:
+        """The model group's processes (tensor and expert parallel)."""
         return max(self.tp, self.ep)
 
+    def sizes(self) -> dict:
+        """Every axis's size, as a fingerprint carries them."""
+        return {"tp": self.tp, "ep": self.ep, "sp": self.sp, "dp": self.dp}
+
     @classmethod
-    def from_env(cls, tp: int | None = None, ep: int = 1, sp: bool = False) -> "Mesh":
-        """The world torch.distributed was initialised with, as one group: tensor-parallel over all of it unless
-        `tp` says otherwise, expert-parallel size `ep`, sequence parallel or not."""
+    def from_env(cls, tp: int | None = None, ep: int = 1, sp: bool = False, dp: int = 1) -> "Mesh":
+        """The world torch.distributed was initialised with: `dp` model groups of consecutive ranks (all of it, tensor
+        parallel, unless `tp` says otherwise), expert-parallel size `ep`, sequence parallel or not."""
         if not dist.is_initialized():
             return cls()
-        world = dist.get_world_size()
-        return cls(tp=world if tp is None else tp, ep=ep, rank=dist.get_rank(), group=dist.group.WORLD, sp=sp)
+        total = dist.get_world_size()
+        if total % dp:
+            raise ValueError(f"DP = {dp} does not divide the world's {total} processes")
+        world = total // dp
+        tp = world if tp is None else tp
+        if dp == 1:
+            return cls(tp=tp, ep=ep, rank=dist.get_rank(), group=dist.group.WORLD, sp=sp)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (dp, world), mesh_dim_names=("dp", "model"))
+        return cls(tp=tp, ep=ep, rank=mesh.get_local_rank("model"), group=mesh.get_group("model"), sp=sp, dp=dp,
+                   dp_rank=mesh.get_local_rank("dp"), dp_mesh=mesh["dp"])
 
     def all_gather(self, t: Tensor) -> list:
         """Every rank's `t` (same shape and dtype on every rank), in rank order: bytes moved, no arithmetic."""
@@ -95,26 +119,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, tp: int, ep: int, sp: bool, port: int, result: str, fn: Callable, args: tuple) -> None:
+def _worker(rank: int, total: int, sizes: dict, port: int, result: str, fn: Callable, args: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # the ranks share this machine's cores
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=total)
     try:
-        out = fn(Mesh.from_env(tp=tp, ep=ep, sp=sp), *args)
+        out = fn(Mesh.from_env(**sizes), *args)
         if rank == 0:
             torch.save(out, result)
     finally:
         dist.destroy_process_group()
 
 
-def spawn(tp: int, fn: Callable, *args, ep: int = 1, sp: bool = False) -> Any:
-    """Run fn(mesh, *args) on a side of TP `tp`, EP `ep` and sequence parallelism `sp`: max(tp, ep) processes
-    (gloo), and return rank 0's result; one process runs it here, without torch.distributed. An exception in
-    any rank raises here."""
-    world = world_of(tp, ep)
-    if world == 1:
+def spawn(tp: int, fn: Callable, *args, ep: int = 1, sp: bool = False, dp: int = 1) -> Any:
+    """Run fn(mesh, *args) on a side of TP `tp`, EP `ep`, sequence parallelism `sp` and DP `dp`: max(tp, ep) x dp
+    processes (gloo), and return global rank 0's result; one process runs it here, without torch.distributed. An
+    exception in any rank raises here."""
+    total = world_of(tp, ep, dp) * dp
+    if total == 1:
         return fn(Mesh(), *args)
     with tempfile.TemporaryDirectory() as tmp:
         result = str(Path(tmp) / "rank0.pt")
-        mp.spawn(_worker, args=(world, tp, ep, sp, _free_port(), result, fn, args), nprocs=world, join=True)
+        sizes = {"tp": tp, "ep": ep, "sp": sp, "dp": dp}
+        mp.spawn(_worker, args=(total, sizes, _free_port(), result, fn, args), nprocs=total, join=True)
         return torch.load(result, weights_only=False)

@@ -31,7 +31,9 @@ def ensure_admitted(contract, device: str = "cpu", spec=None, binding=None) -> N
                                  "(isoexec validate shows why)")
 
 
-def side_fingerprint(binding, role: str, device: str = "cpu", spec=None) -> dict:
+def side_fingerprint(binding, role: str, device: str = "cpu", spec=None, mesh=None) -> dict:
     """What this process's runner holds for `role`'s cases (`Binding`, for the model `spec`), ready to
-    exchange with the other side."""
-    return fingerprint(binding.contract, binding.installed, role=role, device=device, geometry=geometry_of(spec))
+    exchange with the other side; with its `mesh`, the side's parallel sizes, which the handshake holds
+    against the contract's claimed topology."""
+    return fingerprint(binding.contract, binding.installed, role=role, device=device, geometry=geometry_of(spec),
+                       parallel=None if mesh is None else mesh.sizes())

@@ -137,7 +137,7 @@ class Rollout:
         return self.engine.binding
 
     def fingerprint(self) -> dict:
-        return side_fingerprint(self.binding, "engine", spec=self.spec)
+        return side_fingerprint(self.binding, "engine", spec=self.spec, mesh=self.engine.mesh)
 
     def generate(self, prompts, params):
         return self.engine.generate(prompts, params, progress=False)
@@ -162,7 +162,7 @@ class Learner:
         return self.trainer.binding
 
     def fingerprint(self) -> dict:
-        return side_fingerprint(self.binding, "trainer", spec=self.spec)
+        return side_fingerprint(self.binding, "trainer", spec=self.spec, mesh=self.trainer.mesh)
 
     def weights(self) -> tuple[dict, str]:
         return state_bytes(self.policy), weights_digest(self.policy)

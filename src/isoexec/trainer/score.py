@@ -11,7 +11,8 @@ from torch import Tensor
 
 from ..contract.schema import Contract
 from ..model import PackedBatch, Step, packed_state, routing_buffer, step
-from ..parallel import compose
+from ..parallel import Mesh, compose
+from ..parallel.data import dp_micro_batches, fully_shard_model, gather_objects, gather_sequences
 from ..runtime.binding import bind
 
 TRAINER_CASES = ("trainer_fwd", "trainer_score")
@@ -31,16 +32,20 @@ def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 
 class Trainer:
-    """The model and the bound ops of the trainer cases: bound once, used for every step. With a `mesh` of
-    more than one rank, `model` is this rank's shard (`parallel.shard`) and the ops are composed with the
-    collectives it needs (`parallel.compose`); every rank returns the same rows."""
+    """The model and the bound ops of the trainer cases: bound once, used for every step. With a `mesh` whose model
+    group has more than one rank, `model` is this rank's shard (`parallel.shard`) and the ops are composed with the
+    collectives it needs (`parallel.compose`); with data parallelism (`mesh.dp` > 1) the model's parameters are
+    sharded over the groups (FSDP2) and each group scores its share of the sequences. Every rank returns every
+    sequence's rows."""
 
     def __init__(self, model, contract: Contract, mesh=None):
-        self.model, self.contract = model, contract
+        self.mesh = mesh if mesh is not None else Mesh()
+        self.contract = contract
         self.binding = bind(contract, model.spec, TRAINER_CASES)
         self.ops = {case: self.binding.ops[case] for case in TRAINER_CASES}
-        if mesh is not None and mesh.world > 1:
-            self.ops = {case: compose(ops, contract, case, model.unsharded_spec, mesh) for case, ops in self.ops.items()}
+        if self.mesh.world > 1:
+            self.ops = {case: compose(ops, contract, case, model.unsharded_spec, self.mesh) for case, ops in self.ops.items()}
+        self.model = fully_shard_model(model, self.mesh) if self.mesh.dp > 1 else model
         self.state = packed_state(model.spec)
 
     def logprobs(self, sequences: list[list[int]], *, case: str = "trainer_score", micro_batch_tokens: int | None = None,
@@ -56,13 +61,15 @@ class Trainer:
             raise ValueError(f"case must be one of {', '.join(TRAINER_CASES)}, got {case!r}")
         if any(len(s) < 2 for s in sequences):
             raise ValueError("every sequence needs at least two tokens (a prompt token and a scored token)")
-        model, ops = self.model, self.ops[case]
+        model, ops, mesh = self.model, self.ops[case], self.mesh
         budget = micro_batch_tokens or self.contract.deployment.trainer.micro_batch_tokens
+        lengths = [len(s) for s in sequences]
+        batches = micro_batches(lengths, budget) if mesh.dp == 1 else dp_micro_batches(lengths, budget, mesh.dp, micro_batches)[mesh.dp_rank]
         out: list[Tensor | None] = [None] * len(sequences)
         experts: list[Tensor | None] = [None] * len(sequences)
         grad = torch.enable_grad() if case == "trainer_fwd" else torch.no_grad()
         with grad:
-            for batch in micro_batches([len(s) for s in sequences], budget):
+            for batch in batches:
                 ids = torch.tensor([t for i in batch for t in sequences[i]], device=device)
                 lengths = [len(sequences[i]) for i in batch]
                 packed = PackedBatch.of(lengths, device)
@@ -78,6 +85,10 @@ class Trainer:
                     if recorded is not None:
                         experts[i] = recorded[start : start + length]
                     start += length
+            if mesh.dp > 1:  # every group's share, for every rank
+                if routing:
+                    experts = gather_objects({i: experts[i] for b in batches for i in b}, len(sequences), mesh)
+                out = gather_sequences({i: out[i] for b in batches for i in b}, len(sequences), mesh)
         return (out, experts) if routing else out
 
 
