@@ -23,14 +23,15 @@ from isoexec.runtime.handshake import check as check_fingerprints
 from isoexec.trainer import Trainer
 
 SEQUENCES = [[(7 * i + 3 * j) % 500 for j in range(n)] for i, n in enumerate((9, 23, 40))]
+SMALL = [[t % 13 for t in s] for s in SEQUENCES]  # for a vocabulary of 13
 
 
-def _rows(mesh, contract_name, case, preset="tiny-dense", vocab_size=None):
+def _rows(mesh, contract_name, case, preset="tiny-dense", vocab_size=None, sequences=None):
     contract = load_preset(contract_name)
     spec = PRESETS[preset] if vocab_size is None else dataclasses.replace(PRESETS[preset], vocab_size=vocab_size)
     model = init_random(spec, seed=0)
     local = shard(model, contract, mesh) if mesh.world > 1 else model
-    return [r.detach() for r in Trainer(local, contract, mesh).logprobs(SEQUENCES, case=case)]
+    return [r.detach() for r in Trainer(local, contract, mesh).logprobs(sequences or SEQUENCES, case=case)]
 
 
 def _differing(a, b) -> int:
@@ -182,14 +183,11 @@ def _with_entry(contract, region, **changes):
     return dataclasses.replace(contract, composition=composition)
 
 
-def test_the_vocabulary_is_cut_on_whole_blocks_only():
-    """Blocks of 256 make 2 of tiny-dense's 512 tokens: TP 4 would leave ranks without a block."""
-    contract = load_preset("tiny-dense")
-    entry = next(e for e in contract.composition if e.region == "logprobs")
-    coarse = _with_entry(contract, "logprobs", constants={**entry.constants, "vocab_block": 256})
-    check(PRESETS["tiny-dense"], coarse, 2)
-    with pytest.raises(ValueError, match=r"TP = 4 exceeds the 2 vocabulary blocks of contract tiny-dense \(512 tokens in blocks"):
-        check(PRESETS["tiny-dense"], coarse, 4)
+def test_ranks_without_vocabulary_blocks():
+    """The toy task's 13 tokens are one block of 64: at TP 2 rank 1 holds the whole vocabulary and rank 0 none (an
+    empty embedding and lm_head, no leaves); trainer_fwd's rows against one process's, bit for bit."""
+    one = spawn(1, _rows, "tiny-dense", "trainer_fwd", "tiny-dense", 13, SMALL)
+    assert _differing(one, spawn(2, _rows, "tiny-dense", "trainer_fwd", "tiny-dense", 13, SMALL)) == 0
 
 
 def test_a_bitwise_contract_needs_the_halves_its_cuts_run():

@@ -98,12 +98,15 @@ def rl_config(args):
 
 def check_rl_inputs(config, warn) -> None:
     """What `train` and `demo` refuse before the warm-up: data the run cannot use (with skip_bad_examples,
-    `warn` is told what is dropped instead), and a contract this machine cannot run (RL runs on the CPU)."""
+    `warn` is told what is dropped instead), a side's layout the model or the contract cannot be cut into, and a
+    contract this machine cannot run (RL runs on the CPU)."""
     from ..rl.loop import setup, usable_task
+    from ..rl.parallel_mode import check_layouts
 
     try:
         _, dropped = usable_task(config)
         _, _, contract = setup(config)
+        check_layouts(config)
     except ValueError as error:
         raise input_error(error) from None
     if dropped:

@@ -91,9 +91,12 @@ def fully_shard_model(model, mesh: Mesh):
     # A layer returns its (hidden, residual) pair, views of its ops' outputs; FSDP warns that an in-place op on such a
     # view would lose its backward hook. The model's ops are all out of place (the gradient tests hold it to that).
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    # A rank holding no vocabulary block has empty embedding and lm_head tensors, which FSDP cannot shard: they stay
+    # as they are (there is nothing in them to shard or to reduce).
+    empty = {p for p in model.parameters() if p.numel() == 0}
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh.dp_mesh)
-    fully_shard(model, mesh=mesh.dp_mesh)
+        fully_shard(layer, mesh=mesh.dp_mesh, ignored_params=empty)
+    fully_shard(model, mesh=mesh.dp_mesh, ignored_params=empty)
     register_fsdp_forward_method(model, "logprobs")  # called outside forward: its parameters unsharded too
     for module in (*model.model.layers, model):
         module.set_gradient_divide_factor(1.0)

@@ -169,11 +169,23 @@ class _RowParallel(torch.autograd.Function):
         return (*linear_grads(ctx, grad), None, None, None, None, None)
 
 
+class _SumOverRanks(torch.autograd.Function):
+    """The ranks' tensors summed by the collective (native's composition); each rank's part gets the sum's gradient."""
+
+    @staticmethod
+    def forward(ctx, x, mesh):
+        return mesh.all_reduce_sum(x.clone())
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
 def _row_parallel(bound: Callable, impl, constants: dict, mesh: Mesh, leaves: int, global_k: int) -> Callable:
     if impl.leaf_parts is None:  # the frameworks' composition: local GEMM, rounded, summed by the collective
         def native(x, weight, bias=None):
             y = bound(x, weight, None if mesh.rank else bias)
-            y = mesh.all_reduce_sum(y.float()).to(y.dtype)
+            y = _SumOverRanks.apply(y.float(), mesh).to(y.dtype)
             return _shard_rows(y, mesh) if mesh.sp else y
 
         return native
@@ -263,8 +275,11 @@ def _vocab_parallel_embedding(bound: Callable, mesh: Mesh, shards: list[slice]) 
 
     def embed(ids, weight):
         owned = (ids >= mine.start) & (ids < mine.stop)
-        rows = bound(torch.where(owned, ids - mine.start, 0), weight)  # [..., H], a row of this rank's table for every id
-        rows = torch.where(owned[..., None], rows, 0)
+        if weight.shape[0]:
+            rows = bound(torch.where(owned, ids - mine.start, 0), weight)  # [..., H], a row of this rank's table for every id
+            rows = torch.where(owned[..., None], rows, 0)
+        else:  # a rank without vocabulary blocks
+            rows = weight.new_zeros((*ids.shape, weight.shape[-1]))
         owner = torch.bucketize(ids, starts.to(ids.device), right=True)  # [...]
         gathered = torch.stack(mesh.all_gather(rows.detach()))  # [ranks, ..., H]
         picked = gathered.gather(0, owner[None, ..., None].expand(1, *rows.shape))[0]
@@ -288,7 +303,7 @@ class _VocabParallelLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, part, mesh, widths):
-        rows = logits.reshape(-1, logits.shape[-1])  # [R, v]
+        rows = logits.flatten(0, -2) if logits.dim() > 1 else logits[None]  # [R, v] (v may be 0: a rank without blocks)
         tile = max(1, TILE_ELEMENTS // sum(widths))
         out = torch.cat([part(rows[r0 : r0 + tile]) for r0 in range(0, max(1, rows.shape[0]), tile)])[: rows.shape[0]]
         start = sum(widths[: mesh.rank])

@@ -79,6 +79,22 @@ class RLConfig:
     """steps between checkpoints"""
     trace: bool = False
     """on a gate failure, trace the mismatching token region by region"""
+    trainer_tp: int = 1
+    """the trainer's tensor-parallel size: processes on this machine (gloo), each holding its shard of the policy
+    (docs/parallel.md)"""
+    trainer_ep: int = 1
+    """the trainer's expert-parallel size (an MoE model): the routed experts cut over its processes, 1 or trainer_tp"""
+    trainer_sp: bool = False
+    """sequence parallelism on the trainer's tensor-parallel processes"""
+    trainer_dp: int = 1
+    """the trainer's data-parallel size: trainer_dp groups of its TP/EP processes, the policy sharded over them
+    (FSDP2), each scoring its share of a step's sequences"""
+    engine_tp: int = 1
+    """the engine's tensor-parallel size, likewise; the weights are resharded to it on every sync"""
+    engine_ep: int = 1
+    """the engine's expert-parallel size, likewise"""
+    engine_sp: bool = False
+    """sequence parallelism on the engine's tensor-parallel processes"""
 
     def __post_init__(self):
         from .tasks import TASKS
@@ -122,12 +138,34 @@ class RLConfig:
             raise ValueError(f"clip_eps_high must be a number ≥ 0 when given, {_got(self.clip_eps_high)}")
         if self.truncated_is_cap is not None and not (_is_finite(self.truncated_is_cap) and self.truncated_is_cap >= 1):
             raise ValueError(f"truncated_is_cap must be a number ≥ 1 when given, {_got(self.truncated_is_cap)}")
+        for name in ("trainer_tp", "trainer_ep", "trainer_dp", "engine_tp", "engine_ep"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        for side in ("trainer", "engine"):
+            tp, ep = getattr(self, f"{side}_tp"), getattr(self, f"{side}_ep")
+            if {tp, ep} - {1, max(tp, ep)}:
+                raise ValueError(f"{side}_tp and {side}_ep span the same processes: each is 1 or both are equal, got {tp} and {ep}")
+        if self.parallel and self.checkpoint_dir is not None:
+            raise ValueError("checkpoint_dir with a parallel side is not built yet (the policy and its optimizer state are sharded "
+                             "over the trainer's processes)")
+        if self.parallel and self.trace:
+            raise ValueError("trace needs the engine and the trainer in one process; it does not run with a parallel side")
 
     @property
     def eps_high(self) -> float:
         if self.clip_eps_high is not None:
             return self.clip_eps_high
         return 0.28 if self.algorithm == "dapo" else self.clip_eps_low
+
+    @property
+    def parallel(self) -> bool:
+        """Whether a side runs in processes of its own (any parallel size above 1, or sequence parallelism)."""
+        return max(self.trainer_tp, self.trainer_ep, self.trainer_dp, self.engine_tp, self.engine_ep) > 1 or self.trainer_sp or self.engine_sp
+
+    def layout(self, side: str) -> dict:
+        """A side's parallel sizes, as `parallel.spawn` and `RankGroup` take them."""
+        sizes = {"tp": getattr(self, f"{side}_tp"), "ep": getattr(self, f"{side}_ep"), "sp": getattr(self, f"{side}_sp")}
+        return sizes | ({"dp": self.trainer_dp} if side == "trainer" else {})
 
     @property
     def model_is_checkpoint(self) -> bool:

@@ -16,7 +16,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from .config import RLConfig
-from .loop import RLRun, initial_model, setup, start_lines
+from .loop import initial_model, setup, start_lines
+from .parallel_mode import start_run
 from .outputs import staged_folder
 from .plot import write_plot
 from .warmup import warmup
@@ -102,12 +103,15 @@ def _run_paths(config: RLConfig, initial, log_path: Path, progress: bool, echo) 
     echo("  ".join(f"{c:>9}" for c in COLUMNS))
     with open(log_path, "w", encoding="utf-8") as log, tqdm(total=2 * config.steps, disable=not progress, desc="demo", unit="step") as bar:
         for path, path_config in paths.items():
-            run = RLRun(path_config, initial=copy.deepcopy(initial))
-            for _ in range(config.steps):
-                metrics = run.run_step()
-                log.write(json.dumps({"path": path, **metrics}) + "\n")
-                log.flush()
-                bar.write(_row(path, metrics)) if progress else echo(_row(path, metrics))
-                bar.update()
+            run = start_run(path_config, initial=copy.deepcopy(initial))
+            try:
+                for _ in range(config.steps):
+                    metrics = run.run_step()
+                    log.write(json.dumps({"path": path, **metrics}) + "\n")
+                    log.flush()
+                    bar.write(_row(path, metrics)) if progress else echo(_row(path, metrics))
+                    bar.update()
+            finally:
+                run.close()
             histories[path] = run.history
     return histories

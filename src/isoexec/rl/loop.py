@@ -10,7 +10,8 @@ The policy is the built-in toy (a tiny random Qwen3 over the task's characters) 
 Hugging Face checkpoint with its own tokenizer (`tasks/tokenizer.py`), in float32 either way.
 
 The two sides are `Rollout` and `Learner`; `RLRun` only talks to them through their methods, so the
-same loop drives them in this process or as Ray actors (`ray_mode.py`).
+same loop drives them in this process, as Ray actors (`ray_mode.py`), or as groups of processes at their own
+parallel layouts (`parallel_mode.py`).
 """
 
 import dataclasses
@@ -25,13 +26,16 @@ from ..contract import load as load_contract
 from ..engine import EngineConfig, LLMEngine, SamplingParams
 from ..model import PRESETS, Decoder, ModelSpec, dense_spec, init_random, read_config, tracing
 from ..model import load as load_checkpoint
+from ..parallel import Mesh, shard
+from ..parallel.plan import shard_state
+from ..parallel.weights import GradNorm, unshard_state
 from ..runtime import check
 from ..trainer import Trainer
 from . import losses
 from .config import RLConfig, default_contract
 from .gate import gate
 from .handshake import ensure_admitted, side_fingerprint
-from .sync import load_state, state_bytes, weights_digest
+from .sync import WeightSyncError, load_state, state_bytes, state_digest, weights_digest
 from .tasks import Task, checks, load_task
 from .tasks.tokenizer import checkpoint_tokenizer
 from .warmup import warmup
@@ -123,49 +127,88 @@ def setup(config: RLConfig):
 
 
 class Rollout:
-    """The engine side: its own copy of the weights, updated only through `load_weights`."""
+    """The engine side: its own copy of the weights, updated only through `load_weights`. With a `mesh` (a rank of a
+    parallel engine, `parallel_mode.py`), the rank's shard of them."""
 
-    def __init__(self, config: RLConfig):
+    def __init__(self, config: RLConfig, mesh: Mesh | None = None):
         task, self.spec, self.contract = setup(config)
-        self.model = initial_model(config, self.spec)
+        self.mesh = mesh if mesh is not None else Mesh()
+        self.model = _rank_model(initial_model(config, self.spec), self.contract, self.mesh)
         page = self.contract.deployment.engine.kv_page_size
         pages = config.prompts_per_step * config.group_size * -(-(longest_prompt(task) + config.max_new_tokens) // page)
-        self.engine = LLMEngine(self.model, self.contract, EngineConfig.from_contract(self.contract, num_pages=pages + 1))
+        self.engine = LLMEngine(self.model, self.contract, EngineConfig.from_contract(self.contract, num_pages=pages + 1), mesh=self.mesh)
 
     @property
     def binding(self):
         return self.engine.binding
 
+    @property
+    def rank_spec(self) -> ModelSpec:
+        """The shapes this process runs: its shard's."""
+        return self.model.spec
+
     def fingerprint(self) -> dict:
-        return side_fingerprint(self.binding, "engine", spec=self.spec, mesh=self.engine.mesh)
+        return side_fingerprint(self.binding, "engine", spec=self.rank_spec, mesh=self.mesh)
 
     def generate(self, prompts, params):
         return self.engine.generate(prompts, params, progress=False)
 
     def load_weights(self, tensors: dict, digest: str) -> str:
-        return load_state(self.model, tensors, digest)
+        """Load the whole model's weights (the rank's shards of them) and return the SHA-256 of the whole logical
+        weights this side now holds, put together again from every rank's shards; it must be the sender's."""
+        if self.mesh.world == 1:
+            return load_state(self.model, tensors, digest)
+        state = self.model.state_dict()
+        with torch.no_grad():
+            for name, part in shard_state(tensors, self.spec, self.contract, self.mesh).items():
+                state[name].copy_(part)
+        received = state_digest(unshard_state(self.model.state_dict(), self.spec, self.contract, self.mesh))
+        if received != digest:
+            raise WeightSyncError(f"weights arrived corrupted: sender {digest}, receiver {received}")
+        return received
+
+
+def _rank_model(model: Decoder, contract, mesh: Mesh) -> Decoder:
+    return shard(model, contract, mesh) if mesh.world > 1 else model
 
 
 class Learner:
-    """The trainer side: the policy, its optimiser, the gate and the update."""
+    """The trainer side: the policy, its optimiser, the gate and the update. With a `mesh` (a rank of a parallel
+    trainer, `parallel_mode.py`), the policy is the rank's shard of the model (FSDP-sharded further with DP)."""
 
-    def __init__(self, config: RLConfig, initial: Decoder | None = None):
+    def __init__(self, config: RLConfig, initial: Decoder | None = None, mesh: Mesh | None = None):
         self.config = config
         self.task, self.spec, self.contract = setup(config)
-        self.policy = initial if initial is not None else warmup(initial_model(config, self.spec), self.task, config)
-        self.trainer = Trainer(self.policy, self.contract)
+        self.mesh = mesh if mesh is not None else Mesh()
+        policy = initial if initial is not None else warmup(initial_model(config, self.spec), self.task, config)
+        self.trainer = Trainer(_rank_model(policy, self.contract, self.mesh), self.contract, self.mesh)
+        self.policy = self.trainer.model
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+        self.grad_norm = GradNorm(self.spec, self.contract, self.mesh) if self.parallel else None
         self.step = 0  # the RL step being trained on, for reports
+
+    @property
+    def parallel(self) -> bool:
+        return self.mesh.world * self.mesh.dp > 1
 
     @property
     def binding(self):
         return self.trainer.binding
 
+    @property
+    def rank_spec(self) -> ModelSpec:
+        """The shapes this process runs: its shard's."""
+        return self.policy.spec
+
     def fingerprint(self) -> dict:
-        return side_fingerprint(self.binding, "trainer", spec=self.spec, mesh=self.trainer.mesh)
+        return side_fingerprint(self.binding, "trainer", spec=self.rank_spec, mesh=self.mesh)
 
     def weights(self) -> tuple[dict, str]:
-        return state_bytes(self.policy), weights_digest(self.policy)
+        """The whole model's weights (put together from every rank's shards) and their SHA-256."""
+        if not self.parallel:
+            return state_bytes(self.policy), weights_digest(self.policy)
+        whole = unshard_state(self.policy.state_dict(), self.spec, self.contract, self.mesh)
+        return whole, state_digest(whole)
 
     def update(self, kept, advantages: torch.Tensor, step: int) -> dict:
         cfg, self.step = self.config, step
@@ -185,7 +228,10 @@ class Learner:
                                              aggregation="token" if cfg.algorithm == "dapo" else "sequence", weights=weights)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip)
+            if self.grad_norm is not None:  # the norm over the whole model's gradient, each element once
+                grad_norm = self.grad_norm.clip(self.policy.named_parameters(), cfg.grad_clip)
+            else:
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip)
             self.optimizer.step()
         return out | {"loss": float(loss.detach()), "grad_norm": float(grad_norm), **stats}
 
@@ -211,6 +257,11 @@ class RLRun:
         self.step = 0
         self.history: list[dict] = []
         self.weights = self.sync()
+
+    def close(self) -> None:
+        """Stop the sides' processes where they run in their own (`parallel_mode.py`)."""
+        for side in (self.learner, self.rollout):
+            getattr(side, "close", lambda: None)()
 
     def sync(self) -> str:
         tensors, digest = self.learner.weights()

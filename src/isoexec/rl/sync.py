@@ -7,8 +7,13 @@ import torch
 
 def weights_digest(model: torch.nn.Module) -> str:
     """SHA-256 over every parameter's name, dtype, shape and bytes, in name order."""
+    return state_digest(model.state_dict())
+
+
+def state_digest(state: dict[str, torch.Tensor]) -> str:
+    """`weights_digest` of a state dict."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(state.items()):
         t = tensor.detach().contiguous().cpu()
         digest.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
         digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")

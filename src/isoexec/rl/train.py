@@ -32,7 +32,8 @@ def train(config: RLConfig, *, progress: bool = True, log_jsonl: str | None = No
     from tqdm.auto import tqdm
 
     from . import checkpoint, outputs
-    from .loop import RLRun, start_lines, task_and_spec
+    from .loop import start_lines, task_and_spec
+    from .parallel_mode import start_run
 
     directory = config.checkpoint_dir
     if directory:
@@ -45,7 +46,7 @@ def train(config: RLConfig, *, progress: bool = True, log_jsonl: str | None = No
         # own differently in every process) so that whatever else draws is reproducible and resumable.
         torch.manual_seed(config.seed)
         random.seed(config.seed)
-        run = RLRun(config)
+        run = start_run(config)
         if directory:
             checkpoint.save(run, directory)  # a kill during the first step does not redo the warm-up
     elif run.step > config.steps:
@@ -54,7 +55,7 @@ def train(config: RLConfig, *, progress: bool = True, log_jsonl: str | None = No
         print(f"resuming from {directory} at step {run.step} of {config.steps}", file=sys.stderr, flush=True)
     if log_jsonl:  # whole, so that a run stopped now leaves a log of every step its checkpoint holds
         outputs.write_text(log_jsonl, "".join(json.dumps(metrics) + "\n" for metrics in run.history))
-    with open(log_jsonl, "a", encoding="utf-8") if log_jsonl else contextlib.nullcontext() as log, \
+    with open(log_jsonl, "a", encoding="utf-8") if log_jsonl else contextlib.nullcontext() as log, contextlib.closing(run), \
             tqdm(total=config.steps, initial=run.step, disable=not progress, desc="train", unit="step") as bar:
         while run.step < config.steps:
             metrics = run.run_step()

@@ -14,6 +14,8 @@ partials).
 The backward pass uses ordinary matmuls: gradients must be correct, not batch-invariant.
 """
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -115,7 +117,7 @@ def linear_grads(ctx, grad: Tensor) -> tuple:
     run in fp32 at least."""
     x, weight = ctx.saved_tensors
     dtype = weight.dtype if grad.is_cuda else torch.promote_types(weight.dtype, torch.float32)
-    g = grad.reshape(-1, weight.shape[0]).to(dtype)
+    g = grad.reshape(math.prod(grad.shape[:-1]), weight.shape[0]).to(dtype)  # N may be 0 (a rank holding no vocabulary)
     grad_x = grad_w = grad_b = None
     if ctx.needs_input_grad[0]:
         grad_x = (g @ weight.to(g.dtype)).to(x.dtype).reshape(x.shape)

@@ -1,0 +1,95 @@
+"""A side's weights as one model: the whole logical weights put together from every rank's shards (weight sync,
+its SHA-256), and the gradients' norm over them (clipping).
+
+Where each element of a rank's shard sits in the whole weight is found by cutting an index tensor the way the
+weight is cut (`plan.shard_of` on arange), so the inverse of every cut — heads, leaves, vocabulary blocks,
+experts, replication — follows from the one definition of the cuts. An element several ranks hold (replicated
+weights, key/value heads copied where TP exceeds them) counts once in the norm.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ..model import Decoder, ModelSpec
+from .mesh import Mesh
+from .plan import shard_of
+
+
+def _whole(t: Tensor) -> Tensor:
+    """A tensor FSDP shards over the data-parallel groups (a DTensor), whole on every rank; others as they are."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+@lru_cache(maxsize=8)
+def _shapes(spec: ModelSpec) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    with torch.device("meta"):
+        return {name: (t.shape, t.dtype) for name, t in Decoder(spec).state_dict().items()}
+
+
+def _positions(name: str, shape: torch.Size, spec: ModelSpec, contract, mesh: Mesh, rank: int) -> Tensor:
+    """The flat positions in the whole weight of rank `rank`'s shard, in the shard's element order."""
+    index = torch.arange(shape.numel()).view(shape)
+    return shard_of(name, index, spec, contract, Mesh(tp=mesh.tp, ep=mesh.ep, rank=rank, group=object())).reshape(-1)
+
+
+def unshard_state(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: Mesh) -> dict[str, Tensor]:
+    """The whole model's state dict (CPU tensors, on every rank) from each rank's `local` one (`model.state_dict()`)."""
+    local = {name: _whole(t).detach().cpu() for name, t in sorted(local.items())}
+    if mesh.world == 1:
+        return local
+    shards = [None] * mesh.world
+    dist.all_gather_object(shards, local, group=mesh.group)  # pickled tensors: bytes
+    whole = {}
+    for name, (shape, dtype) in _shapes(spec).items():
+        out = torch.empty(shape.numel(), dtype=dtype)
+        for rank, state in enumerate(shards):
+            out[_positions(name, shape, spec, contract, mesh, rank)] = state[name].reshape(-1)
+        whole[name] = out.view(shape)
+    return whole
+
+
+def _dp_rows(rows: int, mesh: Mesh) -> slice:
+    """The rows of a tensor FSDP2 gives this data-parallel group (torch.chunk on dim 0; trailing groups may get none)."""
+    per_group = -(-rows // mesh.dp) if rows else 0
+    start = min(rows, mesh.dp_rank * per_group)
+    return slice(start, min(rows, start + per_group))
+
+
+class GradNorm:
+    """torch's clip_grad_norm_ for a side's sharded model: the L2 norm of the whole model's gradient (each element
+    once, summed over the side's ranks by the collective: gradients need only be correct), and every rank's
+    gradients scaled alike."""
+
+    def __init__(self, spec: ModelSpec, contract, mesh: Mesh):
+        self.mesh = mesh
+        rank = mesh.rank if mesh.world > 1 else 0
+        self.shares = {}  # name -> 1 / (ranks holding it) for each element of this rank's shard
+        for name, (shape, _) in _shapes(spec).items():
+            holders = torch.zeros(shape.numel())
+            for other in range(mesh.world):
+                holders[_positions(name, shape, spec, contract, mesh, other)] += 1
+            self.shares[name] = 1.0 / holders[_positions(name, shape, spec, contract, mesh, rank)]
+
+    def clip(self, named_parameters, max_norm: float) -> Tensor:
+        total, grads = torch.zeros((), dtype=torch.float64), []
+        for name, p in named_parameters:
+            if p.grad is None:
+                continue
+            grads.append(p.grad)
+            g = (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).double()
+            share = self.shares[name].view(p.shape)  # the rank's shard, before FSDP cut it over the groups
+            if self.mesh.dp > 1:
+                share = share[_dp_rows(p.shape[0], self.mesh)]
+            total += (g * g * share).sum()
+        if self.mesh.world * self.mesh.dp > 1:
+            dist.all_reduce(total)  # every rank of the side: the shards' sums
+        norm = total.sqrt().float()
+        scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(scale.to(g.dtype))
+        return norm

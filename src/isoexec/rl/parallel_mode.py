@@ -1,0 +1,96 @@
+"""The RL loop with the trainer and the engine each at its own parallel layout (TP, EP, SP; DP for the trainer).
+
+`start_run(config)` gives an in-process `RLRun` when the config asks for no parallelism; otherwise each side is a
+`parallel.RankGroup` of processes on this machine (gloo), and `RLRun` drives two adapters that call them, so the
+loop is unchanged. The warm-up runs once, here, and both sides start from its weights. Every sync sends the
+whole model's weights, put together from the trainer's shards (`Learner.weights`); each engine rank cuts its own
+shards from them, and the engine puts its shards together again to recompute the SHA-256, which must be the
+trainer's: the whole logical weights are equal on both sides every step. Each side's rank 0 sends its
+fingerprint, carrying its sizes, to the handshake; each rank was admitted at the shapes it runs (its shard's).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch.distributed as dist
+
+from ..parallel import check
+from ..parallel.group import RankGroup
+from .handshake import ensure_admitted
+from .loop import Learner, RLRun, Rollout, initial_model, setup
+from .warmup import warmup
+
+
+def _admitted(side, mesh):
+    """Admit the rank's shapes, one rank at a time (the battery writes the machine's records)."""
+    for rank in range(dist.get_world_size()):
+        if rank == dist.get_rank():
+            ensure_admitted(side.contract, spec=side.rank_spec, binding=side.binding)
+        dist.barrier()
+    return side
+
+
+def _learner(mesh, config, initial):
+    return _admitted(Learner(config, initial, mesh), mesh)
+
+
+def _rollout(mesh, config):
+    return _admitted(Rollout(config, mesh), mesh)
+
+
+class _Group:
+    """A side's processes, called as the in-process side is."""
+
+    def __init__(self, group: RankGroup, contract):
+        self.group, self.contract = group, contract
+
+    def fingerprint(self) -> dict:
+        return self.group.call("fingerprint")
+
+    def close(self) -> None:
+        self.group.close()
+
+
+class GroupRollout(_Group):
+    def generate(self, prompts, params):
+        return self.group.call("generate", prompts, params)
+
+    def load_weights(self, tensors, digest: str) -> str:
+        return self.group.call("load_weights", tensors, digest)
+
+
+class GroupLearner(_Group):
+    def weights(self):
+        return self.group.call("weights")
+
+    def update(self, kept, advantages, step: int) -> dict:
+        return self.group.call("update", kept, advantages, step)
+
+
+def check_layouts(config) -> None:
+    """Refuse, in one line naming the side, a layout the model or the contract cannot be cut into."""
+    _, spec, contract = setup(config)
+    for side in ("trainer", "engine"):
+        sizes = config.layout(side)
+        try:
+            check(spec, contract, sizes["tp"], sizes["ep"], sizes["sp"])
+        except ValueError as error:
+            raise ValueError(f"{side} layout: {error}") from None
+
+
+def start_run(config, *, initial=None) -> RLRun:
+    """An RLRun at the config's layouts: in this process, or each side in processes of its own (close() them)."""
+    if not config.parallel:
+        return RLRun(config, initial=initial)
+    check_layouts(config)
+    task, spec, contract = setup(config)
+    ensure_admitted(contract, spec=spec)
+    initial = copy.deepcopy(initial) if initial is not None else warmup(initial_model(config, spec), task, config)
+    learner = GroupLearner(RankGroup(_learner, config, initial, **config.layout("trainer")), contract)
+    try:
+        rollout = GroupRollout(RankGroup(_rollout, config, **config.layout("engine")), contract)
+    except BaseException:
+        learner.close()
+        raise
+    return RLRun(config, rollout=rollout, learner=learner)
