@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -121,4 +121,37 @@ if [ "$PART" = gdn-bench ]; then
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py gdn --json "$OUT/bench_gdn.json" 2>&1 | grep -v Warning | tail -30 | tee "$OUT/bench_gdn.txt")
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py engine trainer --model qwen3.5-9b-4l-random \
     --contracts tiny-hybrid-triton,native --json "$OUT/bench_9b.json" 2>&1 | tail -12 | tee "$OUT/bench_9b.txt")
+fi
+
+# Parallel layouts with every rank on the one GPU (issue 20 item 7): which collectives gloo and NCCL carry with CUDA
+# tensors there (gloo_cuda.py), then audits at differing trainer / engine layouts, their collectives on gloo through
+# host memory. The Triton contracts claim TP / EP 1 only: the audits run copies claiming more (written to /tmp/layouts),
+# which is the test of whether those claims would hold. Text in parallel.txt, reports in parallel_json.tar.
+if [ "$PART" = parallel ]; then
+python3 benchmarks/gloo_cuda.py --json "$OUT/gloo_cuda.json" > "$OUT/gloo_cuda.txt" 2>&1
+mkdir -p "$OUT/parallel" /tmp/layouts
+for preset in tiny-dense-triton tiny-moe-triton; do
+python3 -m isoexec contract show --preset "$preset" --json | python3 -c '
+import json, sys
+c = json.load(sys.stdin)
+c["name"] += "-layouts"
+c["claims"]["topology"] = {"tp": [1, 2, 4, 8], "ep": [1, 2, 4], "sp": [False, True]}
+print(json.dumps(c, indent=1))' > "/tmp/layouts/$preset-layouts.json"
+done
+audit() {  # name, then isoexec audit's arguments
+    local name=$1; shift
+    echo "== $name: isoexec audit --device cuda --quiet $*" | tee -a "$OUT/parallel.txt"
+    timeout 300 python3 -m isoexec audit --device cuda --quiet --json "$OUT/parallel/$name.json" "$@" 2>&1 | tail -7 | tee -a "$OUT/parallel.txt"
+    [ -f "$OUT/parallel/$name.json" ] && tar -rf "$OUT/parallel_json.tar" -C "$OUT/parallel" "$name.json" && rm "$OUT/parallel/$name.json"
+}
+D=/tmp/layouts/tiny-dense-triton-layouts.json M=/tmp/layouts/tiny-moe-triton-layouts.json
+audit triton_tp2_vs_1 --contract "$D" --trainer-tp 2
+audit triton_tp1_vs_2 --contract "$D" --engine-tp 2
+audit triton_tp4_vs_2sp --contract "$D" --trainer-tp 4 --engine-tp 2 --engine-sp
+audit triton_moe_ep2_vs_1 --model tiny-moe --contract "$M" --trainer-ep 2
+audit triton_moe_tp2ep2_vs_ep2 --model tiny-moe --contract "$M" --trainer-tp 2 --trainer-ep 2 --engine-ep 2
+audit reference_tp2_vs_1 --contract tiny-dense --trainer-tp 2
+audit native_tp2_vs_1 --contract native --trainer-tp 2
+audit triton_0.6b_tp2_vs_1 --model qwen3-0.6b-random --contract "$D" --trainer-tp 2 --requests 8 --max-new-tokens 8
+rmdir "$OUT/parallel"
 fi

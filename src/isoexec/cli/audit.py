@@ -39,7 +39,7 @@ def add_parser(commands):
     add_json_file_flag(audit, "report")
     audit.add_argument("--trace", action="store_true", help="trace the first mismatching token op by op and name the first diverging region")
     audit.add_argument("--trainer-tp", type=int, default=1, metavar="N", help="the trainer's tensor-parallel size: N processes on "
-                       "this machine (gloo, CPU), each holding its shard (default: 1)")
+                       "this machine (gloo), each holding its shard; with --device cuda they share the GPU (default: 1)")
     audit.add_argument("--engine-tp", type=int, default=1, metavar="N", help="the engine's tensor-parallel size, likewise (default: 1)")
     audit.add_argument("--trainer-ep", type=int, default=1, metavar="N", help="the trainer's expert-parallel size (an MoE model): the "
                        "routed experts cut over N processes, 1 or the trainer's TP size (default: 1)")
@@ -69,9 +69,10 @@ def run(args) -> int:
              "--trainer-dp": args.trainer_dp}
     if min(sizes.values()) < 1:
         raise input_error(f"{', '.join(sizes)} must be at least 1")
-    if max(sizes.values()) > 1 and (args.trace or args.device != "cpu"):
-        raise input_error("parallel sides (--trainer-tp, --engine-tp, --trainer-ep, --engine-ep, --trainer-dp above 1) run on the CPU "
-                          "(gloo processes) and without --trace")
+    if max(sizes.values()) > 1 and args.trace:
+        raise input_error("parallel sides (--trainer-tp, --engine-tp, --trainer-ep, --engine-ep, --trainer-dp above 1) run without --trace")
+    if args.trainer_dp > 1 and args.device != "cpu":
+        raise input_error("--trainer-dp above 1 runs on the CPU only so far (FSDP over gloo)")
     require_device(args.device)
     check_output_path("--json", args.json)
     family = load(args.contract) if args.contract else None

@@ -28,6 +28,9 @@ class ModelRunner:
         self.binding = bind(contract, spec, ENGINE_CASES)
         self.ops = {case: self.binding.ops[case] for case in ENGINE_CASES}
         if mesh is not None and mesh.world > 1:  # a rank of a parallel side: the ops composed with its collectives
+            if config.cuda_graphs:
+                raise ValueError("CUDA graphs with a parallel engine are not built yet (the ranks' collectives run on gloo, "
+                                 "through host memory): set cuda_graphs = false")
             self.ops = {case: compose(ops, contract, case, model.unsharded_spec, mesh) for case, ops in self.ops.items()}
         # With graphs, one scratch page past the block manager's pages takes the padded decode rows (graphs.py).
         scratch_slot = config.num_pages * self.page_size

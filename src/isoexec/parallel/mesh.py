@@ -8,9 +8,9 @@ sequences, the parameters sharded over the copies). TP and EP span the same rank
 processes has tp and ep each 1 or `world` (TP 1 with EP 2 replicates attention on two ranks that split the
 experts). One process is the mesh with every size 1, and every collective is then the identity.
 
-`spawn` starts a side's world x dp processes on this machine with `torch.distributed` over gloo (CPU tensors)
-and returns what global rank 0's function returned; `torchrun` sets the same environment, so `Mesh.from_env`
-serves both.
+`spawn` starts a side's world x dp processes on this machine with `torch.distributed` over gloo and returns what
+global rank 0's function returned; `torchrun` sets the same environment, so `Mesh.from_env` serves both. Ranks
+may share one GPU: their GPU tensors cross gloo through host memory (NCCL needs a GPU per rank).
 """
 
 from __future__ import annotations
@@ -91,26 +91,39 @@ class Mesh:
         return cls(tp=tp, ep=ep, rank=mesh.get_local_rank("model"), group=mesh.get_group("model"), sp=sp, dp=dp,
                    dp_rank=mesh.get_local_rank("dp"), dp_mesh=mesh["dp"])
 
+    def _staged(self, t: Tensor) -> bool:
+        """Whether `t` goes through host memory: a GPU tensor on gloo, which carries CPU tensors in every collective
+        (ranks sharing one GPU cannot use NCCL). A copy each way, so the bits are the tensor's."""
+        return t.device.type != "cpu" and dist.get_backend(self.group) == "gloo"
+
     def all_gather(self, t: Tensor) -> list:
         """Every rank's `t` (same shape and dtype on every rank), in rank order: bytes moved, no arithmetic."""
         if self.world == 1:
             return [t]
-        out = [torch.empty_like(t) for _ in range(self.world)]
-        dist.all_gather(out, t.contiguous(), group=self.group)
-        return out
+        staged = self._staged(t)
+        sent = t.cpu() if staged else t.contiguous()
+        out = [torch.empty_like(sent) for _ in range(self.world)]
+        dist.all_gather(out, sent.contiguous(), group=self.group)
+        return [o.to(t.device) for o in out] if staged else out
+
+    def _all_reduce(self, t: Tensor, op) -> Tensor:
+        if self.world == 1:
+            return t
+        if self._staged(t):
+            host = t.cpu()
+            dist.all_reduce(host, op=op, group=self.group)
+            return t.copy_(host)
+        dist.all_reduce(t, op=op, group=self.group)
+        return t
 
     def all_reduce_max(self, t: Tensor) -> Tensor:
         """The elementwise maximum over ranks, in place (exact in any order, up to which of ±0.0 wins)."""
-        if self.world > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        return t
+        return self._all_reduce(t, dist.ReduceOp.MAX)
 
     def all_reduce_sum(self, t: Tensor) -> Tensor:
         """Σ over ranks in place, by the backend's own order: for gradients and the `native` control only,
         never on the contract's path."""
-        if self.world > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
-        return t
+        return self._all_reduce(t, dist.ReduceOp.SUM)
 
 
 def _free_port() -> int:

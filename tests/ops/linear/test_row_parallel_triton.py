@@ -200,6 +200,25 @@ def test_a_shard_that_is_not_its_leaves_columns_is_refused():
         row_parallel()(randn(2, 40, seed=16), randn(3, 32, seed=17))
 
 
+@pytest.mark.parametrize("leaf_tree", ["balanced_binary", "sequential"])
+@pytest.mark.parametrize("tp", [2, 4])
+def test_the_impls_leaf_parts_give_one_devices_bits(tp, leaf_tree):
+    """`Impl.leaf_parts`, as parallel/ops.py runs them: each rank's partials on its leaves' columns, gathered in
+    rank order and folded, equal the one-device op bit for bit, bias included (K = 72: leaves of 18 columns,
+    BLOCK_K + 2, so a leaf's last block is masked). The control: ranks that fold their own partials first and
+    add the rounded sums (the frameworks' all-reduce) give other bits."""
+    constants = boundary(ROW_PARALLEL, torch.bfloat16) | {"leaf_tree": leaf_tree}
+    x, w, b = randn(7, 72, seed=tp, dtype=torch.bfloat16), randn(24, 72, seed=tp + 1, dtype=torch.bfloat16), randn(24, seed=3, dtype=torch.bfloat16)
+    partials, fold = REGISTRY.get(row_parallel_triton.ID, 1).leaf_parts
+    shards = [(slice(18 * r * 4 // tp, 18 * (r + 1) * 4 // tp), range(r * 4 // tp, (r + 1) * 4 // tp)) for r in range(tp)]
+    ranks = [partials(x[:, cols].contiguous(), w[:, cols].contiguous(), leaves=leaves, global_k=72, **constants) for cols, leaves in shards]
+    assert all(r.shape == (7, 24, 4 // tp) for r in ranks)
+    y = fold(torch.cat(ranks, dim=-1), b, **constants)
+    assert bitwise_equal(y, row_parallel(constants)(x, w, b))
+    rounded = [fold(r, None, **constants | {"num_leaves": 4 // tp}) for r in ranks]
+    assert not bitwise_equal(sum(r.float() for r in rounded).bfloat16() + b, y)
+
+
 def test_the_battery_admits_it():
     """linear's probe; under the interpreter its reduced version (tests/ops/kernels_triton.py)."""
     constants = boundary(ROW_PARALLEL, torch.bfloat16) | linear_triton.HOPPER_CONSTANTS[64, 64] | {"num_leaves": 8}

@@ -81,6 +81,68 @@ def test_logprobs_rows_are_bitwise_invariant(dtype):
     assert bitwise_equal(op(strided(x)), op(x))
 
 
+class _Replay(Exception):
+    pass
+
+
+def _tensor_parallel(form, x, shards):
+    """Every rank's `form(x[:, shard], gather)`, as if the ranks ran side by side: each rank is re-run once per
+    gather, returning the leaves every rank gave at the calls before and stopping at the next one."""
+    given = []  # given[call][rank]: the leaves rank gave at that call
+    for call in range(8):
+        leaves = {}
+
+        def run(rank):
+            made = iter(range(call + 1))
+
+            def gather(mine):
+                n = next(made)
+                if n == call:
+                    leaves[rank] = mine.clone()
+                    raise _Replay
+                return torch.cat(given[n], dim=-1)
+
+            return form(x[:, shards[rank]], gather)
+
+        try:
+            return [run(rank) for rank in range(len(shards))]
+        except _Replay:
+            for rank in range(len(shards)):  # every rank reaches the same call
+                try:
+                    run(rank)
+                except _Replay:
+                    pass
+            given.append([leaves[rank] for rank in range(len(shards))])
+    raise AssertionError("more gathers than a log-softmax needs")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vocab_parallel_ranks_give_the_whole_rows_bits(dtype):
+    """The impl's vocab_parallel form on ranks of whole 64-column chunks (widths 128, 0, 64 and the last 8) is the
+    whole-row kernel's output bit for bit, masked and poisoned rows included. The control: ranks that each
+    log-softmax their own columns and fold the per-rank sums instead of the chunks' give other bits."""
+    from isoexec.ops.logprobs import triton as logprobs_triton
+
+    constants = boundary(LOGPROBS, dtype) | {"output_dtype": "float32"}
+    x = torch.cat([randn(9, 200, seed=27, scale=4.0), hazards(200)]).to(dtype)
+    x[0, ::3] = -INF
+    x[1] = -INF
+    shards = [slice(0, 128), slice(128, 128), slice(128, 192), slice(192, 200)]
+    ranks = _tensor_parallel(lambda part, gather: logprobs_triton.vocab_parallel(part, gather, **constants), x, shards)
+    whole = logprobs(constants)(x)
+    assert [r.shape[-1] for r in ranks] == [128, 0, 64, 8]
+    assert bitwise_equal(torch.cat(ranks, dim=-1), whole)
+
+    def per_rank_sums(part, gather):
+        shifted = part.float() - gather(part.float().amax(-1, keepdim=True) if part.shape[-1] else
+                                        torch.full((part.shape[0], 1), -INF)).amax(-1, keepdim=True)
+        return shifted - gather(torch.exp(shifted).sum(-1, keepdim=True)).sum(-1, keepdim=True).log()
+
+    live = slice(2, 9)
+    control = torch.cat(_tensor_parallel(per_rank_sums, x[live], shards), dim=-1)
+    assert not bitwise_equal(control, whole[live])
+
+
 def test_logprobs_with_its_vocab_block_chosen_from_the_batch_is_caught():
     def block_from_rows(x):
         return logprobs({**LOGPROBS, "vocab_block": 32 if x.shape[0] < 8 else 256})(x)

@@ -12,7 +12,7 @@ the contract, never on M, and the combine is elementwise, so a row's bits do not
 A tensor-parallel rank owning a contiguous run of leaves (`reference.rank_leaves`) computes
 `leaf_partials` on its K shard (`reference.leaf_columns`), given the whole K and its leaves; every
 rank gathers all partials (bytes only) and calls `combine_partials`, which gives the same bits as one
-device at TP = 1. The forward never reads a tensor on the host, so it can be captured in a CUDA graph.
+device at TP = 1 (the impl's `leaf_parts`, `row_parallel_partials` and `row_parallel_fold`, are these two). The forward never reads a tensor on the host, so it can be captured in a CUDA graph.
 The [G, M, N] buffer costs G·M·N·4 bytes of memory traffic each way.
 
 With the `sequential` leaf tree one device needs no [G, M, N] buffer: `fused_kernel` runs one program
@@ -39,8 +39,8 @@ from torch import Tensor
 
 from ...runtime.registry import Impl
 from .. import reduce, triton_support
-from ..common import ALL_CASES, torch_dtype
-from ..triton_support import jit, tl, triton, triton_available
+from ..common import ALL_CASES, expect_dtype, torch_dtype
+from ..triton_support import jit, require_device, tl, triton, triton_available
 from . import persistent_triton, tile_triton
 from . import triton as linear_triton
 from . import tuning
@@ -241,6 +241,25 @@ def row_parallel_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *
     return linear_triton.run(ID, fwd, x, weight, bias, input_dtype, weight_dtype)
 
 
+def row_parallel_partials(x: Tensor, weight: Tensor, *, leaves: range, global_k: int, input_dtype: str, weight_dtype: str,
+                          num_leaves: int, block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int, **_) -> Tensor:
+    """A tensor-parallel rank's half (`Impl.leaf_parts`): x [M, K_r] and weight [N, K_r], the columns of `leaves` of
+    the whole weight's `global_k` -> their fp32 partials [M, N, len(leaves)], the whole weight's bit for bit."""
+    expect_dtype(x, input_dtype, "linear input")
+    expect_dtype(weight, weight_dtype, "linear weight")
+    require_device(ID, x, weight)
+    return leaf_partials(x, weight, num_leaves=num_leaves, block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps,
+                         num_stages=num_stages, global_k=global_k, leaves=leaves)
+
+
+def row_parallel_fold(partials: Tensor, bias: Tensor | None, *, output_dtype: str, leaf_tree: str, **_) -> Tensor:
+    """The other half: every rank's partials [M, N, G], in leaf order -> [M, N], as `row_parallel_fwd` folds them.
+    The gathered partials are laid out as planes first, so the fold and its one rounding run in the combine kernel
+    where one device's do (Triton's interpreter rounds to bf16 otherwise than torch's cast)."""
+    planes = partials.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+    return combine_partials(planes, bias, leaf_tree=leaf_tree, out_dtype=torch_dtype(output_dtype))
+
+
 def bench_op(num_leaves: int = 8, leaf_tree: str = "sequential"):
     """y = x Wᵀ with each weight's Hopper tile and `num_leaves` leaves: what `benchmarks/bench.py` times against cuBLAS."""
     def op(x, w, b=None):
@@ -264,5 +283,6 @@ def register(registry) -> None:
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="linear.row_parallel", cases=ALL_CASES, fn=row_parallel_linear,
                                check_constants=check_constants, tune=tuning.fit_row_parallel,
+                               leaf_parts=(row_parallel_partials, row_parallel_fold),
                                sources=(linear_triton.linear_fwd_kernel, linear_triton.linear_tile, tile_triton, combine_kernel, fused_kernel,
                                         persistent_triton, linear_triton, reduce, triton_support)))

@@ -86,6 +86,90 @@ def logprobs_fwd(logits: Tensor, out_dtype: torch.dtype, *, vocab_block: int, nu
     return y
 
 
+# A tensor-parallel rank's form (`vocab_parallel`): its logits are whole VOCAB_BLOCK chunks of the row, and the
+# three passes above are cut where a chunk's value leaves its program. `shard_max_kernel` writes each chunk's
+# `tl.max`; every rank gathers them (bytes) into the row's chunk order, and `shard_sum_kernel` folds them into
+# the running max exactly as pass 1 does before writing each own chunk's `tl.sum` of exp(x - m); those are
+# gathered too, and `shard_write_kernel` folds both rows of leaves as passes 1 and 2 do (the sum from +0.0, in
+# chunk order) and writes pass 3 for its own chunks. Each chunk meets the whole-row kernel's operations.
+
+
+@jit
+def _folded_max(p_m, NB: tl.constexpr):
+    """Pass 1's running max over the gathered chunk maxima, and whether the row is empty."""
+    b_max = tl.full([], float("-inf"), dtype=tl.float32)
+    for i_b in range(0, NB):
+        b_max = tl.maximum(b_max, tl.load(p_m + i_b))
+    is_empty = b_max == float("-inf")
+    return tl.where(is_empty, 0.0, b_max), is_empty
+
+
+@jit
+def shard_max_kernel(x, mx, stride_xr, stride_xv, V: tl.constexpr, NV: tl.constexpr, VOCAB_BLOCK: tl.constexpr):
+    i_r = tl.program_id(0).to(tl.int64)
+    for i_v in range(0, NV):
+        o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
+        m_v = o_v < V
+        b_x = tl.load(x + i_r * stride_xr + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)
+        tl.store(mx + i_r * NV + i_v, tl.max(tl.where(m_v, b_x, float("-inf")), axis=0))
+
+
+@jit
+def shard_sum_kernel(x, maxima, sums, stride_xr, stride_xv, V: tl.constexpr, NV: tl.constexpr, NB: tl.constexpr,
+                     VOCAB_BLOCK: tl.constexpr):
+    i_r = tl.program_id(0).to(tl.int64)
+    b_max, _ = _folded_max(maxima + i_r * NB, NB)
+    for i_v in range(0, NV):
+        o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
+        m_v = o_v < V
+        b_x = tl.load(x + i_r * stride_xr + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)
+        tl.store(sums + i_r * NV + i_v, tl.sum(tl.where(m_v, tl.exp(b_x - b_max), 0.0), axis=0))
+
+
+@jit
+def shard_write_kernel(x, maxima, sums, y, stride_xr, stride_xv, stride_yr, stride_yv, V: tl.constexpr, NV: tl.constexpr,
+                       NB: tl.constexpr, VOCAB_BLOCK: tl.constexpr):
+    i_r = tl.program_id(0).to(tl.int64)
+    b_max, is_empty = _folded_max(maxima + i_r * NB, NB)
+    b_sum = tl.full([], 0.0, dtype=tl.float32)
+    for i_b in range(0, NB):
+        b_sum += tl.load(sums + i_r * NB + i_b)
+    b_log_sum = tl.log(tl.where(is_empty, 1.0, b_sum))
+    for i_v in range(0, NV):
+        o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
+        m_v = o_v < V
+        b_x = tl.load(x + i_r * stride_xr + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)
+        b_y = (b_x - b_max) - b_log_sum
+        tl.store(y + i_r * stride_yr + o_v * stride_yv, b_y.to(y.dtype.element_ty), mask=m_v)
+
+
+def vocab_parallel(logits: Tensor, gather, *, input_dtype: str, output_dtype: str, accum_dtype: str, vocab_block: int,
+                   num_warps: int) -> Tensor:
+    """A tensor-parallel rank's part of `logprobs` (`Impl.vocab_parallel`; no autograd, `parallel/ops.py` adds it):
+    logits [R, v] of the rank's whole vocab chunks -> [R, v], the whole row's entries bit for bit. gather([R, its
+    chunks]) -> [R, every chunk] in the row's order, fp32 leaves moved as bytes; every rank calls it twice."""
+    expect_dtype(logits, input_dtype, "logprobs input")
+    require_device(ID, logits)
+    rows, vocab = logits.shape
+    chunks = triton.cdiv(vocab, vocab_block)
+    sizes = dict(V=vocab, NV=chunks, VOCAB_BLOCK=vocab_block)
+    launch = rows > 0 and chunks > 0
+    mine = logits.new_empty((rows, chunks), dtype=torch.float32)
+    if launch:
+        shard_max_kernel[(rows,)](logits, mine, logits.stride(0), logits.stride(1), **sizes, num_warps=num_warps)
+    maxima = gather(mine).contiguous()
+    every = maxima.shape[-1]
+    mine = logits.new_empty((rows, chunks), dtype=torch.float32)
+    if launch:
+        shard_sum_kernel[(rows,)](logits, maxima, mine, logits.stride(0), logits.stride(1), NB=every, **sizes, num_warps=num_warps)
+    sums = gather(mine).contiguous()
+    y = logits.new_empty((rows, vocab), dtype=torch_dtype(output_dtype))
+    if launch:
+        shard_write_kernel[(rows,)](logits, maxima, sums, y, logits.stride(0), logits.stride(1), y.stride(0), y.stride(1),
+                                    NB=every, **sizes, num_warps=num_warps)
+    return y
+
+
 @jit
 def logprobs_bwd_kernel(
     g, lp, dx,
@@ -170,4 +254,5 @@ def register(registry) -> None:
     """Register logprobs.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="logprobs", cases=ALL_CASES, fn=logprobs, check_constants=check_constants, tune=tuning.fit,
-                               sources=(logprobs_fwd_kernel, triton_support)))
+                               vocab_parallel=vocab_parallel,
+                               sources=(logprobs_fwd_kernel, shard_max_kernel, shard_sum_kernel, shard_write_kernel, triton_support)))
