@@ -135,7 +135,7 @@ def test_vocab_parallel_ranks_give_the_whole_rows_bits(dtype):
 
     def per_rank_sums(part, gather):
         shifted = part.float() - gather(part.float().amax(-1, keepdim=True) if part.shape[-1] else
-                                        torch.full((part.shape[0], 1), -INF)).amax(-1, keepdim=True)
+                                        torch.full((part.shape[0], 1), -INF, device=part.device)).amax(-1, keepdim=True)
         return shifted - gather(torch.exp(shifted).sum(-1, keepdim=True)).sum(-1, keepdim=True).log()
 
     live = slice(2, 9)
