@@ -68,11 +68,11 @@ def test_sequence_parallel_rows_are_the_same_bits():
         assert _differing(one, _rows_in(tp, "tiny-dense", "trainer_fwd", sp=True)) == 0, f"TP {tp} + SP"
 
 
-@pytest.mark.parametrize("tp, ep", [(1, 2), (2, 2), (1, 3)])
+@pytest.mark.parametrize("tp, ep", [(1, 2), (2, 2), (1, 4)])
 def test_moe_rows_are_the_same_bits_with_experts_cut_over_ranks(tp, ep):
-    """tiny-moe (6 experts, top-2; a dense first layer): routed experts split 3 + 3 or 2 + 2 + 2 over the ranks,
-    with attention and the dense MLP replicated or cut at TP 2; trainer_fwd's rows (autograd through the
-    composed experts) against one process's, bit for bit."""
+    """tiny-moe (6 experts, top-2; a dense first layer): routed experts split 3 + 3 or, unevenly, 1 + 2 + 1 + 2
+    over the ranks, with attention and the dense MLP replicated or cut at TP 2; trainer_fwd's rows (autograd
+    through the composed experts) against one process's, bit for bit."""
     one = _rows_in(1, "tiny-moe", "trainer_fwd", "tiny-moe")
     assert _differing(one, _rows_in(tp, "tiny-moe", "trainer_fwd", "tiny-moe", ep=ep)) == 0
 
@@ -166,7 +166,7 @@ def test_the_audit_is_bitwise_across_layouts(preset, trainer, engine):
     ("tiny-dense", 3, 1, "TP = 3 does not divide contract tiny-dense's 8 row-parallel leaves"),
     ("tiny-dense", 8, 1, "TP = 8 does not divide layer 0's 4 attention heads"),
     ("tiny-dense", 1, 2, "EP = 2 needs routed experts, and Qwen3ForCausalLM has no MoE layer"),
-    ("tiny-moe", 1, 4, "EP = 4 does not divide layer 1's 6 experts"),
+    ("tiny-moe", 1, 8, "EP = 8 exceeds layer 1's 6 experts"),
     ("tiny-moe", 2, 3, "tp and ep span the same ranks: each is 1 or both are equal, got tp = 2, ep = 3"),
     ("tiny-dense", 1, 1, "sequence parallelism cuts the tokens over the tensor-parallel ranks: it needs TP > 1"),
     ("tiny-moe", 2, 1, "sequence parallelism with MoE layers \\(layer 1\\) is not built yet"),

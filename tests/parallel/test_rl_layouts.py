@@ -3,6 +3,7 @@ processes of their own on the CPU (gloo), the weights put together from the trai
 the engine's every step, the SHA-256 of the whole weights equal on both sides, the gate bitwise on every step under
 the contract and measuring a mismatch under native; layouts that cannot run refused in one line."""
 
+import os
 import subprocess
 import sys
 
@@ -15,14 +16,25 @@ from isoexec.rl.parallel_mode import start_run
 SMALL = dict(steps=2, prompts_per_step=3, group_size=2, warmup_steps=3, max_new_tokens=4)
 
 
-def _steps(config):
-    run = start_run(config)
+def _steps(config, start=start_run):
+    run = start(config)
     try:
         history = [run.run_step() for _ in range(config.steps)]
         sent = run.learner.weights()[1]
+        pids = [run.learner.group.pids(), run.rollout.group.pids()] if hasattr(run.learner.group, "pids") else None
     finally:
         run.close()
-    return history, sent, run
+    return history, sent, run, pids
+
+
+_RUNS = {}
+
+
+def _steps_once(config):
+    """A config's run, kept for the module's other tests."""
+    if config not in _RUNS:
+        _RUNS[config] = _steps(config)
+    return _RUNS[config]
 
 
 @pytest.mark.parametrize("layout", [dict(trainer_tp=2), dict(engine_tp=2, engine_sp=True, trainer_dp=2)],
@@ -33,7 +45,7 @@ def test_the_gate_holds_with_each_side_at_its_own_layout(layout):
     whole weights the engine put together from its shards, equal to the trainer's; step 0 (same start, no update
     yet) draws exactly what an in-process run draws."""
     config = RLConfig(**SMALL, **layout)
-    history, sent, run = _steps(config)
+    history, sent, run, _ = _steps_once(config)
     assert [m["bitwise_equal_fraction"] for m in history] == [1.0, 1.0]
     assert [m["full_vocab_rows_bitwise_equal_fraction"] for m in history] == [1.0, 1.0]
     assert history[-1]["weights_sha256"] == sent == run.weights
@@ -44,8 +56,29 @@ def test_the_gate_holds_with_each_side_at_its_own_layout(layout):
 def test_native_at_a_parallel_layout_is_measured_not_equal():
     """The control: native's trainer at TP 2 (each rank's row-parallel GEMM rounded, then summed by the collective)
     against its engine at TP 1."""
-    history, _, _ = _steps(RLConfig(**SMALL, trainer_tp=2, contract="native"))
+    history, *_ = _steps(RLConfig(**SMALL, trainer_tp=2, contract="native"))
     assert min(m["bitwise_equal_fraction"] for m in history) < 1
+
+
+def test_ray_places_each_sides_ranks_as_actors_with_the_same_bits():
+    """The trainer's two ranks and the engine's one as Ray actors, each side's reserved together in a placement
+    group: every step's metrics and the final weights' digest are those of the same layout in processes of its
+    own, and the ranks live in processes of their own."""
+    ray = pytest.importorskip("ray")
+    from isoexec.rl.ray_mode import ray_parallel_run
+
+    config = RLConfig(**SMALL, trainer_tp=2)
+    history, sent, _, _ = _steps_once(config)
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    try:
+        in_ray, in_ray_sent, _, pids = _steps(config, start=ray_parallel_run)
+    finally:
+        ray.shutdown()
+    def without_timings(steps):
+        return [{k: v for k, v in step.items() if k != "step_seconds"} for step in steps]
+
+    assert without_timings(in_ray) == without_timings(history) and in_ray_sent == sent
+    assert [len(set(side)) for side in pids] == [2, 1] and os.getpid() not in {*pids[0], *pids[1]}
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -12,9 +12,9 @@
 - An impl without leaf parts (`native`'s cuBLAS / oneDNN GEMM) is composed as the frameworks do it: the
   rank's GEMM over its K columns, rounded, then an all-reduce sum — the control that must differ.
 - Routed experts (expert parallelism): each rank runs the bound experts op on the (token, slot) pairs routed
-  to its experts, the ranks' [T, k, H] outputs are all-gathered (bytes) and each pair takes its expert's
-  rank's row. The router and the combine run whole on every rank (replicated inputs), so the combine sums
-  the same rows in the same order as one process.
+  to its experts (whole experts, uneven where EP does not divide them), and the ranks' rows are all-gathered
+  (bytes) and put back in (token, slot) order. The router and the combine run whole on every rank (replicated
+  inputs), so the combine sums the same rows in the same order as one process.
 - The vocabulary: each rank holds whole vocab blocks of the embedding and of lm_head (`plan.vocab_shards`).
   The embedding looks up the ids in the rank's rows; the ranks' rows are all-gathered (bytes) and each token
   takes its owner's. lm_head is column-parallel: the rank's logits columns. The log-probs run the impl's
@@ -38,12 +38,12 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..model import MLPSpec, current_step
+from ..model import MLPSpec, MoESpec, current_step
 from ..ops.common import TILE_ELEMENTS, torch_dtype
 from ..ops.linear.reference import linear_grads, rank_leaves
 from ..runtime.registry import REGISTRY
 from .mesh import Mesh
-from .plan import COLUMN_PARALLEL, ROW_PARALLEL, num_leaves, vocab_shards
+from .plan import COLUMN_PARALLEL, ROW_PARALLEL, expert_starts, num_leaves, vocab_shards
 
 
 class _ReplicatedInput(torch.autograd.Function):
@@ -243,22 +243,45 @@ class _OwnedRows(torch.autograd.Function):
         return torch.where(owned[..., None], grad, 0.0), None, None
 
 
-def _expert_parallel(bound: Callable, output_dtype, mesh: Mesh) -> Callable:
+class _GatheredRows(torch.autograd.Function):
+    """Every rank's rows ([counts[rank], H] each) stacked in rank order: bytes moved. The backward gives this rank
+    the gradient of its own rows (every rank holds the same gradient of the whole)."""
+
+    @staticmethod
+    def forward(ctx, rows, mesh, counts):
+        ctx.offset, ctx.count = sum(counts[: mesh.rank]), counts[mesh.rank]
+        padded = rows.new_zeros((max(counts), *rows.shape[1:]))
+        padded[: rows.shape[0]] = rows
+        return torch.cat([part[:count] for part, count in zip(mesh.all_gather(padded), counts)])
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[ctx.offset : ctx.offset + ctx.count], None, None
+
+
+def _expert_parallel(bound: Callable, output_dtype, mesh: Mesh, num_experts: int) -> Callable:
+    """Each rank runs the bound experts op on the (token, slot) pairs routed to its experts; the ranks' rows are
+    all-gathered (only those: counts known to every rank, since the ids are) and put back in (token, slot) order.
+    The tokens are replicated over the ranks, so no rows need sending to an expert's rank: the dispatch is each
+    rank's own pick, and only the results travel."""
+    starts = expert_starts(num_experts, mesh.ep)
+
     def experts(x, ids, gate_up, down):
-        num_local = gate_up.shape[0]
-        first = mesh.rank * num_local
         tokens, top_k = ids.shape
-        owned = (ids >= first) & (ids < first + num_local)  # [T, k]
-        mine = x.new_zeros((tokens, top_k, x.shape[-1]), dtype=output_dtype)
-        t, j = torch.nonzero(owned, as_tuple=True)
+        owner = torch.bucketize(ids.flatten(), torch.tensor(starts[1:-1], device=ids.device), right=True)  # [T k]
+        order = torch.argsort(owner, stable=True)  # the pairs by owning rank, in (token, slot) order within one
+        counts = torch.bincount(owner, minlength=mesh.ep).tolist()
+        offset = sum(counts[: mesh.rank])
+        pairs = order[offset : offset + counts[mesh.rank]]
+        t, j = pairs // top_k, pairs % top_k
+        # Every rank's gradient of x runs through the sum of _ReplicatedInput, owning pairs or not.
+        xe = _ReplicatedInput.apply(x, mesh) if torch.is_grad_enabled() and x.requires_grad else x
         if t.numel():
-            xe = _ReplicatedInput.apply(x, mesh) if torch.is_grad_enabled() and x.requires_grad else x
-            rows = bound(xe[t], (ids[t, j] - first)[:, None], gate_up, down)[:, 0]  # [n, H], one slot a row
-            mine = mine.index_put((t, j), rows)
-        owner = torch.div(ids, num_local, rounding_mode="floor")  # [T, k]
-        gathered = torch.stack(mesh.all_gather(mine.detach()))  # [ranks, T, k, H]
-        picked = gathered.gather(0, owner[None, ..., None].expand(1, -1, -1, x.shape[-1]))[0]
-        return _OwnedRows.apply(mine, picked, owned)
+            rows = bound(xe[t], (ids[t, j] - starts[mesh.rank])[:, None], gate_up, down)[:, 0]  # [n, H], one slot a row
+        else:
+            rows = xe[t].to(output_dtype)  # [0, H], still on x's graph
+        gathered = _GatheredRows.apply(rows, mesh, counts)  # [T k, H] in `order`
+        return gathered[torch.argsort(order)].reshape(tokens, top_k, x.shape[-1])
 
     return experts
 
@@ -359,7 +382,10 @@ def compose(ops: dict[str, Callable], contract, case: str, spec, mesh: Mesh) -> 
     composed = dict(ops)
     if mesh.ep > 1 and "experts" in ops:
         output_dtype = torch_dtype(_entry_of(contract, "experts", case).constants["output_dtype"])
-        composed["experts"] = _expert_parallel(ops["experts"], output_dtype, mesh)
+        counts = {layer.ffn.num_experts for layer in spec.layers if isinstance(layer.ffn, MoESpec)}
+        if len(counts) != 1:
+            raise ValueError(f"EP = {mesh.ep} cuts every MoE layer's experts alike: it needs one expert count, got {sorted(counts)}")
+        composed["experts"] = _expert_parallel(ops["experts"], output_dtype, mesh, counts.pop())
     if mesh.tp == 1:
         return composed
     composed = _vocabulary(composed, contract, case, spec, mesh)

@@ -8,8 +8,9 @@ so that every layout gives the bits of one process:
 - row-parallel projections (o_proj, down_proj of a dense MLP) by whole K leaves of the contract's
   `num_leaves`: rank r of TP = C holds K columns [floor(rK/C), floor((r+1)K/C)), leaves [rG/C, (r+1)G/C)
   (`linear.reference`'s `leaf_bounds`), which are the columns its column-parallel half produced;
-- routed experts by whole experts: rank r of EP = P holds experts [rE/P, (r+1)E/P); a (token, slot)'s
-  output depends only on its own row and its expert (the experts op's invariance);
+- routed experts by whole experts: rank r of EP = P holds experts [floor(rE/P), floor((r+1)E/P)) (uneven
+  where P does not divide E); a (token, slot)'s output depends only on its own row and its expert (the
+  experts op's invariance);
 - the vocabulary (the embedding's rows, lm_head's rows, the log-probs' columns) by whole blocks of the
   contract's log-probs `vocab_block`: rank r of TP = C holds blocks [floor(rB/C), floor((r+1)B/C)) of the B,
   whose per-block maxima and sums are the leaves of the log-softmax's fold (`vocab_shards`);
@@ -98,8 +99,8 @@ def check(spec: ModelSpec, contract, tp: int, ep: int = 1, sp: bool = False) -> 
             raise ValueError(f"TP = {tp} does not divide layer {index}'s {heads} attention heads")
         if kv_heads % tp and tp % kv_heads:
             raise ValueError(f"TP = {tp} neither divides layer {index}'s {kv_heads} key/value heads nor is a multiple of them")
-        if isinstance(layer.ffn, MoESpec) and layer.ffn.num_experts % ep:
-            raise ValueError(f"EP = {ep} does not divide layer {index}'s {layer.ffn.num_experts} experts")
+        if isinstance(layer.ffn, MoESpec) and layer.ffn.num_experts < ep:
+            raise ValueError(f"EP = {ep} exceeds layer {index}'s {layer.ffn.num_experts} experts")
         if isinstance(layer.ffn, MoESpec) and layer.ffn.shared_intermediate_size and tp > 1:
             raise ValueError(f"TP = {tp} with layer {index}'s shared experts: they call the dense MLP's ops, which TP cuts; "
                              "not built yet")
@@ -155,11 +156,18 @@ def _rows(weight: torch.Tensor, heads: range, rows_per_head: int) -> torch.Tenso
     return weight[heads.start * rows_per_head : heads.stop * rows_per_head]
 
 
+def expert_starts(num_experts: int, ep: int) -> list[int]:
+    """The first expert of each rank of EP = `ep`, and the count after the last: rank r holds
+    [starts[r], starts[r + 1])."""
+    return [r * num_experts // ep for r in range(ep + 1)]
+
+
 def experts_of(layer_spec, mesh: Mesh) -> range:
     """The routed experts a rank of `mesh` holds in an MoE layer."""
-    per_rank = layer_spec.ffn.num_experts // mesh.ep
-    first = (mesh.rank if mesh.ep > 1 else 0) * per_rank
-    return range(first, first + per_rank)
+    if mesh.ep == 1:
+        return range(layer_spec.ffn.num_experts)
+    starts = expert_starts(layer_spec.ffn.num_experts, mesh.ep)
+    return range(starts[mesh.rank], starts[mesh.rank + 1])
 
 
 def shard_of(name: str, weight: torch.Tensor, spec: ModelSpec, contract, mesh: Mesh) -> torch.Tensor:

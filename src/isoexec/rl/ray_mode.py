@@ -14,15 +14,28 @@ reduction across threads (the backward pass, the native-path warm-up) can change
 actor calls `torch.set_num_threads(num_threads)` before building its side, and `num_threads`
 defaults to the driver's own count, which an in-process run in the same driver would use.
 
+A config with a parallel side (`RLConfig.parallel`) runs each side as a `RayRankGroup`: one actor per rank,
+the side's actors reserved together in a placement group (PACK: on as few nodes as fit, since their
+collectives are gloo's), torch.distributed initialised among them with rank 0's node as the rendezvous, and
+the side driven through `parallel_mode`'s adapters, as its processes are on one machine. Each rank computes on
+one thread, as `parallel.RankGroup`'s processes do, so the two give the same bits.
+
 Ray is imported only here, and only when called: the in-process mode never needs it.
 """
 
+import copy
 import os
+import socket
 
 import torch
+import torch.distributed as dist
 
+from ..parallel.group import RankGroupError
+from ..parallel.mesh import Mesh, world_of
 from .handshake import ensure_admitted
-from .loop import Learner, RLRun, Rollout, setup
+from .loop import Learner, RLRun, Rollout, initial_model, setup
+from .parallel_mode import GroupLearner, GroupRollout, _learner, _rollout, check_layouts
+from .warmup import warmup
 
 
 def _ray():
@@ -91,6 +104,111 @@ class RemoteLearner(_Remote):
         return self._call("update", kept, advantages, step)
 
 
+class _Rank:
+    """One rank of a side, in a Ray worker process."""
+
+    def address(self) -> tuple[str, int]:
+        """Where rank 0 listens for the others (called on rank 0 only)."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return _ray().util.get_node_ip_address(), port
+
+    def start(self, rank: int, total: int, sizes: dict, address: tuple[str, int], factory, args) -> None:
+        os.environ.update(MASTER_ADDR=address[0], MASTER_PORT=str(address[1]))
+        torch.set_num_threads(1)  # as parallel.RankGroup's ranks: the same bits
+        self.rank = rank
+        dist.init_process_group("gloo", rank=rank, world_size=total)
+        self.side = factory(Mesh.from_env(**sizes), *args)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def call(self, method: str, *args):
+        out = getattr(self.side, method)(*args)
+        return out if self.rank == 0 else None
+
+    def stop(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class RayRankGroup:
+    """`parallel.RankGroup`'s interface over Ray actors: `call(method, *args)` runs the method on every rank and
+    returns rank 0's result; an exception in any rank stops the group (the others may be waiting in a
+    collective) and is raised here."""
+
+    def __init__(self, factory, *args, tp: int = 1, ep: int = 1, sp: bool = False, dp: int = 1, cpus_per_rank: float = 1.0,
+                 timeout_s: float = 120.0):
+        ray = _ray()
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        total = world_of(tp, ep, dp) * dp
+        self._remove = remove_placement_group
+        self.group = placement_group([{"CPU": cpus_per_rank}] * total, strategy="PACK")
+        try:
+            ray.get(self.group.ready(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(self.group)
+            raise RankGroupError(f"the Ray cluster did not give {total} bundles of {cpus_per_rank} CPU within {timeout_s:.0f} s "
+                                 "(ray.cluster_resources() says what it has)") from None
+        env = {"ISOEXEC_HOME": os.environ["ISOEXEC_HOME"]} if "ISOEXEC_HOME" in os.environ else {}
+        actor = ray.remote(_Rank)
+        self.ranks = [actor.options(num_cpus=cpus_per_rank, runtime_env={"env_vars": env},
+                                    scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=rank)).remote()
+                      for rank in range(total)]
+        address = ray.get(self.ranks[0].address.remote())
+        sizes = {"tp": tp, "ep": ep, "sp": sp, "dp": dp}
+        self._wait([r.start.remote(rank, total, sizes, address, factory, args) for rank, r in enumerate(self.ranks)])
+
+    def _wait(self, refs: list):
+        ray = _ray()
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(ready[0])
+            except Exception:
+                self.close(force=True)
+                raise
+        return ray.get(refs[0])
+
+    def call(self, method: str, *args):
+        return self._wait([r.call.remote(method, *args) for r in self.ranks])
+
+    def pids(self) -> list[int]:
+        return _ray().get([r.pid.remote() for r in self.ranks])
+
+    def close(self, force: bool = False) -> None:
+        ray = _ray()
+        if not force:
+            ray.get([r.stop.remote() for r in self.ranks])
+        for r in self.ranks:
+            ray.kill(r)
+        if self.ranks:
+            self._remove(self.group)
+        self.ranks = []
+
+
+def ray_parallel_run(config, *, initial=None, cpus_per_rank: float = 1.0) -> RLRun:
+    """An `RLRun` whose sides are `RayRankGroup`s at the config's layouts; Ray must already be initialised.
+    cpus_per_rank: the CPUs each rank's actor reserves."""
+    if not _ray().is_initialized():
+        raise RuntimeError("ray_parallel_run needs ray.init() first (or use run_with_ray)")
+    check_layouts(config)
+    task, spec, contract = setup(config)
+    ensure_admitted(contract, spec=spec)
+    initial = copy.deepcopy(initial) if initial is not None else warmup(initial_model(config, spec), task, config)
+    learner = GroupLearner(RayRankGroup(_learner, config, initial, **config.layout("trainer"), cpus_per_rank=cpus_per_rank), contract)
+    try:
+        rollout = GroupRollout(RayRankGroup(_rollout, config, **config.layout("engine"), cpus_per_rank=cpus_per_rank), contract)
+    except BaseException:
+        learner.close()
+        raise
+    return RLRun(config, rollout=rollout, learner=learner)
+
+
 def ray_run(config, *, initial=None, num_threads: int | None = None) -> RLRun:
     """An `RLRun` whose rollout and learner are Ray actors; Ray must already be initialised.
 
@@ -113,8 +231,9 @@ def ray_run(config, *, initial=None, num_threads: int | None = None) -> RLRun:
 
 
 def run_with_ray(config, *, num_steps: int | None = None, initial=None, ray_address: str | None = None,
-                 num_threads: int | None = None) -> RLRun:
-    """Run `num_steps` (default `config.steps`) RL steps with the rollout and the learner as Ray actors.
+                 num_threads: int | None = None, cpus_per_rank: float = 1.0) -> RLRun:
+    """Run `num_steps` (default `config.steps`) RL steps with the rollout and the learner as Ray actors (a parallel
+    side as a group of them, one a rank; `close()` the run to stop them).
 
     Joins the running Ray session, or `ray_address`, or starts a local cluster. The returned run holds
     the actors (the trained policy lives in the learner's), so it can keep stepping; the cluster stays
@@ -123,7 +242,7 @@ def run_with_ray(config, *, num_steps: int | None = None, initial=None, ray_addr
     ray = _ray()
     if not ray.is_initialized():
         ray.init(address=ray_address, include_dashboard=False)
-    run = ray_run(config, initial=initial, num_threads=num_threads)
+    run = ray_parallel_run(config, initial=initial, cpus_per_rank=cpus_per_rank) if config.parallel else ray_run(config, initial=initial, num_threads=num_threads)
     for _ in range(config.steps if num_steps is None else num_steps):
         run.run_step()
     return run
