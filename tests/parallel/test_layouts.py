@@ -6,8 +6,10 @@ through the composed ops matching one process's; layouts the model or the contra
 refused in one line."""
 
 import dataclasses
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,13 +40,19 @@ def _differing(a, b) -> int:
     return sum(int((int_view(x) != int_view(y)).sum()) for x, y in zip(a, b))
 
 
-def test_trainer_rows_are_the_same_bits_at_every_tp_size():
-    """TP 2 (two heads, two key/value heads, four leaves a rank) and TP 4 (one head a rank, key/value heads
-    replicated, two leaves a rank) against one process: every full-vocabulary row bit for bit (trainer_fwd's
-    too, in the audits below)."""
+def test_trainer_rows_are_the_same_bits_at_every_tp_size(tmp_path):
+    """TP 2 (two heads, two key/value heads, four leaves a rank), its processes started by torchrun
+    (`torchrun_rows.py`: the mesh read from torchrun's environment), and TP 4 (one head a rank, key/value heads
+    replicated, two leaves a rank), started by spawn, against one process: every full-vocabulary row bit for bit
+    (trainer_fwd's too, in the audits below)."""
     one = _rows_in(1, "tiny-dense")
-    for tp in (2, 4):
-        assert _differing(one, _rows_in(tp, "tiny-dense")) == 0, f"TP {tp}"
+    (tmp_path / "sequences.json").write_text(json.dumps(SEQUENCES))
+    launched = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                               str(Path(__file__).with_name("torchrun_rows.py")), str(tmp_path / "sequences.json"), str(tmp_path / "rows.pt")],
+                              capture_output=True, text=True)
+    assert launched.returncode == 0, launched.stderr[-2000:]
+    assert _differing(one, torch.load(tmp_path / "rows.pt")) == 0, "TP 2 under torchrun"
+    assert _differing(one, _rows_in(4, "tiny-dense")) == 0, "TP 4"
 
 
 def _rows_in(tp, contract_name, case="trainer_score", preset="tiny-dense", ep=1, sp=False):
