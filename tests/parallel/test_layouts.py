@@ -1,6 +1,6 @@
 """Tensor and expert parallelism from outside the model (isoexec.parallel), in real gloo processes on the CPU:
-a trainer's rows at TP 2 and 4 (with sequence parallelism too), and an MoE model's at EP 2 and 3 with and
-without TP, bitwise equal to one process's; the engine and the trainer at different layouts bitwise equal in the audit; native's TP
+a trainer's rows at TP 2 and 4 (with sequence parallelism too), and an MoE model's at EP 2 and 4 with and
+without TP and SP, bitwise equal to one process's; the engine and the trainer at different layouts bitwise equal in the audit; native's TP
 composition (each rank's GEMM rounded, then summed by the collective) differing by construction; gradients
 through the composed ops matching one process's; layouts the model or the contract cannot be cut into
 refused in one line."""
@@ -76,13 +76,15 @@ def test_sequence_parallel_rows_are_the_same_bits():
         assert _differing(one, _rows_in(tp, "tiny-dense", "trainer_fwd", sp=True)) == 0, f"TP {tp} + SP"
 
 
-@pytest.mark.parametrize("tp, ep", [(1, 2), (2, 2), (1, 4)])
-def test_moe_rows_are_the_same_bits_with_experts_cut_over_ranks(tp, ep):
+@pytest.mark.parametrize("tp, ep, sp", [(1, 2, False), (2, 2, False), (1, 4, False), (2, 2, True), (4, 4, True)],
+                         ids=["ep2", "tp2-ep2", "ep4", "tp2-ep2-sp", "tp4-ep4-sp"])
+def test_moe_rows_are_the_same_bits_with_experts_cut_over_ranks(tp, ep, sp):
     """tiny-moe (6 experts, top-2; a dense first layer): routed experts split 3 + 3 or, unevenly, 1 + 2 + 1 + 2
-    over the ranks, with attention and the dense MLP replicated or cut at TP 2; trainer_fwd's rows (autograd
-    through the composed experts) against one process's, bit for bit."""
+    over the ranks, with attention and the dense MLP replicated or cut; with SP each rank routes its own tokens and
+    sends their pairs to the experts' ranks by all-to-all. trainer_fwd's rows (autograd through the composed
+    experts) against one process's, bit for bit."""
     one = _rows_in(1, "tiny-moe", "trainer_fwd", "tiny-moe")
-    assert _differing(one, _rows_in(tp, "tiny-moe", "trainer_fwd", "tiny-moe", ep=ep)) == 0
+    assert _differing(one, _rows_in(tp, "tiny-moe", "trainer_fwd", "tiny-moe", ep=ep, sp=sp)) == 0
 
 
 def test_native_tensor_parallelism_is_not_the_same_bits():
@@ -114,12 +116,17 @@ def _moe_gradients(mesh):
     return {name: p.grad.float() for name, p in local.named_parameters() if p.grad is not None}
 
 
-def test_expert_parallel_gradients_match_one_process():
-    """EP 2 on an fp32 tiny-moe: rank 0's experts (the first 3 of 6), the router and the embedding, against one
-    process's gradients (the experts' input gradient is summed over the ranks, each owning some (token, slot)s)."""
-    full, rank0 = spawn(1, _moe_gradients), spawn(1, _moe_gradients, ep=2)
-    for name, part in {"model.layers.1.mlp.experts.gate_up_proj": lambda g: g[:3], "model.layers.2.mlp.experts.down_proj": lambda g: g[:3],
-                       "model.layers.1.mlp.gate.weight": lambda g: g, "model.embed_tokens.weight": lambda g: g}.items():
+@pytest.mark.parametrize("tp, ep, sp", [(1, 2, False), (2, 2, True), (2, 1, True)], ids=["ep2", "tp2-ep2-sp", "tp2-sp"])
+def test_expert_parallel_gradients_match_one_process(tp, ep, sp):
+    """An fp32 tiny-moe: rank 0's experts (the first 3 of 6 at EP 2, all 6 at EP 1), the router and the embedding,
+    against one process's gradients. EP 2: the experts' input gradient summed over the ranks, each owning some
+    (token, slot)s; with SP, each rank's pairs sent to their experts' ranks and back by all-to-all, whose
+    backward returns the rows' gradients; EP 1 with SP: the router's and the experts' gradients summed over the
+    ranks, each having seen its own tokens."""
+    full, rank0 = spawn(1, _moe_gradients), spawn(tp, _moe_gradients, ep=ep, sp=sp)
+    mine = slice(0, 6 // ep)
+    for name, part in {"model.layers.1.mlp.experts.gate_up_proj": lambda g: g[mine], "model.layers.2.mlp.experts.down_proj": lambda g: g[mine],
+                       "model.layers.1.mlp.gate.weight": lambda g: g, "model.embed_tokens.weight": lambda g: g[:256] if tp > 1 else g}.items():
         want = part(full[name])
         assert rank0[name].shape == want.shape, name
         assert float((rank0[name] - want).norm() / want.norm()) < 1e-5, name
@@ -158,8 +165,8 @@ def _gradients_in(tp):
 
 @pytest.mark.parametrize("preset, trainer, engine", [
     ("tiny-dense", (2, 1, False), (1, 1, False)), ("tiny-dense", (1, 1, False), (2, 1, True)), ("tiny-dense", (4, 1, False), (2, 1, False)),
-    ("tiny-moe", (1, 1, False), (1, 2, False)), ("tiny-moe", (2, 2, False), (1, 3, False)),
-], ids=["dense-trainer-tp2", "dense-engine-tp2-sp", "dense-tp4-vs-tp2", "moe-engine-ep2", "moe-tp2ep2-vs-ep3"])
+    ("tiny-moe", (1, 1, False), (1, 2, False)), ("tiny-moe", (2, 2, True), (1, 3, False)),
+], ids=["dense-trainer-tp2", "dense-engine-tp2-sp", "dense-tp4-vs-tp2", "moe-engine-ep2", "moe-tp2ep2sp-vs-ep3"])
 def test_the_audit_is_bitwise_across_layouts(preset, trainer, engine):
     """The engine (paged cache, chunked prefill, preemption, prefix caching, sampling) at one (TP, EP, SP), the
     trainer at another: every sampled token, every full-vocabulary row and every routing equal."""
@@ -177,7 +184,6 @@ def test_the_audit_is_bitwise_across_layouts(preset, trainer, engine):
     ("tiny-moe", 1, 8, "EP = 8 exceeds layer 1's 6 experts"),
     ("tiny-moe", 2, 3, "tp and ep span the same ranks: each is 1 or both are equal, got tp = 2, ep = 3"),
     ("tiny-dense", 1, 1, "sequence parallelism cuts the tokens over the tensor-parallel ranks: it needs TP > 1"),
-    ("tiny-moe", 2, 1, "sequence parallelism with MoE layers \\(layer 1\\) is not built yet"),
     ("tiny-hybrid", 2, 1, "tensor and expert parallelism shard gqa attention, mlp and moe layers so far; layer 0 is gdn + mlp"),
 ])
 def test_layouts_that_cannot_be_cut_are_refused(preset, tp, ep, message):

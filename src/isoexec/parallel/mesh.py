@@ -106,6 +106,17 @@ class Mesh:
         dist.all_gather(out, sent.contiguous(), group=self.group)
         return [o.to(t.device) for o in out] if staged else out
 
+    def all_to_all(self, t: Tensor, sent: list[int], received: list[int]) -> Tensor:
+        """`t`'s rows to the ranks (the first `sent[0]` to rank 0, the next `sent[1]` to rank 1, …), and the rows
+        every rank sent this one (`received[r]` from rank r), in rank order: bytes moved, no arithmetic."""
+        if self.world == 1:
+            return t
+        staged = self._staged(t)
+        source = (t.cpu() if staged else t).contiguous()
+        out = source.new_empty((sum(received), *t.shape[1:]))
+        dist.all_to_all_single(out, source, output_split_sizes=received, input_split_sizes=sent, group=self.group)
+        return out.to(t.device) if staged else out
+
     def _all_reduce(self, t: Tensor, op) -> Tensor:
         if self.world == 1:
             return t

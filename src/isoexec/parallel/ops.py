@@ -23,7 +23,9 @@
   (bytes) into whole rows, which sampling and the trainer read as in one process. An impl without that form
   (`native`'s log_softmax) is composed as the frameworks do it: max and sum-of-exp all-reduced.
 - Sequence parallelism: between a row-parallel projection and the next column-parallel one each rank holds
-  a contiguous shard of the tokens (the call's T padded to a multiple of TP). The row-parallel fold is
+  a contiguous shard of the tokens (the call's T padded to a multiple of TP). An MoE layer runs on the shard:
+  the router and the combine per token, the experts' pairs dispatched to their ranks and back by all-to-all
+  (EP = TP), or run by the rank itself (EP = 1). The row-parallel fold is
   evaluated for the rank's tokens only (the same gathered partials, the same tree: the reduce-scatter that
   equals all-reduce-then-slice), the residual adds and norms run on the shard, the column-parallel input is
   all-gathered (bytes), and the final norm's output too, so the rows the trainer and the engine read are
@@ -211,20 +213,38 @@ class _ShardRows(torch.autograd.Function):
 
 
 def _sequence_parallel(ops: dict[str, Callable], mesh: Mesh) -> dict[str, Callable]:
-    """The embedding's output, the residual norms and the final norm on the rank's shard of the tokens (the final
-    norm's output gathered whole)."""
+    """The embedding's output, the residual norms, an MoE layer (router, experts, combine) and the final norm on the
+    rank's shard of the tokens (the final norm's output gathered whole). The routing record, which the MoE layers
+    write row by row, is the shard's during the forward and gathered whole with the final norm's output."""
     composed = dict(ops)
-    embed = ops["embed_tokens"]
-    composed["embed_tokens"] = lambda ids, weight: _ShardRows.apply(embed(ids, weight), mesh)
-    for name in ("input_layernorm", "post_attention_layernorm"):
-        composed[name] = (lambda norm: lambda h, residual, weight, *rest: norm(h, residual, _replicated(weight, mesh), *rest))(ops[name])
-    final = ops["norm"]
+    embed, final = ops["embed_tokens"], ops["norm"]
+    whole_routing = []  # the step's own routing buffer, while its layers write the shard's
+
+    def embed_shard(ids, weight):
+        out = _ShardRows.apply(embed(ids, weight), mesh)
+        current = current_step()
+        if current.routing is not None:
+            whole_routing.append(current.routing)
+            current.routing = current.routing.new_full((out.shape[0], *current.routing.shape[1:]), -1)
+        return out
 
     def norm(h, residual, weight, *rest):
         normed, stream = final(h, residual, _replicated(weight, mesh), *rest)
+        if whole_routing:
+            current, whole = current_step(), whole_routing.pop()
+            whole.copy_(torch.cat(mesh.all_gather(current.routing))[: whole.shape[0]])
+            current.routing = whole
         return _GatherRows.apply(normed, mesh, _tokens(), False), stream
 
-    composed["norm"] = norm
+    composed["embed_tokens"], composed["norm"] = embed_shard, norm
+    for name in ("input_layernorm", "post_attention_layernorm"):
+        composed[name] = (lambda norm: lambda h, residual, weight, *rest: norm(h, residual, _replicated(weight, mesh), *rest))(ops[name])
+    if "router" in ops:  # the router's weight saw the rank's tokens only: its gradient is summed over the ranks
+        router = ops["router"]
+        composed["router"] = lambda x, weight, *rest: router(x, _replicated(weight, mesh), *rest)
+    if "experts" in ops and mesh.ep == 1:  # every rank holds every expert and runs its own tokens' pairs
+        experts = ops["experts"]
+        composed["experts"] = lambda x, ids, gate_up, down: experts(x, ids, _replicated(gate_up, mesh), _replicated(down, mesh))
     return composed
 
 
@@ -282,6 +302,46 @@ def _expert_parallel(bound: Callable, output_dtype, mesh: Mesh, num_experts: int
             rows = xe[t].to(output_dtype)  # [0, H], still on x's graph
         gathered = _GatheredRows.apply(rows, mesh, counts)  # [T k, H] in `order`
         return gathered[torch.argsort(order)].reshape(tokens, top_k, x.shape[-1])
+
+    return experts
+
+
+class _AllToAll(torch.autograd.Function):
+    """Rows sent to their ranks and received from them (`Mesh.all_to_all`); the backward sends the gradients of the
+    received rows back to their senders, the same way reversed."""
+
+    @staticmethod
+    def forward(ctx, rows, mesh, sent, received):
+        ctx.mesh, ctx.sent, ctx.received = mesh, sent, received
+        return mesh.all_to_all(rows, sent, received)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.mesh.all_to_all(grad.contiguous(), ctx.received, ctx.sent), None, None, None
+
+
+def _expert_parallel_tokens(bound: Callable, output_dtype, mesh: Mesh, num_experts: int) -> Callable:
+    """Expert parallelism where each rank holds its own tokens (sequence parallelism): the rank's (token, slot)
+    pairs are dispatched to their experts' ranks by an all-to-all (the rows, and their expert ids), each rank runs
+    the bound experts op on the pairs it received, and a second all-to-all returns the results to their tokens'
+    ranks, which put them back in (token, slot) order for the combine."""
+    starts = expert_starts(num_experts, mesh.ep)
+
+    def experts(x, ids, gate_up, down):
+        tokens, top_k = ids.shape
+        flat = ids.flatten()
+        owner = torch.bucketize(flat, torch.tensor(starts[1:-1], device=ids.device), right=True)  # [S k]
+        order = torch.argsort(owner, stable=True)  # this rank's pairs by owning rank, (token, slot) order within
+        counts = torch.stack(mesh.all_gather(torch.bincount(owner, minlength=mesh.ep)))  # [sender, owner]
+        sent, received = counts[mesh.rank].tolist(), counts[:, mesh.rank].tolist()
+        rows = _AllToAll.apply(x[order // top_k], mesh, sent, received)  # [n, H], the pairs this rank's experts take
+        expert = mesh.all_to_all(flat[order], sent, received) - starts[mesh.rank]
+        if rows.shape[0]:
+            out = bound(rows, expert[:, None], gate_up, down)[:, 0]
+        else:
+            out = rows.to(output_dtype)  # [0, H], still on the graph: the backward's all-to-all runs on every rank
+        back = _AllToAll.apply(out, mesh, received, sent)  # [S k, H] in `order`
+        return back[torch.argsort(order)].reshape(tokens, top_k, x.shape[-1])
 
     return experts
 
@@ -385,7 +445,8 @@ def compose(ops: dict[str, Callable], contract, case: str, spec, mesh: Mesh) -> 
         counts = {layer.ffn.num_experts for layer in spec.layers if isinstance(layer.ffn, MoESpec)}
         if len(counts) != 1:
             raise ValueError(f"EP = {mesh.ep} cuts every MoE layer's experts alike: it needs one expert count, got {sorted(counts)}")
-        composed["experts"] = _expert_parallel(ops["experts"], output_dtype, mesh, counts.pop())
+        dispatch = _expert_parallel_tokens if mesh.sp else _expert_parallel
+        composed["experts"] = dispatch(ops["experts"], output_dtype, mesh, counts.pop())
     if mesh.tp == 1:
         return composed
     composed = _vocabulary(composed, contract, case, spec, mesh)

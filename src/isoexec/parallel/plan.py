@@ -80,9 +80,6 @@ def check(spec: ModelSpec, contract, tp: int, ep: int = 1, sp: bool = False) -> 
     if sp and tp == 1:
         raise ValueError("sequence parallelism cuts the tokens over the tensor-parallel ranks: it needs TP > 1")
     moe = [index for index, layer in enumerate(spec.layers) if isinstance(layer.ffn, MoESpec)]
-    if sp and moe:
-        raise ValueError(f"sequence parallelism with MoE layers (layer {moe[0]}) is not built yet: the router, the experts' ranks "
-                         "and the routing record see every token")
     if ep > 1 and not moe:
         raise ValueError(f"EP = {ep} needs routed experts, and {spec.architecture} has no MoE layer")
     leaves = _leaves(contract, tp)
