@@ -49,6 +49,7 @@ def test_the_gate_holds_with_each_side_at_its_own_layout(layout):
     assert [m["bitwise_equal_fraction"] for m in history] == [1.0, 1.0]
     assert [m["full_vocab_rows_bitwise_equal_fraction"] for m in history] == [1.0, 1.0]
     assert history[-1]["weights_sha256"] == sent == run.weights
+    assert run.layout == {"trainer": config.layout("trainer"), "engine": config.layout("engine") | {"dp": 1}}  # as each rank 0 ran
     one = RLRun(RLConfig(**SMALL)).run_step()
     assert {k: one[k] for k in ("reward", "accuracy", "tokens")} == {k: history[0][k] for k in ("reward", "accuracy", "tokens")}
 

@@ -87,19 +87,20 @@ def demo(config: RLConfig, *, out_dir: str | Path = "isoexec-demo", progress: bo
         for line in start_lines(config, task):
             echo(line)
         initial = warmup(initial_model(config, spec), task, config)
-        histories = _run_paths(config, initial, staging / "log.jsonl", progress, echo)
+        histories, layouts = _run_paths(config, initial, staging / "log.jsonl", progress, echo)
         write_plot(staging / "plot.png", histories)
-        summary = {"config": {k: v for k, v in vars(config).items()}, **summarize(histories)}
+        summary = {"config": {k: v for k, v in vars(config).items()}, "layout": layouts["contract"], **summarize(histories)}
         (staging / "summary.json").write_text(json.dumps(summary, indent=2), "utf-8")
     echo(render_summary(summary))
     echo(f"wrote {out / 'log.jsonl'}, {out / 'plot.png'}, {out / 'summary.json'}")
     return summary
 
 
-def _run_paths(config: RLConfig, initial, log_path: Path, progress: bool, echo) -> dict[str, list[dict]]:
-    """The contract path, then the native one, each from a copy of `initial`; every step logged and shown."""
+def _run_paths(config: RLConfig, initial, log_path: Path, progress: bool, echo) -> tuple[dict, dict]:
+    """The contract path, then the native one, each from a copy of `initial`; every step logged and shown. Returns
+    each path's history and its sides' layouts."""
     paths = {"contract": config, "native": config.replace(contract="native", checkpoint_dir=None)}
-    histories = {}
+    histories, layouts = {}, {}
     echo("  ".join(f"{c:>9}" for c in COLUMNS))
     with open(log_path, "w", encoding="utf-8") as log, tqdm(total=2 * config.steps, disable=not progress, desc="demo", unit="step") as bar:
         for path, path_config in paths.items():
@@ -114,4 +115,5 @@ def _run_paths(config: RLConfig, initial, log_path: Path, progress: bool, echo) 
             finally:
                 run.close()
             histories[path] = run.history
-    return histories
+            layouts[path] = run.layout
+    return histories, layouts

@@ -253,7 +253,9 @@ class RLRun:
         self.rollout = rollout if rollout is not None else Rollout(config)
         if isinstance(self.learner, Learner) and isinstance(self.rollout, Rollout):
             self.learner.replay = self._replay
-        self.verdict = check(self.learner.fingerprint(), self.rollout.fingerprint()).raise_if_refused()
+        trainer, engine = self.learner.fingerprint(), self.rollout.fingerprint()
+        self.verdict = check(trainer, engine).raise_if_refused()
+        self.layout = {"trainer": trainer["parallel"], "engine": engine["parallel"]}  # each side's sizes, as its rank 0 runs them
         self.step = 0
         self.history: list[dict] = []
         self.weights = self.sync()

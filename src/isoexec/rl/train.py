@@ -115,7 +115,7 @@ def _run(args) -> int:
     try:
         run = train(config, progress=not args.quiet, log_jsonl=args.log, warn=outputs.warn)
         if args.json:
-            outputs.write_text(args.json, json.dumps(run.history[-1], indent=2))
+            outputs.write_text(args.json, json.dumps(run.history[-1] | {"layout": run.layout}, indent=2))
     except (checkpoint.CheckpointError, AdmissionError, SpecError) as error:  # SpecError: --model's weights unreadable
         raise input_error(error) from None
     except OSError as error:
