@@ -16,42 +16,50 @@ from isoexec.rl.parallel_mode import start_run
 SMALL = dict(steps=2, prompts_per_step=3, group_size=2, warmup_steps=3, max_new_tokens=4)
 
 
-def _steps(config, start=start_run):
-    run = start(config)
+def _ray_run(config):
+    from isoexec.rl.ray_mode import ray_parallel_run
+
+    return ray_parallel_run(config)
+
+
+def _steps(config, ray=False):
+    """The config's steps at its layouts: each side's ranks as processes of their own, or as Ray actors."""
+    if ray:
+        ray_module = pytest.importorskip("ray")
+        ray_module.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
     try:
-        history = [run.run_step() for _ in range(config.steps)]
-        sent = run.learner.weights()[1]
-        pids = [run.learner.group.pids(), run.rollout.group.pids()] if hasattr(run.learner.group, "pids") else None
+        run = _ray_run(config) if ray else start_run(config)
+        try:
+            history = [run.run_step() for _ in range(config.steps)]
+            sent = run.learner.weights()[1]
+            pids = [run.learner.group.pids(), run.rollout.group.pids()] if ray else None
+        finally:
+            run.close()
     finally:
-        run.close()
+        if ray:
+            ray_module.shutdown()
     return history, sent, run, pids
 
 
-_RUNS = {}
-
-
-def _steps_once(config):
-    """A config's run, kept for the module's other tests."""
-    if config not in _RUNS:
-        _RUNS[config] = _steps(config)
-    return _RUNS[config]
-
-
-@pytest.mark.parametrize("layout", [dict(trainer_tp=2), dict(engine_tp=2, engine_sp=True, trainer_dp=2)],
-                         ids=["trainer-tp2", "engine-tp2-sp-trainer-dp2"])
-def test_the_gate_holds_with_each_side_at_its_own_layout(layout):
+@pytest.mark.parametrize("layout, ray", [(dict(trainer_tp=2), True), (dict(engine_tp=2, engine_sp=True, trainer_dp=2), False)],
+                         ids=["trainer-tp2-on-ray", "engine-tp2-sp-trainer-dp2"])
+def test_the_gate_holds_with_each_side_at_its_own_layout(layout, ray):
     """The toy's 13 tokens are one vocabulary block, so at TP 2 one rank holds all of it and the other none. Every
     step's trainer log-probs and full rows are the rollout's bit for bit; each sync's digest is the SHA-256 of the
     whole weights the engine put together from its shards, equal to the trainer's; step 0 (same start, no update
-    yet) draws exactly what an in-process run draws."""
+    yet) draws exactly what an in-process run draws. The first layout runs on Ray (`rl/ray_mode.py`): each side's
+    ranks are actors in processes of their own, reserved together in a placement group; the second in processes
+    `isoexec train` starts (`parallel.RankGroup`); each rank computes on one thread either way."""
     config = RLConfig(**SMALL, **layout)
-    history, sent, run, _ = _steps_once(config)
+    history, sent, run, pids = _steps(config, ray=ray)
     assert [m["bitwise_equal_fraction"] for m in history] == [1.0, 1.0]
     assert [m["full_vocab_rows_bitwise_equal_fraction"] for m in history] == [1.0, 1.0]
     assert history[-1]["weights_sha256"] == sent == run.weights
     assert run.layout == {"trainer": config.layout("trainer"), "engine": config.layout("engine") | {"dp": 1}}  # as each rank 0 ran
     one = RLRun(RLConfig(**SMALL)).run_step()
     assert {k: one[k] for k in ("reward", "accuracy", "tokens")} == {k: history[0][k] for k in ("reward", "accuracy", "tokens")}
+    if ray:
+        assert [len(set(side)) for side in pids] == [2, 1] and os.getpid() not in {*pids[0], *pids[1]}
 
 
 def test_native_at_a_parallel_layout_is_measured_not_equal():
@@ -59,27 +67,6 @@ def test_native_at_a_parallel_layout_is_measured_not_equal():
     against its engine at TP 1."""
     history, *_ = _steps(RLConfig(**SMALL, trainer_tp=2, contract="native"))
     assert min(m["bitwise_equal_fraction"] for m in history) < 1
-
-
-def test_ray_places_each_sides_ranks_as_actors_with_the_same_bits():
-    """The trainer's two ranks and the engine's one as Ray actors, each side's reserved together in a placement
-    group: every step's metrics and the final weights' digest are those of the same layout in processes of its
-    own, and the ranks live in processes of their own."""
-    ray = pytest.importorskip("ray")
-    from isoexec.rl.ray_mode import ray_parallel_run
-
-    config = RLConfig(**SMALL, trainer_tp=2)
-    history, sent, _, _ = _steps_once(config)
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
-    try:
-        in_ray, in_ray_sent, _, pids = _steps(config, start=ray_parallel_run)
-    finally:
-        ray.shutdown()
-    def without_timings(steps):
-        return [{k: v for k, v in step.items() if k != "step_seconds"} for step in steps]
-
-    assert without_timings(in_ray) == without_timings(history) and in_ray_sent == sent
-    assert [len(set(side)) for side in pids] == [2, 1] and os.getpid() not in {*pids[0], *pids[1]}
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -9,7 +9,6 @@ raises here: the rank's exception where it pickles, else a RankGroupError with i
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
 import traceback
@@ -19,14 +18,15 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .mesh import Mesh, _free_port, world_of
+from .mesh import Mesh, _free_port, adopt, caller_state, start_context, world_of
 
 
 class RankGroupError(RuntimeError):
     """A rank of a group raised, or died."""
 
 
-def _serve(rank: int, total: int, sizes: dict, port: int, conn, factory: Callable, args: bytes) -> None:
+def _serve(rank: int, total: int, sizes: dict, port: int, conn, factory: Callable, args: bytes, state: tuple) -> None:
+    adopt(state)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # the ranks share this machine's cores
     dist.init_process_group("gloo", rank=rank, world_size=total)
@@ -60,12 +60,12 @@ def _serve(rank: int, total: int, sizes: dict, port: int, conn, factory: Callabl
 class RankGroup:
     def __init__(self, factory: Callable, *args, tp: int = 1, ep: int = 1, sp: bool = False, dp: int = 1):
         total = world_of(tp, ep, dp) * dp
-        context = multiprocessing.get_context("spawn")
+        context = start_context()
         sizes, port, payload = {"tp": tp, "ep": ep, "sp": sp, "dp": dp}, _free_port(), pickle.dumps(args)
         self.pipes, self.processes = [], []
         for rank in range(total):
             parent, child = context.Pipe()
-            process = context.Process(target=_serve, args=(rank, total, sizes, port, child, factory, payload), daemon=True)
+            process = context.Process(target=_serve, args=(rank, total, sizes, port, child, factory, payload, caller_state()), daemon=True)
             process.start()
             self.pipes.append(parent)
             self.processes.append(process)

@@ -15,6 +15,7 @@ may share one GPU: their GPU tensors cross gloo through host memory (NCCL needs 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import socket
 import tempfile
@@ -143,7 +144,37 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, total: int, sizes: dict, port: int, result: str, fn: Callable, args: tuple) -> None:
+# What a rank's process has imported before it starts (the forkserver's preload): the seconds a fresh
+# interpreter spends importing torch and isoexec, paid once per caller instead of once per rank.
+PRELOAD = ["torch", "torch.distributed", "isoexec.parallel", "isoexec.trainer", "isoexec.engine"]
+
+
+def start_context():
+    """The multiprocessing context ranks start in: forked from a server that has imported `PRELOAD` (a process
+    without threads or CUDA, so forking it is safe), where the platform has one; else spawned afresh. A forked
+    rank starts from the server's environment and directory, so it takes the caller's (`caller_state`,
+    `adopt`)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    return context
+
+
+def caller_state() -> tuple[dict, str]:
+    return dict(os.environ), os.getcwd()
+
+
+def adopt(state: tuple[dict, str]) -> None:
+    """Take the caller's environment and working directory (see `start_context`)."""
+    environ, cwd = state
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
+
+
+def _worker(rank: int, total: int, sizes: dict, port: int, result: str, fn: Callable, args: tuple, state: tuple) -> None:
+    adopt(state)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # the ranks share this machine's cores
     dist.init_process_group("gloo", rank=rank, world_size=total)
@@ -165,5 +196,6 @@ def spawn(tp: int, fn: Callable, *args, ep: int = 1, sp: bool = False, dp: int =
     with tempfile.TemporaryDirectory() as tmp:
         result = str(Path(tmp) / "rank0.pt")
         sizes = {"tp": tp, "ep": ep, "sp": sp, "dp": dp}
-        mp.spawn(_worker, args=(total, sizes, _free_port(), result, fn, args), nprocs=total, join=True)
+        mp.start_processes(_worker, args=(total, sizes, _free_port(), result, fn, args, caller_state()), nprocs=total, join=True,
+                           start_method=start_context().get_start_method())
         return torch.load(result, weights_only=False)
