@@ -79,17 +79,18 @@ def check_layouts(config) -> None:
             raise ValueError(f"{side} layout: {error}") from None
 
 
-def start_run(config, *, initial=None) -> RLRun:
-    """An RLRun at the config's layouts: in this process, or each side in processes of its own (close() them)."""
+def start_run(config, *, initial=None, group=RankGroup, **options) -> RLRun:
+    """An RLRun at the config's layouts: in this process, or each side a `group` of processes of its own
+    (`RankGroup`, or `ray_mode.RayRankGroup` with its `options`); close() the run to stop them."""
     if not config.parallel:
         return RLRun(config, initial=initial)
     check_layouts(config)
     task, spec, contract = setup(config)
     ensure_admitted(contract, spec=spec)
     initial = copy.deepcopy(initial) if initial is not None else warmup(initial_model(config, spec), task, config)
-    learner = GroupLearner(RankGroup(_learner, config, initial, **config.layout("trainer")), contract)
+    learner = GroupLearner(group(_learner, config, initial, **config.layout("trainer"), **options), contract)
     try:
-        rollout = GroupRollout(RankGroup(_rollout, config, **config.layout("engine")), contract)
+        rollout = GroupRollout(group(_rollout, config, **config.layout("engine"), **options), contract)
     except BaseException:
         learner.close()
         raise

@@ -23,7 +23,6 @@ one thread, as `parallel.RankGroup`'s processes do, so the two give the same bit
 Ray is imported only here, and only when called: the in-process mode never needs it.
 """
 
-import copy
 import os
 import socket
 
@@ -33,9 +32,8 @@ import torch.distributed as dist
 from ..parallel.group import RankGroupError
 from ..parallel.mesh import Mesh, world_of
 from .handshake import ensure_admitted
-from .loop import Learner, RLRun, Rollout, initial_model, setup
-from .parallel_mode import GroupLearner, GroupRollout, _learner, _rollout, check_layouts
-from .warmup import warmup
+from .loop import Learner, RLRun, Rollout, setup
+from .parallel_mode import start_run
 
 
 def _ray():
@@ -196,17 +194,7 @@ def ray_parallel_run(config, *, initial=None, cpus_per_rank: float = 1.0) -> RLR
     cpus_per_rank: the CPUs each rank's actor reserves."""
     if not _ray().is_initialized():
         raise RuntimeError("ray_parallel_run needs ray.init() first (or use run_with_ray)")
-    check_layouts(config)
-    task, spec, contract = setup(config)
-    ensure_admitted(contract, spec=spec)
-    initial = copy.deepcopy(initial) if initial is not None else warmup(initial_model(config, spec), task, config)
-    learner = GroupLearner(RayRankGroup(_learner, config, initial, **config.layout("trainer"), cpus_per_rank=cpus_per_rank), contract)
-    try:
-        rollout = GroupRollout(RayRankGroup(_rollout, config, **config.layout("engine"), cpus_per_rank=cpus_per_rank), contract)
-    except BaseException:
-        learner.close()
-        raise
-    return RLRun(config, rollout=rollout, learner=learner)
+    return start_run(config, initial=initial, group=RayRankGroup, cpus_per_rank=cpus_per_rank)
 
 
 def ray_run(config, *, initial=None, num_threads: int | None = None) -> RLRun:
