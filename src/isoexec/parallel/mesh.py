@@ -153,7 +153,8 @@ def start_context():
     """The multiprocessing context ranks start in: forked from a server that has imported `PRELOAD` (a process
     without threads or CUDA, so forking it is safe), where the platform has one; else spawned afresh. A forked
     rank starts from the server's environment and directory, so it takes the caller's (`caller_state`,
-    `adopt`)."""
+    `adopt`); what the preloaded modules read from the environment on import (TRITON_INTERPRET, say) they read
+    once, when the server started: at a process's first parallel call."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
