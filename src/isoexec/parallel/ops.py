@@ -48,34 +48,24 @@ from .mesh import Mesh
 from .plan import COLUMN_PARALLEL, ROW_PARALLEL, expert_starts, num_leaves, vocab_shards
 
 
-class _ReplicatedInput(torch.autograd.Function):
-    """Identity forward; the backward sums the ranks' gradients of a replicated input."""
+class _SumGradient(torch.autograd.Function):
+    """Identity forward; the backward sums the ranks' gradients. For a tensor every rank holds whole but whose
+    gradient each rank computes only a part of: a replicated input of a rank's columns or experts, a weight used
+    on the rank's own tokens or heads."""
 
     @staticmethod
-    def forward(ctx, x, mesh):
+    def forward(ctx, t, mesh):
         ctx.mesh = mesh
-        return x
+        return t
 
     @staticmethod
     def backward(ctx, grad):
         return ctx.mesh.all_reduce_sum(grad.contiguous().clone()), None
 
 
-class _PartialGradient(torch.autograd.Function):
-    """Identity forward; the backward sums the ranks' gradients of a replicated weight used on their own tokens."""
-
-    @staticmethod
-    def forward(ctx, weight, mesh):
-        ctx.mesh = mesh
-        return weight
-
-    @staticmethod
-    def backward(ctx, grad):
-        return ctx.mesh.all_reduce_sum(grad.contiguous().clone()), None
-
-
-def _replicated(weight: Tensor, mesh: Mesh) -> Tensor:
-    return _PartialGradient.apply(weight, mesh) if torch.is_grad_enabled() and weight.requires_grad else weight
+def _replicated(t: Tensor, mesh: Mesh) -> Tensor:
+    """`t`, its gradient summed over the ranks (where a gradient is being recorded)."""
+    return _SumGradient.apply(t, mesh) if torch.is_grad_enabled() and t.requires_grad else t
 
 
 class _SharedGradient(torch.autograd.Function):
@@ -142,8 +132,8 @@ def _column_parallel(bound: Callable, mesh: Mesh) -> Callable:
     def op(x, weight, bias=None):
         if mesh.sp:
             x = _GatherRows.apply(x, mesh, _tokens(), True)
-        elif torch.is_grad_enabled() and x.requires_grad:
-            x = _ReplicatedInput.apply(x, mesh)
+        else:
+            x = _replicated(x, mesh)
         return bound(x, weight, bias)
 
     return op
@@ -294,8 +284,7 @@ def _expert_parallel(bound: Callable, output_dtype, mesh: Mesh, num_experts: int
         offset = sum(counts[: mesh.rank])
         pairs = order[offset : offset + counts[mesh.rank]]
         t, j = pairs // top_k, pairs % top_k
-        # Every rank's gradient of x runs through the sum of _ReplicatedInput, owning pairs or not.
-        xe = _ReplicatedInput.apply(x, mesh) if torch.is_grad_enabled() and x.requires_grad else x
+        xe = _replicated(x, mesh)  # every rank joins the gradient's sum, owning pairs or not
         if t.numel():
             rows = bound(xe[t], (ids[t, j] - starts[mesh.rank])[:, None], gate_up, down)[:, 0]  # [n, H], one slot a row
         else:
@@ -374,7 +363,7 @@ def _vocab_parallel_embedding(bound: Callable, mesh: Mesh, shards: list[slice]) 
 def _lm_head(bound: Callable, mesh: Mesh) -> Callable:
     """The rank's logits columns; its input (the final norm's output, whole on every rank) is replicated."""
     def op(x, weight):
-        return bound(_ReplicatedInput.apply(x, mesh) if torch.is_grad_enabled() and x.requires_grad else x, weight)
+        return bound(_replicated(x, mesh), weight)
 
     return op
 
