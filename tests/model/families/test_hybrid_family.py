@@ -166,14 +166,14 @@ def test_qwen3_next_projections_split_and_fuse_back_exactly():
 @pytest.mark.parametrize("preset", ["tiny-hybrid", "tiny-hybrid-moe", "tiny-qwen3-next", "qwen3.5-9b-4l-random", "qwen3.5-35b-a3b-4l-random"])
 def test_the_gpu_contract_fits_and_binds_every_op_of_the_hybrid_families(preset):
     """tiny-hybrid-triton fitted for an H200 (sm_90) names an impl for every op each hybrid layer calls, in
-    every case; its gdn.core and gdn.conv entries are Triton kernels, the core in chunks of 32."""
+    every case; its gdn.core and gdn.conv entries are Triton kernels, the core in chunks of 16."""
     from isoexec.runtime.binding import bind
 
     contract = fit_contract(load_preset("tiny-hybrid-triton"), PRESETS[preset], arch="sm_90")
     binding = bind(contract, PRESETS[preset], contract.cases)
     assert all("gdn_core" in ops and "conv1d" in ops and "self_attn" in ops for ops in binding.ops.values())
     assert contract.entry("gdn.core", "engine_decode").impl.id == "gdn.core.triton"
-    assert contract.entry("gdn.core", "engine_decode").constants["chunk_size"] == 32
+    assert contract.entry("gdn.core", "engine_decode").constants["chunk_size"] == 16
     assert contract.entry("gdn.conv", "engine_decode").impl.id == "gdn.conv.triton"
 
 

@@ -124,6 +124,7 @@ def forms(fn, dtype, length=3 * C + 5):
     yield "prefill at chunk boundaries", in_pieces(fn, seq, params, [cut for cut in (C, 2 * C, 3 * C) if cut < length])
     yield "prefill chunks of 5", in_pieces(fn, seq, params, range(5, length, 5))
     yield "prefill mid-chunk then decode", in_pieces(fn, seq, params, [C + 3, *range(C + 4, length)])
+    yield "decode then prefill", in_pieces(fn, seq, params, [1, 2, 3, C + 2, C + 3])
     yield "decode", in_pieces(fn, seq, params, range(1, length))
 
 

@@ -120,9 +120,9 @@ def test_several_blocks_of_value_columns_give_the_same_rows(chunks_of_16, monkey
 
 @pytest.mark.skipif(not ON_GPU, reason="the contract's tile at Qwen3.5's head sizes: compiled for the GPU (the interpreter takes minutes)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("chunk, block_v, num_warps", [(32, 128, 8), (64, 64, 8)], ids=["contract", "chunks of 64"])
+@pytest.mark.parametrize("chunk, block_v, num_warps", [(16, 128, 4), (32, 128, 8), (64, 64, 8)], ids=["contract", "chunks of 32", "chunks of 64"])
 def test_at_qwen_head_sizes_every_form_gives_the_trainers_bits(monkeypatch, dtype, chunk, block_v, num_warps):
-    """Heads of 128 and bf16 tensor-core products (tiny-hybrid-triton's constants, and chunks of 64): a
+    """Heads of 128 and bf16 tensor-core products (tiny-hybrid-triton's constants, and chunks of 32 and 64): a
     sequence over three chunks packed, in prefill chunks and decoded from every offset, bit for bit; close
     to float64."""
     monkeypatch.setattr(test_core, "C", chunk)
