@@ -223,6 +223,8 @@ def _parse(argv):
     parser.add_argument("what", nargs="*", metavar="SECTION", help=f"sections to run: {', '.join(SECTIONS)} (default: all)")
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     parser.add_argument("--small", action="store_true", help="tiny sizes and the tiny-dense model: a CPU smoke run in seconds")
+    parser.add_argument("--gdn-phases", default="training,prefill,decode,decode-chunk",
+                        help="gdn: the phases to time, comma-separated (default: all four)")
     parser.add_argument("--model", help=f"model preset (default: {FULL.model}, or {SMALL.model} with --small)")
     parser.add_argument("--contracts", help="contracts to compare, preset names or files, the one under test first (default: "
                                             f"{','.join(GPU_CONTRACTS)} on cuda, tiny-dense,native on cpu)")
@@ -289,7 +291,7 @@ def main(argv=None) -> int:
                 "trainer": lambda: bench_trainer(model, sizes, loaded, device),
                 "moe": lambda: bench_moe(device, *(((TINY,), (1, 4), (64,)) if args.small else (GPU_SHAPES,))),
                 "mla": lambda: bench_mla(device, small=args.small),
-                "gdn": lambda: bench_gdn(device, small=args.small),
+                "gdn": lambda: bench_gdn(device, small=args.small, phases=args.gdn_phases),
             }[section]()
         except Exception as error:  # noqa: BLE001  (one broken section must not lose the others' figures)
             traceback.print_exc()

@@ -26,12 +26,15 @@ from isoexec.runtime.registry import REGISTRY
 from timing import graphed_ms, kernel_ms
 
 SHAPES = {"hk16-hv32-d128": (16, 32, 128, 128), "hk16-hv16-d128": (16, 16, 128, 128)}
-# Decode at a chunk's first offset (context 2048: the contract recomputes one row) and its last (2048 + 31 for
-# chunks of 32: all of them); the second's output is not compared with FLA's (the open chunk's cached rows are
-# random, FLA has only its state).
+# Decode at a chunk's first offset (context 2048: the contract's step has no cached row to read) and its last
+# (2048 + C - 1: it reads C - 1 cached rows and closes the chunk, writing the state); the second's output is not
+# compared with FLA's (the open chunk's cached rows are random, FLA has only its state). `decode_chunk`: C steps
+# in a row from a chunk's first offset to its last, one CUDA graph, the time per step (what a generation pays
+# on average), outputs compared with FLA's over all C steps.
 GPU = dict(contract="tiny-hybrid-triton", training=((8, 2048), (2, 4096)), prefill=((2048, 2048), (512, 2048)),
-           decode=((1, 2048), (16, 2048), (64, 2048), (256, 2048), (1, -1), (64, -1), (256, -1)))
-SMALL = dict(contract="tiny-hybrid", training=((2, 80),), prefill=((40, 64),), decode=((1, 128), (4, 128)))
+           decode=((1, 2048), (16, 2048), (64, 2048), (256, 2048), (1, -1), (64, -1), (256, -1)), decode_chunk=(1, 16, 64, 256))
+SMALL = dict(contract="tiny-hybrid", training=((2, 80),), prefill=((40, 64),), decode=((1, 128), (4, 128)), decode_chunk=(2,))
+TOKEN_INPUTS = ("q", "k", "v", "a", "b")
 SMALL_SHAPES = {"hk2-hv4-d16": (2, 4, 16, 16)}
 
 
@@ -68,11 +71,16 @@ def _fla_chunk(fla, x, cu, initial=None):
 
 
 def _fla_decode(fla, x, state):
+    return _fla_step(fla, x, state)[0]
+
+
+def _fla_step(fla, x, state):
+    """One recurrent decode step of FLA for x's tokens (a sequence each) -> (outputs, the states after it)."""
     _, recurrent = fla
-    out, _ = recurrent(x["q"][:, None], x["k"][:, None], x["v"][:, None], x["a"][:, None], beta=x["b"][:, None], initial_state=state,
+    out, final = recurrent(x["q"][:, None], x["k"][:, None], x["v"][:, None], x["a"][:, None], beta=x["b"][:, None], initial_state=state,
                        output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=x["a_log"], dt_bias=x["dt_bias"],
                        use_beta_sigmoid_in_kernel=True)
-    return out[:, 0]
+    return out[:, 0], final
 
 
 def _cache(shape, num_seqs: int, chunk: int, width: int, device, generator):
@@ -105,6 +113,34 @@ def _cached_phase(op, fla, x, shape, num_seqs, chunk, width, ids, positions, cu,
     return outputs
 
 
+def _decode_chunk(op, fla, x, shape, batch, chunk, width, device, generator, row) -> dict:
+    """C decode steps of `batch` sequences from a chunk's first offset to its last, each impl's C steps captured
+    as one CUDA graph; the time per step in the row, each impl's stacked outputs returned (from one state)."""
+    state, cache_rows = _cache(shape, batch, chunk, width, device, generator)
+    ids = torch.arange(batch, device=device)
+    steps = [{k: (t[i * batch : (i + 1) * batch] if k in TOKEN_INPUTS else t) for k, t in x.items()} for i in range(chunk)]
+    positions = [torch.full((batch,), 2048 + i, device=device) for i in range(chunk)]
+
+    def contract(s, r):
+        return torch.stack([op(t["q"], t["k"], t["v"], t["a"], t["b"], t["a_log"], t["dt_bias"], s, r, ids, p) for t, p in zip(steps, positions)])
+
+    def native(s, r):
+        outs = []
+        for t in steps:
+            out, s = _fla_step(fla, t, s)
+            outs.append(out)
+        return torch.stack(outs)
+
+    outputs = {}
+    with torch.no_grad():
+        for name, fn in (("contract", contract), ("fla", native))[: 1 + (fla is not None)]:
+            outputs[name] = fn(state.clone(), cache_rows.clone())
+            s, r = state.clone(), cache_rows.clone()
+            _timed(lambda: fn(s, r), device, True, row, name)
+            row[f"{name}_ms"] /= chunk
+    return outputs
+
+
 def _timed(fn, device, graph: bool, row: dict, name: str) -> None:
     if graph and device.type == "cuda":
         try:
@@ -116,8 +152,11 @@ def _timed(fn, device, graph: bool, row: dict, name: str) -> None:
     row[f"{name}_ms"] = kernel_ms(fn, device)
 
 
-def bench_gdn(device: torch.device, small: bool = False, contract: str | None = None) -> list[dict]:
-    sizes = SMALL if small else GPU
+def bench_gdn(device: torch.device, small: bool = False, contract: str | None = None,
+              phases: str = "training,prefill,decode,decode-chunk") -> list[dict]:
+    sizes = dict(SMALL if small else GPU)
+    for phase in {"training", "prefill", "decode", "decode-chunk"} - set(phases.split(",")):
+        sizes[phase.replace("-", "_")] = ()
     op, entry, row_width = _contract_op(contract or (sizes["contract"] if device.type == "cuda" else SMALL["contract"]))
     chunk = entry.constants["chunk_size"]
     fla, why = _fla() if device.type == "cuda" else (None, "needs a CUDA device")
@@ -132,7 +171,7 @@ def bench_gdn(device: torch.device, small: bool = False, contract: str | None = 
         for timing, ratio in (("ms", "fla_vs_contract"), ("fwd_bwd_ms", "fla_vs_contract_fwd_bwd")):
             if f"contract_{timing}" in row and f"fla_{timing}" in row:
                 row[ratio] = row[f"contract_{timing}"] / row[f"fla_{timing}"]
-        print(f"gdn {row['shape']} {row['phase']:<8} " + "  ".join(f"{k} {row[k]}" for k in ("seqs", "seq_len", "batch", "context", "chunk")
+        print(f"gdn {row['shape']} {row['phase']:<8} " + "  ".join(f"{k} {row[k]}" for k in ("seqs", "seq_len", "batch", "context", "chunk", "steps")
                                                                      if k in row)
               + "  " + "  ".join(f"{k.removesuffix('_ms')} {v:.3f} ms" for k, v in row.items() if k.endswith("_ms"))
               + "".join(f"  {k} {v:.2f}" for k, v in row.items() if "_vs_" in k and "diff" not in k)
@@ -183,6 +222,10 @@ def bench_gdn(device: torch.device, small: bool = False, contract: str | None = 
             row = {"shape": shape_name, "phase": "decode", "batch": batch, "context": context}
             record(row, _cached_phase(op, fla, x, shape, batch, chunk, row_width(*shape[1:]), ids, positions, None, device, generator, row,
                                       graph=True))
+        for batch in sizes["decode_chunk"]:
+            row = {"shape": shape_name, "phase": "decode chunk", "batch": batch, "context": 2048, "steps": chunk}
+            record(row, _decode_chunk(op, fla, _inputs(shape, batch * chunk, device, generator), shape, batch, chunk, row_width(*shape[1:]),
+                                      device, generator, row))
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows

@@ -1,14 +1,16 @@
 """gdn.core by chunk-form rows as one Triton kernel: every row from its absolute chunk's start state and the
 chunk's inputs up to itself, by one op sequence in training, prefill chunks and decode (README.md).
 
-One program per (run, value head, block of BV value columns) walks its run chunk piece by chunk piece,
-serially (the state chain); the work inside a chunk is a handful of C-row tensor-core products, as
+One program per (run, value head) walks its run chunk piece by chunk piece, serially (the state chain),
+one block of BV value columns after the other; the work inside a chunk is a handful of C-row tensor-core products, as
 flash-linear-attention's chunk kernels do it. Every tile has C rows with row r at chunk offset r whatever
 the piece computes: a piece that starts mid-chunk (an engine call continuing its sequence) loads the
 chunk's earlier inputs from the sequence's cache slot and recomputes those rows exactly as the first call
 did, so a decode step runs the trainer's tiles with the rows past it zero. The engine's cache is
 therefore the open chunk's *inputs* (k and v as given, g and β as this kernel gated them) and the fp32
-state at its start: no intermediate a later call would have to reproduce.
+state at its start: no intermediate a later call would have to reproduce. A piece that leaves its chunk
+open writes its rows into the slot itself, the fields every value block reads (k, g, β) from the last
+block, after every block has read the slot's earlier rows: one launch a call.
 
 A chunk piece, for rows r < `stop` (rows past it are zero, finite and never read by a row before them):
 1. gates, l2 norms (`tl.sum` over the head dim), the decay cumsum c (`tl.cumsum` over the C rows: a prefix
@@ -25,8 +27,7 @@ zero, so a row's bits do not depend on the rows after it (a zero's sign may: the
 One compiled kernel serves every case: nothing that differs between a trainer call and an engine call
 is a constexpr or a specialised integer (has_cache, T and the strides are runtime values; the wrapper
 hands the kernel 16-byte aligned pointers and strides that are multiples of 16 elements only), because
-two compiled variants may lay a tile out differently and reduce it in another order. After it,
-`gdn_rows_kernel` writes each run's open rows into its slot. The backward pass (`triton_bwd.py`) is Triton
+two compiled variants may lay a tile out differently and reduce it in another order. The backward pass (`triton_bwd.py`) is Triton
 kernels of its own: correct gradients, not invariant ones.
 """
 from __future__ import annotations
@@ -43,7 +44,7 @@ from .reference import SOFTPLUS_THRESHOLD as _SOFTPLUS_THRESHOLD
 from .reference import check_inputs
 
 ID = "gdn.core.triton"
-VERSION = 2
+VERSION = 3
 # The reference's constants, as constexprs a kernel may read.
 L2_EPS = tl.constexpr(_L2_EPS) if tl is not None else _L2_EPS
 SOFTPLUS_THRESHOLD = tl.constexpr(_SOFTPLUS_THRESHOLD) if tl is not None else _SOFTPLUS_THRESHOLD
@@ -138,19 +139,22 @@ def _rows_mask(rows_in, m_cols, WHOLE: tl.constexpr):
 
 
 # T, has_cache and the strides are not specialised: one compiled kernel serves every case (the module doc).
-@jit(do_not_specialize=["T", "has_cache", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_at",
+@jit(do_not_specialize=["T", "has_cache", "every_token", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_at",
                         "stride_ot", "stride_oh"])
 def gdn_fwd_kernel(
-    q, k, v, a, b, a_log, dt_bias, out, gates, state, rows_cache, state_ids, positions, candidates,
-    T, q_scale, has_cache,
+    q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, candidates,
+    T, q_scale, has_cache, every_token,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    # Program (p, h, v): if a run starts at token candidates[p] (a new slot, or a position that does not
-    # follow the previous token's), walk that run for value head h, value columns [v BV, (v + 1) BV).
-    i_c, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_t = tl.load(candidates + i_c)
+    # Program (p, h): if a run starts at token p (every_token: while a CUDA graph is captured) or candidates[p]
+    # (a new slot, or a position that does not follow the previous token's), walk that run for value head h,
+    # one block of value columns after the other.
+    NV: tl.constexpr = (DV + BV - 1) // BV
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_t = tl.load(candidates + i_c, mask=every_token == 0, other=0)
+    i_t = tl.where(every_token != 0, i_c, i_t)
     pos0 = tl.load(positions + i_t)
     prev_pos = tl.load(positions + i_t - 1, mask=i_t > 0, other=-2)
     starts = (i_t == 0) | (prev_pos + 1 != pos0)
@@ -158,14 +162,15 @@ def gdn_fwd_kernel(
     slot = tl.load(state_ids + i_t, mask=caching, other=0).to(tl.int64)
     starts = starts | (caching & (tl.load(state_ids + i_t - 1, mask=caching & (i_t > 0), other=-1) != slot))
     if starts:
-        _run(q, k, v, a, b, a_log, dt_bias, out, gates, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v,
-             pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
-             GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, INTERPRET)
+        for i_v in range(NV):
+            _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, i_v == NV - 1,
+                 pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
+                 GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, INTERPRET)
 
 
 @jit
 def _run(
-    q, k, v, a, b, a_log, dt_bias, out, gates, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, pos0, slot,
+    q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, last_block, pos0, slot,
     caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
@@ -221,9 +226,6 @@ def _run(
                          tl.load(b + tok64 * stride_at + i_h, mask=piece, other=0.0), neg_a, bias)
         g = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD, mask=cached, other=0.0), tl.where(piece, g, 0.0))
         beta = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD + 1, mask=cached, other=0.0), tl.where(piece, beta, 0.0))
-        if caching & (i_v == 0):  # the gates a later call reads from the slot (gdn_rows_kernel stores them)
-            tl.store(gates + tok64 * (2 * HV) + 2 * i_h, g, mask=piece)
-            tl.store(gates + tok64 * (2 * HV) + 2 * i_h + 1, beta, mask=piece)
         kn = _operand(kf * (1.0 / tl.sqrt(tl.sum(kf * kf, 1) + L2_EPS))[:, None], PRECISION, INTERPRET)  # [C, DK_PAD]
         c = tl.cumsum(g, 0)
 
@@ -247,6 +249,14 @@ def _run(
         o = tl.where(o == 0.0, 0.0, o)  # one zero whichever rows shared the products (their exact zeros carry signs)
         o_rows = tl.multiple_of(tok64 * stride_ot + i_h * stride_oh, 16)
         tl.store(out + o_rows[:, None] + o_v[None, :], o.to(out.dtype.element_ty), mask=m_pv)
+        # A piece that leaves its chunk open: its rows' inputs into the slot for the next call (this block's v
+        # columns; k, g and β from the last block, once every block has read the slot's earlier rows).
+        keep = piece & caching & (stop < C)
+        tl.store(p_cached[:, None] + DK_PAD + o_v[None, :], vf, mask=_rows_mask(keep, m_v, DV % BV == 0))
+        keep = keep & last_block
+        tl.store(p_cached[:, None] + o_k[None, :], kf, mask=_rows_mask(keep, m_k, DK == DK_PAD))
+        tl.store(p_cached + DK_PAD + DV_PAD, g, mask=keep)
+        tl.store(p_cached + DK_PAD + DV_PAD + 1, beta, mask=keep)
         if stop == C:
             c_last = tl.sum(tl.where(rows == C - 1, c, 0.0), 0)
             decayed = _operand(kn.to(tl.float32) * tl.exp(c_last - c)[:, None], PRECISION, INTERPRET)
@@ -263,42 +273,11 @@ def _run(
         tl.store(p_state + o_k[:, None] * DV + o_v[None, :], s0, mask=m_state)
 
 
-@jit(do_not_specialize=["T", "stride_kt", "stride_kh", "stride_vt", "stride_vh"])
-def gdn_rows_kernel(k, v, gates, rows_cache, state_ids, positions, T, stride_kt, stride_kh, stride_vt, stride_vh,
-                    GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, HV_PAD: tl.constexpr,
-                    DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, C: tl.constexpr):
-    """After gdn_fwd_kernel: token t's inputs into its slot's open-chunk row, if its run stops inside its
-    chunk (a run that reaches the chunk's last offset closes it, and the next call starts a new one). A
-    kernel of its own, since a program of the main kernel may still read the slot's earlier rows while
-    another has finished its run."""
-    i_t = tl.program_id(0).to(tl.int64)
-    width: tl.constexpr = DK_PAD + DV_PAD + 16
-    pos = tl.load(positions + i_t)
-    slot = tl.load(state_ids + i_t).to(tl.int64)
-    off = pos % C
-    j = tl.arange(0, C)
-    ahead = (j >= 1) & (j <= C - 1 - off)  # the tokens up to the chunk's last offset
-    follows = (tl.load(positions + i_t + j, mask=ahead & (i_t + j < T), other=-1) == pos + j)
-    follows = follows & (tl.load(state_ids + i_t + j, mask=ahead & (i_t + j < T), other=-1) == slot)
-    if tl.sum(tl.where(ahead & ~follows, 1, 0), 0) > 0:
-        o_h, o_k, o_v = tl.arange(0, HV_PAD), tl.arange(0, DK_PAD), tl.arange(0, DV_PAD)
-        m_h = o_h < HV
-        p_row = rows_cache + slot * (C * HV * width) + off * (HV * width) + o_h * width  # [HV_PAD]
-        m_k, m_v = m_h[:, None] & (o_k < DK)[None, :], m_h[:, None] & (o_v < DV)[None, :]
-        kk = tl.load(k + i_t * stride_kt + (o_h // GROUP)[:, None] * stride_kh + o_k[None, :], mask=m_k, other=0.0).to(tl.float32)
-        vv = tl.load(v + i_t * stride_vt + o_h[:, None] * stride_vh + o_v[None, :], mask=m_v, other=0.0).to(tl.float32)
-        tl.store(p_row[:, None] + o_k[None, :], kk, mask=m_k)
-        tl.store(p_row[:, None] + DK_PAD + o_v[None, :], vv, mask=m_v)
-        tl.store(p_row + DK_PAD + DV_PAD, tl.load(gates + i_t * (2 * HV) + 2 * o_h, mask=m_h), mask=m_h)
-        tl.store(p_row + DK_PAD + DV_PAD + 1, tl.load(gates + i_t * (2 * HV) + 2 * o_h + 1, mask=m_h), mask=m_h)
-
-
-def _run_starts(positions: Tensor, state_ids: Tensor | None) -> Tensor:
-    """The tokens a program checks for a run start: each run's first token, or every token while a CUDA
-    graph is captured (no host sync then; the kernel's own check is the same either way)."""
-    num_tokens = positions.shape[0]
+def _run_starts(positions: Tensor, state_ids: Tensor | None) -> Tensor | None:
+    """The tokens a program checks for a run start: each run's first token, or None for every token while a
+    CUDA graph is captured (no host sync then; the kernel's own check is the same either way)."""
     if positions.is_cuda and torch.cuda.is_current_stream_capturing():
-        return torch.arange(num_tokens, device=positions.device, dtype=torch.int32)
+        return None
     breaks = positions[1:] != positions[:-1] + 1
     if state_ids is not None:
         breaks = breaks | (state_ids[1:] != state_ids[:-1])
@@ -336,19 +315,18 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
         raise ValueError("gdn.core.triton: the cache's state and rows must be contiguous and 16-byte aligned")
     block_v = min(block_v, v_pad)
     ids = state_ids.contiguous() if has_cache else positions.new_zeros(1)
-    gates = v.new_empty((num_tokens if has_cache else 1, num_v_heads, 2), dtype=torch.float32)
-    fp32_dummy = v.new_zeros(4, dtype=torch.float32)
+    if not has_cache:  # pointers the kernel never reads; a decode step (a CUDA graph) launches nothing else
+        state = rows = v.new_zeros(4, dtype=torch.float32)
+    every_token = candidates is None
+    if every_token:
+        candidates = positions.new_empty(1, dtype=torch.int32)
     dims = dict(GROUP=num_v_heads // num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, DK_PAD=k_pad, DV_PAD=v_pad, C=chunk_size)
-    gdn_fwd_kernel[(candidates.shape[0], num_v_heads, triton.cdiv(v_dim, block_v))](
-        q, k, v, a, b, a_log, dt_bias, out, gates, state if has_cache else fp32_dummy, rows if has_cache else fp32_dummy, ids, positions,
-        candidates, num_tokens, float(k_dim**-0.5), int(has_cache),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), out.stride(0), out.stride(1),
-        BV=block_v, SUB=SUB, PRECISION=PRECISIONS[precision], INTERPRET=triton_support.interpreting(),
+    gdn_fwd_kernel[(num_tokens if every_token else candidates.shape[0], num_v_heads)](
+        q, k, v, a, b, a_log, dt_bias, out, state, rows, ids, positions, candidates, num_tokens, float(k_dim**-0.5), int(has_cache),
+        int(every_token), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), out.stride(0),
+        out.stride(1), BV=block_v, SUB=SUB, PRECISION=PRECISIONS[precision], INTERPRET=triton_support.interpreting(),
         num_warps=num_warps, **dims,
     )
-    if has_cache:
-        gdn_rows_kernel[(num_tokens,)](k, v, gates, rows, ids, positions, num_tokens, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                                       HV_PAD=triton.next_power_of_2(num_v_heads), num_warps=4, **dims)
     return out if out.is_contiguous() else out.contiguous()
 
 
@@ -411,11 +389,11 @@ def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tenso
     return gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, torch_dtype(output_dtype), **tiles)
 
 
-SOURCES = (gdn_fwd_kernel, _run, _gates, _inverse, _mm, _operand, _rows_mask, gdn_rows_kernel, triton_support)
+SOURCES = (gdn_fwd_kernel, _run, _gates, _inverse, _mm, _operand, _rows_mask, triton_support)
 
 
 def register(registry) -> None:
-    """Register gdn.core.triton@2; without Triton installed, nothing is registered."""
+    """Register gdn.core.triton@3; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=VERSION, region="gdn.core", cases=ALL_CASES, fn=gdn_core,
                                check_constants=check_constants, sources=SOURCES, row_width=row_width))
