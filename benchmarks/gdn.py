@@ -122,7 +122,8 @@ def _decode_chunk(op, fla, x, shape, batch, chunk, width, device, generator, row
     positions = [torch.full((batch,), 2048 + i, device=device) for i in range(chunk)]
 
     def contract(s, r):
-        return torch.stack([op(t["q"], t["k"], t["v"], t["a"], t["b"], t["a_log"], t["dt_bias"], s, r, ids, p) for t, p in zip(steps, positions)])
+        return torch.stack([op(t["q"], t["k"], t["v"], t["a"], t["b"], t["a_log"], t["dt_bias"], s, r, ids, p)
+                            for t, p in zip(steps, positions)])
 
     def native(s, r):
         outs = []
@@ -171,8 +172,8 @@ def bench_gdn(device: torch.device, small: bool = False, contract: str | None = 
         for timing, ratio in (("ms", "fla_vs_contract"), ("fwd_bwd_ms", "fla_vs_contract_fwd_bwd")):
             if f"contract_{timing}" in row and f"fla_{timing}" in row:
                 row[ratio] = row[f"contract_{timing}"] / row[f"fla_{timing}"]
-        print(f"gdn {row['shape']} {row['phase']:<8} " + "  ".join(f"{k} {row[k]}" for k in ("seqs", "seq_len", "batch", "context", "chunk", "steps")
-                                                                     if k in row)
+        keys = ("seqs", "seq_len", "batch", "context", "chunk", "steps")
+        print(f"gdn {row['shape']} {row['phase']:<8} " + "  ".join(f"{k} {row[k]}" for k in keys if k in row)
               + "  " + "  ".join(f"{k.removesuffix('_ms')} {v:.3f} ms" for k, v in row.items() if k.endswith("_ms"))
               + "".join(f"  {k} {v:.2f}" for k, v in row.items() if "_vs_" in k and "diff" not in k)
               + (f"  max|diff| {row['contract_max_abs_diff_vs_fla']:.2e}" if "contract_max_abs_diff_vs_fla" in row else ""), flush=True)

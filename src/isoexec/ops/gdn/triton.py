@@ -2,8 +2,8 @@
 chunk's inputs up to itself, by one op sequence in training, prefill chunks and decode (README.md).
 
 One program per (run, value head) walks its run chunk piece by chunk piece, serially (the state chain),
-one block of BV value columns after the other; the work inside a chunk is a handful of C-row tensor-core products, as
-flash-linear-attention's chunk kernels do it. Every tile has C rows with row r at chunk offset r whatever
+one block of BV value columns after the other; the work inside a chunk is a handful of C-row tensor-core
+products, as flash-linear-attention's chunk kernels do it. Every tile has C rows with row r at chunk offset r whatever
 the piece computes: a piece that starts mid-chunk (an engine call continuing its sequence) loads the
 chunk's earlier inputs from the sequence's cache slot and recomputes those rows exactly as the first call
 did, so a decode step runs the trainer's tiles with the rows past it zero. The engine's cache is
@@ -27,8 +27,8 @@ zero, so a row's bits do not depend on the rows after it (a zero's sign may: the
 One compiled kernel serves every case: nothing that differs between a trainer call and an engine call
 is a constexpr or a specialised integer (has_cache, T and the strides are runtime values; the wrapper
 hands the kernel 16-byte aligned pointers and strides that are multiples of 16 elements only), because
-two compiled variants may lay a tile out differently and reduce it in another order. The backward pass (`triton_bwd.py`) is Triton
-kernels of its own: correct gradients, not invariant ones.
+two compiled variants may lay a tile out differently and reduce it in another order. The backward pass
+(`triton_bwd.py`) is Triton kernels of its own: correct gradients, not invariant ones.
 """
 from __future__ import annotations
 
@@ -139,8 +139,8 @@ def _rows_mask(rows_in, m_cols, WHOLE: tl.constexpr):
 
 
 # T, has_cache and the strides are not specialised: one compiled kernel serves every case (the module doc).
-@jit(do_not_specialize=["T", "has_cache", "every_token", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_at",
-                        "stride_ot", "stride_oh"])
+@jit(do_not_specialize=["T", "has_cache", "every_token", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
+                        "stride_at", "stride_ot", "stride_oh"])
 def gdn_fwd_kernel(
     q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, candidates,
     T, q_scale, has_cache, every_token,
