@@ -103,13 +103,19 @@ def _cached_phase(op, fla, x, shape, num_seqs, chunk, width, ids, positions, cu,
     def native(s, r):
         return _fla_chunk(fla, x, cu, s) if cu is not None else _fla_decode(fla, x, s)
 
+    return _both(contract, native if fla is not None else None, state, cache_rows, device, graph, row)
+
+
+def _both(contract, native, state, cache_rows, device, graph: bool, row: dict, calls: int = 1) -> dict:
+    """Each impl's outputs from one cache, then its time per call (fn makes `calls` calls) into the row."""
     outputs = {}
     with torch.no_grad():
-        for name, fn in (("contract", contract), ("fla", native))[: 1 + (fla is not None)]:
+        for name, fn in (("contract", contract), ("fla", native))[: 1 + (native is not None)]:
             outputs[name] = fn(state.clone(), cache_rows.clone())
             # The timed calls write their slots in place, as the engine's do.
             s, r = state.clone(), cache_rows.clone()
             _timed(lambda: fn(s, r), device, graph, row, name)
+            row[f"{name}_ms"] /= calls
     return outputs
 
 
@@ -132,14 +138,7 @@ def _decode_chunk(op, fla, x, shape, batch, chunk, width, device, generator, row
             outs.append(out)
         return torch.stack(outs)
 
-    outputs = {}
-    with torch.no_grad():
-        for name, fn in (("contract", contract), ("fla", native))[: 1 + (fla is not None)]:
-            outputs[name] = fn(state.clone(), cache_rows.clone())
-            s, r = state.clone(), cache_rows.clone()
-            _timed(lambda: fn(s, r), device, True, row, name)
-            row[f"{name}_ms"] /= chunk
-    return outputs
+    return _both(contract, native if fla is not None else None, state, cache_rows, device, True, row, calls=chunk)
 
 
 def _timed(fn, device, graph: bool, row: dict, name: str) -> None:
