@@ -62,16 +62,23 @@ def load(directory: str | Path, dtype: str | None = None) -> Decoder:
     spec = read_config(directory)
     if dtype is not None:
         spec = dataclasses.replace(spec, dtype=dtype)
+    model = Decoder(spec)
+    assign(model, _checkpoint_tensors(directory), str(directory))
+    return model
+
+
+def assign(model: Decoder, tensors: dict, source: str) -> None:
+    """Copy a checkpoint's tensors (Hugging Face names) into `model`: the family's renames and splits, its
+    ignored prefixes left out with one logged line; a missing, unexpected or misshapen tensor is a SpecError."""
+    spec = model.spec
     family = family_of(spec)
-    tensors = _checkpoint_tensors(directory)
     prefixes = family.ignored_prefixes(spec)
     ignored = sorted(k for k in tensors if k.startswith(prefixes)) if prefixes else []
     if ignored:
         log.warning("%s: ignored %d checkpoint tensors under %s (%s does not use them for rollout or training)",
-                    directory, len(ignored), ", ".join(prefixes), spec.architecture)
+                    source, len(ignored), ", ".join(prefixes), spec.architecture)
         tensors = {k: v for k, v in tensors.items() if not k.startswith(prefixes)}
     tensors = family.adapt(tensors, spec)
-    model = Decoder(spec)
     expected = dict(model.state_dict())
     if spec.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
@@ -79,13 +86,12 @@ def load(directory: str | Path, dtype: str | None = None) -> Decoder:
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
-        raise SpecError(f"{directory}: weights do not match {spec.architecture}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise SpecError(f"{source}: weights do not match {spec.architecture}: missing {missing[:5]}, unexpected {unexpected[:5]}")
     with torch.no_grad():
         for name, target in expected.items():
             if tensors[name].shape != target.shape:
-                raise SpecError(f"{directory}: {name} has shape {tuple(tensors[name].shape)}, expected {tuple(target.shape)}")
+                raise SpecError(f"{source}: {name} has shape {tuple(tensors[name].shape)}, expected {tuple(target.shape)}")
             target.copy_(tensors[name].to(target.dtype))
-    return model
 
 
 def load_model(source: str | Path, *, seed: int = 0, dtype: str | None = None) -> Decoder:
