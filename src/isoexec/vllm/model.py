@@ -11,8 +11,10 @@ is the contract's, bound for the engine cases, exactly as in IsoExec's own engin
   positions, never on their slots, so the renumbering changes nothing.
 - The batch: vLLM's attention metadata carries the integers IsoExec's `PagedBatch` is made of (query_start_loc,
   seq_lens, block_table, slot_mapping).
-- `compute_logits` returns the contract's full-vocabulary log-probabilities (`logprobs` op); vLLM's sampler
-  then takes its own log-softmax of them (docs/vllm.md: not yet the contract's seam).
+- `compute_logits` returns the contract's full-vocabulary log-probabilities (`logprobs` op), and vLLM must run
+  with `logprobs_mode="raw_logits"`, which reports them as they are (the default takes a log-softmax of them
+  once more, changing the last bits); vLLM's sampler still draws the token, from the contract's distribution
+  with its own seeded generator (docs/vllm.md).
 """
 from __future__ import annotations
 
@@ -59,6 +61,10 @@ class IsoExecForCausalLM(nn.Module):
         unserved = sorted({layer.mixer.kind for layer in spec.layers} - {"gqa"})
         if unserved:
             raise ValueError(f"isoexec's vLLM plugin serves attention (gqa) layers only; {spec.architecture} has {', '.join(unserved)}")
+        mode = vllm_config.model_config.logprobs_mode
+        if mode != "raw_logits":
+            raise ValueError(f"isoexec's vLLM plugin hands vLLM the contract's log-probabilities as logits: run vLLM with "
+                             f"logprobs_mode=\"raw_logits\" to get them as they are (got {mode!r})")
         self.spec = spec
         self.decoder = Decoder(spec)
         contract = fit_contract(load(os.environ.get("ISOEXEC_CONTRACT", "tiny-dense")), spec, device="cpu")
