@@ -37,14 +37,14 @@ def checkpoint(tmp_path_factory):
     return save(init_random(from_hf_config({**config, "head_dim": 32}), seed=0), tmp_path_factory.mktemp("tiny-qwen3-heads-of-32"))
 
 
-def _rollout(checkpoint: Path, out: Path, plugins: str, logprobs_mode: str):
+def _rollout(checkpoint: Path, out: Path, plugins: str, logprobs_mode: str, workload: str = "plain"):
     env = {**os.environ, "VLLM_PLUGINS": plugins}
-    return subprocess.run([sys.executable, str(Path(__file__).with_name("rollout.py")), str(checkpoint), str(out), "16", "16", logprobs_mode],
+    return subprocess.run([sys.executable, str(Path(__file__).with_name("rollout.py")), str(checkpoint), str(out), workload, logprobs_mode],
                           env=env, capture_output=True, text=True, timeout=600)
 
 
-def _rows(checkpoint: Path, out: Path, plugins: str, logprobs_mode: str) -> list[dict]:
-    done = _rollout(checkpoint, out, plugins, logprobs_mode)
+def _rows(checkpoint: Path, out: Path, plugins: str, logprobs_mode: str, workload: str = "plain") -> list[dict]:
+    done = _rollout(checkpoint, out, plugins, logprobs_mode, workload)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -85,6 +85,17 @@ def test_vllm_with_the_plugin_reports_the_trainers_rows_bit_for_bit(checkpoint, 
     assert got["tokens"] == 256 and got["equal_tokens"] == 256 and got["equal_rows"] == 256, got
     got = _against_trainer(checkpoint, _rows(checkpoint, tmp_path / "vllm.json", "", "raw_logprobs"))
     assert got["tokens"] == 256 and got["equal_rows"] == 0 and got["mean_abs_delta"] > 1e-4, got
+
+
+@vllm_installed
+def test_chunked_prefill_prefix_cache_hits_and_a_small_cache_keep_the_trainers_rows(checkpoint, tmp_path):
+    """vLLM's `paged` workload (rollout.py): prompts sharing a 70-token prefix in prefill chunks of at most 48
+    tokens, blocks of 32 with prefix caching, 10 blocks for 8 requests: every returned row still bitwise the
+    trainer's, with prefix-cache hits (on 7 of the 8 requests in the run that wrote this)."""
+    rollouts = _rows(checkpoint, tmp_path / "paged.json", "isoexec", "raw_logits", "paged")
+    assert sum(r["cached_tokens"] > 0 for r in rollouts) >= 4, [r["cached_tokens"] for r in rollouts]
+    got = _against_trainer(checkpoint, rollouts)
+    assert got["tokens"] == 8 * 24 and got["equal_rows"] == got["rows"] == got["equal_tokens"], got
 
 
 @vllm_installed
