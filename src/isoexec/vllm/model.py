@@ -39,9 +39,12 @@ class BlockKV:
     """One layer's keys and values for one step: the blocks it reads, slot-major, gathered from vLLM's cache; a
     store writes the step's keys to both (IsoExec's attention op reads the returned tensors)."""
 
-    def __init__(self, cache: torch.Tensor, blocks: torch.Tensor, block_size: int, vllm_slots: torch.Tensor):
-        self.cache, self.block_size, self.vllm_slots = cache, block_size, vllm_slots
-        self.head_dim = cache.shape[-1] // 2
+    def __init__(self, cache: torch.Tensor, blocks: torch.Tensor, block_size: int, vllm_slots: torch.Tensor, num_kv_heads: int,
+                 head_dim: int):
+        if cache.dim() != 4 or cache.shape[1] != num_kv_heads or cache.shape[2] != block_size or cache.shape[3] != 2 * head_dim:
+            raise ValueError(f"isoexec's vLLM plugin reads vLLM's CPU cache layout [blocks, {num_kv_heads}, {block_size}, "
+                             f"{2 * head_dim}], got {list(cache.shape)} (another attention backend)")
+        self.cache, self.block_size, self.vllm_slots, self.head_dim = cache, block_size, vllm_slots, head_dim
         kv = cache[blocks].permute(0, 2, 1, 3).reshape(-1, cache.shape[1], cache.shape[-1])  # [U * bs, Hkv, 2D]
         self.k, self.v = kv[..., : self.head_dim].contiguous(), kv[..., self.head_dim :].contiguous()
 
@@ -96,7 +99,8 @@ class IsoExecForCausalLM(nn.Module):
         batch = PagedBatch.of(torch.searchsorted(blocks, table), self.block_size, int(metadata.seq_lens[:num_seqs].max()), seq_ids,
                               positions[:num_tokens])
         slots = metadata.slot_mapping[:num_tokens].long()
-        state = tuple(BlockKV(attn.kv_cache, blocks, self.block_size, slots) for attn in self.attn)
+        state = tuple(BlockKV(attn.kv_cache, blocks, self.block_size, slots, layer.mixer.num_kv_heads, layer.mixer.head_dim)
+                      for attn, layer in zip(self.attn, self.spec.layers))
         case = "engine_decode" if metadata.max_query_len == 1 else "engine_prefill"
         with step(Step(case=case, ops=self.ops[case], batch=batch, state=state)):
             hidden = self.decoder(input_ids[:num_tokens], positions[:num_tokens])
