@@ -88,6 +88,27 @@ def test_vllm_with_the_plugin_reports_the_trainers_rows_bit_for_bit(checkpoint, 
 
 
 @vllm_installed
+def test_vllm_with_the_plugin_draws_the_tokens_isoexecs_engine_draws(checkpoint, tmp_path):
+    """The contract's seeded sample as vLLM's draw (isoexec.vllm.draw): the same prompts and seeds give the same
+    tokens and the same logprob bits as IsoExec's own engine; vLLM's own sampler draws others."""
+    from isoexec.contract import fit_contract, load
+    from isoexec.engine import EngineConfig, LLMEngine, SamplingParams
+    from isoexec.model.weights import load as load_model
+
+    rollouts = _rows(checkpoint, tmp_path / "plugin.json", "isoexec", "raw_logits")
+    model = load_model(checkpoint)
+    contract = fit_contract(load("tiny-dense"), model.spec, device="cpu")
+    engine = LLMEngine(model, contract, EngineConfig.from_contract(contract, num_pages=64), device="cpu")
+    completions = engine.generate([r["prompt"] for r in rollouts], SamplingParams(temperature=1.0, max_tokens=16, seed=1), progress=False)
+    assert [c.token_ids for c in completions] == [r["tokens"] for r in rollouts]
+    for c, r in zip(completions, rollouts):
+        theirs = [row[t] for row, t in zip(r["rows"], r["tokens"])]
+        assert c.logprobs.view(-1).tolist() == theirs
+    vllm_own = _rows(checkpoint, tmp_path / "vllm.json", "", "raw_logprobs")
+    assert sum(a["tokens"] != b.token_ids for a, b in zip(vllm_own, completions)) >= len(completions) // 2
+
+
+@vllm_installed
 def test_chunked_prefill_prefix_cache_hits_and_a_small_cache_keep_the_trainers_rows(checkpoint, tmp_path):
     """vLLM's `paged` workload (rollout.py): prompts sharing a 70-token prefix in prefill chunks of at most 48
     tokens, blocks of 32 with prefix caching, 10 blocks for 8 requests: every returned row still bitwise the

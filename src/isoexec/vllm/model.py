@@ -13,8 +13,8 @@ is the contract's, bound for the engine cases, exactly as in IsoExec's own engin
   seq_lens, block_table, slot_mapping).
 - `compute_logits` returns the contract's full-vocabulary log-probabilities (`logprobs` op), and vLLM must run
   with `logprobs_mode="raw_logits"`, which reports them as they are (the default takes a log-softmax of them
-  once more, changing the last bits); vLLM's sampler still draws the token, from the contract's distribution
-  with its own seeded generator (docs/vllm.md).
+  once more, changing the last bits). The token of a seeded request is the contract's `sample` op's draw
+  (`draw.ContractDraw`).
 """
 from __future__ import annotations
 
@@ -57,10 +57,16 @@ class BlockKV:
         return self.k, self.v
 
 
+def served(vllm_config):
+    """(the model's spec, the contract fitted to it) for the model vLLM is configured to run."""
+    spec = from_hf_config(vllm_config.model_config.hf_config.to_dict())
+    return spec, fit_contract(load(os.environ.get("ISOEXEC_CONTRACT", "tiny-dense")), spec, device="cpu")
+
+
 class IsoExecForCausalLM(nn.Module):
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__()
-        spec = from_hf_config(vllm_config.model_config.hf_config.to_dict())
+        spec, contract = served(vllm_config)
         unserved = sorted({layer.mixer.kind for layer in spec.layers} - {"gqa"})
         if unserved:
             raise ValueError(f"isoexec's vLLM plugin serves attention (gqa) layers only; {spec.architecture} has {', '.join(unserved)}")
@@ -70,7 +76,6 @@ class IsoExecForCausalLM(nn.Module):
                              f"logprobs_mode=\"raw_logits\" to get them as they are (got {mode!r})")
         self.spec = spec
         self.decoder = Decoder(spec)
-        contract = fit_contract(load(os.environ.get("ISOEXEC_CONTRACT", "tiny-dense")), spec, device="cpu")
         self.contract = contract
         self.ops = bind(contract, spec, ENGINE_CASES).ops
         self.block_size = vllm_config.cache_config.block_size

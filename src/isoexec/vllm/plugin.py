@@ -10,6 +10,11 @@ SUPPORTED_VLLM = ("0.32.",)
 ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
 
 
+# Whether `register` ran in this process: `draw.ContractDraw`, which vLLM loads from its own entry point group
+# whatever VLLM_PLUGINS says, acts only where the plugin serves the model.
+registered = False
+
+
 class UnsupportedVllm(RuntimeError):
     """An installed vLLM the plugin was not written against."""
 
@@ -21,9 +26,11 @@ def check_version(version: str) -> None:
 
 
 def register() -> None:
+    global registered
     import vllm
     from vllm import ModelRegistry
 
     check_version(vllm.__version__)
     for architecture in ARCHITECTURES:
         ModelRegistry.register_model(architecture, "isoexec.vllm.model:IsoExecForCausalLM")
+    registered = True

@@ -1,0 +1,65 @@
+"""The token vLLM takes, as IsoExec's engine draws it: a vLLM logits processor (entry point
+`vllm.logits_processors`) that, for every request with a seed, calls the contract's `sample` op on the row vLLM
+is about to sample from (the contract's log-probabilities, `model.IsoExecForCausalLM.compute_logits`) with the
+request's seed, temperature, top-k, top-p and the position the new token will occupy, and leaves that token the
+only one vLLM's sampler can pick. The op is seeded per request and position, so the draw does not depend on the
+other requests in the batch; the log-probabilities vLLM reports are taken before any logits processor
+(`raw_logits`), so they stay the contract's. A request without a seed keeps vLLM's own draw."""
+from __future__ import annotations
+
+import torch
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+from ..runtime.binding import bind
+from . import plugin
+from .model import served
+
+
+class ContractDraw(LogitsProcessor):
+    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
+        self.sample = None
+        if plugin.registered:  # vLLM loads this whatever VLLM_PLUGINS says; it acts where the plugin serves the model
+            spec, contract = served(vllm_config)
+            self.sample = bind(contract, spec, ("engine_decode",)).ops["engine_decode"]["sample"]
+        self.requests: dict[int, tuple] = {}  # batch row -> (SamplingParams, prompt ids, the live list of output ids)
+
+    @classmethod
+    def validate_params(cls, sampling_params) -> None:
+        return None
+
+    def is_argmax_invariant(self) -> bool:
+        return self.sample is None
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
+        for row in batch_update.removed:
+            self.requests.pop(row, None)
+        for row, params, prompt, output in batch_update.added:
+            self.requests[row] = (params, prompt or [], output)
+        for a, b, direction in batch_update.moved:
+            moving, other = self.requests.pop(a, None), self.requests.pop(b, None)
+            if moving is not None:
+                self.requests[b] = moving
+            if direction == MoveDirectionality.SWAP and other is not None:
+                self.requests[a] = other
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.sample is None:
+            return logits
+        seeded = sorted((row, r) for row, r in self.requests.items() if row < logits.shape[0] and r[0].seed is not None)
+        if not seeded:
+            return logits
+        rows = torch.tensor([row for row, _ in seeded])
+        params = [r[0] for _, r in seeded]
+        tokens = self.sample(
+            logits[rows],
+            torch.tensor([p.temperature for p in params], dtype=torch.float32),
+            torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.int64),  # vLLM's -1 and 0 both keep every token
+            torch.tensor([p.top_p for p in params], dtype=torch.float32),
+            torch.tensor([p.seed for p in params], dtype=torch.int64),
+            torch.tensor([len(prompt) + len(output) for _, (_, prompt, output) in seeded], dtype=torch.int64))
+        only = torch.full_like(logits[rows], float("-inf"))
+        only[torch.arange(len(seeded)), tokens.to(torch.int64)] = 0.0
+        logits[rows] = only
+        return logits
