@@ -27,7 +27,26 @@ WORKLOADS = {
 }
 
 
+def refused(checkpoint: str, out: str) -> None:
+    """A seeded request with a presence penalty (not the contract's draw) and the same request unseeded: what
+    vLLM answers to each, as JSON."""
+    llm = LLM(model=checkpoint, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256, enforce_eager=True, seed=0,
+              logprobs_mode="raw_logits")
+    answers = {}
+    for name, seed in (("seeded", 1), ("unseeded", None)):
+        try:
+            done = llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])],
+                                SamplingParams(max_tokens=4, seed=seed, presence_penalty=0.5, detokenize=False))
+            answers[name] = f"served {len(done[0].outputs[0].token_ids)} tokens"
+        except Exception as error:  # noqa: BLE001 (vLLM raises its VLLMValidationError)
+            answers[name] = f"refused: {error}"
+    with open(out, "w") as f:
+        json.dump(answers, f)
+
+
 def main(checkpoint: str, out: str, workload: str, logprobs_mode: str) -> None:
+    if workload == "refused":
+        return refused(checkpoint, out)
     spec = WORKLOADS[workload]
     llm = LLM(model=checkpoint, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256, enforce_eager=True, seed=0,
               logprobs_mode=logprobs_mode, max_logprobs=-1, **spec["engine"])

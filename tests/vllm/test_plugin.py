@@ -125,3 +125,12 @@ def test_the_plugin_refuses_vllms_default_logprobs_mode(checkpoint, tmp_path):
     the model is built, before any request, saying what to set."""
     done = _rollout(checkpoint, tmp_path / "refused.json", "isoexec", "raw_logprobs")
     assert done.returncode != 0 and 'logprobs_mode="raw_logits"' in done.stderr, done.stderr[-2000:]
+
+
+@vllm_installed
+def test_a_seeded_request_the_contract_cannot_draw_is_refused(checkpoint, tmp_path):
+    """A seeded request that also asks for a presence penalty is refused before it is served (its token would not
+    be IsoExec's engine's); the same request without a seed is vLLM's to draw, and served."""
+    answers = _rows(checkpoint, tmp_path / "refused.json", "isoexec", "raw_logits", "refused")
+    assert answers["seeded"].startswith("refused: isoexec draws a seeded request's token") and "presence_penalty" in answers["seeded"]
+    assert answers["unseeded"] == "served 4 tokens"

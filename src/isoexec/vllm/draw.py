@@ -25,7 +25,17 @@ class ContractDraw(LogitsProcessor):
 
     @classmethod
     def validate_params(cls, sampling_params) -> None:
-        return None
+        """A seeded request whose draw would take more than the contract's sample op does is refused, before it
+        is served: the token would not be the one IsoExec's engine draws."""
+        p = sampling_params
+        if not plugin.registered or p.seed is None:
+            return
+        extra = [name for name, on in (("min_p", p.min_p > 0), ("logit_bias", bool(p.logit_bias)), ("presence_penalty", p.presence_penalty != 0),
+                                        ("frequency_penalty", p.frequency_penalty != 0), ("repetition_penalty", p.repetition_penalty != 1),
+                                        ("bad_words", bool(p.bad_words)), ("allowed_token_ids", bool(p.allowed_token_ids))) if on]
+        if extra:
+            raise ValueError(f"isoexec draws a seeded request's token by the contract's sample op, which takes temperature, top_k and "
+                             f"top_p only; this request also sets {', '.join(extra)} (drop them, or the seed for vLLM's own draw)")
 
     def is_argmax_invariant(self) -> bool:
         return self.sample is None
