@@ -5,7 +5,7 @@ from __future__ import annotations
 
 # The vLLM releases whose model and attention interfaces `model.py` is written against.
 SUPPORTED_VLLM = ("0.32.",)
-# Decoders whose every layer is causal GQA attention with an MLP or MoE (the dense family's architectures):
+# Decoders whose every layer is causal GQA attention and an MLP (the dense family's architectures):
 # their whole state is the paged KV cache vLLM already keeps.
 ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
 
