@@ -106,6 +106,8 @@ class IsoExecForCausalLM(nn.Module):
         slots = metadata.slot_mapping[:num_tokens].long()
         state = tuple(BlockKV(attn.kv_cache, blocks, self.block_size, slots, layer.mixer.num_kv_heads, layer.mixer.head_dim)
                       for attn, layer in zip(self.attn, self.spec.layers))
+        # vLLM may mix prefill chunks and decodes in one step (IsoExec's engine runs them as two forwards): such a
+        # step runs as engine_prefill, whose ops, like every case's, give each row the trainer's bits.
         case = "engine_decode" if metadata.max_query_len == 1 else "engine_prefill"
         with step(Step(case=case, ops=self.ops[case], batch=batch, state=state)):
             hidden = self.decoder(input_ids[:num_tokens], positions[:num_tokens])
