@@ -44,9 +44,61 @@ def refused(checkpoint: str, out: str) -> None:
         json.dump(answers, f)
 
 
+def sides(checkpoint: str, out: str) -> None:
+    """IsoExec's side of vLLM (`isoexec.vllm.engine.VllmEngine`): the workers' fingerprint through collective_rpc
+    against a trainer under tiny-dense and under native; weights sent with a digest that is not theirs; new weights
+    sent properly, then prompts generated before the change generated again: their rows must be the new weights'
+    trainer rows (the prefix cache emptied with the change; a third time, with no change, they hit it), as JSON."""
+    import torch
+
+    from isoexec.contract import fit_contract, load
+    from isoexec.engine import EngineConfig, SamplingParams
+    from isoexec.model.weights import init_random
+    from isoexec.model.weights import load as load_model
+    from isoexec.rl.handshake import ensure_admitted, side_fingerprint
+    from isoexec.rl.sync import state_bytes, weights_digest
+    from isoexec.runtime import check
+    from isoexec.trainer import Trainer
+    from isoexec.trainer.score import sequence_logprobs
+    from isoexec.vllm.engine import VllmEngine
+
+    model = load_model(checkpoint)
+    contract = fit_contract(load("tiny-dense"), model.spec)
+    ensure_admitted(contract, spec=model.spec)
+    engine = VllmEngine(model, contract, EngineConfig.from_contract(contract, num_pages=32))
+    [worker] = engine.fingerprint()
+    answers = {"served": engine.digest(), "trainer": weights_digest(model)}
+    for name in ("tiny-dense", "native"):
+        trainer_contract = fit_contract(load(name), model.spec)
+        answers[name] = check(side_fingerprint(Trainer(model, trainer_contract).binding, "trainer", spec=model.spec), worker).report()
+    try:
+        engine.load_weights(state_bytes(model), "sha256:" + "0" * 64)
+        answers["wrong_digest"] = "accepted"
+    except Exception as error:  # noqa: BLE001 (the worker's WeightSyncError, as vLLM passes it on)
+        answers["wrong_digest"] = f"refused: {error}"
+    prompts = [[(5 * i + j) % 500 for j in range(40)] for i in range(4)]
+    params = SamplingParams(temperature=1.0, max_tokens=8, seed=3, return_full_logprobs=True)
+    engine.generate(prompts, params)  # fills the prefix cache under the old weights
+    new = init_random(model.spec, seed=1)
+    answers["sent"], answers["received"] = weights_digest(new), engine.load_weights(state_bytes(new), weights_digest(new))
+    answers["served_after"] = engine.digest()
+    completions = engine.generate(prompts, params)
+    trainer_rows = sequence_logprobs(new, contract, [c.prompt + c.token_ids for c in completions])
+    answers["rows"] = sum(len(c.token_ids) for c in completions)
+    answers["equal_rows"] = sum(int((rows[len(c.prompt) - 1 :].view(torch.int32) == c.full_logprobs.view(torch.int32)).all(1).sum())
+                                for rows, c in zip(trainer_rows, completions))
+    answers["cached_tokens"] = engine.cached_tokens
+    engine.generate(prompts, params)
+    answers["cached_again"] = engine.cached_tokens  # the prefix cache at work where the weights stay
+    with open(out, "w") as f:
+        json.dump(answers, f)
+
+
 def main(checkpoint: str, out: str, workload: str, logprobs_mode: str) -> None:
     if workload == "refused":
         return refused(checkpoint, out)
+    if workload == "sides":
+        return sides(checkpoint, out)
     spec = WORKLOADS[workload]
     llm = LLM(model=checkpoint, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256, enforce_eager=True, seed=0,
               logprobs_mode=logprobs_mode, max_logprobs=-1, **spec["engine"])

@@ -134,3 +134,19 @@ def test_a_seeded_request_the_contract_cannot_draw_is_refused(checkpoint, tmp_pa
     answers = _rows(checkpoint, tmp_path / "refused.json", "isoexec", "raw_logits", "refused")
     assert answers["seeded"].startswith("refused: isoexec draws a seeded request's token") and "presence_penalty" in answers["seeded"]
     assert answers["unseeded"] == "served 4 tokens"
+
+
+@vllm_installed
+def test_the_trainer_handshakes_with_vllms_workers_and_syncs_their_weights(checkpoint, tmp_path):
+    """IsoExec's side of vLLM (isoexec.vllm.engine): the worker's fingerprint, fetched through collective_rpc, passes
+    the handshake against a trainer under the same contract and is refused, region by region, against one under
+    native; weights sent with a digest not theirs are refused; weights sent properly are served (their SHA-256 the
+    trainer's) and the prefix cache filled under the old ones is emptied, so rows stay the new trainer's."""
+    answers = _rows(checkpoint, tmp_path / "sides.json", "isoexec", "raw_logits", "sides")
+    assert answers["served"] == [answers["trainer"]]
+    assert answers["tiny-dense"] == "IsoExec handshake: accepted"
+    assert answers["native"].startswith("IsoExec handshake: REFUSED") and "numerical_policy: linear/" in answers["native"], answers["native"][:500]
+    assert answers["wrong_digest"].startswith("refused: weights arrived corrupted")
+    assert answers["sent"] == answers["received"] and answers["served_after"] == [answers["sent"]] != answers["served"]
+    assert answers["rows"] == answers["equal_rows"] == 32 and answers["cached_tokens"] == [0, 0, 0, 0]
+    assert min(answers["cached_again"]) > 0

@@ -24,6 +24,11 @@ class AuditError(ValueError):
     """A workload the audit cannot compare anything on."""
 
 
+# The rollout engines: IsoExec's own; vLLM serving IsoExec's model through the plugin (isoexec.vllm); vLLM's own
+# model and sampler, what a user without IsoExec rolls out with (the control).
+ENGINES = ("isoexec", "vllm", "vllm-own")
+
+
 def _rank_model(model: Decoder, contract: Contract, mesh) -> Decoder:
     return shard(model, contract, mesh) if mesh.world > 1 else model
 
@@ -51,12 +56,12 @@ def _score(mesh, model, contract, sequences, budget, device, labels, tracer):
 def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new_tokens: int = 16, seed: int = 0,
               device: str = "cpu", progress: bool = True, tracer=None, prompts: list[list[int]] | None = None, trainer_tp: int = 1,
               engine_tp: int = 1, trainer_ep: int = 1, engine_ep: int = 1, trainer_sp: bool = False, engine_sp: bool = False,
-              trainer_dp: int = 1) -> dict:
+              trainer_dp: int = 1, engine: str = "isoexec") -> dict:
     """prompts: token ids (a file's, `workload.file_prompts`) the requests cycle through; None: random ones.
     trainer_tp / engine_tp, trainer_ep / engine_ep, trainer_sp / engine_sp: each side's tensor- and
     expert-parallel sizes and sequence parallelism (processes on this machine, gloo); trainer_dp: the trainer's
     data-parallel groups (FSDP), each scoring its share of the sequences. The report's `layout` is each side's
-    sizes as its rank 0 ran them."""
+    sizes as its rank 0 ran them. engine: `ENGINES`' names; the vLLM ones run in this process, unsharded."""
     start = time.perf_counter()
     for tp, ep, sp in ((trainer_tp, trainer_ep, trainer_sp), (engine_tp, engine_ep, engine_sp)):
         check(model.spec, contract, tp, ep, sp)
@@ -66,6 +71,10 @@ def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new
         raise ValueError("a parallel audit runs without --trace")
     if trainer_dp > 1 and str(device) != "cpu":
         raise ValueError("a data-parallel trainer runs on the CPU only so far (FSDP over gloo)")
+    if engine not in ENGINES:
+        raise ValueError(f"engine {engine!r}: one of {', '.join(ENGINES)}")
+    if engine != "isoexec" and (max(engine_tp, engine_ep) > 1 or engine_sp or tracer is not None):
+        raise ValueError(f"the {engine} engine runs unsharded and untraced so far")
     prompts, params = prompts_and_params(model.spec, requests, max_new_tokens, seed, prompts)
     config = engine_config(contract, prompts, max_new_tokens)
     # Parallel ranks get the weights on the host and move their shards to `device` (all ranks may share one GPU).
@@ -73,8 +82,14 @@ def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new
     engine_parallel = max(engine_tp, engine_ep) > 1
     if engine_parallel and config.cuda_graphs:
         config = dataclasses.replace(config, cuda_graphs=False)  # not built yet with gloo's collectives: said in the report
-    completions, stats, engine_layout = spawn(engine_tp, _roll_out, host if engine_parallel else model, contract, config, prompts, params,
-                                              device, progress, tracer, ep=engine_ep, sp=engine_sp)
+    if engine == "isoexec":
+        completions, stats, engine_layout = spawn(engine_tp, _roll_out, host if engine_parallel else model, contract, config, prompts, params,
+                                                  device, progress, tracer, ep=engine_ep, sp=engine_sp)
+    else:
+        from ..vllm.rollout import roll_out
+
+        completions, stats, engine_layout = roll_out(model, contract, config, prompts, params, plugin=engine == "vllm", device=device,
+                                                     progress=progress)
     failed = [c for c in completions if c.finish_reason == "error"]
     done = [c for c in completions if c.finish_reason != "error"]
     if not done:
@@ -125,8 +140,10 @@ def render(report: dict) -> str:
         f"{report['requests']} requests on {report['device']}, {report['seconds']} s"
         + "".join(f"; {side} TP {sizes['tp']}, EP {sizes['ep']}{', SP' if sizes['sp'] else ''}{', DP %d' % sizes['dp'] if sizes['dp'] > 1 else ''}"
                   for side, sizes in report.get("layout", {}).items() if max(sizes["tp"], sizes["ep"], sizes["dp"]) > 1),
-        f"  engine: {engine.get('decode_tokens', 0)} decode tokens, {engine.get('prefill_chunks', 0)} prefill chunks of ≤{engine['prefill_chunk_size']}, "
-        f"{engine.get('preemptions', 0)} preemptions, {engine.get('prefix_cache_hit_tokens', 0)} prefix-cache hit tokens, {engine['num_pages']} pages"
+        f"  engine: {engine['engine'] + ', ' if 'engine' in engine else ''}{engine.get('decode_tokens', 0)} decode tokens, "
+        + (f"{engine['prefill_chunks']} prefill chunks of ≤{engine['prefill_chunk_size']}, " if "prefill_chunks" in engine
+           else f"prefill chunks of ≤{engine['prefill_chunk_size']}, ")
+        + f"{engine.get('preemptions', 0)} preemptions, {engine.get('prefix_cache_hit_tokens', 0)} prefix-cache hit tokens, {engine['num_pages']} pages"
         + (f", CUDA graphs {'on' if engine.get('cuda_graphs') else 'off'}" if report["device"] != "cpu" else ""),
         f"  {'trainer case':<14} {'tokens equal':>14} {'full rows equal':>16} {'|Δlogp| mean':>13} {'|Δlogp| max':>12} {'k3 KL':>10}",
     ]

@@ -1,11 +1,12 @@
 """`isoexec audit`: roll out a workload in the engine, score it in the trainer, compare log-probs bit for bit."""
 
 import json
+import sys
 from pathlib import Path
 
 from ..contract import load
 from ..rl.outputs import write_text
-from .common import (add_command, add_contract_flag, add_device_flag, add_json_file_flag, add_model_flag, add_quiet_flag,
+from .common import (add_command, add_contract_flag, add_device_flag, add_json_file_flag, add_model_flag, add_quiet_flag, check_vllm,
                      check_output_path, check_runnable, require_device)
 from .errors import EXIT_MISMATCH, EXIT_OK, input_error
 
@@ -35,6 +36,10 @@ def add_parser(commands):
                        "not as a user message through the checkpoint's chat template")
     audit.add_argument("--max-new-tokens", type=int, default=16, metavar="T", help="tokens generated per request (default: 16)")
     audit.add_argument("--seed", type=int, default=0, metavar="S", help="seed of prompts, sampling and preset weights (default: 0)")
+    audit.add_argument("--engine", choices=("isoexec", "vllm", "vllm-own"), default="isoexec",
+                       help="the rollout engine: IsoExec's own (default); vllm, vLLM serving IsoExec's model through its plugin "
+                       "(isoexec.vllm, docs/vllm.md); vllm-own, vLLM's own model and sampler, the rollout users have without "
+                       "IsoExec (the control). Both vLLM engines need vLLM 0.32 installed and run unsharded")
     add_device_flag(audit, "where to run (default: cpu)")
     add_json_file_flag(audit, "report")
     audit.add_argument("--trace", action="store_true", help="trace the first mismatching token op by op and name the first diverging region")
@@ -57,6 +62,8 @@ def add_parser(commands):
 def run(args) -> int:
     from ..audit import Tracer, all_equal, render, run_audit
     from ..audit.run import AuditError
+    from ..runtime.handshake import HandshakeRefused
+    from ..vllm.errors import VllmEngineError
     from .. import parallel
     from ..contract import fit_contract
     from ..model import SpecError, family_of, load_model
@@ -73,6 +80,10 @@ def run(args) -> int:
         raise input_error("parallel sides (--trainer-tp, --engine-tp, --trainer-ep, --engine-ep, --trainer-dp above 1) run without --trace")
     if args.trainer_dp > 1 and args.device != "cpu":
         raise input_error("--trainer-dp above 1 runs on the CPU only so far (FSDP over gloo)")
+    if args.engine != "isoexec":
+        if max(args.engine_tp, args.engine_ep) > 1 or args.engine_sp or args.trace:
+            raise input_error(f"--engine {args.engine} runs unsharded and without --trace (--engine-tp, --engine-ep, --engine-sp)")
+        check_vllm("--engine")
     require_device(args.device)
     check_output_path("--json", args.json)
     family = load(args.contract) if args.contract else None
@@ -98,9 +109,14 @@ def run(args) -> int:
         report = run_audit(model, contract, requests=requests, max_new_tokens=args.max_new_tokens, seed=args.seed,
                            device=args.device, progress=not args.quiet, tracer=tracer, prompts=prompts, trainer_tp=args.trainer_tp,
                            engine_tp=args.engine_tp, trainer_ep=args.trainer_ep, engine_ep=args.engine_ep, trainer_sp=args.trainer_sp,
-                           engine_sp=args.engine_sp, trainer_dp=args.trainer_dp)
+                           engine_sp=args.engine_sp, trainer_dp=args.trainer_dp, engine=args.engine)
     except AuditError as error:
         raise input_error(error) from None
+    except VllmEngineError as error:
+        raise input_error(error) from None
+    except HandshakeRefused as error:  # vLLM's workers do not run what the trainer runs: the readable diff, no traceback
+        print(error, file=sys.stderr)
+        return EXIT_MISMATCH
     print(render(report))
     if args.json:
         write_text(args.json, json.dumps(report, indent=2))

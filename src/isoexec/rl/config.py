@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ALGORITHMS = ("grpo", "dapo")
+# The rollout engines of the RL loop: IsoExec's own, and vLLM serving the policy through IsoExec's plugin (isoexec.vllm).
+ENGINES = ("isoexec", "vllm")
 # The warm-up teaches the random toy the answer format; a checkpoint is trained from what it already knows.
 TOY_WARMUP_STEPS = 40
 
@@ -95,6 +97,9 @@ class RLConfig:
     """the engine's expert-parallel size, likewise"""
     engine_sp: bool = False
     """sequence parallelism on the engine's tensor-parallel processes"""
+    engine: str = "isoexec"
+    """the rollout engine: isoexec (its own) or vllm (vLLM 0.32 in this process, serving the policy through IsoExec's
+    plugin; unsharded; docs/vllm.md)"""
 
     def __post_init__(self):
         from .tasks import TASKS
@@ -145,6 +150,10 @@ class RLConfig:
             tp, ep = getattr(self, f"{side}_tp"), getattr(self, f"{side}_ep")
             if {tp, ep} - {1, max(tp, ep)}:
                 raise ValueError(f"{side}_tp and {side}_ep span the same processes: each is 1 or both are equal, got {tp} and {ep}")
+        if self.engine not in ENGINES:
+            raise ValueError(f'engine must be one of {", ".join(ENGINES)}, got "{self.engine}"')
+        if self.engine == "vllm" and (max(self.engine_tp, self.engine_ep) > 1 or self.engine_sp or self.trace):
+            raise ValueError("engine vllm runs unsharded (engine_tp, engine_ep 1, no engine_sp) and without trace so far")
         if self.parallel and self.checkpoint_dir is not None:
             raise ValueError("checkpoint_dir with a parallel side is not built yet (the policy and its optimizer state are sharded "
                              "over the trainer's processes)")

@@ -168,6 +168,15 @@ class Rollout:
         return received
 
 
+def local_rollout(config: RLConfig):
+    """The engine side in this process: IsoExec's engine, or vLLM's (`isoexec.vllm.rollout.VllmRollout`)."""
+    if config.engine == "vllm":
+        from ..vllm.rollout import VllmRollout
+
+        return VllmRollout(config)
+    return Rollout(config)
+
+
 def _rank_model(model: Decoder, contract, mesh: Mesh) -> Decoder:
     return shard(model, contract, mesh) if mesh.world > 1 else model
 
@@ -250,7 +259,7 @@ class RLRun:
         self.task, spec, self.contract = setup(config)
         ensure_admitted(self.contract, spec=spec)
         self.learner = learner if learner is not None else Learner(config, initial)
-        self.rollout = rollout if rollout is not None else Rollout(config)
+        self.rollout = rollout if rollout is not None else local_rollout(config)
         if isinstance(self.learner, Learner) and isinstance(self.rollout, Rollout):
             self.learner.replay = self._replay
         trainer, engine = self.learner.fingerprint(), self.rollout.fingerprint()

@@ -104,6 +104,8 @@ def _run(args) -> int:
     from . import checkpoint, outputs
     from .gate import GateError
     from .handshake import AdmissionError
+    from ..runtime.handshake import HandshakeRefused
+    from ..vllm.errors import VllmEngineError
 
     try:
         config = config_from_args(args)
@@ -116,8 +118,11 @@ def _run(args) -> int:
         run = train(config, progress=not args.quiet, log_jsonl=args.log, warn=outputs.warn)
         if args.json:
             outputs.write_text(args.json, json.dumps(run.history[-1] | {"layout": run.layout}, indent=2))
-    except (checkpoint.CheckpointError, AdmissionError, SpecError) as error:  # SpecError: --model's weights unreadable
+    except (checkpoint.CheckpointError, AdmissionError, SpecError, VllmEngineError) as error:  # SpecError: --model's weights unreadable
         raise input_error(error) from None
+    except HandshakeRefused as error:  # the engine does not run what the trainer runs: the readable diff, no traceback
+        print(error, file=sys.stderr)
+        return EXIT_MISMATCH
     except OSError as error:
         raise input_error(f"{error.filename}: {error.strerror}" if error.filename else error) from None
     except GateError as error:

@@ -31,6 +31,11 @@ def register() -> None:
     from vllm import ModelRegistry
 
     check_version(vllm.__version__)
+    from vllm.v1.attention.backends.registry import register_backend
+
+    from .attention import NAME
+
+    register_backend(NAME, "isoexec.vllm.attention.IsoExecAttentionBackend")
     for architecture in ARCHITECTURES:
         ModelRegistry.register_model(architecture, "isoexec.vllm.model:IsoExecForCausalLM")
     registered = True

