@@ -321,19 +321,19 @@ DECODE_TILES = [dict(block_m=m, block_n=n, num_warps=w, num_stages=st, k_factor=
 
 def sweep_decode_gemm() -> None:
     """Decode-sized GEMMs (M = 1 … 64) of the 0.6B model, each call a CUDA-graph replay as in the engine's
-    decode: linear.triton with the decode tile listed now
+    decode: linear.triton with the decode tile `tuning.hopper_decode_tile` gives
     vs candidate tiles with the listed block_k or twice it, and cuBLAS. Each candidate's output is
     compared bit for bit with the listed tile's: a tile that keeps the bits could be pinned for
     engine_decode alone (the battery then proves it). One tile serves every decode batch, so candidates
     are ranked by their time summed over M."""
-    from isoexec.ops.linear import triton as linear_triton
+    from isoexec.ops.linear import triton as linear_triton, tuning
 
     device = torch.device("cuda")
     ms_of = lambda fn: graphed_ms(fn, device)  # noqa: E731  (decode runs as CUDA graphs: device time, no host launch cost)
     print("== decode GEMM tiles, Qwen3-0.6B shapes, bf16: ms of a CUDA-graph replay at M = 1, 16, 64 and their sum "
           "(* = bits differ from the listed tile)")
     for name, (n, k) in QWEN3_06B.items():
-        listed = dict(linear_triton.HOPPER_DECODE_CONSTANTS.get((n, k)) or linear_triton.hopper_constants(n, k))
+        listed = dict(tuning.hopper_decode_tile(n, k) or linear_triton.hopper_constants(n, k))
         tiles = {key: listed[key] for key in ("block_m", "block_n", "block_k", "num_warps", "num_stages")}
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * k**-0.5
         xs = {m: torch.randn(m, k, device=device, dtype=torch.bfloat16) for m in (1, 16, 64)}

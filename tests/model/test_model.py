@@ -120,19 +120,20 @@ def test_bad_checkpoints_and_configs_are_clear_errors(tmp_path):
 
 
 def test_fit_contract_pins_the_gemm_tile_of_the_model_shapes():
-    """Fitted to a Qwen3-0.6B-sized model on Hopper, the Triton GEMM entries take the tile listed for the
-    shapes that do most of the work; the tiny model keeps the preset's tile, and a tile never depends on M."""
-    from isoexec.ops.linear.tuning import HOPPER_CONSTANTS, HOPPER_DECODE_CONSTANTS, HOPPER_ROW_PARALLEL_CONSTANTS
+    """Fitted to a Qwen3-0.6B-sized model on Hopper, the Triton GEMM entries take the tile the rule gives the
+    shapes that do most of the work, and engine_decode an entry of its own with the decode tile; the tiny
+    model keeps the preset's tile, and a tile never depends on M."""
+    from isoexec.ops.linear.tuning import hopper_decode_tile, hopper_row_parallel_tile, hopper_tile
 
     family = load_preset("tiny-dense-triton")
     tiny = fit_contract(family, PRESETS["tiny-dense"], arch="sm_90")
     assert tiny.entry("linear", "engine_decode").constants == family.entry("linear", "engine_decode").constants
     big = fit_contract(family, PRESETS["qwen3-0.6b-random"], arch="sm_90")
     # gate/up (3072, 1024) outweigh q, k, v and lm_head in `linear`; down (1024, 3072) outweighs o in `linear.row_parallel`
-    for region, shape, tiles in (("linear", (3072, 1024), HOPPER_CONSTANTS), ("linear.row_parallel", (1024, 3072), HOPPER_ROW_PARALLEL_CONSTANTS)):
-        for case, table in (("trainer_fwd", tiles), ("engine_decode", HOPPER_DECODE_CONSTANTS)):
+    for region, rule, (n, k) in (("linear", hopper_tile, (3072, 1024)), ("linear.row_parallel", hopper_row_parallel_tile, (1024, 3072))):
+        for case, tile in (("trainer_fwd", rule(n, k)), ("engine_decode", hopper_decode_tile(n, k))):
             constants = big.entry(region, case).constants
-            assert {k: constants[k] for k in table[shape]} == table[shape], (region, case)
+            assert {key: constants[key] for key in tile} == tile, (region, case)
         assert big.entry(region, "engine_decode") is not big.entry(region, "trainer_fwd")
     assert identities(big).numerical_policy != identities(tiny).numerical_policy
 

@@ -12,6 +12,7 @@ import torch
 from conftest import ON_GPU, boundary
 from isoexec.ops.linear import probe as linear_probe
 from isoexec.ops.linear import triton as linear_triton
+from isoexec.ops.linear import tuning as linear_tuning
 from isoexec.ops.logprobs import probe as logprobs_probe
 from isoexec.ops.logprobs import triton as logprobs_triton
 from isoexec.ops.rms_norm import probe as rms_norm_probe
@@ -78,7 +79,7 @@ def _small_logprobs_probe(ctx):
 
 
 BATTERY = {
-    "linear": ("linear.triton", boundary(LINEAR, torch.bfloat16) | linear_triton.HOPPER_CONSTANTS[64, 64], linear_probe.probe,
+    "linear": ("linear.triton", boundary(LINEAR, torch.bfloat16) | linear_tuning.hopper_tile(64, 64), linear_probe.probe,
                _small_linear_probe),
     "rms_norm": ("rms_norm.triton", boundary(RMS_NORM, torch.bfloat16) | {"reduce_block": 64}, rms_norm_probe.probe,
                  _small_rms_norm_probe),

@@ -17,7 +17,7 @@ require_triton()
 
 from isoexec.ops.linear import probe as linear_probe  # noqa: E402
 from isoexec.ops.linear import row_parallel_triton  # noqa: E402
-from isoexec.ops.linear import triton as linear_triton  # noqa: E402
+from isoexec.ops.linear import tuning  # noqa: E402
 from isoexec.ops.linear.row_parallel_triton import combine_partials, leaf_partials  # noqa: E402
 from isoexec.runtime import REGISTRY  # noqa: E402
 from isoexec.validate.battery import hazard_rows  # noqa: E402
@@ -221,7 +221,7 @@ def test_the_impls_leaf_parts_give_one_devices_bits(tp, leaf_tree):
 
 def test_the_battery_admits_it():
     """linear's probe; under the interpreter its reduced version (tests/ops/kernels_triton.py)."""
-    constants = boundary(ROW_PARALLEL, torch.bfloat16) | linear_triton.HOPPER_CONSTANTS[64, 64] | {"num_leaves": 8}
+    constants = boundary(ROW_PARALLEL, torch.bfloat16) | tuning.hopper_tile(64, 64) | {"num_leaves": 8}
     registry, _ = _impl()
     result = validate_pinned("linear.row_parallel", "linear.row_parallel.triton", constants,
                              linear_probe.probe if ON_GPU else _small_linear_probe, registry)

@@ -12,7 +12,7 @@ from conftest import INTERPRETER_WARNINGS, boundary, require_triton
 require_triton()
 
 from isoexec.ops import triton_support  # noqa: E402
-from isoexec.ops.linear import triton as linear_triton  # noqa: E402
+from isoexec.ops.linear import tuning  # noqa: E402
 from isoexec.ops.logprobs import triton as logprobs_triton  # noqa: E402
 from isoexec.ops.rms_norm import triton as rms_norm_triton  # noqa: E402
 from ops.kernels_triton import LINEAR, LOGPROBS, RMS_NORM, _registry, linear, logprobs, rms_norm  # noqa: E402
@@ -37,8 +37,9 @@ def test_the_three_impls_register_and_check_their_constants():
         impls["rms_norm.triton@1"].check({**RMS_NORM, "reduce_block": 48})
     with pytest.raises(ValueError, match="missing constants num_warps"):
         impls["logprobs.triton@1"].check({k: v for k, v in LOGPROBS.items() if k != "num_warps"})
-    for tiles in linear_triton.HOPPER_CONSTANTS.values():
-        impls["linear.triton@1"].check(boundary(LINEAR, torch.bfloat16) | tiles)
+    for n, k in ((64, 64), (1024, 4096), (6144, 4096), (4096, 12288), (151936, 4096)):
+        for tiles in (tuning.hopper_tile(n, k), tuning.hopper_decode_tile(n, k) or {}):
+            impls["linear.triton@1"].check(boundary(LINEAR, torch.bfloat16) | tiles)
     for tiles in rms_norm_triton.HOPPER_CONSTANTS.values():
         impls["rms_norm.triton@1"].check(RMS_NORM | tiles)
     for tiles in logprobs_triton.HOPPER_CONSTANTS.values():

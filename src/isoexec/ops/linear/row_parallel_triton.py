@@ -25,7 +25,7 @@ held beside the running one, more registers than a fast tile has, so it keeps th
 Where a layer's leaves are long (`persistent_fits`), the same fold runs in linear.triton's persistent
 TMA kernel instead (`persistent_triton`, G leaves): the same additions in the same order, so the same
 bits (tested against the leaf planes, and on an H200 against `fused_kernel`). Both hold two
-accumulators; their tiles are listed in `tuning.py`, keyed by (N, K).
+accumulators; `tuning.py` gives their tiles by (N, K).
 
 The backward pass is linear.triton's: ordinary matmuls, correct but not batch-invariant.
 """
@@ -44,8 +44,6 @@ from ..triton_support import jit, require_device, tl, triton, triton_available
 from . import persistent_triton, tile_triton
 from . import triton as linear_triton
 from . import tuning
-from .tuning import _FUSED
-from .tuning import HOPPER_ROW_PARALLEL_CONSTANTS as HOPPER_CONSTANTS
 
 # Leaf counts whose combine runs as one Triton kernel; others combine with torch ops (same bits).
 KERNEL_LEAVES = (1, 2, 4, 8)
@@ -54,7 +52,7 @@ ID = "linear.row_parallel.triton"
 
 def hopper_constants(n: int, k: int, dtype: str = "bfloat16") -> dict:
     """linear.triton's Hopper constants with this impl's tile for an [N, K] weight."""
-    return {**linear_triton.hopper_constants(n, k, dtype), **HOPPER_CONSTANTS.get((n, k), _FUSED)}
+    return {**linear_triton.hopper_constants(n, k, dtype), **tuning.hopper_row_parallel_tile(n, k)}
 
 
 def leaf_partials(x: Tensor, weight: Tensor, *, num_leaves: int, block_m: int, block_n: int, block_k: int, num_warps: int,

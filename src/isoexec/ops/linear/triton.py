@@ -43,7 +43,6 @@ from ..triton_support import jit, needs_grad, require_device, tl, triton, triton
 from . import persistent_triton, reference, tile_triton
 from .reference import linear_grads
 from . import tuning
-from .tuning import _BIG, HOPPER_CONSTANTS, HOPPER_DECODE_CONSTANTS  # noqa: F401  (the tables live in tuning.py)
 
 ID = "linear.triton"
 DOT_DTYPES = ("bfloat16", "float16", "float32")
@@ -59,8 +58,8 @@ def pipeline_stages(num_stages: int, block_m: int, block_n: int, block_k: int, i
 
 
 def hopper_constants(n: int, k: int, dtype: str = "bfloat16") -> dict:
-    """Every constant of linear.triton for an [N, K] weight on Hopper (the big tile where (N, K) is not listed)."""
-    return dict(input_dtype=dtype, weight_dtype=dtype, output_dtype=dtype, accum_dtype="float32", **HOPPER_CONSTANTS.get((n, k), _BIG))
+    """Every constant of linear.triton for an [N, K] weight on Hopper, with its training tile (`tuning.hopper_tile`)."""
+    return dict(input_dtype=dtype, weight_dtype=dtype, output_dtype=dtype, accum_dtype="float32", **tuning.hopper_tile(n, k))
 
 
 @jit
