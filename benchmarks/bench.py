@@ -24,6 +24,8 @@ mla:       multi-head latent attention (mla_attn) under the contract vs native, 
 gdn:       Gated DeltaNet's core (gdn_core) under the contract vs flash-linear-attention, training, prefill and
            decode, at two GDN shapes (gdn.py; the contract's `gdn.core` entry, tiny-hybrid-triton by default).
 
+engine, hf, roofline and trainer run on each model of --model in turn (by default the Qwen3-0.6B- and
+Qwen3-8B-shaped random presets); their results are keyed by model: results[section][model].
 --contracts takes preset names or contract files; on CUDA the default compares tiny-dense-triton with
 two baselines: benchmarks/contracts/fast-baseline.toml (cuBLAS GEMMs and torch log_softmax, the Triton
 kernels elsewhere: the fastest non-invariant composition we have) and native.
@@ -37,6 +39,7 @@ is missing (the Triton attention, transformers, a contract the model cannot run)
 
 import argparse
 import dataclasses
+import gc
 import importlib
 import json
 import os
@@ -63,6 +66,7 @@ from isoexec.trainer import Trainer
 from timing import device_name, graphed_ms, kernel_ms, wall_ms
 
 SECTIONS = ("gemm", "attention", "engine", "hf", "roofline", "trainer", "moe", "mla", "gdn")
+MODEL_SECTIONS = ("engine", "hf", "roofline", "trainer")
 QWEN3_8B = {  # (N, K) of the projections of one Qwen3-8B layer
     "qkv_proj": (6144, 4096),
     "o_proj": (4096, 4096),
@@ -76,8 +80,8 @@ GPU_CONTRACTS = ("tiny-dense-triton", str(HERE / "contracts" / "fast-baseline.to
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Sizes:
-    model: str
-    """Model preset of the engine, hf, roofline and trainer sections (isoexec.model.PRESETS)."""
+    models: tuple[str, ...]
+    """Model presets of the engine, hf, roofline and trainer sections, each in turn (isoexec.model.PRESETS)."""
     gemm_shapes: dict
     m_values: tuple[int, ...]
     attention_heads: tuple[int, int, int]
@@ -95,10 +99,15 @@ class Sizes:
     copy_bytes: int
 
 
-FULL = Sizes(model="qwen3-0.6b-random", gemm_shapes=QWEN3_8B, m_values=(1, 16, 64, 256, 1024, 4096), attention_heads=(32, 8, 128),
+# Tokens per micro-batch of a trainer step (one backward each, gradients accumulated), where the whole step
+# does not fit one: each of Qwen3-8B's 36 layers keeps ~300 KB a token for the backward (measured under native
+# on a CPU), so a step of 16k tokens in one micro-batch would hold ~176 GB. Other models run a step as one.
+TRAINER_MICRO_BATCH_TOKENS = {"qwen3-8b-random": 4096}
+
+FULL = Sizes(models=("qwen3-0.6b-random", "qwen3-8b-random"), gemm_shapes=QWEN3_8B, m_values=(1, 16, 64, 256, 1024, 4096), attention_heads=(32, 8, 128),
              prefill_lengths=(512, 2048, 8192), decode_batch=64, decode_contexts=(512, 2048, 8192), attention_reference=False,
              batches=(1, 64), prompt_len=128, new_tokens=128, trainer_shapes=((8, 512), (32, 512), (8, 2048)), copy_bytes=2 << 30)
-SMALL = Sizes(model="tiny-dense", gemm_shapes={"qkv_proj": (128, 64), "o_proj": (64, 64), "gate_up_proj": (256, 64), "down_proj": (64, 128)},
+SMALL = Sizes(models=("tiny-dense",), gemm_shapes={"qkv_proj": (128, 64), "o_proj": (64, 64), "gate_up_proj": (256, 64), "down_proj": (64, 128)},
               m_values=(1, 16, 64), attention_heads=(4, 2, 32), prefill_lengths=(32, 64), decode_batch=4, decode_contexts=(32, 64),
               attention_reference=True, batches=(1, 4), prompt_len=16, new_tokens=8, trainer_shapes=((4, 32),), copy_bytes=64 << 20)
 
@@ -148,7 +157,7 @@ def bench_gemm(sizes: Sizes, device: torch.device) -> list[dict]:
     return rows
 
 
-def bench_trainer(model, sizes: Sizes, contracts: dict, device: torch.device, reps: int = 7) -> list[dict]:
+def bench_trainer(model, model_name: str, sizes: Sizes, contracts: dict, device: torch.device, reps: int = 7) -> list[dict]:
     """contracts: label -> Contract, the one under test first. A step this small is host-bound and its
     wall time drifts with the host, so the contracts take turns, rep by rep, and each keeps its median."""
     names = list(contracts)
@@ -156,11 +165,14 @@ def bench_trainer(model, sizes: Sizes, contracts: dict, device: torch.device, re
     for num_seqs, seq_len in sizes.trainer_shapes:
         generator = torch.Generator().manual_seed(0)
         seqs = [torch.randint(model.spec.vocab_size, (seq_len,), generator=generator).tolist() for _ in range(num_seqs)]
-        row = {"model": sizes.model, "sequences": num_seqs, "tokens": num_seqs * seq_len, "reps": reps}
+        micro_batch = min(TRAINER_MICRO_BATCH_TOKENS.get(model_name, num_seqs * seq_len), num_seqs * seq_len)
+        per_micro_batch = max(1, micro_batch // seq_len)
+        row = {"model": model_name, "sequences": num_seqs, "tokens": num_seqs * seq_len, "micro_batch_tokens": per_micro_batch * seq_len, "reps": reps}
 
         def step(trainer):
-            rows = trainer.logprobs(seqs, case="trainer_fwd", device=device, micro_batch_tokens=num_seqs * seq_len)
-            torch.stack([r.sum() for r in rows]).sum().backward()
+            for first in range(0, num_seqs, per_micro_batch):
+                rows = trainer.logprobs(seqs[first:first + per_micro_batch], case="trainer_fwd", device=device, micro_batch_tokens=micro_batch)
+                torch.stack([r.sum() for r in rows]).sum().backward()
             model.zero_grad(set_to_none=True)
 
         fitted, times = {}, {name: [] for name in names}
@@ -184,7 +196,7 @@ def bench_trainer(model, sizes: Sizes, contracts: dict, device: torch.device, re
         for baseline in names[1:]:
             if f"{names[0]}_ms" in row and f"{baseline}_ms" in row:
                 row[f"{names[0]}_vs_{baseline}"] = row[f"{baseline}_ms"] / row[f"{names[0]}_ms"]
-        print(f"trainer {sizes.model} fwd+bwd {num_seqs} x {seq_len} tokens  " + "  ".join(
+        print(f"trainer {model_name} fwd+bwd {num_seqs} x {seq_len} tokens  " + "  ".join(
             f"{k.removesuffix('_ms')} {v:.1f} ms" for k, v in row.items() if k.endswith("_ms") and "_all" not in k)
             + "".join(f"  {k} {v:.2f}" for k, v in row.items() if "_vs_" in k), flush=True)
         rows.append(row)
@@ -225,7 +237,7 @@ def _parse(argv):
     parser.add_argument("--small", action="store_true", help="tiny sizes and the tiny-dense model: a CPU smoke run in seconds")
     parser.add_argument("--gdn-phases", default="training,prefill,decode,decode-chunk",
                         help="gdn: the phases to time, comma-separated (default: all four)")
-    parser.add_argument("--model", help=f"model preset (default: {FULL.model}, or {SMALL.model} with --small)")
+    parser.add_argument("--model", help=f"model presets, comma-separated (default: {','.join(FULL.models)}, or {','.join(SMALL.models)} with --small)")
     parser.add_argument("--contracts", help="contracts to compare, preset names or files, the one under test first (default: "
                                             f"{','.join(GPU_CONTRACTS)} on cuda, tiny-dense,native on cpu)")
     parser.add_argument("--new-tokens", type=int, help="new tokens per request in engine, hf and roofline (default: 128, or 8 with --small)")
@@ -245,7 +257,7 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     sizes = SMALL if args.small else FULL
     if args.model:
-        sizes = dataclasses.replace(sizes, model=args.model)
+        sizes = dataclasses.replace(sizes, models=tuple(args.model.split(",")))
     if args.new_tokens:
         sizes = dataclasses.replace(sizes, new_tokens=args.new_tokens)
     specs = args.contracts.split(",") if args.contracts else list(GPU_CONTRACTS if device.type == "cuda" else ("tiny-dense", "native"))
@@ -266,39 +278,56 @@ def main(argv=None) -> int:
         print("cuda graphs: unavailable (EngineConfig has no cuda_graphs setting); the engine runs eagerly")
     # moe, mla and gdn time their own layer shapes and contracts (their rows say which); --model and
     # --contracts are the model sections'.
-    model_sections = {"engine", "hf", "roofline", "trainer"} & set(args.what or SECTIONS)
+    chosen = [s for s in SECTIONS if s in (args.what or SECTIONS)]
+    model_sections = [s for s in chosen if s in MODEL_SECTIONS]
     print(f"bench: {results['device']}, torch {results['torch']}, commit {results['commit']}"
-          + (f", model {sizes.model}, contracts {', '.join(contracts)}" if model_sections else ""), flush=True)
+          + (f", models {', '.join(sizes.models)}, contracts {', '.join(contracts)}" if model_sections else ""), flush=True)
 
-    model = engines = None
+    # The model sections run where the first of them would, model by model: one model on the device at a time.
+    jobs = []
+    for section in chosen:
+        if section not in MODEL_SECTIONS:
+            jobs.append((section, None))
+        elif section == model_sections[0]:
+            jobs += [(s, name) for name in sizes.models for s in model_sections]
+    model = engines = built = None
     failed = []
-    for section in [s for s in SECTIONS if s in (args.what or SECTIONS)]:
+    for section, name in jobs:
         start = time.perf_counter()  # a section's seconds include building what it is first to need
         try:
-            if section in ("engine", "hf", "roofline", "trainer") and model is None:
-                model = init_random(PRESETS[sizes.model], seed=0).to(device)
+            if name is not None and built != name:
+                model = engines = built = None  # the previous model's weights and engines go before the next is built
+                gc.collect()  # CUDA graphs and caches held in reference cycles
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                model, built = init_random(PRESETS[name], seed=0).to(device), name
             if section in ("engine", "hf", "roofline") and engines is None:
-                engines = Engines(model, sizes, device, cuda_graphs, loaded)
+                engines = Engines(model, name, sizes, device, cuda_graphs, loaded)
             if section == "trainer" and engines is not None:
                 engines.close()  # the trainer wants the KV caches' memory
                 engines = None
-            results[section] = {
+            result = {
                 "gemm": lambda: bench_gemm(sizes, device),
                 "attention": lambda: bench_attention(sizes, device),
                 "engine": lambda: bench_engine(engines, contracts),
                 "hf": lambda: bench_hf(engines, contracts),
                 "roofline": lambda: bench_roofline(engines, contracts),
-                "trainer": lambda: bench_trainer(model, sizes, loaded, device),
+                "trainer": lambda: bench_trainer(model, name, sizes, loaded, device),
                 "moe": lambda: bench_moe(device, *(((TINY,), (1, 4), (64,)) if args.small else (GPU_SHAPES,))),
                 "mla": lambda: bench_mla(device, small=args.small),
                 "gdn": lambda: bench_gdn(device, small=args.small, phases=args.gdn_phases),
             }[section]()
         except Exception as error:  # noqa: BLE001  (one broken section must not lose the others' figures)
             traceback.print_exc()
-            results[section] = {"error": f"{type(error).__name__}: {error}"}
-            failed.append(section)
-        results["section_seconds"][section] = time.perf_counter() - start
-        print(f"{section}: {results['section_seconds'][section]:.1f} s", flush=True)
+            result = {"error": f"{type(error).__name__}: {error}"}
+            failed.append(section if name is None else f"{section} ({name})")
+        seconds = time.perf_counter() - start
+        if name is None:
+            results[section], results["section_seconds"][section] = result, seconds
+        else:
+            results.setdefault(section, {})[name] = result
+            results["section_seconds"].setdefault(section, {})[name] = seconds
+        print(f"{section}{'' if name is None else f' ({name})'}: {seconds:.1f} s", flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2) + "\n", "utf-8")
     if failed:

@@ -14,8 +14,9 @@ hf:       the same model, weights and prompts in Hugging Face `generate` (sdpa a
           engine's tokens/s over HF's;
 roofline: the decode step time (median over the steps that decode the whole batch and prefill
           nothing) vs bytes / copy bandwidth, where bytes = every weight once (the tied embedding once:
-          lm_head reads it whole) + the K and V of every key each sequence attends to, and copy
-          bandwidth = (bytes read + written) / time of one large device-to-device copy.
+          lm_head reads it whole; an untied embedding table not at all) + the K and V of every key each
+          sequence attends to, and copy bandwidth = (bytes read + written) / time of one large
+          device-to-device copy.
 """
 
 import dataclasses
@@ -52,9 +53,9 @@ class Run:
 class Engines:
     """One engine per contract (sized for the largest batch), each (contract, batch) run once and kept."""
 
-    def __init__(self, model, sizes, device: torch.device, cuda_graphs: bool, contracts: dict):
-        """contracts: label -> Contract (bench.py's --contracts, loaded)."""
-        self.model, self.sizes, self.device, self.cuda_graphs = model, sizes, device, cuda_graphs
+    def __init__(self, model, name: str, sizes, device: torch.device, cuda_graphs: bool, contracts: dict):
+        """name: the model's preset; contracts: label -> Contract (bench.py's --contracts, loaded)."""
+        self.model, self.name, self.sizes, self.device, self.cuda_graphs = model, name, sizes, device, cuda_graphs
         self.contracts = contracts
         generator = torch.Generator().manual_seed(0)
         spec = model.spec
@@ -148,7 +149,7 @@ def _time_steps(engine, device) -> list[tuple[float, int, int, int]]:
 def bench_engine(engines: Engines, contracts: list[str]) -> list[dict]:
     rows = []
     for batch in engines.sizes.batches:
-        row = {"model": engines.sizes.model, "batch": batch, "prompt_tokens": engines.sizes.prompt_len, "new_tokens": engines.sizes.new_tokens}
+        row = {"model": engines.name, "batch": batch, "prompt_tokens": engines.sizes.prompt_len, "new_tokens": engines.sizes.new_tokens}
         for name in contracts:
             try:
                 run = engines.run(name, batch)
@@ -207,14 +208,14 @@ def _hf_row(hf, engines: Engines, contracts: list[str], batch: int) -> dict:
         wall = time.perf_counter() - start
     if out.shape[1] != ids.shape[1] + sizes.new_tokens:
         raise RuntimeError(f"hf generate returned {out.shape[1] - ids.shape[1]} new tokens, expected {sizes.new_tokens}")
-    row = {"model": sizes.model, "batch": batch, "new_tokens": sizes.new_tokens, "hf_tokens_per_s": batch * sizes.new_tokens / wall}
+    row = {"model": engines.name, "batch": batch, "new_tokens": sizes.new_tokens, "hf_tokens_per_s": batch * sizes.new_tokens / wall}
     for name in contracts:
         try:
             row[f"{name}_tokens_per_s"] = engines.run(name, batch).tokens_per_s
             row[f"{name}_vs_hf"] = row[f"{name}_tokens_per_s"] / row["hf_tokens_per_s"]
         except (RuntimeError, ValueError) as error:
             row[f"{name}_error"] = str(error).splitlines()[0]
-    print(f"hf {sizes.model} batch {batch:<3} hf {row['hf_tokens_per_s']:.0f} tok/s  " + "  ".join(
+    print(f"hf {engines.name} batch {batch:<3} hf {row['hf_tokens_per_s']:.0f} tok/s  " + "  ".join(
         f"{name} {row[f'{name}_tokens_per_s']:.0f} tok/s ({row[f'{name}_vs_hf']:.2f}x hf)" for name in contracts if f"{name}_vs_hf" in row), flush=True)
     return row
 
@@ -243,9 +244,11 @@ def copy_bandwidth(device: torch.device, num_bytes: int) -> float:
 def bench_roofline(engines: Engines, contracts: list[str]) -> dict:
     spec, sizes = engines.model.spec, engines.sizes
     bandwidth = copy_bandwidth(engines.device, sizes.copy_bytes)
-    weight_bytes = sum(p.numel() * p.element_size() for p in engines.model.parameters())  # a tied weight is listed once
+    # A tied embedding is listed once and lm_head reads it whole; an untied one is read a row a sequence.
+    embedding = engines.model.model.embed_tokens.weight
+    weight_bytes = sum(p.numel() * p.element_size() for p in engines.model.parameters() if p is not embedding or spec.tie_word_embeddings)
     kv_bytes_per_key = sum(2 * s.num_kv_heads * s.head_dim for s in (layer.state() for layer in spec.layers) if s) * torch.finfo(getattr(torch, spec.dtype)).bits // 8
-    print(f"roofline: copy bandwidth {bandwidth / 1e9:.0f} GB/s (copy of {sizes.copy_bytes / 2**30:.2f} GiB), weights {weight_bytes / 1e9:.3f} GB, "
+    print(f"roofline {engines.name}: copy bandwidth {bandwidth / 1e9:.0f} GB/s (copy of {sizes.copy_bytes / 2**30:.2f} GiB), weights {weight_bytes / 1e9:.3f} GB, "
           f"KV {kv_bytes_per_key} bytes per key (all layers)", flush=True)
     rows = []
     for name in contracts:
@@ -258,14 +261,14 @@ def bench_roofline(engines: Engines, contracts: list[str]) -> dict:
             except (RuntimeError, ValueError) as error:
                 row["error"] = str(error).splitlines()[0]
                 rows.append(row)
-                print(f"roofline {name} batch {batch}: failed ({row['error']})")
+                print(f"roofline {engines.name} {name} batch {batch}: failed ({row['error']})")
                 continue
             step_bytes = weight_bytes + run.kv_tokens_per_step * kv_bytes_per_key
             roofline_ms = step_bytes / bandwidth * 1e3
             row.update(decode_step_ms=run.decode_step_ms, decode_steps=run.decode_steps, mean_context=run.kv_tokens_per_step / batch,
                        bytes_per_step=step_bytes, roofline_ms=roofline_ms, fraction_of_roofline=roofline_ms / run.decode_step_ms)
             rows.append(row)
-            print(f"roofline {name} batch {batch:<3} decode step {run.decode_step_ms:.2f} ms (median of {run.decode_steps}), "
+            print(f"roofline {engines.name} {name} batch {batch:<3} decode step {run.decode_step_ms:.2f} ms (median of {run.decode_steps}), "
                   f"roofline {roofline_ms:.3f} ms ({step_bytes / 1e9:.3f} GB): {row['fraction_of_roofline']:.1%} of roofline", flush=True)
-    return {"copy_bandwidth_gbps": bandwidth / 1e9, "copy_bytes": sizes.copy_bytes, "weight_bytes": weight_bytes,
+    return {"model": engines.name, "copy_bandwidth_gbps": bandwidth / 1e9, "copy_bytes": sizes.copy_bytes, "weight_bytes": weight_bytes,
             "kv_bytes_per_key": kv_bytes_per_key, "rows": rows}

@@ -40,11 +40,13 @@ def test_small_cpu_run_writes_every_section(tmp_path):
         _positive(row, "native_vs_sdpa", "reference_vs_sdpa")
         assert row["native_max_abs_diff"] < 0.05 and row["reference_max_abs_diff"] < 0.05, row
 
-    assert [row["batch"] for row in results["engine"]] == [1, 4]
-    for row in results["engine"]:
+    # The model sections' results are keyed by model.
+    assert all(set(results[section]) == {"tiny-dense"} for section in sections if section != "attention")
+    assert [row["batch"] for row in results["engine"]["tiny-dense"]] == [1, 4]
+    for row in results["engine"]["tiny-dense"]:
         _positive(row, *(f"{c}_tokens_per_s" for c in CONTRACTS), *(f"{c}_decode_step_ms" for c in CONTRACTS), "tiny-dense_vs_native")
 
-    roofline = results["roofline"]
+    roofline = results["roofline"]["tiny-dense"]
     _positive(roofline, "copy_bandwidth_gbps")
     assert roofline["weight_bytes"] > 0 and roofline["kv_bytes_per_key"] == 2 * 2 * 2 * 16 * 2  # layers, K and V, Hkv, D, bf16
     assert [(row["contract"], row["batch"]) for row in roofline["rows"]] == [(c, b) for c in CONTRACTS for b in (1, 4)]
@@ -53,11 +55,11 @@ def test_small_cpu_run_writes_every_section(tmp_path):
         assert row["mean_context"] == 16 + 8 / 2  # prompt + half the new tokens, on average over the decode steps
         assert row["fraction_of_roofline"] < 1
 
-    trainer, = results["trainer"]
+    trainer, = results["trainer"]["tiny-dense"]
     _positive(trainer, "tiny-dense_ms", "native_ms", "tiny-dense_vs_native")
 
     if HAS_TRANSFORMERS:
-        for row in results["hf"]:
+        for row in results["hf"]["tiny-dense"]:
             _positive(row, "hf_tokens_per_s", *(f"{c}_vs_hf" for c in CONTRACTS))
 
 

@@ -133,5 +133,9 @@ FAMILY = Family(
         # The shape of Qwen3-0.6B's config.json with random weights: a real-sized model for GPU audits.
         "qwen3-0.6b-random": _tiny(vocab_size=151_936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                                    num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40_960),
+        # Qwen3-8B's shape (8.2B parameters, 16.4 GB in bf16): GPU only, never built on a CPU test machine.
+        "qwen3-8b-random": _tiny(vocab_size=151_936, hidden_size=4096, intermediate_size=12_288, num_hidden_layers=36,
+                                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40_960,
+                                 tie_word_embeddings=False),
     },
 )
