@@ -3,6 +3,7 @@ the audit's workload (chunked prefill at 37 tokens, preemption, shared prefixes,
 out in vLLM and scored by IsoExec's trainer, and RL steps with vLLM rollouts through the gate. Without vLLM only the
 refusals run."""
 import json
+import os
 import subprocess
 import sys
 
@@ -11,16 +12,23 @@ import pytest
 from .test_plugin import checkpoint, vllm_installed  # noqa: F401 (a fixture: the tiny Qwen3 checkpoint with heads of 32)
 
 
-def _isoexec(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def _isoexec(*args: str, home=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ISOEXEC_HOME": str(home)} if home is not None else None
     return subprocess.run([sys.executable, "-m", "isoexec", *args], capture_output=True, text=True, timeout=900, env=env)
 
 
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """One admission-record folder for the module's runs, as a user's cache is: each contract's battery runs once."""
+    return tmp_path_factory.mktemp("isoexec_home")
+
+
 @vllm_installed
-def test_audit_through_vllm_is_bitwise_on_every_token_and_row(tmp_path):
+def test_audit_through_vllm_is_bitwise_on_every_token_and_row(home, tmp_path):
     """tiny-dense (heads of 16, which IsoExec's attention backend takes and vLLM's CPU attention does not) rolled out in
     vLLM with the plugin: every token and full-vocabulary row the trainer's, in both trainer cases, with vLLM's
     chunked prefill, prefix-cache hits and a preemption in the run."""
-    done = _isoexec("audit", "--engine", "vllm", "--model", "tiny-dense", "--quiet", "--json", str(tmp_path / "audit.json"))
+    done = _isoexec("audit", "--engine", "vllm", "--model", "tiny-dense", "--quiet", "--json", str(tmp_path / "audit.json"), home=home)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "audit.json").read_text())
     assert report["engine"]["engine"].startswith("vllm 0.32")
@@ -32,10 +40,24 @@ def test_audit_through_vllm_is_bitwise_on_every_token_and_row(tmp_path):
 
 
 @vllm_installed
-def test_audit_through_vllms_own_model_shows_the_mismatch(checkpoint, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("preset", ["tiny-moe", "tiny-mla"])
+def test_audit_through_vllm_is_bitwise_for_the_moe_and_mla_families(preset, home, tmp_path):
+    """Qwen3-MoE's routed experts and GLM-4.7-Flash's latent attention (its cached rows in a one-head holder of
+    IsoExec's backend) inside vLLM: every token and full-vocabulary row the trainer's."""
+    done = _isoexec("audit", "--engine", "vllm", "--model", preset, "--requests", "10", "--max-new-tokens", "10", "--quiet",
+                    "--json", str(tmp_path / "audit.json"), home=home)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "audit.json").read_text())
+    for case in ("trainer_score", "trainer_fwd"):
+        r = report[case]
+        assert r["tokens"] == r["bitwise_equal_tokens"] == 100 and r["full_vocab_rows"] == r["full_vocab_rows_bitwise_equal"] == 100, r
+
+
+@vllm_installed
+def test_audit_through_vllms_own_model_shows_the_mismatch(checkpoint, home, tmp_path):  # noqa: F811
     """The same workload through vLLM's own model and sampler (the control, what users without IsoExec get), scored by
     the trainer under the family's contract: exit 1, no full-vocabulary row equal."""
-    done = _isoexec("audit", "--engine", "vllm-own", "--model", str(checkpoint), "--quiet", "--json", str(tmp_path / "own.json"))
+    done = _isoexec("audit", "--engine", "vllm-own", "--model", str(checkpoint), "--quiet", "--json", str(tmp_path / "own.json"), home=home)
     assert done.returncode == 1, done.stderr[-3000:]
     report = json.loads((tmp_path / "own.json").read_text())
     assert report["full_vocab_rows"] == 256 and report["full_vocab_rows_bitwise_equal"] == 0, report
@@ -44,11 +66,11 @@ def test_audit_through_vllms_own_model_shows_the_mismatch(checkpoint, tmp_path):
 
 
 @vllm_installed
-def test_train_with_vllm_rollouts_passes_the_gate_every_step(tmp_path):
+def test_train_with_vllm_rollouts_passes_the_gate_every_step(home, tmp_path):
     """The RL loop with vLLM as its engine: the handshake with vLLM's worker, the weights synced into it every step
     (digests checked on both sides) and every rollout token and row bitwise the trainer's."""
     log = tmp_path / "log.jsonl"
-    done = _isoexec("train", "--engine", "vllm", "--steps", "2", "--warmup-steps", "2", "--quiet", "--log", str(log))
+    done = _isoexec("train", "--engine", "vllm", "--steps", "2", "--warmup-steps", "2", "--quiet", "--log", str(log), home=home)
     assert done.returncode == 0, done.stderr[-3000:]
     steps = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(steps) == 2
@@ -66,3 +88,12 @@ def test_vllm_engines_refuse_what_they_cannot_run():
     assert done.returncode == 2 and "engine vllm runs unsharded" in done.stderr and "Traceback" not in done.stderr
     done = _isoexec("train", "--engine", "sglang", "--steps", "1")
     assert done.returncode == 2 and 'engine must be one of isoexec, vllm, got "sglang"' in done.stderr
+
+
+@vllm_installed
+def test_a_family_the_plugin_does_not_serve_yet_is_refused_before_any_request(home):
+    """Qwen3.5's Gated DeltaNet layers keep per-sequence state the plugin does not give vLLM yet: one line when vLLM
+    builds the model, naming the layers and the way to vLLM's own model."""
+    done = _isoexec("audit", "--engine", "vllm", "--model", "tiny-hybrid", "--quiet", home=home)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "does not serve layers with per-sequence state yet (gdn in Qwen3_5ForCausalLM)" in done.stderr

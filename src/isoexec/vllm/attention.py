@@ -36,6 +36,14 @@ def cache_views(cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch
     return rows[..., :head_dim], rows[..., head_dim:]
 
 
+def latent_view(cache: torch.Tensor, width: int) -> torch.Tensor:
+    """An mla layer's cached rows [slots, width] over a one-head holder's cache (its keys, then its values)."""
+    if cache.dim() != 4 or cache.shape[1] != 1 or cache.shape[-1] < width:
+        raise ValueError(f"isoexec's latent rows need a one-head cache of at least {width} channels, got {list(cache.shape)}")
+    k, _ = cache_views(cache, cache.shape[-1] // 2)
+    return k.as_strided((k.shape[0], width), (k.stride(0), 1))
+
+
 @dataclass
 class IsoExecMetadata:
     num_tokens: int  # tokens of the step, without vLLM's padding

@@ -30,7 +30,8 @@ def seed_of(params) -> int | None:
 class ContractDraw(LogitsProcessor):
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
         self.sample = None
-        if plugin.registered:  # vLLM loads this whatever VLLM_PLUGINS says; it acts where the plugin serves the model
+        # vLLM loads this whatever VLLM_PLUGINS says; it acts where the plugin serves the model.
+        if plugin.registered and vllm_config.model_config.architecture in plugin.architectures():
             spec, contract = served(vllm_config)
             self.sample = bind(contract, spec, ("engine_decode",)).ops["engine_decode"]["sample"]
         self.requests: dict[int, tuple] = {}  # batch row -> (SamplingParams, prompt ids, the live list of output ids)

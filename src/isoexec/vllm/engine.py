@@ -44,8 +44,8 @@ CPU_BLOCK_MULTIPLE = 32
 class VllmEngine:
     """One vLLM engine for `model` (its spec and weights) under `contract`, sized by IsoExec's `EngineConfig`: its pages
     are vLLM's blocks (`num_pages` of `kv_page_size` tokens; on a CPU, as many blocks of 32 tokens or more),
-    `prefill_chunk_size` is vLLM's token budget per step
-    (so prefills longer than it are chunked), `cuda_graphs` off is vLLM's eager mode."""
+    `prefill_chunk_size` is vLLM's token budget per step (so prefills longer than it are chunked), `cuda_graphs` off
+    is vLLM's eager mode."""
 
     def __init__(self, model: Decoder, contract: Contract, config: EngineConfig, *, plugin: bool = True, device: str = "cpu",
                  workdir: str | Path | None = None):
@@ -61,7 +61,8 @@ class VllmEngine:
         from . import plugin as served
 
         budget = config.prefill_chunk_size
-        # vLLM's CPU attention takes blocks of a multiple of 32 tokens: pages of fewer go in pairs (or more).
+        # vLLM's own CPU attention (the control's) takes blocks of a multiple of 32 tokens: pages of fewer go in pairs
+        # (or more), under the plugin too, so that both engines run the same workload.
         block = config.kv_page_size * (-(-CPU_BLOCK_MULTIPLE // config.kv_page_size) if self.device == "cpu" else 1)
         blocks = -(-config.num_pages * config.kv_page_size // block)
         try:

@@ -17,6 +17,7 @@ is the contract's, bound for the engine cases, exactly as in IsoExec's own engin
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -24,22 +25,26 @@ from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention.attention import Attention
 
 from ..contract import fit_contract, load
-from ..model import from_hf_config
+from ..model import from_hf_config, read_config
 from ..model.context import PagedBatch, Step, step
 from ..model.decoder import Decoder
-from ..model.state import PagedKV
+from ..model.spec import KVPages, LatentPages, RecurrentState
+from ..model.state import PagedKV, PagedLatent
 from ..model.weights import assign
 from ..rl.handshake import side_fingerprint
 from ..rl.sync import load_state, weights_digest
 from ..runtime.binding import bind
-from .attention import IsoExecAttentionBackend, cache_views
+from .attention import IsoExecAttentionBackend, cache_views, latent_view
 
 ENGINE_CASES = ("engine_prefill", "engine_decode")
 
 
 def served(vllm_config):
     """(the model's spec, the contract fitted to it) for the model vLLM is configured to run, on its device."""
-    spec = from_hf_config(vllm_config.model_config.hf_config.to_dict())
+    directory = Path(vllm_config.model_config.model)
+    # The checkpoint's own config.json where there is one, read as IsoExec's engine reads it: the config object vLLM
+    # holds went through transformers, which renames some fields by version (Qwen3-MoE's num_experts, for one).
+    spec = read_config(directory) if (directory / "config.json").is_file() else from_hf_config(vllm_config.model_config.hf_config.to_dict())
     return spec, fit_contract(load(os.environ.get("ISOEXEC_CONTRACT", "tiny-dense")), spec, device=device_of(vllm_config))
 
 
@@ -51,9 +56,10 @@ class IsoExecForCausalLM(nn.Module):
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__()
         spec, contract = served(vllm_config)
-        unserved = sorted({layer.mixer.kind for layer in spec.layers} - {"gqa"})
+        unserved = sorted({layer.mixer.kind for layer in spec.layers if isinstance(layer.state(), RecurrentState)})
         if unserved:
-            raise ValueError(f"isoexec's vLLM plugin serves attention (gqa) layers only; {spec.architecture} has {', '.join(unserved)}")
+            raise ValueError(f"isoexec's vLLM plugin does not serve layers with per-sequence state yet ({', '.join(unserved)} in "
+                             f"{spec.architecture}); VLLM_PLUGINS=\"\" runs vLLM's own model")
         mode = vllm_config.model_config.logprobs_mode
         if mode != "raw_logits":
             raise ValueError(f"isoexec's vLLM plugin hands vLLM the contract's log-probabilities as logits: run vLLM with "
@@ -64,11 +70,29 @@ class IsoExecForCausalLM(nn.Module):
         self.device = device_of(vllm_config)
         self.binding = bind(contract, spec, ENGINE_CASES)
         self.ops = self.binding.ops
-        self.block_size = vllm_config.cache_config.block_size
-        self.attn = nn.ModuleList(
-            Attention(layer.mixer.num_heads, layer.mixer.head_dim, layer.mixer.head_dim**-0.5, layer.mixer.num_kv_heads,
-                      cache_config=vllm_config.cache_config, prefix=f"{prefix}attn.{i}", attn_backend=IsoExecAttentionBackend)
-            for i, layer in enumerate(spec.layers))
+        # One cache holder per layer that keeps state per token: keys and values (gqa), or an mla layer's latent
+        # rows, kept in the key | value channels of a one-head holder ceil(width / 2) wide.
+        self.holders = nn.ModuleDict()
+        for i, layer in enumerate(spec.layers):
+            declared = layer.state()
+            if isinstance(declared, KVPages):
+                shape = (layer.mixer.num_heads, declared.head_dim, declared.num_kv_heads)
+            elif isinstance(declared, LatentPages):
+                shape = (1, -(-declared.width // 2), 1)
+            else:
+                continue
+            self.holders[str(i)] = Attention(shape[0], shape[1], 1.0, shape[2], cache_config=vllm_config.cache_config,
+                                             prefix=f"{prefix}attn.{i}", attn_backend=IsoExecAttentionBackend)
+
+    def _state(self, index: int, layer):
+        """Layer `index`'s store over its holder's cache (model/state.py's kinds), or None."""
+        holder = self.holders[str(index)] if str(index) in self.holders else None
+        if holder is None:
+            return None
+        declared = layer.state()
+        if isinstance(declared, KVPages):
+            return PagedKV(*cache_views(holder.kv_cache, declared.head_dim))
+        return PagedLatent(latent_view(holder.kv_cache, declared.width))
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         with step(Step(case="engine_prefill", ops=self.ops["engine_prefill"], batch=None, state=())):
@@ -76,17 +100,18 @@ class IsoExecForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate_tensors=None, inputs_embeds=None,
                 **kwargs) -> torch.Tensor:
+        first = next(iter(self.holders.values()))
         metadata = get_forward_context().attn_metadata
         if isinstance(metadata, dict):
-            metadata = metadata.get(self.attn[0].layer_name)
+            metadata = metadata.get(first.layer_name)
         if metadata is None:  # vLLM's profile and warm-up runs: no cache to read
             return torch.zeros(input_ids.shape[0], self.spec.hidden_size, dtype=getattr(torch, self.spec.dtype), device=input_ids.device)
         num_tokens = metadata.num_tokens
         starts = metadata.query_start_loc
         seq_ids = torch.repeat_interleave(torch.arange(starts.shape[0] - 1, device=starts.device), starts[1:] - starts[:-1])[:num_tokens]
-        block_size = self.attn[0].kv_cache.shape[2]
+        block_size = first.kv_cache.shape[2]
         batch = PagedBatch.of(metadata.block_table.long(), block_size, int(metadata.seq_lens.max()), seq_ids, positions[:num_tokens])
-        state = tuple(PagedKV(*cache_views(attn.kv_cache, layer.mixer.head_dim)) for attn, layer in zip(self.attn, self.spec.layers))
+        state = tuple(self._state(i, layer) for i, layer in enumerate(self.spec.layers))
         # vLLM may mix prefill chunks and decodes in one step (IsoExec's engine runs them as two forwards): such a
         # step runs as engine_prefill, whose ops, like every case's, give each row the trainer's bits.
         case = "engine_decode" if metadata.max_query_len == 1 else "engine_prefill"

@@ -5,9 +5,15 @@ from __future__ import annotations
 
 # The vLLM releases whose model and attention interfaces `model.py` is written against.
 SUPPORTED_VLLM = ("0.32.",)
-# Decoders whose every layer is causal GQA attention and an MLP (the dense family's architectures):
-# their whole state is the paged KV cache vLLM already keeps.
-ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
+
+
+def architectures() -> tuple[str, ...]:
+    """Every text decoder architecture of IsoExec's families: registered for vLLM whether or not the plugin can serve
+    all of its layers yet, so that one it cannot is refused when vLLM builds it (`model.IsoExecForCausalLM`), never
+    served by vLLM's own model in the belief that it is IsoExec's."""
+    from ..model.families import FAMILIES
+
+    return tuple(a for family in FAMILIES.values() for a in family.architectures if a.endswith("ForCausalLM"))
 
 
 # Whether `register` ran in this process: `draw.ContractDraw`, which vLLM loads from its own entry point group
@@ -36,6 +42,6 @@ def register() -> None:
     from .attention import NAME
 
     register_backend(NAME, "isoexec.vllm.attention.IsoExecAttentionBackend")
-    for architecture in ARCHITECTURES:
+    for architecture in architectures():
         ModelRegistry.register_model(architecture, "isoexec.vllm.model:IsoExecForCausalLM")
     registered = True
