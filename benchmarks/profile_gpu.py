@@ -15,6 +15,10 @@ trainer:   one trainer_fwd forward + backward (bench.py's trainer workload, --se
            GPU busy time, and GPU time per kernel name; then a host profile (cProfile) of each.
 decode-kernels: one decode step's graph replay and kernels under the contract and under
            contracts/fast-baseline.toml, batch 1 and 64.
+decode-launch: every projection shape of --model at decode sizes (M = 1, 16, 64) under its Hopper decode
+           tile, launched persistently (as linear.triton does where K allows TMA) and one program per
+           tile, and the row-parallel fold of o_proj and down_proj, as graph replays beside cuBLAS, with
+           the weight bandwidth each reaches and whether the two launches agree bit for bit.
 moe:       one MoE layer's forward + backward at Qwen3-30B-A3B's shape (bench.py moe's workload, 4096 and
            16384 tokens) under the contract's Triton impls and the torch._grouped_mm baseline, under
            torch.profiler: GPU time per kernel name.
@@ -362,6 +366,41 @@ def sweep_decode_gemm() -> None:
             print(f"    listed {label(tiles)}: {' '.join(f'{t:.4f}' for t in listed_row[1])} = {listed_row[0]:.4f}")
 
 
+def decode_launch(model_name: str, ms=(1, 16, 64), num_leaves=8) -> None:
+    from isoexec.ops.linear import persistent_triton, row_parallel_triton, tuning
+    from isoexec.ops.linear import triton as linear_triton
+
+    device = torch.device("cuda")
+    spec = PRESETS[model_name]
+    print(f"== decode GEMMs of {model_name}: ms of a CUDA-graph replay at M = {', '.join(map(str, ms))}; "
+          "GB/s = weight bytes / time at M = 1")
+    for op, shapes in spec.projections.items():
+        for n, k in shapes:
+            tile = tuning.hopper_decode_tile(n, k)
+            if tile is None:
+                continue
+            w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * k**-0.5
+            xs = [torch.randn(m, k, device=device, dtype=torch.bfloat16) for m in ms]
+
+            def persistent(x):
+                y = x.new_empty((x.shape[0], n))
+                persistent_triton.linear_fwd_persistent(x, w, None, y, **tile)
+                return y
+
+            def grid(x):
+                y = x.new_empty((x.shape[0], n))
+                linear_triton.launch(x, w, None, y[None], **tile)
+                return y
+
+            forms = {"cublas": lambda x: torch.nn.functional.linear(x, w), "persistent": persistent, "grid": grid}
+            if op in ("o_proj", "down_proj"):
+                forms["row_parallel"] = lambda x: row_parallel_triton.fused_fwd(x, w, None, torch.bfloat16, num_leaves=num_leaves, **tile)
+            same = all(torch.equal(persistent(x).view(torch.int16), grid(x).view(torch.int16)) for x in xs)
+            times = {name: [graphed_ms(lambda x=x, f=f: f(x), device) for x in xs] for name, f in forms.items()}
+            print(f"{op:<10} N={n:<6} K={k:<5} launches {'agree' if same else 'DIFFER'}  " + "  ".join(
+                f"{name} {' / '.join(f'{t:.4f}' for t in ts)} ({n * k * 2 / ts[0] / 1e6:.0f} GB/s)" for name, ts in times.items()), flush=True)
+
+
 def profile_moe(tokens=(4096, 16384)) -> None:
     from moe import QWEN3_30B_A3B, Layer, _params, contract_layer, grouped_mm_layer
 
@@ -624,7 +663,7 @@ def main():
     parser.add_argument("--gdn-no-fla", action="store_true", help="gdn-tiles: leave flash-linear-attention's rows out")
     parser.add_argument("--gdn-shape", action="append", default=[], help="gdn-tiles: one of bench gdn's SHAPES (repeatable; default: all)")
     args = parser.parse_args()
-    sections = {"decode", "decode-kernels", "attention", "gemm", "trainer", "launch", "moe", "moe-tiles", "mla-tiles", "gdn-tiles"}
+    sections = {"decode", "decode-kernels", "decode-launch", "attention", "gemm", "trainer", "launch", "moe", "moe-tiles", "mla-tiles", "gdn-tiles"}
     args.what = args.what or ["decode", "attention"]
     if set(args.what) - sections:
         parser.error(f"unknown section(s) {sorted(set(args.what) - sections)}: choose from {', '.join(sorted(sections))}")
@@ -638,6 +677,8 @@ def main():
         sweep_decode_gemm()
     if "decode-kernels" in args.what:
         decode_kernels(args.model, [args.contract, FAST_BASELINE])
+    if "decode-launch" in args.what:
+        decode_launch(args.model)
     if "launch" in args.what:
         profile_launch(args.model, args.contract)
     if "moe" in args.what:
