@@ -40,10 +40,11 @@ def test_audit_through_vllm_is_bitwise_on_every_token_and_row(home, tmp_path):
 
 
 @vllm_installed
-@pytest.mark.parametrize("preset", ["tiny-moe", "tiny-mla"])
-def test_audit_through_vllm_is_bitwise_for_the_moe_and_mla_families(preset, home, tmp_path):
-    """Qwen3-MoE's routed experts and GLM-4.7-Flash's latent attention (its cached rows in a one-head holder of
-    IsoExec's backend) inside vLLM: every token and full-vocabulary row the trainer's."""
+@pytest.mark.parametrize("preset", ["tiny-moe", "tiny-mla", "tiny-hybrid"])
+def test_audit_through_vllm_is_bitwise_for_the_moe_mla_and_hybrid_families(preset, home, tmp_path):
+    """Qwen3-MoE's routed experts, GLM-4.7-Flash's latent attention (its cached rows in a one-head holder of IsoExec's
+    backend) and Qwen3.5's Gated DeltaNet (its per-sequence states in vLLM's state slots; prefill chunks of 37 end
+    inside the contract's chunks and decodes cross them) inside vLLM: every token and full-vocabulary row the trainer's."""
     done = _isoexec("audit", "--engine", "vllm", "--model", preset, "--requests", "10", "--max-new-tokens", "10", "--quiet",
                     "--json", str(tmp_path / "audit.json"), home=home)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -91,9 +92,11 @@ def test_vllm_engines_refuse_what_they_cannot_run():
 
 
 @vllm_installed
-def test_a_family_the_plugin_does_not_serve_yet_is_refused_before_any_request(home):
-    """Qwen3.5's Gated DeltaNet layers keep per-sequence state the plugin does not give vLLM yet: one line when vLLM
-    builds the model, naming the layers and the way to vLLM's own model."""
-    done = _isoexec("audit", "--engine", "vllm", "--model", "tiny-hybrid", "--quiet", home=home)
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert "does not serve layers with per-sequence state yet (gdn in Qwen3_5ForCausalLM)" in done.stderr
+def test_train_with_vllm_rollouts_of_a_hybrid_model_passes_the_gate(home, tmp_path):
+    """The RL loop on tiny-hybrid with vLLM rollouts: Gated DeltaNet states in vLLM's slots, every step bitwise."""
+    log = tmp_path / "log.jsonl"
+    done = _isoexec("train", "--engine", "vllm", "--model", "tiny-hybrid", "--steps", "1", "--warmup-steps", "1", "--quiet", "--log", str(log),
+                    home=home)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [metrics] = [json.loads(line) for line in log.read_text().splitlines()]
+    assert metrics["bitwise_equal_fraction"] == 1.0 and metrics["full_vocab_rows_bitwise_equal_fraction"] == 1.0, metrics

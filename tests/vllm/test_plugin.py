@@ -150,3 +150,15 @@ def test_the_trainer_handshakes_with_vllms_workers_and_syncs_their_weights(check
     assert answers["sent"] == answers["received"] and answers["served_after"] == [answers["sent"]] != answers["served"]
     assert answers["rows"] == answers["equal_rows"] == 32 and answers["cached_tokens"] == [0, 0, 0, 0]
     assert min(answers["cached_again"]) > 0
+
+
+@vllm_installed
+def test_a_hybrid_model_with_prefix_caching_is_refused_when_vllm_builds_it(tmp_path):
+    """The plugin keeps Gated DeltaNet states in vLLM's slots without vLLM's prefix caching of states (which would
+    snapshot them at vLLM's block boundaries, not the contract's chunk boundaries): refused, saying what to set."""
+    from isoexec.model import PRESETS
+    from isoexec.model.weights import init_random, save
+
+    checkpoint = save(init_random(PRESETS["tiny-hybrid"], seed=0), tmp_path / "tiny-hybrid")
+    answer = _rows(checkpoint, tmp_path / "answer.json", "isoexec", "raw_logits", "prefix-cached")["answer"]
+    assert answer.startswith("refused") and "without prefix caching" in answer and "enable_prefix_caching=False" in answer, answer

@@ -66,6 +66,10 @@ class RecurrentSlots:
     (its `row_width`, ops/gdn/). A sequence at position 0 starts from zeros whatever its slot holds, so a
     slot is reused without clearing."""
 
+    # Each token's slot: None here, where the engine's batch names them (`batch.state_ids`); a store over another
+    # engine's slots may number them itself (isoexec.vllm.state: vLLM numbers them per group of layers).
+    state_ids = None
+
     def __init__(self, declared: RecurrentState, num_sequences: int, chunk_size: int, width: int, dtype: torch.dtype,
                  device: torch.device):
         nan = float("nan")

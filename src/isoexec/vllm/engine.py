@@ -22,6 +22,7 @@ from ..contract.schema import Contract
 from ..engine import EngineConfig, SamplingParams
 from ..engine.sequence import Completion
 from ..model import Decoder
+from ..model.spec import RecurrentState
 from ..model.weights import save
 from .draw import SEED_ARG
 from .errors import VllmEngineError
@@ -65,12 +66,14 @@ class VllmEngine:
         # (or more), under the plugin too, so that both engines run the same workload.
         block = config.kv_page_size * (-(-CPU_BLOCK_MULTIPLE // config.kv_page_size) if self.device == "cpu" else 1)
         blocks = -(-config.num_pages * config.kv_page_size // block)
+        # Per-sequence (gdn) state goes without prefix caching in vLLM (model.py refuses it).
+        recurrent = any(isinstance(layer.state(), RecurrentState) for layer in model.spec.layers)
         try:
             self.llm = LLM(model=str(checkpoint), skip_tokenizer_init=True, dtype=model.spec.dtype, seed=0,
                            max_model_len=min(model.spec.max_position_embeddings, blocks * block), block_size=block,
                            num_gpu_blocks_override=blocks + 1,  # vLLM keeps one block back (its null block)
                            max_num_seqs=min(config.max_num_seqs, budget),
-                           max_num_batched_tokens=budget, enable_chunked_prefill=True, enable_prefix_caching=config.prefix_caching,
+                           max_num_batched_tokens=budget, enable_chunked_prefill=True, enable_prefix_caching=config.prefix_caching and not recurrent,
                            enforce_eager=not config.cuda_graphs, max_logprobs=-1, disable_log_stats=False,
                            logprobs_mode="raw_logits" if plugin else "raw_logprobs",
                            worker_extension_cls="isoexec.vllm.worker.WorkerExtension")

@@ -1,7 +1,7 @@
 """IsoExec's decoder as a vLLM model: vLLM schedules, batches and pages the KV cache; every op of a forward
 is the contract's, bound for the engine cases, exactly as in IsoExec's own engine.
 
-- The contract: `ISOEXEC_CONTRACT` (a preset name or a contract file; `tiny-dense` where unset), fitted to the
+- The contract: `ISOEXEC_CONTRACT` (a preset name or a contract file; the model family's where unset), fitted to the
   model on vLLM's device.
 - The cache: vLLM allocates keys and values only for its `Attention` modules, so each attention layer owns one,
   built with IsoExec's attention backend (`attention.py`) and never called: it holds the layer's cache, token-major
@@ -23,9 +23,10 @@ import torch
 from torch import nn
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention.attention import Attention
+from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 
 from ..contract import fit_contract, load
-from ..model import from_hf_config, read_config
+from ..model import family_of, from_hf_config, read_config
 from ..model.context import PagedBatch, Step, step
 from ..model.decoder import Decoder
 from ..model.spec import KVPages, LatentPages, RecurrentState
@@ -35,6 +36,7 @@ from ..rl.handshake import side_fingerprint
 from ..rl.sync import load_state, weights_digest
 from ..runtime.binding import bind
 from .attention import IsoExecAttentionBackend, cache_views, latent_view
+from .state import SequenceSlots, StateHolder, recurrent_layout
 
 ENGINE_CASES = ("engine_prefill", "engine_decode")
 
@@ -45,7 +47,8 @@ def served(vllm_config):
     # The checkpoint's own config.json where there is one, read as IsoExec's engine reads it: the config object vLLM
     # holds went through transformers, which renames some fields by version (Qwen3-MoE's num_experts, for one).
     spec = read_config(directory) if (directory / "config.json").is_file() else from_hf_config(vllm_config.model_config.hf_config.to_dict())
-    return spec, fit_contract(load(os.environ.get("ISOEXEC_CONTRACT", "tiny-dense")), spec, device=device_of(vllm_config))
+    chosen = os.environ.get("ISOEXEC_CONTRACT") or family_of(spec).contract  # by default the family's, as IsoExec's commands
+    return spec, fit_contract(load(chosen), spec, device=device_of(vllm_config))
 
 
 def device_of(vllm_config) -> str:
@@ -56,10 +59,9 @@ class IsoExecForCausalLM(nn.Module):
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__()
         spec, contract = served(vllm_config)
-        unserved = sorted({layer.mixer.kind for layer in spec.layers if isinstance(layer.state(), RecurrentState)})
-        if unserved:
-            raise ValueError(f"isoexec's vLLM plugin does not serve layers with per-sequence state yet ({', '.join(unserved)} in "
-                             f"{spec.architecture}); VLLM_PLUGINS=\"\" runs vLLM's own model")
+        if any(isinstance(layer.state(), RecurrentState) for layer in spec.layers) and vllm_config.cache_config.enable_prefix_caching:
+            raise ValueError(f"isoexec's vLLM plugin serves {spec.architecture}'s per-sequence (gdn) state without prefix caching: "
+                             "start vLLM with enable_prefix_caching=False (--no-enable-prefix-caching)")
         mode = vllm_config.model_config.logprobs_mode
         if mode != "raw_logits":
             raise ValueError(f"isoexec's vLLM plugin hands vLLM the contract's log-probabilities as logits: run vLLM with "
@@ -70,11 +72,15 @@ class IsoExecForCausalLM(nn.Module):
         self.device = device_of(vllm_config)
         self.binding = bind(contract, spec, ENGINE_CASES)
         self.ops = self.binding.ops
-        # One cache holder per layer that keeps state per token: keys and values (gqa), or an mla layer's latent
-        # rows, kept in the key | value channels of a one-head holder ceil(width / 2) wide.
+        # One holder per layer that keeps state: keys and values (gqa) or an mla layer's latent rows (kept in the key |
+        # value channels of a one-head holder ceil(width / 2) wide), per token in vLLM's paged cache; a gdn layer's
+        # states per sequence, in vLLM's state slots (state.py).
         self.holders = nn.ModuleDict()
         for i, layer in enumerate(spec.layers):
             declared = layer.state()
+            if isinstance(declared, RecurrentState):
+                self.holders[str(i)] = StateHolder(*recurrent_layout(spec, contract, self.binding), vllm_config, f"{prefix}state.{i}")
+                continue
             if isinstance(declared, KVPages):
                 shape = (layer.mixer.num_heads, declared.head_dim, declared.num_kv_heads)
             elif isinstance(declared, LatentPages):
@@ -84,12 +90,14 @@ class IsoExecForCausalLM(nn.Module):
             self.holders[str(i)] = Attention(shape[0], shape[1], 1.0, shape[2], cache_config=vllm_config.cache_config,
                                              prefix=f"{prefix}attn.{i}", attn_backend=IsoExecAttentionBackend)
 
-    def _state(self, index: int, layer):
-        """Layer `index`'s store over its holder's cache (model/state.py's kinds), or None."""
+    def _state(self, index: int, layer, metadata: dict, seq_ids: torch.Tensor):
+        """Layer `index`'s store over its holder's cache or slots (model/state.py's kinds), or None."""
         holder = self.holders[str(index)] if str(index) in self.holders else None
         if holder is None:
             return None
         declared = layer.state()
+        if isinstance(declared, RecurrentState):  # each request's slot: the first column of its group's block table
+            return SequenceSlots(holder, metadata[holder.layer_name].block_table[:, 0].long()[seq_ids])
         if isinstance(declared, KVPages):
             return PagedKV(*cache_views(holder.kv_cache, declared.head_dim))
         return PagedLatent(latent_view(holder.kv_cache, declared.width))
@@ -100,10 +108,9 @@ class IsoExecForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate_tensors=None, inputs_embeds=None,
                 **kwargs) -> torch.Tensor:
-        first = next(iter(self.holders.values()))
-        metadata = get_forward_context().attn_metadata
-        if isinstance(metadata, dict):
-            metadata = metadata.get(first.layer_name)
+        first = next(h for h in self.holders.values() if isinstance(h, Attention))
+        layers = get_forward_context().attn_metadata
+        metadata = layers.get(first.layer_name) if isinstance(layers, dict) else None
         if metadata is None:  # vLLM's profile and warm-up runs: no cache to read
             return torch.zeros(input_ids.shape[0], self.spec.hidden_size, dtype=getattr(torch, self.spec.dtype), device=input_ids.device)
         num_tokens = metadata.num_tokens
@@ -111,7 +118,7 @@ class IsoExecForCausalLM(nn.Module):
         seq_ids = torch.repeat_interleave(torch.arange(starts.shape[0] - 1, device=starts.device), starts[1:] - starts[:-1])[:num_tokens]
         block_size = first.kv_cache.shape[2]
         batch = PagedBatch.of(metadata.block_table.long(), block_size, int(metadata.seq_lens.max()), seq_ids, positions[:num_tokens])
-        state = tuple(self._state(i, layer) for i, layer in enumerate(self.spec.layers))
+        state = tuple(self._state(i, layer, layers, seq_ids) for i, layer in enumerate(self.spec.layers))
         # vLLM may mix prefill chunks and decodes in one step (IsoExec's engine runs them as two forwards): such a
         # step runs as engine_prefill, whose ops, like every case's, give each row the trainer's bits.
         case = "engine_decode" if metadata.max_query_len == 1 else "engine_prefill"
@@ -140,3 +147,21 @@ class IsoExecForCausalLM(nn.Module):
 
     def digest(self) -> str:
         return weights_digest(self.decoder)
+
+
+class IsoExecHybridForCausalLM(IsoExecForCausalLM, HasInnerState, IsHybrid):
+    """The decoder of a model with per-sequence (gdn) layers: vLLM sizes and pages their state slots by these."""
+
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config):
+        spec, contract = served(vllm_config)
+        return recurrent_layout(spec, contract, bind(contract, spec, ENGINE_CASES))[0]
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config):
+        spec, contract = served(vllm_config)
+        return recurrent_layout(spec, contract, bind(contract, spec, ENGINE_CASES))[1]
+
+    @classmethod
+    def get_mamba_state_copy_func(cls):
+        return ()  # only vLLM's prefix caching of states copies them, and the plugin serves these models without it

@@ -16,6 +16,16 @@ def architectures() -> tuple[str, ...]:
     return tuple(a for family in FAMILIES.values() for a in family.architectures if a.endswith("ForCausalLM"))
 
 
+def hybrid_architectures() -> tuple[str, ...]:
+    """Those of families whose layers keep per-sequence state (gdn): vLLM must know them as hybrid models by their class."""
+    from ..model.families import FAMILIES
+    from ..model.spec import RecurrentState
+
+    return tuple(a for family in FAMILIES.values() if any(isinstance(layer.state(), RecurrentState) for preset in family.presets.values()
+                                                            for layer in preset.layers)
+                 for a in family.architectures if a.endswith("ForCausalLM"))
+
+
 # Whether `register` ran in this process: `draw.ContractDraw`, which vLLM loads from its own entry point group
 # whatever VLLM_PLUGINS says, acts only where the plugin serves the model.
 registered = False
@@ -42,6 +52,8 @@ def register() -> None:
     from .attention import NAME
 
     register_backend(NAME, "isoexec.vllm.attention.IsoExecAttentionBackend")
+    hybrid = hybrid_architectures()
     for architecture in architectures():
-        ModelRegistry.register_model(architecture, "isoexec.vllm.model:IsoExecForCausalLM")
+        model = "IsoExecHybridForCausalLM" if architecture in hybrid else "IsoExecForCausalLM"
+        ModelRegistry.register_model(architecture, f"isoexec.vllm.model:{model}")
     registered = True

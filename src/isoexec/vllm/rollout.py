@@ -26,6 +26,9 @@ def roll_out(model: Decoder, contract: Contract, config: EngineConfig, prompts: 
             ensure_admitted(contract, device, spec=model.spec)  # as the RL loop does before its handshake
             trainer = side_fingerprint(Trainer(model, contract).binding, "trainer", device=device, spec=model.spec)
             for worker in engine.fingerprint():
+                if worker is None:
+                    raise VllmEngineError(f"vLLM serves its own model for {model.spec.architecture}, not IsoExec's: is the isoexec "
+                                          "plugin installed and in VLLM_PLUGINS?")
                 check(trainer, worker).raise_if_refused()
             digests, sent = set(engine.digest()), weights_digest(model)
             if digests != {sent}:

@@ -55,7 +55,8 @@ class GatedDeltaNet(nn.Module):
         if cache is PACKED:
             conv_state = state = rows = state_ids = None
         else:
-            conv_state, state, rows, state_ids = cache.conv, cache.state, cache.rows, s.batch.state_ids
+            state_ids = cache.state_ids if cache.state_ids is not None else s.batch.state_ids
+            conv_state, state, rows = cache.conv, cache.state, cache.rows
         mixed = ops["conv1d"](qkv, self.conv1d.weight[:, 0], conv_state, state_ids, positions)
         q, k, v = mixed.split([spec.key_dim, spec.key_dim, spec.value_dim], dim=-1)
         out = ops["gdn_core"](q.unflatten(1, (-1, spec.k_head_dim)), k.unflatten(1, (-1, spec.k_head_dim)), v.unflatten(1, (-1, spec.v_head_dim)),
