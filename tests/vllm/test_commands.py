@@ -45,13 +45,13 @@ def test_audit_through_vllm_is_bitwise_for_the_moe_mla_and_hybrid_families(prese
     """Qwen3-MoE's routed experts, GLM-4.7-Flash's latent attention (its cached rows in a one-head holder of IsoExec's
     backend) and Qwen3.5's Gated DeltaNet (its per-sequence states in vLLM's state slots; prefill chunks of 37 end
     inside the contract's chunks and decodes cross them) inside vLLM: every token and full-vocabulary row the trainer's."""
-    done = _isoexec("audit", "--engine", "vllm", "--model", preset, "--requests", "10", "--max-new-tokens", "10", "--quiet",
+    done = _isoexec("audit", "--engine", "vllm", "--model", preset, "--requests", "8", "--max-new-tokens", "8", "--quiet",
                     "--json", str(tmp_path / "audit.json"), home=home)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "audit.json").read_text())
     for case in ("trainer_score", "trainer_fwd"):
         r = report[case]
-        assert r["tokens"] == r["bitwise_equal_tokens"] == 100 and r["full_vocab_rows"] == r["full_vocab_rows_bitwise_equal"] == 100, r
+        assert r["tokens"] == r["bitwise_equal_tokens"] == 64 and r["full_vocab_rows"] == r["full_vocab_rows_bitwise_equal"] == 64, r
 
 
 @vllm_installed
@@ -89,14 +89,3 @@ def test_vllm_engines_refuse_what_they_cannot_run():
     assert done.returncode == 2 and "engine vllm runs unsharded" in done.stderr and "Traceback" not in done.stderr
     done = _isoexec("train", "--engine", "sglang", "--steps", "1")
     assert done.returncode == 2 and 'engine must be one of isoexec, vllm, got "sglang"' in done.stderr
-
-
-@vllm_installed
-def test_train_with_vllm_rollouts_of_a_hybrid_model_passes_the_gate(home, tmp_path):
-    """The RL loop on tiny-hybrid with vLLM rollouts: Gated DeltaNet states in vLLM's slots, every step bitwise."""
-    log = tmp_path / "log.jsonl"
-    done = _isoexec("train", "--engine", "vllm", "--model", "tiny-hybrid", "--steps", "1", "--warmup-steps", "1", "--quiet", "--log", str(log),
-                    home=home)
-    assert done.returncode == 0, done.stderr[-3000:]
-    [metrics] = [json.loads(line) for line in log.read_text().splitlines()]
-    assert metrics["bitwise_equal_fraction"] == 1.0 and metrics["full_vocab_rows_bitwise_equal_fraction"] == 1.0, metrics

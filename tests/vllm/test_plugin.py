@@ -49,6 +49,14 @@ def _rows(checkpoint: Path, out: Path, plugins: str, logprobs_mode: str, workloa
     return json.loads(out.read_text())
 
 
+@pytest.fixture(scope="module")
+def plain(checkpoint, tmp_path_factory):
+    """The `plain` workload under the plugin (raw_logits) and through vLLM's own model and sampler: run once for the
+    module's tests."""
+    out = tmp_path_factory.mktemp("plain")
+    return {"plugin": _rows(checkpoint, out / "plugin.json", "isoexec", "raw_logits"), "own": _rows(checkpoint, out / "vllm.json", "", "raw_logprobs")}
+
+
 def _against_trainer(checkpoint: Path, rollouts: list[dict]) -> dict:
     """vLLM's logprobs against trainer_score's rows under tiny-dense: sampled tokens and full-vocabulary rows
     bitwise equal (fp32 bits), and the sampled tokens' mean |Δ|."""
@@ -76,26 +84,26 @@ def _against_trainer(checkpoint: Path, rollouts: list[dict]) -> dict:
 
 
 @vllm_installed
-def test_vllm_with_the_plugin_reports_the_trainers_rows_bit_for_bit(checkpoint, tmp_path):
+def test_vllm_with_the_plugin_reports_the_trainers_rows_bit_for_bit(checkpoint, plain):
     """Under the plugin, with logprobs_mode="raw_logits", every sampled token's logprob and every full-vocabulary
     row vLLM returns is bitwise the trainer's (IsoExec's model inside vLLM, its attention over vLLM's paged
     cache); vLLM's own model and sampler (VLLM_PLUGINS="", its default logprobs) are not, by 1e-4 and more on
     average."""
-    got = _against_trainer(checkpoint, _rows(checkpoint, tmp_path / "plugin.json", "isoexec", "raw_logits"))
+    got = _against_trainer(checkpoint, plain["plugin"])
     assert got["tokens"] == 256 and got["equal_tokens"] == 256 and got["equal_rows"] == 256, got
-    got = _against_trainer(checkpoint, _rows(checkpoint, tmp_path / "vllm.json", "", "raw_logprobs"))
+    got = _against_trainer(checkpoint, plain["own"])
     assert got["tokens"] == 256 and got["equal_rows"] == 0 and got["mean_abs_delta"] > 1e-4, got
 
 
 @vllm_installed
-def test_vllm_with_the_plugin_draws_the_tokens_isoexecs_engine_draws(checkpoint, tmp_path):
+def test_vllm_with_the_plugin_draws_the_tokens_isoexecs_engine_draws(checkpoint, plain):
     """The contract's seeded sample as vLLM's draw (isoexec.vllm.draw): the same prompts and seeds give the same
     tokens and the same logprob bits as IsoExec's own engine; vLLM's own sampler draws others."""
     from isoexec.contract import fit_contract, load
     from isoexec.engine import EngineConfig, LLMEngine, SamplingParams
     from isoexec.model.weights import load as load_model
 
-    rollouts = _rows(checkpoint, tmp_path / "plugin.json", "isoexec", "raw_logits")
+    rollouts = plain["plugin"]
     model = load_model(checkpoint)
     contract = fit_contract(load("tiny-dense"), model.spec, device="cpu")
     engine = LLMEngine(model, contract, EngineConfig.from_contract(contract, num_pages=64), device="cpu")
@@ -104,7 +112,7 @@ def test_vllm_with_the_plugin_draws_the_tokens_isoexecs_engine_draws(checkpoint,
     for c, r in zip(completions, rollouts):
         theirs = [row[t] for row, t in zip(r["rows"], r["tokens"])]
         assert c.logprobs.view(-1).tolist() == theirs
-    vllm_own = _rows(checkpoint, tmp_path / "vllm.json", "", "raw_logprobs")
+    vllm_own = plain["own"]
     assert sum(a["tokens"] != b.token_ids for a, b in zip(vllm_own, completions)) >= len(completions) // 2
 
 

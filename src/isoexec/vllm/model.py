@@ -3,10 +3,11 @@ is the contract's, bound for the engine cases, exactly as in IsoExec's own engin
 
 - The contract: `ISOEXEC_CONTRACT` (a preset name or a contract file; the model family's where unset), fitted to the
   model on vLLM's device.
-- The cache: vLLM allocates keys and values only for its `Attention` modules, so each attention layer owns one,
-  built with IsoExec's attention backend (`attention.py`) and never called: it holds the layer's cache, token-major
-  in vLLM's blocks, which IsoExec's attention op reads and writes at vLLM's own slot numbers (`PagedKV` over
-  `attention.cache_views`). Attention's bits depend on the keys' positions, never on their slots.
+- The cache: vLLM allocates caches only for the layers it knows, so each layer that keeps state owns a holder that
+  is never called: an `Attention` built with IsoExec's attention backend (`attention.py`) for keys and values or an
+  mla layer's latent rows, per token in vLLM's blocks, read and written in place at vLLM's own slot numbers; a
+  `state.StateHolder` for a gdn layer's per-sequence states, in vLLM's state slots. Attention's bits depend on the
+  keys' positions, never on their slots.
 - The batch: vLLM's attention metadata carries the integers IsoExec's `PagedBatch` is made of (query_start_loc,
   seq_lens, block_table, slot_mapping).
 - `compute_logits` returns the contract's full-vocabulary log-probabilities (`logprobs` op), and vLLM must run
