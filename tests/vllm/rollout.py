@@ -94,6 +94,19 @@ def sides(checkpoint: str, out: str) -> None:
         json.dump(answers, f)
 
 
+def unrunnable(checkpoint: str, out: str) -> None:
+    """A contract of Triton kernels (`ISOEXEC_CONTRACT=tiny-dense-triton`) on this CPU worker: what vLLM answers, as JSON."""
+    os.environ["ISOEXEC_CONTRACT"] = "tiny-dense-triton"
+    try:
+        LLM(model=checkpoint, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=128, enforce_eager=True, seed=0,
+            logprobs_mode="raw_logits")
+        answer = "built"
+    except Exception as error:  # noqa: BLE001 (vLLM wraps the model's ValueError)
+        answer = f"refused: {error}"
+    with open(out, "w") as f:
+        json.dump({"answer": answer}, f)
+
+
 def prefix_cached(checkpoint: str, out: str) -> None:
     """A hybrid checkpoint with vLLM's prefix caching on (the plugin keeps per-sequence state without it): what vLLM
     answers, as JSON."""
@@ -110,6 +123,8 @@ def prefix_cached(checkpoint: str, out: str) -> None:
 def main(checkpoint: str, out: str, workload: str, logprobs_mode: str) -> None:
     if workload == "prefix-cached":
         return prefix_cached(checkpoint, out)
+    if workload == "unrunnable":
+        return unrunnable(checkpoint, out)
     if workload == "refused":
         return refused(checkpoint, out)
     if workload == "sides":

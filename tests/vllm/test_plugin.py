@@ -37,14 +37,14 @@ def checkpoint(tmp_path_factory):
     return save(init_random(from_hf_config({**config, "head_dim": 32}), seed=0), tmp_path_factory.mktemp("tiny-qwen3-heads-of-32"))
 
 
-def _rollout(checkpoint: Path, out: Path, plugins: str, logprobs_mode: str, workload: str = "plain"):
-    env = {**os.environ, "VLLM_PLUGINS": plugins}
+def _rollout(checkpoint: Path, out: Path, plugins: str, logprobs_mode: str, workload: str = "plain", unset: tuple = ()):
+    env = {name: value for name, value in os.environ.items() if name not in unset} | {"VLLM_PLUGINS": plugins}
     return subprocess.run([sys.executable, str(Path(__file__).with_name("rollout.py")), str(checkpoint), str(out), workload, logprobs_mode],
                           env=env, capture_output=True, text=True, timeout=600)
 
 
-def _rows(checkpoint: Path, out: Path, plugins: str, logprobs_mode: str, workload: str = "plain") -> list[dict]:
-    done = _rollout(checkpoint, out, plugins, logprobs_mode, workload)
+def _rows(checkpoint: Path, out: Path, plugins: str, logprobs_mode: str, workload: str = "plain", unset: tuple = ()) -> list[dict]:
+    done = _rollout(checkpoint, out, plugins, logprobs_mode, workload, unset)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -170,3 +170,12 @@ def test_a_hybrid_model_with_prefix_caching_is_refused_when_vllm_builds_it(tmp_p
     checkpoint = save(init_random(PRESETS["tiny-hybrid"], seed=0), tmp_path / "tiny-hybrid")
     answer = _rows(checkpoint, tmp_path / "answer.json", "isoexec", "raw_logits", "prefix-cached")["answer"]
     assert answer.startswith("refused") and "without prefix caching" in answer and "enable_prefix_caching=False" in answer, answer
+
+
+@vllm_installed
+def test_a_contract_the_worker_cannot_run_is_refused_when_vllm_builds_the_model(checkpoint, tmp_path):
+    """tiny-dense-triton's Triton kernels on this CPU worker (no GPU, no interpreter): refused before any request,
+    naming the kernels."""
+    # Without the interpreter the suite's conftest turns on for its Triton tests.
+    answer = _rows(checkpoint, tmp_path / "answer.json", "isoexec", "raw_logits", "unrunnable", unset=("TRITON_INTERPRET",))["answer"]
+    assert answer.startswith("refused") and "contract tiny-dense-triton runs Triton kernels" in answer, answer

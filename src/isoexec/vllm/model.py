@@ -33,6 +33,7 @@ from ..model.decoder import Decoder
 from ..model.spec import KVPages, LatentPages, RecurrentState
 from ..model.state import PagedKV, PagedLatent
 from ..model.weights import assign
+from ..ops import triton_support
 from ..rl.handshake import side_fingerprint
 from ..rl.sync import load_state, weights_digest
 from ..runtime.binding import bind
@@ -72,6 +73,10 @@ class IsoExecForCausalLM(nn.Module):
         self.contract = contract
         self.device = device_of(vllm_config)
         self.binding = bind(contract, spec, ENGINE_CASES)
+        kernels = sorted({impl.ref for impl in self.binding.installed.values() if impl.gpu_kernels})
+        if self.device == "cpu" and kernels and not triton_support.interpreting():
+            raise ValueError(f"contract {contract.name} runs Triton kernels ({', '.join(kernels)}), which this CPU worker cannot: "
+                             "serve it on a GPU, or pick a contract of reference kernels with ISOEXEC_CONTRACT")
         self.ops = self.binding.ops
         # One holder per layer that keeps state: keys and values (gqa) or an mla layer's latent rows (kept in the key |
         # value channels of a one-head holder ceil(width / 2) wide), per token in vLLM's paged cache; a gdn layer's
