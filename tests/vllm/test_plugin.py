@@ -57,8 +57,8 @@ def plain(checkpoint, tmp_path_factory):
     return {"plugin": _rows(checkpoint, out / "plugin.json", "isoexec", "raw_logits"), "own": _rows(checkpoint, out / "vllm.json", "", "raw_logprobs")}
 
 
-def _against_trainer(checkpoint: Path, rollouts: list[dict]) -> dict:
-    """vLLM's logprobs against trainer_score's rows under tiny-dense: sampled tokens and full-vocabulary rows
+def _against_trainer(checkpoint: Path, rollouts: list[dict], contract: str = "tiny-dense") -> dict:
+    """vLLM's logprobs against trainer_score's rows under `contract`: sampled tokens and full-vocabulary rows
     bitwise equal (fp32 bits), and the sampled tokens' mean |Δ|."""
     import torch
 
@@ -67,7 +67,7 @@ def _against_trainer(checkpoint: Path, rollouts: list[dict]) -> dict:
     from isoexec.trainer.score import sequence_logprobs
 
     model = load_model(checkpoint)
-    trainer_rows = sequence_logprobs(model, fit_contract(load("tiny-dense"), model.spec, device="cpu"),
+    trainer_rows = sequence_logprobs(model, fit_contract(load(contract), model.spec, device="cpu"),
                                      [r["prompt"] + r["tokens"] for r in rollouts])
     tokens = rows = equal_tokens = equal_rows = 0
     delta = 0.0
@@ -179,3 +179,18 @@ def test_a_contract_the_worker_cannot_run_is_refused_when_vllm_builds_the_model(
     # Without the interpreter the suite's conftest turns on for its Triton tests.
     answer = _rows(checkpoint, tmp_path / "answer.json", "isoexec", "raw_logits", "unrunnable", unset=("TRITON_INTERPRET",))["answer"]
     assert answer.startswith("refused") and "contract tiny-dense-triton runs Triton kernels" in answer, answer
+
+
+@vllm_installed
+def test_a_preempted_hybrid_request_is_recomputed_to_the_trainers_rows(tmp_path):
+    """tiny-hybrid's Gated DeltaNet states in vLLM's slots through a preemption: sequences that outgrow one attention
+    block in a cache too small for all of them, so vLLM preempts one and recomputes it from position 0 in another
+    slot (the contract's layer starts from zeros there whatever the slot held); every row still the trainer's."""
+    from isoexec.model import PRESETS
+    from isoexec.model.weights import init_random, save
+
+    checkpoint = save(init_random(PRESETS["tiny-hybrid"], seed=0), tmp_path / "tiny-hybrid")
+    got = _rows(checkpoint, tmp_path / "preempted.json", "isoexec", "raw_logits", "hybrid-preempted")
+    assert got["preemptions"] >= 1, got["preemptions"]
+    compared = _against_trainer(checkpoint, got["requests"], contract="tiny-hybrid")
+    assert compared["rows"] == 4 * 60 and compared["equal_rows"] == compared["equal_tokens"] == compared["rows"], compared
