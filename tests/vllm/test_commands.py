@@ -68,11 +68,14 @@ def test_audit_through_vllms_own_model_shows_the_mismatch(checkpoint, home, tmp_
 
 @vllm_installed
 def test_train_with_vllm_rollouts_passes_the_gate_every_step(home, tmp_path):
-    """The RL loop with vLLM as its engine: the handshake with vLLM's worker, the weights synced into it every step
-    (digests checked on both sides) and every rollout token and row bitwise the trainer's."""
+    """The RL loop with vLLM as its engine and the trainer at tensor-parallel size 2 (two processes): the handshake with
+    vLLM's worker, the whole weights synced into it every step (digests checked on both sides) and every rollout token
+    and row bitwise the trainer's."""
     log = tmp_path / "log.jsonl"
-    done = _isoexec("train", "--engine", "vllm", "--steps", "2", "--warmup-steps", "2", "--quiet", "--log", str(log), home=home)
+    done = _isoexec("train", "--engine", "vllm", "--trainer-tp", "2", "--steps", "2", "--warmup-steps", "2", "--quiet", "--log", str(log),
+                    "--json", str(tmp_path / "last.json"), home=home)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "last.json").read_text())["layout"]["trainer"]["tp"] == 2
     steps = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(steps) == 2
     for metrics in steps:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from ..parallel import check
 from ..parallel.group import RankGroup
 from .handshake import ensure_admitted
-from .loop import Learner, RLRun, Rollout, initial_model, setup
+from .loop import Learner, RLRun, Rollout, initial_model, local_rollout, setup
 from .warmup import warmup
 
 
@@ -90,7 +90,8 @@ def start_run(config, *, initial=None, group=RankGroup, **options) -> RLRun:
     initial = copy.deepcopy(initial) if initial is not None else warmup(initial_model(config, spec), task, config)
     learner = GroupLearner(group(_learner, config, initial, **config.layout("trainer"), **options), contract)
     try:
-        rollout = GroupRollout(group(_rollout, config, **config.layout("engine"), **options), contract)
+        # vLLM runs in this process (its engine core and worker), unsharded, whatever the trainer's layout.
+        rollout = local_rollout(config) if config.engine == "vllm" else GroupRollout(group(_rollout, config, **config.layout("engine"), **options), contract)
     except BaseException:
         learner.close()
         raise
