@@ -91,7 +91,10 @@ def start_run(config, *, initial=None, group=RankGroup, **options) -> RLRun:
     learner = GroupLearner(group(_learner, config, initial, **config.layout("trainer"), **options), contract)
     try:
         # vLLM runs in this process (its engine core and worker), unsharded, whatever the trainer's layout.
-        rollout = local_rollout(config) if config.engine == "vllm" else GroupRollout(group(_rollout, config, **config.layout("engine"), **options), contract)
+        if config.engine == "vllm":
+            rollout = local_rollout(config)
+        else:
+            rollout = GroupRollout(group(_rollout, config, **config.layout("engine"), **options), contract)
     except BaseException:
         learner.close()
         raise
