@@ -95,30 +95,27 @@ def sides(checkpoint: str, out: str) -> None:
         json.dump(answers, f)
 
 
-def unrunnable(checkpoint: str, out: str) -> None:
-    """A contract of Triton kernels (`ISOEXEC_CONTRACT=tiny-dense-triton`) on this CPU worker: what vLLM answers, as JSON."""
-    os.environ["ISOEXEC_CONTRACT"] = "tiny-dense-triton"
+def _build(checkpoint: str, out: str, **options) -> None:
+    """Build vLLM's engine for `checkpoint` with `options`; whether it was built or refused (and why), as JSON."""
     try:
         LLM(model=checkpoint, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=128, enforce_eager=True, seed=0,
-            logprobs_mode="raw_logits")
+            logprobs_mode="raw_logits", **options)
         answer = "built"
     except Exception as error:  # noqa: BLE001 (vLLM wraps the model's ValueError)
         answer = f"refused: {error}"
     with open(out, "w") as f:
         json.dump({"answer": answer}, f)
+
+
+def unrunnable(checkpoint: str, out: str) -> None:
+    """A contract of Triton kernels (`ISOEXEC_CONTRACT=tiny-dense-triton`) on this CPU worker."""
+    os.environ["ISOEXEC_CONTRACT"] = "tiny-dense-triton"
+    _build(checkpoint, out)
 
 
 def prefix_cached(checkpoint: str, out: str) -> None:
-    """A hybrid checkpoint with vLLM's prefix caching on (the plugin keeps per-sequence state without it): what vLLM
-    answers, as JSON."""
-    try:
-        LLM(model=checkpoint, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=128, enforce_eager=True, seed=0,
-            logprobs_mode="raw_logits", enable_prefix_caching=True)
-        answer = "built"
-    except Exception as error:  # noqa: BLE001 (vLLM wraps the model's ValueError)
-        answer = f"refused: {error}"
-    with open(out, "w") as f:
-        json.dump({"answer": answer}, f)
+    """A hybrid checkpoint with vLLM's prefix caching on (the plugin keeps per-sequence state without it)."""
+    _build(checkpoint, out, enable_prefix_caching=True)
 
 
 def hybrid_preempted(checkpoint: str, out: str) -> None:

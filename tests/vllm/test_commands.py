@@ -55,6 +55,19 @@ def test_audit_through_vllm_is_bitwise_for_the_moe_mla_and_hybrid_families(prese
 
 
 @vllm_installed
+def test_native_gated_deltanet_through_vllm_shows_the_mismatch(home, tmp_path):
+    """The control for the hybrid family inside vLLM: under `native` a decode step is the textbook recurrent update while
+    the trainer computes the chunk form, different arithmetic by construction, so no decoded row keeps the trainer's
+    bits (at most the row each request draws its first token from, in the prefill, may)."""
+    done = _isoexec("audit", "--engine", "vllm", "--contract", "native", "--model", "tiny-hybrid", "--requests", "8", "--max-new-tokens", "8",
+                    "--quiet", "--json", str(tmp_path / "native.json"), home=home)
+    assert done.returncode == 0, done.stderr[-3000:]  # native claims no bits, so a mismatch is reported, not an error
+    report = json.loads((tmp_path / "native.json").read_text())
+    assert report["full_vocab_rows"] == 64 and report["full_vocab_rows_bitwise_equal"] <= 8, report
+    assert "MISMATCH" in done.stdout
+
+
+@vllm_installed
 def test_audit_through_vllms_own_model_shows_the_mismatch(checkpoint, home, tmp_path):  # noqa: F811
     """The same workload through vLLM's own model and sampler (the control, what users without IsoExec get), scored by
     the trainer under the family's contract: exit 1, no full-vocabulary row equal."""

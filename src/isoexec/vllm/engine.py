@@ -66,12 +66,14 @@ class VllmEngine:
         # (or more), under the plugin too, so that both engines run the same workload.
         block = config.kv_page_size * (-(-CPU_BLOCK_MULTIPLE // config.kv_page_size) if self.device == "cpu" else 1)
         blocks = -(-config.num_pages * config.kv_page_size // block)
-        # Per-sequence (gdn) state goes without prefix caching in vLLM (model.py refuses it).
+        # Per-sequence (gdn) state goes without prefix caching in vLLM (model.py refuses it), and vLLM sizes such a model's
+        # blocks by its state pages (hundreds of tokens), so a count of blocks of `block` tokens means nothing there:
+        # vLLM takes its cache from VLLM_CPU_KVCACHE_SPACE instead.
         recurrent = any(isinstance(layer.state(), RecurrentState) for layer in model.spec.layers)
         try:
             self.llm = LLM(model=str(checkpoint), skip_tokenizer_init=True, dtype=model.spec.dtype, seed=0,
                            max_model_len=min(model.spec.max_position_embeddings, blocks * block), block_size=block,
-                           num_gpu_blocks_override=blocks + 1,  # vLLM keeps one block back (its null block)
+                           num_gpu_blocks_override=None if recurrent else blocks + 1,  # vLLM keeps one block back (its null block)
                            max_num_seqs=min(config.max_num_seqs, budget),
                            max_num_batched_tokens=budget, enable_chunked_prefill=True, enable_prefix_caching=config.prefix_caching and not recurrent,
                            enforce_eager=not config.cuda_graphs, max_logprobs=-1, disable_log_stats=False,
