@@ -1,36 +1,72 @@
 """Where gdn.core.triton's forward + backward spends its GPU time: the kernels of one training step under
-torch.profiler, per shape, summed by kernel name (bench.py gdn times the whole step; this splits it).
+torch.profiler, per shape, summed by kernel name (bench.py gdn times the whole step; this splits it); with
+`--sweep`, the step's time under each of the backward's own tiles (chunk, value block, warps, one chunk
+kernel or two) at the first shape, every configuration's gradients compared with the first's. Each profile
+ends with the backward kernels' registers, spills and shared memory as compiled.
 
-    cd benchmarks && PYTHONPATH=../src python3 profile_gdn_bwd.py
+    cd benchmarks && PYTHONPATH=../src python3 profile_gdn_bwd.py [--sweep]
 """
+
+import argparse
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from gdn import GPU, SHAPES, _contract_op, _inputs
+from isoexec.ops.gdn import triton_bwd
+from timing import kernel_ms
+
+# Chunks of 64 take value blocks of 64 or more (triton_bwd's note); 4 warps spill at 64.
+SWEEP = [dict(CHUNK=32, BLOCK_V=32, NUM_WARPS=4, CHUNK_WARPS=4, SPLIT=False), dict(CHUNK=32, BLOCK_V=32, NUM_WARPS=4, CHUNK_WARPS=8, SPLIT=False),
+         *(dict(CHUNK=64, BLOCK_V=bv, NUM_WARPS=8, CHUNK_WARPS=w, SPLIT=split) for bv in (64, 128) for w in (8, 16) for split in (False, True))]
+
+
+def _step(op, x, positions, grad):
+    out = op(x["q"], x["k"], x["v"], x["a"], x["b"], x["a_log"], x["dt_bias"], positions=positions)
+    out.backward(grad)
+    grads = {k: t.grad for k, t in x.items()}
+    for t in x.values():
+        t.grad = None
+    return grads
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sweep", action="store_true", help="time the step under each of the backward's tiles instead of profiling")
+    args = parser.parse_args()
     device = torch.device("cuda")
     op, _, _ = _contract_op(GPU["contract"])
     generator = torch.Generator(device=device).manual_seed(0)
-    for shape_name, shape in SHAPES.items():
+    default = {name: getattr(triton_bwd, name) for name in SWEEP[0]}
+    for shape_name, shape in list(SHAPES.items())[: 1 if args.sweep else None]:
         for seqs, seq_len in GPU["training"]:
             x = {k: t.requires_grad_() for k, t in _inputs(shape, seqs * seq_len, device, generator).items()}
             positions = torch.arange(seq_len, device=device).repeat(seqs)
-
-            def step():
-                out = op(x["q"], x["k"], x["v"], x["a"], x["b"], x["a_log"], x["dt_bias"], positions=positions)
-                out.backward(torch.ones_like(out))
-                for t in x.values():
-                    t.grad = None
-
+            grad = torch.randn(seqs * seq_len, shape[1], shape[3], device=device, generator=generator).to(torch.bfloat16)
+            if args.sweep:
+                want = None
+                print(f"== {shape_name} training {seqs} x {seq_len}: forward + backward (ms), gradients vs the first "
+                      f"configuration's", flush=True)
+                for config in SWEEP:
+                    for name, value in config.items():
+                        setattr(triton_bwd, name, value)
+                    try:
+                        got = _step(op, x, positions, grad)
+                        want = want or got
+                        rel = max(float((got[k].float() - want[k].float()).norm() / want[k].float().norm()) for k in want)
+                        ms = kernel_ms(lambda: _step(op, x, positions, grad), device)
+                        print(f"   {config}  {ms:.3f} ms  max relative difference of a gradient {rel:.1e}", flush=True)
+                    except Exception as error:  # noqa: BLE001  (a tile that does not compile is a row, not the end)
+                        print(f"   {config}  failed: {type(error).__name__}: {str(error).splitlines()[0][:120]}", flush=True)
+                for name, value in default.items():
+                    setattr(triton_bwd, name, value)
+                continue
             for _ in range(3):
-                step()
+                _step(op, x, positions, grad)
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(5):
-                    step()
+                    _step(op, x, positions, grad)
                 torch.cuda.synchronize()
             print(f"== {shape_name} training {seqs} x {seq_len}: CUDA time per step, by kernel (5 steps)")
             rows = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
@@ -38,6 +74,9 @@ def main() -> None:
             print(f"   total {total:.3f} ms")
             for e in rows[:12]:
                 print(f"   {e.device_time_total / 5 / 1000:8.3f} ms  {e.count // 5:4d} calls  {e.key[:110]}")
+            for name in dir(triton_bwd):
+                for kernel in getattr(getattr(triton_bwd, name), "launches", {}).values():
+                    print(f"   {name}: {kernel.n_regs} registers, {kernel.n_spills} spilled, {kernel.metadata.shared} B shared")
 
 
 if __name__ == "__main__":

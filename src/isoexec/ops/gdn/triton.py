@@ -334,7 +334,7 @@ class _TritonGDN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, a, b, a_log, dt_bias, positions, chunk_size, dtypes, tiles):
         ctx.save_for_backward(q, k, v, a, b, a_log, dt_bias, positions)
-        ctx.chunk_size, ctx.tiles = chunk_size, tiles
+        ctx.tiles = tiles
         return gdn_fwd(q, k, v, a, b, a_log, dt_bias, None, None, None, positions, chunk_size, torch_dtype(dtypes["output_dtype"]), **tiles)
 
     @staticmethod
@@ -342,7 +342,7 @@ class _TritonGDN(torch.autograd.Function):
         from .triton_bwd import gdn_bwd  # it builds on this module's helpers
 
         saved = ctx.saved_tensors
-        grads = gdn_bwd(*saved, grad, ctx.chunk_size, ctx.tiles["precision"])
+        grads = gdn_bwd(*saved, grad, ctx.tiles["precision"])
         return (*(g.to(t.dtype) if need else None for g, t, need in zip(grads, saved, ctx.needs_input_grad)), None, None, None, None)
 
 

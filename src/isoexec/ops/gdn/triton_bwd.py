@@ -1,6 +1,8 @@
 """gdn.core.triton's backward pass (trainer_fwd): the gradients of the chunk form as Triton kernels. Only the
 forward must give the engine's bits; the backward must be correct (its tests: float64 autograd of the
-token-by-token recurrence), and here it is fast rather than invariant, with a tile of its own.
+token-by-token recurrence), and here it is fast rather than invariant. It therefore takes chunks of its own
+size (`CHUNK`, larger than the contract's): every chunk size computes the same function, and bigger chunks mean
+fewer serial steps, fewer stored states and fuller tensor-core tiles.
 
 A trainer call has no cache: every run starts at position 0, and chunk n of a run is its rows
 [nC, (n+1)C). Per chunk, with E_ij = e^{c_i - c_j}, A = β (k kᵀ ∘ E) below the diagonal, T = (I + A)^-1,
@@ -12,18 +14,20 @@ o = e^c (q S) + P δ and the next chunk's S' = e^{c_C} S + (e^{c_C - c} k)ᵀ δ
     dP = dO δᵀ,  dW = -dδ Sᵀ,  dT = dδ Yᵀ + dW Xᵀ,  dY = Tᵀ dδ,  dX = Tᵀ dW,  dA = -Tᵀ dT Tᵀ,
 
 then the products' rules for q, k, β and v, and for c (each E_ij adds to dc_i and takes from dc_j), and
-dg = the reverse cumsum of dc within the chunk. Three launches:
+dg = the reverse cumsum of dc within the chunk. As flash-linear-attention splits its backward, only the two
+state chains are serial, and they carry nothing but the chain's own products:
 
-1. `gdn_states_kernel`, a program per (run, value head, block of value columns), walks each run's chunks
-   forward and stores the state at every chunk's start (S_0 = 0), by the forward's chunk arithmetic;
-2. `gdn_dstates_kernel`, the same grid, walks them backward and stores dS at every chunk's end (dδ and dS
-   need no state);
-3. `gdn_bwd_kernel`, a program per (chunk, value head, value block), all chunks at once: the chunk's
-   gradients from its S and dS'.
-
-A program's gradients for q, k, β and g are its value block's share (every term is linear in dδ and dO,
-which split by value columns): they land in per-block buffers that the host sums, together with the
-value heads sharing a key head, before the l2 norms' and the gates' backward (elementwise, in torch).
+1. `gdn_bwd_wy_kernel`, a program per (chunk, value head): T, W and U of every chunk at once;
+2. `gdn_bwd_states_kernel`, a program per (run, value head, block of value columns): the forward walk,
+   δ = U - W S and S' from it (two products a chunk), storing S at every chunk's start and δ;
+3. `gdn_bwd_dstates_kernel`, the same grid backward: dδ and dS (the chunk-local Pᵀ dO and qᵀ (e^c dO) beside
+   the chain's two products), storing dS' at every chunk's end and dδ;
+4. a program per (chunk, value head), all chunks at once: every gradient of the chunk from S, dS', δ and dδ,
+   the value blocks in a loop (no per-block partial sums), the gates' backward at the end; as one kernel
+   (`gdn_bwd_chunk_kernel`) or two (`gdn_bwd_outputs_kernel`: through the outputs and the next state;
+   `gdn_bwd_wy_grads_kernel`: through T, W and U), with SPLIT;
+5. `gdn_bwd_norms_kernel`: the l2 norms' backward of q and k, the shares of the value heads sharing a key
+   head summed.
 """
 
 from __future__ import annotations
@@ -33,44 +37,7 @@ from torch import Tensor
 
 from .. import triton_support
 from ..triton_support import jit, tl, triton
-from .reference import L2_EPS as _L2_EPS
-from .reference import SOFTPLUS_THRESHOLD
-from .triton import PRECISIONS, SUB, _gates, _inverse, _mm, _operand, _padded, _rows_mask, _strided16
-
-L2_EPS = tl.constexpr(_L2_EPS) if tl is not None else _L2_EPS
-
-
-@jit
-def _chunk(k, v, a, b, tok, m_row, o_k, o_v, i_kh, i_h, neg_a, bias, stride_kt, stride_kh, stride_vt, stride_vh, stride_at,
-           DK: tl.constexpr, DK_PAD: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
-    """A chunk's rows (zero past the run): k [C, DK_PAD] and its l2-normalised kn, v [C, BV], g and β [C]."""
-    # Every stride is a multiple of 16 elements (gdn_bwd pads where not): 16-byte vector loads.
-    k_rows = tl.multiple_of(tok * stride_kt + i_kh * stride_kh, 16)
-    v_rows = tl.multiple_of(tok * stride_vt + i_h * stride_vh, 16)
-    kf = tl.load(k + k_rows[:, None] + o_k[None, :], mask=_rows_mask(m_row, o_k < DK, DK == DK_PAD), other=0.0).to(tl.float32)
-    vf = tl.load(v + v_rows[:, None] + o_v[None, :], mask=_rows_mask(m_row, o_v < DV, DV % BV == 0), other=0.0).to(tl.float32)
-    g, beta = _gates(tl.load(a + tok * stride_at + i_h, mask=m_row, other=0.0), tl.load(b + tok * stride_at + i_h, mask=m_row, other=0.0),
-                         neg_a, bias)
-    kn = kf * (1.0 / tl.sqrt(tl.sum(kf * kf, 1) + L2_EPS))[:, None]
-    return kn, vf, tl.where(m_row, g, 0.0), tl.where(m_row, beta, 0.0)
-
-
-@jit
-def _solve(kn, vf, g, beta, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """-> (c, E below the diagonal, k kᵀ, T, X, Y, W, U) of a chunk, the forward's arithmetic."""
-    rows = tl.arange(0, C)
-    below = rows[:, None] > rows[None, :]
-    c = tl.cumsum(g, 0)
-    e_below = tl.where(below, tl.exp(tl.where(below, c[:, None] - c[None, :], 0.0)), 0.0)
-    kn_op = _operand(kn, PRECISION, INTERPRET)
-    gram = _mm(kn_op, tl.trans(kn_op), PRECISION, INTERPRET)
-    inverse = _inverse(beta[:, None] * gram * e_below, C, SUB, PRECISION, INTERPRET)
-    x = (beta * tl.exp(c))[:, None] * kn
-    y = beta[:, None] * vf
-    inv_op = _operand(inverse, PRECISION, INTERPRET)
-    w = _mm(inv_op, _operand(x, PRECISION, INTERPRET), PRECISION, INTERPRET)
-    u = _mm(inv_op, _operand(y, PRECISION, INTERPRET), PRECISION, INTERPRET)
-    return c, e_below, gram, inverse, x, y, w, u
+from .triton import L2_EPS, PRECISIONS, SOFTPLUS_THRESHOLD, SUB, _gates, _inverse, _mm, _operand, _padded, _rows_mask, _strided16
 
 
 @jit
@@ -78,29 +45,16 @@ def _dot(a, b, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     return _mm(_operand(a, PRECISION, INTERPRET), _operand(b, PRECISION, INTERPRET), PRECISION, INTERPRET)
 
 
-@jit(do_not_specialize=["stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_at"])
-def gdn_states_kernel(k, v, a, b, a_log, dt_bias, states, run_first, run_len, run_chunk0,
-                      stride_kt, stride_kh, stride_vt, stride_vh, stride_at,
-                      GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, BV: tl.constexpr,
-                      C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    i_r, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t0, n, chunk0 = tl.load(run_first + i_r).to(tl.int64), tl.load(run_len + i_r), tl.load(run_chunk0 + i_r).to(tl.int64)
-    rows = tl.arange(0, C)
-    o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
-    m_state = (o_k < DK)[:, None] & (o_v < DV)[None, :]
-    neg_a, bias = -tl.exp(tl.load(a_log + i_h).to(tl.float32)), tl.load(dt_bias + i_h).to(tl.float32)
-    s = tl.zeros([DK_PAD, BV], dtype=tl.float32)
-    j = 0
-    while j * C < n:
-        tl.store(states + ((chunk0 + j) * HV + i_h) * (DK * DV) + o_k[:, None] * DV + o_v[None, :], s, mask=m_state)
-        m_row = rows < n - j * C
-        kn, vf, g, beta = _chunk(k, v, a, b, t0 + j * C + rows, m_row, o_k, o_v, i_h // GROUP, i_h, neg_a, bias,
-                                 stride_kt, stride_kh, stride_vt, stride_vh, stride_at, DK, DK_PAD, DV, BV)
-        c, e_below, gram, inverse, x, y, w, u = _solve(kn, vf, g, beta, C, SUB, PRECISION, INTERPRET)
-        delta = u - _dot(w, s, PRECISION, INTERPRET)
-        c_last = tl.sum(tl.where(rows == C - 1, c, 0.0), 0)
-        s = tl.exp(c_last) * s + _dot(tl.trans(kn * tl.exp(c_last - c)[:, None]), delta, PRECISION, INTERPRET)
-        j += 1
+@jit
+def _keys(k, a, b, tok, m_row, o_k, i_kh, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK: tl.constexpr, DK_PAD: tl.constexpr):
+    """A chunk's l2-normalised keys [C, DK_PAD], gates g and β [C] (zero past the run)."""
+    # Every stride is a multiple of 16 elements (gdn_bwd pads where not): 16-byte vector loads.
+    k_rows = tl.multiple_of(tok * stride_kt + i_kh * stride_kh, 16)
+    kf = tl.load(k + k_rows[:, None] + o_k[None, :], mask=_rows_mask(m_row, o_k < DK, DK == DK_PAD), other=0.0).to(tl.float32)
+    g, beta = _gates(tl.load(a + tok * stride_at + i_h, mask=m_row, other=0.0), tl.load(b + tok * stride_at + i_h, mask=m_row, other=0.0),
+                     neg_a, bias)
+    kn = kf * (1.0 / tl.sqrt(tl.sum(kf * kf, 1) + L2_EPS))[:, None]
+    return kn, tl.where(m_row, g, 0.0), tl.where(m_row, beta, 0.0)
 
 
 @jit
@@ -112,25 +66,82 @@ def _queries(q, tok, m_row, o_k, i_kh, q_scale, stride_qt, stride_qh, DK: tl.con
 
 
 @jit
-def _d_delta(qn, kn, c, d_o, ds, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """dδ = Pᵀ dO + (e^{c_C - c} k) dS', with P and the scores q kᵀ it is made of."""
+def _last(c, C: tl.constexpr):
+    """c's last row: the decay over the whole chunk (rows past a run add g = 0)."""
+    return tl.sum(tl.where(tl.arange(0, C) == C - 1, c, 0.0), 0)
+
+
+@jit
+def _decays(c, C: tl.constexpr, BELOW: tl.constexpr):
+    """E_ij = e^{c_i - c_j} below the diagonal (BELOW) or on and below it, zero elsewhere."""
     rows = tl.arange(0, C)
-    upto = rows[:, None] >= rows[None, :]
-    e_upto = tl.where(upto, tl.exp(tl.where(upto, c[:, None] - c[None, :], 0.0)), 0.0)
-    qk = _dot(qn, tl.trans(kn), PRECISION, INTERPRET)
-    scores = tl.where(upto, qk * e_upto, 0.0)
-    decay_k = tl.exp(tl.sum(tl.where(rows == C - 1, c, 0.0), 0) - c)
-    d_delta = _dot(tl.trans(scores), d_o, PRECISION, INTERPRET) + _dot(kn * decay_k[:, None], ds, PRECISION, INTERPRET)
-    return d_delta, e_upto, qk, decay_k
+    if BELOW:
+        m = rows[:, None] > rows[None, :]
+    else:
+        m = rows[:, None] >= rows[None, :]
+    return tl.where(m, tl.exp(tl.where(m, c[:, None] - c[None, :], 0.0)), 0.0)
 
 
-@jit(do_not_specialize=["q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_at",
-                        "stride_dt", "stride_dh"])
-def gdn_dstates_kernel(q, k, v, a, b, a_log, dt_bias, d_out, dstates, run_first, run_len, run_chunk0, q_scale,
-                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_dt, stride_dh,
-                       GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr,
-                       BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """The reverse walk: dS at every chunk's end, dS = e^{c_C} dS' + qᵀ (e^c dO) - Wᵀ dδ (no state needed)."""
+@jit(do_not_specialize=["stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_at"])
+def gdn_bwd_wy_kernel(k, v, a, b, a_log, dt_bias, t_buf, w_buf, u_buf, chunk_first, chunk_len, stride_kt, stride_kh, stride_vt, stride_vh,
+                      stride_at, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr,
+                      DV_PAD: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """A chunk's T = (I + A)^-1, W = T (β e^c k) and U = T (β v), by the forward's arithmetic (fp32 out)."""
+    i_n, i_h = tl.program_id(0), tl.program_id(1)
+    rows = tl.arange(0, C)
+    o_k, o_v = tl.arange(0, DK_PAD), tl.arange(0, DV_PAD)
+    m_row = rows < tl.load(chunk_len + i_n)
+    tok = tl.load(chunk_first + i_n).to(tl.int64) + rows
+    neg_a, bias = -tl.exp(tl.load(a_log + i_h).to(tl.float32)), tl.load(dt_bias + i_h).to(tl.float32)
+    kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
+    v_rows = tl.multiple_of(tok * stride_vt + i_h * stride_vh, 16)
+    m_v = _rows_mask(m_row, o_v < DV, DV == DV_PAD)
+    vf = tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_v, other=0.0).to(tl.float32)
+    c = tl.cumsum(g, 0)
+    system = beta[:, None] * _dot(kn, tl.trans(kn), PRECISION, INTERPRET) * _decays(c, C, True)
+    inverse = _inverse(system, C, SUB, PRECISION, INTERPRET)
+    tl.store(t_buf + (i_n.to(tl.int64) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :], inverse)
+    p = tok * HV + i_h
+    w = _dot(inverse, (beta * tl.exp(c))[:, None] * kn, PRECISION, INTERPRET)
+    tl.store(w_buf + p[:, None] * DK + o_k[None, :], w, mask=_rows_mask(m_row, o_k < DK, DK == DK_PAD))
+    tl.store(u_buf + p[:, None] * DV + o_v[None, :], _dot(inverse, beta[:, None] * vf, PRECISION, INTERPRET), mask=m_v)
+
+
+@jit(do_not_specialize=["stride_kt", "stride_kh", "stride_at"])
+def gdn_bwd_states_kernel(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, run_first, run_len, run_chunk0,
+                          stride_kt, stride_kh, stride_at, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                          DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The forward walk: S at every chunk's start (S_0 = 0) and δ = U - W S of every row."""
+    i_r, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t0, n, chunk0 = tl.load(run_first + i_r).to(tl.int64), tl.load(run_len + i_r), tl.load(run_chunk0 + i_r).to(tl.int64)
+    rows = tl.arange(0, C)
+    o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < DK, o_v < DV
+    neg_a, bias = -tl.exp(tl.load(a_log + i_h).to(tl.float32)), tl.load(dt_bias + i_h).to(tl.float32)
+    s = tl.zeros([DK_PAD, BV], dtype=tl.float32)
+    j = 0
+    while j * C < n:
+        tl.store(states + ((chunk0 + j) * HV + i_h) * (DK * DV) + o_k[:, None] * DV + o_v[None, :], s, mask=m_k[:, None] & m_v[None, :])
+        m_row = rows < n - j * C
+        tok = t0 + j * C + rows
+        kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
+        c = tl.cumsum(g, 0)
+        p = tok * HV + i_h
+        w = tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD), other=0.0)
+        m_cv = _rows_mask(m_row, m_v, DV % BV == 0)
+        delta = tl.load(u_buf + p[:, None] * DV + o_v[None, :], mask=m_cv, other=0.0) - _dot(w, s, PRECISION, INTERPRET)
+        tl.store(delta_buf + p[:, None] * DV + o_v[None, :], delta, mask=m_cv)
+        c_last = _last(c, C)
+        s = tl.exp(c_last) * s + _dot(tl.trans(kn * tl.exp(c_last - c)[:, None]), delta, PRECISION, INTERPRET)
+        j += 1
+
+
+@jit(do_not_specialize=["q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_at", "stride_dt", "stride_dh"])
+def gdn_bwd_dstates_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, run_first, run_len, run_chunk0, q_scale,
+                           stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh,
+                           GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr,
+                           BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The reverse walk: dS' at every chunk's end and dδ of every row; dS = e^{c_C} dS' + qᵀ (e^c dO) - Wᵀ dδ."""
     i_r, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t0, n, chunk0 = tl.load(run_first + i_r).to(tl.int64), tl.load(run_len + i_r), tl.load(run_chunk0 + i_r).to(tl.int64)
     rows = tl.arange(0, C)
@@ -143,85 +154,207 @@ def gdn_dstates_kernel(q, k, v, a, b, a_log, dt_bias, d_out, dstates, run_first,
         tl.store(dstates + ((chunk0 + j) * HV + i_h) * (DK * DV) + o_k[:, None] * DV + o_v[None, :], ds, mask=m_k[:, None] & m_v[None, :])
         m_row = rows < n - j * C
         tok = t0 + j * C + rows
-        kn, vf, g, beta = _chunk(k, v, a, b, tok, m_row, o_k, o_v, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_vt,
-                                 stride_vh, stride_at, DK, DK_PAD, DV, BV)
-        c, e_below, gram, inverse, x, y, w, u = _solve(kn, vf, g, beta, C, SUB, PRECISION, INTERPRET)
+        kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
+        c = tl.cumsum(g, 0)
+        c_last = _last(c, C)
         qn = _queries(q, tok, m_row, o_k, i_h // GROUP, q_scale, stride_qt, stride_qh, DK, DK_PAD)
+        p = tok * HV + i_h
+        m_cv = _rows_mask(m_row, m_v, DV % BV == 0)
         d_rows = tl.multiple_of(tok * stride_dt + i_h * stride_dh, 16)
-        d_o = tl.load(d_out + d_rows[:, None] + o_v[None, :], mask=_rows_mask(m_row, m_v, DV % BV == 0), other=0.0).to(tl.float32)
-        d_delta, e_upto, qk, decay_k = _d_delta(qn, kn, c, d_o, ds, C, PRECISION, INTERPRET)
-        c_last = tl.sum(tl.where(rows == C - 1, c, 0.0), 0)
+        d_o = tl.load(d_out + d_rows[:, None] + o_v[None, :], mask=m_cv, other=0.0).to(tl.float32)
+        scores = _dot(qn, tl.trans(kn), PRECISION, INTERPRET) * _decays(c, C, False)
+        d_delta = _dot(tl.trans(scores), d_o, PRECISION, INTERPRET) \
+            + _dot(kn * tl.exp(c_last - c)[:, None], ds, PRECISION, INTERPRET)
+        tl.store(d_delta_buf + p[:, None] * DV + o_v[None, :], d_delta, mask=m_cv)
+        w = tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD), other=0.0)
         ds = tl.exp(c_last) * ds + _dot(tl.trans(qn), tl.exp(c)[:, None] * d_o, PRECISION, INTERPRET) \
             - _dot(tl.trans(w), d_delta, PRECISION, INTERPRET)
         j -= 1
 
 
-@jit(do_not_specialize=["q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_at",
-                        "stride_dt", "stride_dh", "T"])
-def gdn_bwd_kernel(q, k, v, a, b, a_log, dt_bias, d_out, states, dstates, dq, dk, dv, dbeta, dg, chunk_first, chunk_len, q_scale,
-                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_dt, stride_dh, T,
-                   GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, BV: tl.constexpr,
-                   C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """One chunk's gradients, from its start state S and the gradient dS' at its end: every chunk in parallel."""
-    i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+@jit
+def _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at, GROUP: tl.constexpr,
+                HV: tl.constexpr, DK: tl.constexpr, DK_PAD: tl.constexpr, C: tl.constexpr):
+    """Chunk i_n's tokens, row mask, rows of the per-token buffers, keys, β and decay cumsum c."""
     rows = tl.arange(0, C)
-    o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < DK, o_v < DV
-    m_state = m_k[:, None] & m_v[None, :]
-    i_kh = i_h // GROUP
-    neg_a, bias = -tl.exp(tl.load(a_log + i_h).to(tl.float32)), tl.load(dt_bias + i_h).to(tl.float32)
-    below = rows[:, None] > rows[None, :]
-    upto = rows[:, None] >= rows[None, :]
     m_row = rows < tl.load(chunk_len + i_n)
     tok = tl.load(chunk_first + i_n).to(tl.int64) + rows
-    p_state = (i_n.to(tl.int64) * HV + i_h) * (DK * DV) + o_k[:, None] * DV + o_v[None, :]
-    s = tl.load(states + p_state, mask=m_state, other=0.0)
-    ds = tl.load(dstates + p_state, mask=m_state, other=0.0)
-    kn, vf, g, beta = _chunk(k, v, a, b, tok, m_row, o_k, o_v, i_kh, i_h, neg_a, bias, stride_kt, stride_kh, stride_vt, stride_vh,
-                             stride_at, DK, DK_PAD, DV, BV)
-    c, e_below, gram, inverse, x, y, w, u = _solve(kn, vf, g, beta, C, SUB, PRECISION, INTERPRET)
-    qn = _queries(q, tok, m_row, o_k, i_kh, q_scale, stride_qt, stride_qh, DK, DK_PAD)
-    delta = u - _dot(w, s, PRECISION, INTERPRET)  # [C, BV]
-    m_out = _rows_mask(m_row, m_v, DV % BV == 0)
+    neg_a, bias = -tl.exp(tl.load(a_log + i_h).to(tl.float32)), tl.load(dt_bias + i_h).to(tl.float32)
+    kn, g, beta = _keys(k, a, b, tok, m_row, tl.arange(0, DK_PAD), i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK,
+                        DK_PAD)
+    return tok, m_row, tok * HV + i_h, kn, beta, tl.cumsum(g, 0)
+
+
+@jit
+def _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq, tok, m_row, p, kn, c, i_n, i_h, q_scale,
+                           stride_qt, stride_qh, stride_dt, stride_dh, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                           DV: tl.constexpr, DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr,
+                           INTERPRET: tl.constexpr):
+    """The chunk's gradients through o = e^c (q S) + P δ and S' = e^{c_C} S + (e^{c_C - c} k)ᵀ δ: stores dq (of
+    the normalised queries, this value head's share) and returns dW = -dδ Sᵀ and the shares of dk and dc."""
+    NV: tl.constexpr = (DV + BV - 1) // BV
+    rows = tl.arange(0, C)
+    o_k = tl.arange(0, DK_PAD)
+    m_k = o_k < DK
+    qn = _queries(q, tok, m_row, o_k, i_h // GROUP, q_scale, stride_qt, stride_qh, DK, DK_PAD)
+    c_last = _last(c, C)
+    e_c, decay_k = tl.exp(c), tl.exp(c_last - c)
     d_rows = tl.multiple_of(tok * stride_dt + i_h * stride_dh, 16)
-    d_o = tl.load(d_out + d_rows[:, None] + o_v[None, :], mask=m_out, other=0.0).to(tl.float32)
-    d_delta, e_upto, qk, decay_k = _d_delta(qn, kn, c, d_o, ds, C, PRECISION, INTERPRET)
-    c_last = tl.sum(tl.where(rows == C - 1, c, 0.0), 0)
-    e_c = tl.exp(c)
-    # The outputs' products: P δ and e^c (q S).
-    d_p = tl.where(upto, _dot(d_o, tl.trans(delta), PRECISION, INTERPRET), 0.0)
-    d_scores = d_p * e_upto
-    m_kout = _rows_mask(m_row, m_k, DK == DK_PAD)
-    p_part = (i_v * T + tok) * HV + i_h  # [C]: this value block's share
-    d_qn = _dot(d_scores, kn, PRECISION, INTERPRET) + e_c[:, None] * _dot(d_o, tl.trans(s), PRECISION, INTERPRET)
-    tl.store(dq + p_part[:, None] * DK + o_k[None, :], d_qn, mask=m_kout)
+    p_state = (i_n.to(tl.int64) * HV + i_h) * (DK * DV) + o_k[:, None] * DV
+    # The products with the state and the outputs, summed over the value blocks: dO δᵀ, dO Sᵀ, dδ Sᵀ, δ dS'ᵀ.
+    d_p = tl.zeros([C, C], dtype=tl.float32)
+    d_o_s = tl.zeros([C, DK_PAD], dtype=tl.float32)
+    d_w = tl.zeros([C, DK_PAD], dtype=tl.float32)
+    d_decayed = tl.zeros([C, DK_PAD], dtype=tl.float32)
+    s_ds = 0.0
+    for i_v in range(NV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < DV
+        m_state = m_k[:, None] & m_v[None, :]
+        m_cv = _rows_mask(m_row, m_v, DV % BV == 0)
+        s = tl.load(states + p_state + o_v[None, :], mask=m_state, other=0.0)
+        ds = tl.load(dstates + p_state + o_v[None, :], mask=m_state, other=0.0)
+        delta = tl.load(delta_buf + p[:, None] * DV + o_v[None, :], mask=m_cv, other=0.0)
+        d_delta = tl.load(d_delta_buf + p[:, None] * DV + o_v[None, :], mask=m_cv, other=0.0)
+        d_o = tl.load(d_out + d_rows[:, None] + o_v[None, :], mask=m_cv, other=0.0).to(tl.float32)
+        d_p += _dot(d_o, tl.trans(delta), PRECISION, INTERPRET)
+        d_o_s += _dot(d_o, tl.trans(s), PRECISION, INTERPRET)
+        d_w -= _dot(d_delta, tl.trans(s), PRECISION, INTERPRET)
+        d_decayed += _dot(delta, tl.trans(ds), PRECISION, INTERPRET)
+        s_ds += tl.sum(tl.sum(s * ds, 1), 0)
+    # P = q kᵀ ∘ E on and below the diagonal.
+    d_scores = d_p * _decays(c, C, False)
+    d_qn = _dot(d_scores, kn, PRECISION, INTERPRET) + e_c[:, None] * d_o_s
+    tl.store(dq + p[:, None] * DK + o_k[None, :], d_qn, mask=_rows_mask(m_row, m_k, DK == DK_PAD))
+    d_c = e_c * tl.sum(d_o_s * qn, 1)
     d_kn = _dot(tl.trans(d_scores), qn, PRECISION, INTERPRET)
-    d_c = e_c * tl.sum(d_o * _dot(qn, s, PRECISION, INTERPRET), 1)
-    # δ = T Y - T X S, through T = (I + A)^-1 into A = β (k kᵀ ∘ E).
-    d_w = -_dot(d_delta, tl.trans(s), PRECISION, INTERPRET)  # [C, DK_PAD]
-    d_t = _dot(d_delta, tl.trans(y), PRECISION, INTERPRET) + _dot(d_w, tl.trans(x), PRECISION, INTERPRET)
-    d_y = _dot(tl.trans(inverse), d_delta, PRECISION, INTERPRET)
-    tl.store(dv + (tok[:, None] * HV + i_h) * DV + o_v[None, :], beta[:, None] * d_y, mask=m_out)
-    d_x = _dot(tl.trans(inverse), d_w, PRECISION, INTERPRET)
-    d_a = tl.where(below, -_dot(tl.trans(inverse), _dot(d_t, tl.trans(inverse), PRECISION, INTERPRET), PRECISION, INTERPRET), 0.0)
-    d_gram = d_a * beta[:, None] * e_below
-    d_kn += _dot(d_gram, kn, PRECISION, INTERPRET) + _dot(tl.trans(d_gram), kn, PRECISION, INTERPRET)
-    x_dot = tl.sum(d_x * kn, 1)
-    d_beta = tl.sum(d_a * gram * e_below, 1) + tl.sum(d_y * vf, 1) + e_c * x_dot
-    d_kn += (beta * e_c)[:, None] * d_x
-    d_c += beta * e_c * x_dot
-    # Every E_ij = e^{c_i - c_j} (in P and in A): + to dc_i, - to dc_j.
-    d_e = (d_p * qk + d_a * beta[:, None] * gram) * e_upto
+    d_e = d_scores * _dot(qn, tl.trans(kn), PRECISION, INTERPRET)
     d_c += tl.sum(d_e, 1) - tl.sum(d_e, 0)
-    # The next chunk's start state S' = e^{c_C} S + (e^{c_C - c} k)ᵀ δ.
-    d_decayed = _dot(delta, tl.trans(ds), PRECISION, INTERPRET)  # [C, DK_PAD]
+    # The next chunk's start state.
     d_kn += decay_k[:, None] * d_decayed
     t_j = decay_k * tl.sum(kn * d_decayed, 1)
-    d_c_last = tl.exp(c_last) * tl.sum(tl.sum(s * ds, 1), 0) + tl.sum(t_j, 0)
-    d_c += tl.where(rows == C - 1, d_c_last, 0.0) - t_j
-    tl.store(dk + p_part[:, None] * DK + o_k[None, :], d_kn, mask=m_kout)
-    tl.store(dbeta + p_part, d_beta, mask=m_row)
-    tl.store(dg + p_part, tl.cumsum(d_c, 0, reverse=True), mask=m_row)
+    d_c += tl.where(rows == C - 1, tl.exp(c_last) * s_ds + tl.sum(t_j, 0), 0.0) - t_j
+    return d_w, d_kn, d_c
+
+
+@jit
+def _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, db, da_log, tok, m_row, p, kn, beta, c, d_w, d_kn, d_c,
+                      i_n, i_h, stride_vt, stride_vh, stride_at, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                      DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The rest: through δ = T Y - T X S and T = (I + A)^-1 into A = β (k kᵀ ∘ E), X = β e^c k and Y = β v;
+    stores dk (of the normalised keys, this value head's share), dv, and the gates' gradients: da and db, and
+    each token's term of dA_log."""
+    NV: tl.constexpr = (DV + BV - 1) // BV
+    rows = tl.arange(0, C)
+    o_k = tl.arange(0, DK_PAD)
+    e_c = tl.exp(c)
+    inverse = tl.load(t_buf + (i_n.to(tl.int64) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :])
+    d_t = _dot(d_w, tl.trans((beta * e_c)[:, None] * kn), PRECISION, INTERPRET)
+    d_beta = tl.zeros([C], dtype=tl.float32)
+    v_rows = tl.multiple_of(tok * stride_vt + i_h * stride_vh, 16)
+    for i_v in range(NV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_cv = _rows_mask(m_row, o_v < DV, DV % BV == 0)
+        d_delta = tl.load(d_delta_buf + p[:, None] * DV + o_v[None, :], mask=m_cv, other=0.0)
+        vf = tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_cv, other=0.0).to(tl.float32)
+        d_y = _dot(tl.trans(inverse), d_delta, PRECISION, INTERPRET)
+        tl.store(dv + p[:, None] * DV + o_v[None, :], (beta[:, None] * d_y).to(dv.dtype.element_ty), mask=m_cv)
+        d_beta += tl.sum(d_y * vf, 1)
+        d_t += _dot(d_delta, tl.trans(beta[:, None] * vf), PRECISION, INTERPRET)
+    d_x = _dot(tl.trans(inverse), d_w, PRECISION, INTERPRET)
+    # dA ∘ E: zero on and above the diagonal.
+    d_a = -_dot(tl.trans(inverse), _dot(d_t, tl.trans(inverse), PRECISION, INTERPRET), PRECISION, INTERPRET) * _decays(c, C, True)
+    gram = _dot(kn, tl.trans(kn), PRECISION, INTERPRET)
+    d_gram = d_a * beta[:, None]
+    d_kn += _dot(d_gram, kn, PRECISION, INTERPRET) + _dot(tl.trans(d_gram), kn, PRECISION, INTERPRET)
+    x_dot = tl.sum(d_x * kn, 1)
+    d_beta += tl.sum(d_a * gram, 1) + e_c * x_dot
+    d_kn += (beta * e_c)[:, None] * d_x
+    d_c += beta * e_c * x_dot
+    d_e = d_gram * gram
+    d_c += tl.sum(d_e, 1) - tl.sum(d_e, 0)
+    tl.store(dk + p[:, None] * DK + o_k[None, :], d_kn, mask=_rows_mask(m_row, o_k < DK, DK == DK_PAD))
+    # The gates: g = -e^{A_log} softplus(a + dt_bias), β = sigmoid(b); dg = the reverse cumsum of dc.
+    d_g = tl.cumsum(d_c, 0, reverse=True)
+    x = tl.load(a + tok * stride_at + i_h, mask=m_row, other=0.0).to(tl.float32) + tl.load(dt_bias + i_h).to(tl.float32)
+    rate = tl.exp(tl.load(a_log + i_h).to(tl.float32))
+    big = x > SOFTPLUS_THRESHOLD
+    softplus = tl.where(big, x, tl.log(1.0 + tl.exp(tl.where(big, 0.0, x))))
+    tl.store(da + p, -rate * tl.where(big, 1.0, 1.0 / (1.0 + tl.exp(-x))) * d_g, mask=m_row)
+    tl.store(db + p, d_beta * beta * (1.0 - beta), mask=m_row)
+    tl.store(da_log + p, -rate * softplus * d_g, mask=m_row)
+
+
+@jit(do_not_specialize=["q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_at",
+                        "stride_dt", "stride_dh"])
+def gdn_bwd_chunk_kernel(q, k, v, a, b, a_log, dt_bias, d_out, t_buf, states, dstates, delta_buf, d_delta_buf, dq, dk, dv, da, db, da_log,
+                         chunk_first, chunk_len, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at,
+                         stride_dt, stride_dh, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                         DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """One chunk's gradients from its S, dS', δ and dδ: every chunk in parallel, the value blocks in a loop."""
+    i_n, i_h = tl.program_id(0), tl.program_id(1)
+    tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
+                                             GROUP, HV, DK, DK_PAD, C)
+    d_w, d_kn, d_c = _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq, tok, m_row, p, kn, c, i_n, i_h, q_scale,
+                                            stride_qt, stride_qh, stride_dt, stride_dh, GROUP, HV, DK, DV, DK_PAD, BV, C, PRECISION,
+                                            INTERPRET)
+    _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, db, da_log, tok, m_row, p, kn, beta, c, d_w, d_kn, d_c,
+                      i_n, i_h, stride_vt, stride_vh, stride_at, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
+
+
+@jit(do_not_specialize=["q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_at", "stride_dt", "stride_dh"])
+def gdn_bwd_outputs_kernel(q, k, a, b, a_log, dt_bias, d_out, states, dstates, delta_buf, d_delta_buf, dq, d_w_buf, d_kn_buf, d_c_buf,
+                           chunk_first, chunk_len, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh,
+                           GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr,
+                           BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """`gdn_bwd_chunk_kernel`'s first half as a kernel of its own (SPLIT): its dW and shares of dk and dc stored."""
+    i_n, i_h = tl.program_id(0), tl.program_id(1)
+    tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
+                                             GROUP, HV, DK, DK_PAD, C)
+    d_w, d_kn, d_c = _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq, tok, m_row, p, kn, c, i_n, i_h, q_scale,
+                                            stride_qt, stride_qh, stride_dt, stride_dh, GROUP, HV, DK, DV, DK_PAD, BV, C, PRECISION,
+                                            INTERPRET)
+    o_k = tl.arange(0, DK_PAD)
+    m_kout = _rows_mask(m_row, o_k < DK, DK == DK_PAD)
+    tl.store(d_w_buf + p[:, None] * DK + o_k[None, :], d_w, mask=m_kout)
+    tl.store(d_kn_buf + p[:, None] * DK + o_k[None, :], d_kn, mask=m_kout)
+    # Every row, by chunk row (a padded row's dc reaches the run's last row; its token is the next run's).
+    tl.store(d_c_buf + (i_n.to(tl.int64) * C + tl.arange(0, C)) * HV + i_h, d_c)
+
+
+@jit(do_not_specialize=["stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_at"])
+def gdn_bwd_wy_grads_kernel(k, v, a, b, a_log, dt_bias, t_buf, d_delta_buf, d_w_buf, d_kn_buf, d_c_buf, dk, dv, da, db, da_log,
+                            chunk_first, chunk_len, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, GROUP: tl.constexpr,
+                            HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+                            PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """`gdn_bwd_chunk_kernel`'s second half as a kernel of its own (SPLIT)."""
+    i_n, i_h = tl.program_id(0), tl.program_id(1)
+    tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
+                                             GROUP, HV, DK, DK_PAD, C)
+    o_k = tl.arange(0, DK_PAD)
+    m_kout = _rows_mask(m_row, o_k < DK, DK == DK_PAD)
+    d_w = tl.load(d_w_buf + p[:, None] * DK + o_k[None, :], mask=m_kout, other=0.0)
+    d_kn = tl.load(d_kn_buf + p[:, None] * DK + o_k[None, :], mask=m_kout, other=0.0)
+    d_c = tl.load(d_c_buf + (i_n.to(tl.int64) * C + tl.arange(0, C)) * HV + i_h)
+    _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, db, da_log, tok, m_row, p, kn, beta, c, d_w, d_kn, d_c,
+                      i_n, i_h, stride_vt, stride_vh, stride_at, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
+
+
+@jit(do_not_specialize=["num_tokens", "scale", "stride_xt", "stride_xh"])
+def gdn_bwd_norms_kernel(x, d_xn, dx, num_tokens, scale, stride_xt, stride_xh, GROUP: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr,
+                         DK_PAD: tl.constexpr, BT: tl.constexpr):
+    """dx of xn = scale x / sqrt(Σ x² + eps) for BT tokens of key head i_kh, dxn summed over its GROUP value heads."""
+    i_t, i_kh = tl.program_id(0), tl.program_id(1)
+    tok = (i_t * BT + tl.arange(0, BT)).to(tl.int64)
+    o_k = tl.arange(0, DK_PAD)
+    m = (tok < num_tokens)[:, None] & (o_k < DK)[None, :]
+    xf = tl.load(x + tok[:, None] * stride_xt + i_kh * stride_xh + o_k[None, :], mask=m, other=0.0).to(tl.float32)
+    d = tl.zeros([BT, DK_PAD], dtype=tl.float32)
+    for j in range(GROUP):
+        d += tl.load(d_xn + ((tok * (HK * GROUP) + i_kh * GROUP + j) * DK)[:, None] + o_k[None, :], mask=m, other=0.0)
+    r = 1.0 / tl.sqrt(tl.sum(xf * xf, 1) + L2_EPS)
+    out = scale * (r[:, None] * d - (r * r * r * tl.sum(xf * d, 1))[:, None] * xf)
+    tl.store(dx + (tok[:, None] * HK + i_kh) * DK + o_k[None, :], out.to(dx.dtype.element_ty), mask=m)
 
 
 def _runs(positions: Tensor, chunk_size: int) -> tuple[Tensor, ...]:
@@ -240,18 +373,19 @@ def _runs(positions: Tensor, chunk_size: int) -> tuple[Tensor, ...]:
     return tuple(t.to(torch.int32) for t in (first, length, chunk0, chunk_first, chunk_len))
 
 
-def _l2_norm_backward(x: Tensor, grad: Tensor, scale: float) -> Tensor:
-    """x [..., D] -> the gradient of scale · x · rsqrt(Σ x² + eps) given `grad` of it (fp32)."""
-    r = torch.rsqrt((x * x).sum(-1, keepdim=True) + _L2_EPS)
-    return scale * (r * grad - r**3 * (x * grad).sum(-1, keepdim=True) * x)
+# The backward's own tiles (its bits are nobody's contract): chunks of CHUNK rows, blocks of BLOCK_V value
+# columns, NUM_WARPS warps a program (CHUNK_WARPS for the chunks' gradients), loads not pipelined (NUM_STAGES
+# 1: the chunk kernel's loop over value blocks, pipelined, asks for more than sm_90's 227 KB of shared memory
+# at chunks of 64). Chunks of 64 need BLOCK_V >= 64: with 32, Triton 3.6's sm_90 code computes wrong values
+# and faults (as gdn.core.triton's forward does with such a pair).
+CHUNK, BLOCK_V, NUM_WARPS, CHUNK_WARPS, NUM_STAGES = 64, 64, 8, 8, 1
+# SPLIT: the chunks' gradients as two kernels (dW and the shares of dk and dc through memory): the one kernel
+# spills (255 registers, 256 B spilled at chunks of 64) and the pair was 1-3% faster on the H200 at heads of
+# 128 (benchmarks/profile_gdn_bwd.py --sweep). NORM_TOKENS: tokens a program of the norms' backward.
+SPLIT, NORM_TOKENS = True, 16
 
 
-# The backward's own tile (its bits are nobody's contract): 64 value columns, 8 warps, the configuration that
-# compiles with no spill (states, dstates) or the least (the chunk gradients, 0.8 KB) for sm_90 at heads of 128.
-BLOCK_V, NUM_WARPS = 64, 8
-
-
-def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, chunk_size: int, precision: str) -> tuple[Tensor, ...]:
+def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: str) -> tuple[Tensor, ...]:
     """The gradients of gdn_core (a trainer call: no cache) with respect to q, k, v, a, b, A_log, dt_bias; the
     products' operands as the forward's `dot_precision`."""
     num_tokens, num_k_heads, k_dim = q.shape
@@ -262,42 +396,57 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, chunk_size: 
     q, k, v, grad = _strided16(q, k_pad), _strided16(k, k_pad), _strided16(v, v_pad), _strided16(grad, v_pad)
     a, b = a.contiguous(), b.contiguous()
     a_log, dt_bias = a_log.contiguous(), dt_bias.contiguous()
-    first, length, chunk0, chunk_first, chunk_len = _runs(positions, chunk_size)
+    chunk = CHUNK
+    if chunk == 64 and BLOCK_V < 64:
+        raise ValueError(f"gdn.core.triton's backward: chunks of 64 need BLOCK_V >= 64, got {BLOCK_V}")
+    first, length, chunk0, chunk_first, chunk_len = _runs(positions, chunk)
     num_chunks = chunk_first.shape[0]
-    block_v, num_warps = min(BLOCK_V, v_pad), NUM_WARPS
-    grid = (first.shape[0], num_v_heads, triton.cdiv(v_dim, block_v))
-    num_blocks_v = grid[2]
-    dims = dict(GROUP=group, HV=num_v_heads, DK=k_dim, DV=v_dim, DK_PAD=k_pad, BV=block_v, C=chunk_size, SUB=SUB,
-                PRECISION=PRECISIONS[precision], INTERPRET=triton_support.interpreting())
+    block_v = min(BLOCK_V, v_pad)
+    runs = (first.shape[0], num_v_heads, triton.cdiv(v_dim, block_v))
+    chunks = (num_chunks, num_v_heads)
+    dims = dict(GROUP=group, HV=num_v_heads, DK=k_dim, DV=v_dim, DK_PAD=k_pad, C=chunk, PRECISION=PRECISIONS[precision],
+                INTERPRET=triton_support.interpreting(), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    chunk_dims = {**dims, "num_warps": CHUNK_WARPS}
     f32 = dict(dtype=torch.float32, device=device)
-    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), grad.stride(0), grad.stride(1))
+    q_scale = float(k_dim**-0.5)
+    qs, ks, vs, ats, ds = (q.stride(0), q.stride(1)), (k.stride(0), k.stride(1)), (v.stride(0), v.stride(1)), a.stride(0), \
+        (grad.stride(0), grad.stride(1))
+
+    t_buf = torch.empty(num_chunks, num_v_heads, chunk, chunk, **f32)
+    w_buf = torch.empty(num_tokens, num_v_heads, k_dim, **f32)
+    u_buf = torch.empty(num_tokens, num_v_heads, v_dim, **f32)
+    gdn_bwd_wy_kernel[chunks](k, v, a, b, a_log, dt_bias, t_buf, w_buf, u_buf, chunk_first, chunk_len, *ks, *vs, ats, DV_PAD=v_pad,
+                              SUB=SUB, **dims)
     states = torch.empty(num_chunks, num_v_heads, k_dim, v_dim, **f32)
-    gdn_states_kernel[grid](k, v, a, b, a_log, dt_bias, states, first, length, chunk0, *strides[2:7], num_warps=num_warps, **dims)
+    delta = u_buf  # δ overwrites U row by row: a walk reads a chunk's U before it stores that chunk's δ
+    gdn_bwd_states_kernel[runs](k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta, first, length, chunk0, *ks, ats, BV=block_v, **dims)
     dstates = torch.empty(num_chunks, num_v_heads, k_dim, v_dim, **f32)
-    gdn_dstates_kernel[grid](q, k, v, a, b, a_log, dt_bias, grad, dstates, first, length, chunk0, float(k_dim**-0.5), *strides,
-                             num_warps=num_warps, **dims)
-    dqn = torch.empty(num_blocks_v, num_tokens, num_v_heads, k_dim, **f32)
-    dkn = torch.empty(num_blocks_v, num_tokens, num_v_heads, k_dim, **f32)
-    dv = torch.empty(num_tokens, num_v_heads, v_dim, **f32)
-    dbeta = torch.empty(num_blocks_v, num_tokens, num_v_heads, **f32)
-    dg = torch.empty(num_blocks_v, num_tokens, num_v_heads, **f32)
-    gdn_bwd_kernel[(num_chunks, num_v_heads, num_blocks_v)](
-        q, k, v, a, b, a_log, dt_bias, grad, states, dstates, dqn, dkn, dv, dbeta, dg, chunk_first, chunk_len, float(k_dim**-0.5), *strides,
-        num_tokens, num_warps=num_warps, **dims)
-    # The value blocks' shares, the value heads of one key head, then the norms' and the gates' backward.
-    dqn = dqn.sum(0).view(num_tokens, num_k_heads, group, k_dim).sum(2)
-    dkn = dkn.sum(0).view(num_tokens, num_k_heads, group, k_dim).sum(2)
-    dq = _l2_norm_backward(q.float(), dqn, k_dim**-0.5)
-    dk = _l2_norm_backward(k.float(), dkn, 1.0)
-    dbeta, dg = dbeta.sum(0), dg.sum(0)
-    beta = torch.sigmoid(b.float())
-    db = dbeta * beta * (1 - beta)
-    x = a.float() + dt_bias.float()
-    rate = torch.exp(a_log.float())
-    softplus = torch.where(x > SOFTPLUS_THRESHOLD, x, torch.log1p(torch.exp(torch.where(x > SOFTPLUS_THRESHOLD, 0.0, x))))
-    dx = -rate * torch.where(x > SOFTPLUS_THRESHOLD, 1.0, torch.sigmoid(x)) * dg
-    da_log = (dg * -rate * softplus).sum(0)
-    return dq, dk, dv, dx, db, da_log, dx.sum(0)
+    d_delta = torch.empty(num_tokens, num_v_heads, v_dim, **f32)
+    gdn_bwd_dstates_kernel[runs](q, k, a, b, a_log, dt_bias, grad, w_buf, dstates, d_delta, first, length, chunk0, q_scale, *qs, *ks, ats,
+                                 *ds, BV=block_v, **dims)
+    dqn = torch.empty(num_tokens, num_v_heads, k_dim, **f32)
+    dkn = w_buf if not SPLIT else torch.empty(num_tokens, num_v_heads, k_dim, **f32)  # W is read by the walks alone
+    dv = torch.empty(num_tokens, num_v_heads, v_dim, dtype=v.dtype, device=device)
+    da, db, da_log = (torch.empty(num_tokens, num_v_heads, **f32) for _ in range(3))
+    if SPLIT:
+        d_c = torch.empty(num_chunks * chunk, num_v_heads, **f32)  # by chunk row, padded rows too
+        gdn_bwd_outputs_kernel[chunks](q, k, a, b, a_log, dt_bias, grad, states, dstates, delta, d_delta, dqn, w_buf, dkn, d_c, chunk_first,
+                                       chunk_len, q_scale, *qs, *ks, ats, *ds, BV=block_v, **chunk_dims)
+        gdn_bwd_wy_grads_kernel[chunks](k, v, a, b, a_log, dt_bias, t_buf, d_delta, w_buf, dkn, d_c, dkn, dv, da, db, da_log, chunk_first,
+                                        chunk_len, *ks, *vs, ats, BV=block_v, **chunk_dims)
+    else:
+        gdn_bwd_chunk_kernel[chunks](q, k, v, a, b, a_log, dt_bias, grad, t_buf, states, dstates, delta, d_delta, dqn, dkn, dv, da, db,
+                                     da_log, chunk_first, chunk_len, q_scale, *qs, *ks, *vs, ats, *ds, BV=block_v, **chunk_dims)
+    # The l2 norms' backward, the value heads of one key head summed.
+    dq = torch.empty(num_tokens, num_k_heads, k_dim, dtype=q.dtype, device=device)
+    dk = torch.empty(num_tokens, num_k_heads, k_dim, dtype=k.dtype, device=device)
+    norms = (triton.cdiv(num_tokens, NORM_TOKENS), num_k_heads)
+    for x, dxn, dx, scale in ((q, dqn, dq, q_scale), (k, dkn, dk, 1.0)):
+        gdn_bwd_norms_kernel[norms](x, dxn, dx, num_tokens, scale, x.stride(0), x.stride(1), GROUP=group, HK=num_k_heads, DK=k_dim,
+                                    DK_PAD=k_pad, BT=NORM_TOKENS, num_warps=4)
+    return dq, dk, dv, da, db, da_log.sum(0), da.sum(0)
 
 
-SOURCES = (gdn_states_kernel, gdn_dstates_kernel, gdn_bwd_kernel, _chunk, _solve, _queries, _d_delta, _dot)
+SOURCES = (gdn_bwd_wy_kernel, gdn_bwd_states_kernel, gdn_bwd_dstates_kernel, gdn_bwd_chunk_kernel, gdn_bwd_outputs_kernel,
+           gdn_bwd_wy_grads_kernel, gdn_bwd_norms_kernel, _chunk_rows, _grads_through_outputs, _grads_through_wy, _keys, _queries, _last,
+           _decays, _dot)
