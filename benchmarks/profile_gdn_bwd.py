@@ -1,7 +1,7 @@
 """Where gdn.core.triton's forward + backward spends its GPU time: the kernels of one training step under
 torch.profiler, per shape, summed by kernel name (bench.py gdn times the whole step; this splits it); with
 `--sweep`, the step's time under each of the backward's own tiles (chunk, value block, warps, one chunk
-kernel or two) at the first shape, every configuration's gradients compared with the first's. Each profile
+kernel or two, bf16 buffers or fp32) at the first shape, every configuration's gradients compared with the first's. Each profile
 ends with the backward kernels' registers, spills and shared memory as compiled.
 
     cd benchmarks && PYTHONPATH=../src python3 profile_gdn_bwd.py [--sweep]
@@ -16,9 +16,10 @@ from gdn import GPU, SHAPES, _contract_op, _inputs
 from isoexec.ops.gdn import triton_bwd
 from timing import kernel_ms
 
-# Chunks of 64 take value blocks of 64 or more (triton_bwd's note); 4 warps spill at 64.
-SWEEP = [dict(CHUNK=32, BLOCK_V=32, NUM_WARPS=4, CHUNK_WARPS=4, SPLIT=False), dict(CHUNK=32, BLOCK_V=32, NUM_WARPS=4, CHUNK_WARPS=8, SPLIT=False),
-         *(dict(CHUNK=64, BLOCK_V=bv, NUM_WARPS=8, CHUNK_WARPS=w, SPLIT=split) for bv in (64, 128) for w in (8, 16) for split in (False, True))]
+# Chunks of 64 take value blocks of 64 or more (triton_bwd's note); 4 warps spill at 64. The first row is the default.
+_C64 = dict(CHUNK=64, BLOCK_V=64, NUM_WARPS=8, CHUNK_WARPS=8, SPLIT=True, BF16_BUFFERS=True)
+SWEEP = [_C64, {**_C64, "BF16_BUFFERS": False}, {**_C64, "SPLIT": False}, {**_C64, "NUM_WARPS": 4}, {**_C64, "BLOCK_V": 128},
+         {**_C64, "BLOCK_V": 128, "CHUNK_WARPS": 16}, dict(CHUNK=32, BLOCK_V=32, NUM_WARPS=4, CHUNK_WARPS=4, SPLIT=True, BF16_BUFFERS=True)]
 
 
 def _step(op, x, positions, grad):

@@ -155,6 +155,32 @@ def test_gradients_match_float64_autograd_of_the_recurrence(chunks_of_16, monkey
     _gradients_against_float64(triton_op(block_v=block_v), (C + 5, 1, 2 * C, 4 * C + 3), atol=2e-5, rtol=1e-4)
 
 
+def test_bf16_buffers_round_as_the_operands_do(chunks_of_16, monkeypatch):
+    """With bf16 operands the backward stores T, W, the states, δ, dS', dδ and dW as bf16: the gradients that
+    reach them only as operands (q, k, v, b) keep their bits exactly, and those through Σ S ∘ dS' (a, A_log,
+    dt_bias) move by little; the control, fp32 operands, changes q's gradient."""
+    monkeypatch.setattr(test_core, "DV", 48)
+    monkeypatch.setattr(gdn_triton_bwd, "BLOCK_V", 32)
+    monkeypatch.setattr(gdn_triton_bwd, "CHUNK", 32)
+    seqs, params = [make_seq(n, seed=n) for n in (C + 5, 1, 4 * C + 3)], make_params()
+
+    def gradients(precision, bf16_buffers):
+        monkeypatch.setattr(gdn_triton_bwd, "BF16_BUFFERS", bf16_buffers)
+        leaves = [{n: t.clone().requires_grad_() for n, t in seq.items()} for seq in seqs]
+        p32 = {n: t.clone().requires_grad_() for n, t in params.items()}
+        outs = test_core.packed(triton_op(block_v=32, dot_precision=precision), leaves, p32)
+        sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum() for o in outs).backward()
+        return {f"{n}[{i}]": t.grad for i, leaf in enumerate(leaves) for n, t in leaf.items()} | {n: t.grad for n, t in p32.items()}
+
+    stored, kept = gradients("bf16", True), gradients("bf16", False)
+    for name, got in stored.items():
+        if name[0] in "qkvb":
+            assert bitwise_equal(got, kept[name]), name
+        else:
+            torch.testing.assert_close(got, kept[name], rtol=1e-2, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    assert not bitwise_equal(gradients("ieee", False)["q[0]"], kept["q[0]"])
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the backward's own tiles at Qwen3.5's head sizes: compiled for the GPU")
 @pytest.mark.parametrize("precision, atol, rtol, norm", [("ieee", 1e-4, 1e-4, None), ("bf16", None, None, 2e-2)])
 def test_at_qwen_head_sizes_gradients_match_float64(chunks_of_16, monkeypatch, precision, atol, rtol, norm):

@@ -46,6 +46,15 @@ def _dot(a, b, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @jit
+def _stored(x, INTERPRET: tl.constexpr):
+    """A tile loaded from a buffer of products' operands (bf16 with bf16 products): as loaded, or as fp32 in the
+    interpreter, which holds bf16 as raw bits (triton_support's doc)."""
+    if INTERPRET:
+        x = x.to(tl.float32)
+    return x
+
+
+@jit
 def _keys(k, a, b, tok, m_row, o_k, i_kh, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK: tl.constexpr, DK_PAD: tl.constexpr):
     """A chunk's l2-normalised keys [C, DK_PAD], gates g and β [C] (zero past the run)."""
     # Every stride is a multiple of 16 elements (gdn_bwd pads where not): 16-byte vector loads.
@@ -100,10 +109,10 @@ def gdn_bwd_wy_kernel(k, v, a, b, a_log, dt_bias, t_buf, w_buf, u_buf, chunk_fir
     c = tl.cumsum(g, 0)
     system = beta[:, None] * _dot(kn, tl.trans(kn), PRECISION, INTERPRET) * _decays(c, C, True)
     inverse = _inverse(system, C, SUB, PRECISION, INTERPRET)
-    tl.store(t_buf + (i_n.to(tl.int64) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :], inverse)
+    tl.store(t_buf + (i_n.to(tl.int64) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :], inverse.to(t_buf.dtype.element_ty))
     p = tok * HV + i_h
     w = _dot(inverse, (beta * tl.exp(c))[:, None] * kn, PRECISION, INTERPRET)
-    tl.store(w_buf + p[:, None] * DK + o_k[None, :], w, mask=_rows_mask(m_row, o_k < DK, DK == DK_PAD))
+    tl.store(w_buf + p[:, None] * DK + o_k[None, :], w.to(w_buf.dtype.element_ty), mask=_rows_mask(m_row, o_k < DK, DK == DK_PAD))
     tl.store(u_buf + p[:, None] * DV + o_v[None, :], _dot(inverse, beta[:, None] * vf, PRECISION, INTERPRET), mask=m_v)
 
 
@@ -121,16 +130,17 @@ def gdn_bwd_states_kernel(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_b
     s = tl.zeros([DK_PAD, BV], dtype=tl.float32)
     j = 0
     while j * C < n:
-        tl.store(states + ((chunk0 + j) * HV + i_h) * (DK * DV) + o_k[:, None] * DV + o_v[None, :], s, mask=m_k[:, None] & m_v[None, :])
+        tl.store(states + ((chunk0 + j) * HV + i_h) * (DK * DV) + o_k[:, None] * DV + o_v[None, :], s.to(states.dtype.element_ty),
+                 mask=m_k[:, None] & m_v[None, :])
         m_row = rows < n - j * C
         tok = t0 + j * C + rows
         kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
         c = tl.cumsum(g, 0)
         p = tok * HV + i_h
-        w = tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD), other=0.0)
+        w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD), other=0.0), INTERPRET)
         m_cv = _rows_mask(m_row, m_v, DV % BV == 0)
         delta = tl.load(u_buf + p[:, None] * DV + o_v[None, :], mask=m_cv, other=0.0) - _dot(w, s, PRECISION, INTERPRET)
-        tl.store(delta_buf + p[:, None] * DV + o_v[None, :], delta, mask=m_cv)
+        tl.store(delta_buf + p[:, None] * DV + o_v[None, :], delta.to(delta_buf.dtype.element_ty), mask=m_cv)
         c_last = _last(c, C)
         s = tl.exp(c_last) * s + _dot(tl.trans(kn * tl.exp(c_last - c)[:, None]), delta, PRECISION, INTERPRET)
         j += 1
@@ -151,7 +161,8 @@ def gdn_bwd_dstates_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_
     ds = tl.zeros([DK_PAD, BV], dtype=tl.float32)
     j = tl.cdiv(n, C) - 1
     while j >= 0:
-        tl.store(dstates + ((chunk0 + j) * HV + i_h) * (DK * DV) + o_k[:, None] * DV + o_v[None, :], ds, mask=m_k[:, None] & m_v[None, :])
+        tl.store(dstates + ((chunk0 + j) * HV + i_h) * (DK * DV) + o_k[:, None] * DV + o_v[None, :], ds.to(dstates.dtype.element_ty),
+                 mask=m_k[:, None] & m_v[None, :])
         m_row = rows < n - j * C
         tok = t0 + j * C + rows
         kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
@@ -165,8 +176,8 @@ def gdn_bwd_dstates_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_
         scores = _dot(qn, tl.trans(kn), PRECISION, INTERPRET) * _decays(c, C, False)
         d_delta = _dot(tl.trans(scores), d_o, PRECISION, INTERPRET) \
             + _dot(kn * tl.exp(c_last - c)[:, None], ds, PRECISION, INTERPRET)
-        tl.store(d_delta_buf + p[:, None] * DV + o_v[None, :], d_delta, mask=m_cv)
-        w = tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD), other=0.0)
+        tl.store(d_delta_buf + p[:, None] * DV + o_v[None, :], d_delta.to(d_delta_buf.dtype.element_ty), mask=m_cv)
+        w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD), other=0.0), INTERPRET)
         ds = tl.exp(c_last) * ds + _dot(tl.trans(qn), tl.exp(c)[:, None] * d_o, PRECISION, INTERPRET) \
             - _dot(tl.trans(w), d_delta, PRECISION, INTERPRET)
         j -= 1
@@ -212,16 +223,16 @@ def _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq
         m_v = o_v < DV
         m_state = m_k[:, None] & m_v[None, :]
         m_cv = _rows_mask(m_row, m_v, DV % BV == 0)
-        s = tl.load(states + p_state + o_v[None, :], mask=m_state, other=0.0)
-        ds = tl.load(dstates + p_state + o_v[None, :], mask=m_state, other=0.0)
-        delta = tl.load(delta_buf + p[:, None] * DV + o_v[None, :], mask=m_cv, other=0.0)
-        d_delta = tl.load(d_delta_buf + p[:, None] * DV + o_v[None, :], mask=m_cv, other=0.0)
+        s = _stored(tl.load(states + p_state + o_v[None, :], mask=m_state, other=0.0), INTERPRET)
+        ds = _stored(tl.load(dstates + p_state + o_v[None, :], mask=m_state, other=0.0), INTERPRET)
+        delta = _stored(tl.load(delta_buf + p[:, None] * DV + o_v[None, :], mask=m_cv, other=0.0), INTERPRET)
+        d_delta = _stored(tl.load(d_delta_buf + p[:, None] * DV + o_v[None, :], mask=m_cv, other=0.0), INTERPRET)
         d_o = tl.load(d_out + d_rows[:, None] + o_v[None, :], mask=m_cv, other=0.0).to(tl.float32)
         d_p += _dot(d_o, tl.trans(delta), PRECISION, INTERPRET)
         d_o_s += _dot(d_o, tl.trans(s), PRECISION, INTERPRET)
         d_w -= _dot(d_delta, tl.trans(s), PRECISION, INTERPRET)
         d_decayed += _dot(delta, tl.trans(ds), PRECISION, INTERPRET)
-        s_ds += tl.sum(tl.sum(s * ds, 1), 0)
+        s_ds += tl.sum(tl.sum(s.to(tl.float32) * ds.to(tl.float32), 1), 0)
     # P = q kᵀ ∘ E on and below the diagonal.
     d_scores = d_p * _decays(c, C, False)
     d_qn = _dot(d_scores, kn, PRECISION, INTERPRET) + e_c[:, None] * d_o_s
@@ -248,14 +259,14 @@ def _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, d
     rows = tl.arange(0, C)
     o_k = tl.arange(0, DK_PAD)
     e_c = tl.exp(c)
-    inverse = tl.load(t_buf + (i_n.to(tl.int64) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :])
+    inverse = _stored(tl.load(t_buf + (i_n.to(tl.int64) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :]), INTERPRET)
     d_t = _dot(d_w, tl.trans((beta * e_c)[:, None] * kn), PRECISION, INTERPRET)
     d_beta = tl.zeros([C], dtype=tl.float32)
     v_rows = tl.multiple_of(tok * stride_vt + i_h * stride_vh, 16)
     for i_v in range(NV):
         o_v = i_v * BV + tl.arange(0, BV)
         m_cv = _rows_mask(m_row, o_v < DV, DV % BV == 0)
-        d_delta = tl.load(d_delta_buf + p[:, None] * DV + o_v[None, :], mask=m_cv, other=0.0)
+        d_delta = _stored(tl.load(d_delta_buf + p[:, None] * DV + o_v[None, :], mask=m_cv, other=0.0), INTERPRET)
         vf = tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_cv, other=0.0).to(tl.float32)
         d_y = _dot(tl.trans(inverse), d_delta, PRECISION, INTERPRET)
         tl.store(dv + p[:, None] * DV + o_v[None, :], (beta[:, None] * d_y).to(dv.dtype.element_ty), mask=m_cv)
@@ -316,7 +327,7 @@ def gdn_bwd_outputs_kernel(q, k, a, b, a_log, dt_bias, d_out, states, dstates, d
                                             INTERPRET)
     o_k = tl.arange(0, DK_PAD)
     m_kout = _rows_mask(m_row, o_k < DK, DK == DK_PAD)
-    tl.store(d_w_buf + p[:, None] * DK + o_k[None, :], d_w, mask=m_kout)
+    tl.store(d_w_buf + p[:, None] * DK + o_k[None, :], d_w.to(d_w_buf.dtype.element_ty), mask=m_kout)
     tl.store(d_kn_buf + p[:, None] * DK + o_k[None, :], d_kn, mask=m_kout)
     # Every row, by chunk row (a padded row's dc reaches the run's last row; its token is the next run's).
     tl.store(d_c_buf + (i_n.to(tl.int64) * C + tl.arange(0, C)) * HV + i_h, d_c)
@@ -333,7 +344,7 @@ def gdn_bwd_wy_grads_kernel(k, v, a, b, a_log, dt_bias, t_buf, d_delta_buf, d_w_
                                              GROUP, HV, DK, DK_PAD, C)
     o_k = tl.arange(0, DK_PAD)
     m_kout = _rows_mask(m_row, o_k < DK, DK == DK_PAD)
-    d_w = tl.load(d_w_buf + p[:, None] * DK + o_k[None, :], mask=m_kout, other=0.0)
+    d_w = _stored(tl.load(d_w_buf + p[:, None] * DK + o_k[None, :], mask=m_kout, other=0.0), INTERPRET)
     d_kn = tl.load(d_kn_buf + p[:, None] * DK + o_k[None, :], mask=m_kout, other=0.0)
     d_c = tl.load(d_c_buf + (i_n.to(tl.int64) * C + tl.arange(0, C)) * HV + i_h)
     _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, db, da_log, tok, m_row, p, kn, beta, c, d_w, d_kn, d_c,
@@ -383,6 +394,8 @@ CHUNK, BLOCK_V, NUM_WARPS, CHUNK_WARPS, NUM_STAGES = 64, 64, 8, 8, 1
 # spills (255 registers, 256 B spilled at chunks of 64) and the pair was 1-3% faster on the H200 at heads of
 # 128 (benchmarks/profile_gdn_bwd.py --sweep). NORM_TOKENS: tokens a program of the norms' backward.
 SPLIT, NORM_TOKENS = True, 16
+# BF16_BUFFERS: with bf16 operands, the buffers read back as operands alone are bf16 (gdn_bwd's note).
+BF16_BUFFERS = True
 
 
 def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: str) -> tuple[Tensor, ...]:
@@ -408,30 +421,35 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
                 INTERPRET=triton_support.interpreting(), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     chunk_dims = {**dims, "num_warps": CHUNK_WARPS}
     f32 = dict(dtype=torch.float32, device=device)
+    # T, W, the states, δ, dS', dδ and dW are read back as products' operands alone (the one elementwise use,
+    # Σ S ∘ dS' for the last row's dc, takes them as stored): with bf16 operands they are stored as bf16, which
+    # rounds them as the operand would, for half the traffic and registers.
+    ops = dict(dtype=torch.bfloat16 if precision == "bf16" and BF16_BUFFERS else torch.float32, device=device)
     q_scale = float(k_dim**-0.5)
     qs, ks, vs, ats, ds = (q.stride(0), q.stride(1)), (k.stride(0), k.stride(1)), (v.stride(0), v.stride(1)), a.stride(0), \
         (grad.stride(0), grad.stride(1))
 
-    t_buf = torch.empty(num_chunks, num_v_heads, chunk, chunk, **f32)
-    w_buf = torch.empty(num_tokens, num_v_heads, k_dim, **f32)
+    t_buf = torch.empty(num_chunks, num_v_heads, chunk, chunk, **ops)
+    w_buf = torch.empty(num_tokens, num_v_heads, k_dim, **ops)
     u_buf = torch.empty(num_tokens, num_v_heads, v_dim, **f32)
     gdn_bwd_wy_kernel[chunks](k, v, a, b, a_log, dt_bias, t_buf, w_buf, u_buf, chunk_first, chunk_len, *ks, *vs, ats, DV_PAD=v_pad,
                               SUB=SUB, **dims)
-    states = torch.empty(num_chunks, num_v_heads, k_dim, v_dim, **f32)
-    delta = u_buf  # δ overwrites U row by row: a walk reads a chunk's U before it stores that chunk's δ
+    states = torch.empty(num_chunks, num_v_heads, k_dim, v_dim, **ops)
+    # δ overwrites U row by row where both are fp32: a walk reads a chunk's U before it stores that chunk's δ.
+    delta = u_buf if ops["dtype"] == torch.float32 else torch.empty(num_tokens, num_v_heads, v_dim, **ops)
     gdn_bwd_states_kernel[runs](k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta, first, length, chunk0, *ks, ats, BV=block_v, **dims)
-    dstates = torch.empty(num_chunks, num_v_heads, k_dim, v_dim, **f32)
-    d_delta = torch.empty(num_tokens, num_v_heads, v_dim, **f32)
+    dstates = torch.empty(num_chunks, num_v_heads, k_dim, v_dim, **ops)
+    d_delta = torch.empty(num_tokens, num_v_heads, v_dim, **ops)
     gdn_bwd_dstates_kernel[runs](q, k, a, b, a_log, dt_bias, grad, w_buf, dstates, d_delta, first, length, chunk0, q_scale, *qs, *ks, ats,
                                  *ds, BV=block_v, **dims)
     dqn = torch.empty(num_tokens, num_v_heads, k_dim, **f32)
-    dkn = w_buf if not SPLIT else torch.empty(num_tokens, num_v_heads, k_dim, **f32)  # W is read by the walks alone
+    dkn = torch.empty(num_tokens, num_v_heads, k_dim, **f32)
     dv = torch.empty(num_tokens, num_v_heads, v_dim, dtype=v.dtype, device=device)
     da, db, da_log = (torch.empty(num_tokens, num_v_heads, **f32) for _ in range(3))
     if SPLIT:
         d_c = torch.empty(num_chunks * chunk, num_v_heads, **f32)  # by chunk row, padded rows too
         gdn_bwd_outputs_kernel[chunks](q, k, a, b, a_log, dt_bias, grad, states, dstates, delta, d_delta, dqn, w_buf, dkn, d_c, chunk_first,
-                                       chunk_len, q_scale, *qs, *ks, ats, *ds, BV=block_v, **chunk_dims)
+                                       chunk_len, q_scale, *qs, *ks, ats, *ds, BV=block_v, **chunk_dims)  # dW over W: read by the walks alone
         gdn_bwd_wy_grads_kernel[chunks](k, v, a, b, a_log, dt_bias, t_buf, d_delta, w_buf, dkn, d_c, dkn, dv, da, db, da_log, chunk_first,
                                         chunk_len, *ks, *vs, ats, BV=block_v, **chunk_dims)
     else:
