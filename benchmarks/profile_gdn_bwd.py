@@ -17,8 +17,8 @@ from isoexec.ops.gdn import triton_bwd
 from timing import kernel_ms
 
 # Chunks of 64 take value blocks of 64 or more (triton_bwd's note); 4 warps spill at 64. The first row is the default.
-_C64 = dict(CHUNK=64, BLOCK_V=64, NUM_WARPS=8, CHUNK_WARPS=8, SPLIT=True, BF16_BUFFERS=True)
-SWEEP = [_C64, {**_C64, "BF16_BUFFERS": False}, {**_C64, "SPLIT": False}, {**_C64, "NUM_WARPS": 4}, {**_C64, "BLOCK_V": 128},
+_C64 = dict(CHUNK=64, BLOCK_V=64, NUM_WARPS=4, CHUNK_WARPS=8, SPLIT=True, BF16_BUFFERS=True)
+SWEEP = [_C64, {**_C64, "BF16_BUFFERS": False}, {**_C64, "SPLIT": False}, {**_C64, "NUM_WARPS": 8}, {**_C64, "BLOCK_V": 128},
          {**_C64, "BLOCK_V": 128, "CHUNK_WARPS": 16}, dict(CHUNK=32, BLOCK_V=32, NUM_WARPS=4, CHUNK_WARPS=4, SPLIT=True, BF16_BUFFERS=True)]
 
 

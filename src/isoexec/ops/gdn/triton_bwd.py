@@ -384,17 +384,19 @@ def _runs(positions: Tensor, chunk_size: int) -> tuple[Tensor, ...]:
     return tuple(t.to(torch.int32) for t in (first, length, chunk0, chunk_first, chunk_len))
 
 
-# The backward's own tiles (its bits are nobody's contract): chunks of CHUNK rows, blocks of BLOCK_V value
-# columns, NUM_WARPS warps a program (CHUNK_WARPS for the chunks' gradients), loads not pipelined (NUM_STAGES
-# 1: the chunk kernel's loop over value blocks, pipelined, asks for more than sm_90's 227 KB of shared memory
-# at chunks of 64). Chunks of 64 need BLOCK_V >= 64: with 32, Triton 3.6's sm_90 code computes wrong values
-# and faults (as gdn.core.triton's forward does with such a pair).
-CHUNK, BLOCK_V, NUM_WARPS, CHUNK_WARPS, NUM_STAGES = 64, 64, 8, 8, 1
-# SPLIT: the chunks' gradients as two kernels (dW and the shares of dk and dc through memory): the one kernel
-# spills (255 registers, 256 B spilled at chunks of 64) and the pair was 1-3% faster on the H200 at heads of
-# 128 (benchmarks/profile_gdn_bwd.py --sweep). NORM_TOKENS: tokens a program of the norms' backward.
+# The backward's own tiles (its bits are nobody's contract), chosen by benchmarks/profile_gdn_bwd.py --sweep on
+# the H200 at heads of 128: chunks of CHUNK rows, blocks of BLOCK_V value columns, NUM_WARPS warps a program of
+# T/W/U and of the walks (4: 13% less step time than 8 at 8 x 2048 tokens, the same at 2 x 4096), CHUNK_WARPS
+# for the chunks' gradients, loads not pipelined (NUM_STAGES 1: the chunk kernel's loop over value blocks,
+# pipelined, asks for more than sm_90's 227 KB of shared memory at chunks of 64). Chunks of 64 need
+# BLOCK_V >= 64: with 32, Triton 3.6's sm_90 code computes wrong values and faults (as gdn.core.triton's
+# forward does with such a pair).
+CHUNK, BLOCK_V, NUM_WARPS, CHUNK_WARPS, NUM_STAGES = 64, 64, 4, 8, 1
+# SPLIT: the chunks' gradients as two kernels (dW and the shares of dk and dc through memory), 2-6% faster
+# than the one kernel, which spills more. NORM_TOKENS: tokens a program of the norms' backward.
 SPLIT, NORM_TOKENS = True, 16
-# BF16_BUFFERS: with bf16 operands, the buffers read back as operands alone are bf16 (gdn_bwd's note).
+# BF16_BUFFERS: with bf16 operands, the buffers read back as operands alone are bf16 (gdn_bwd's note): 9-18%
+# less step time than fp32 ones, the spills of the chunks' gradients 182 -> 66 registers' worth.
 BF16_BUFFERS = True
 
 
