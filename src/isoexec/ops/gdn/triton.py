@@ -10,7 +10,7 @@ did, so a decode step runs the trainer's tiles with the rows past it zero. The e
 therefore the open chunk's *inputs* (k and v as given, g and β as this kernel gated them) and the fp32
 state at its start: no intermediate a later call would have to reproduce. A piece that leaves its chunk
 open writes its rows into the slot itself, the fields every value block reads (k, g, β) from the last
-block, after every block has read the slot's earlier rows: one launch an engine call.
+block, after every block has read the slot's earlier rows: one launch a call.
 
 A chunk piece, for rows r < `stop` (rows past it are zero, finite and never read by a row before them):
 1. gates, l2 norms (`tl.sum` over the head dim), the decay cumsum c (`tl.cumsum` over the C rows: a prefix
@@ -23,14 +23,6 @@ The products take `dot_precision` (ieee fp32 on the FMA units, tf32 or bf16 oper
 fp32 accumulation either way; the inverse's take tf32 where the others take bf16). An MMA's element is a
 function of its own row and column, and the rows a row does not see are zero or multiplied by an exact
 zero, so a row's bits do not depend on the rows after it (a zero's sign may: the output takes +0.0).
-
-A trainer call (no cache, its runs starting at chunk boundaries) takes two launches of that kernel: in phase
-1 a program per (chunk, value head) computes the chunk's own quantities, steps 1-2 and W and U of step 3, and
-stores them (the normalised keys and W as the products' operands, U and c in fp32: the values the walk would
-hold); in phase 2 a program per (run, value head) walks the run as an engine call does (phase 0), loading those
-instead of computing them. So only δ, the outputs and the next state wait for the previous chunk, and every
-chunk's inverse runs in parallel. The phase is a runtime value and each op one instance in the kernel, so a row
-has the same bits whichever phases computed it.
 
 One compiled kernel serves every case: nothing that differs between a trainer call and an engine call
 is a constexpr or a specialised integer (has_cache, T and the strides are runtime values; the wrapper
@@ -52,16 +44,13 @@ from .reference import SOFTPLUS_THRESHOLD as _SOFTPLUS_THRESHOLD
 from .reference import check_inputs
 
 ID = "gdn.core.triton"
-VERSION = 4
+VERSION = 3
 # The reference's constants, as constexprs a kernel may read.
 L2_EPS = tl.constexpr(_L2_EPS) if tl is not None else _L2_EPS
 SOFTPLUS_THRESHOLD = tl.constexpr(_SOFTPLUS_THRESHOLD) if tl is not None else _SOFTPLUS_THRESHOLD
 DTYPES = ("bfloat16", "float32")
 PRECISIONS = {"ieee": 0, "tf32": 1, "bf16": 2}
 SUB = 16  # rows of the inverse's diagonal blocks: tl.dot's smallest tile
-# A trainer call (no cache) in two phases: every chunk's own quantities at once (phase 1), then the walk over
-# the chunks from them (phase 2); an engine call computes the same ops in one (phase 0). The module doc.
-SPLIT_TRAINING = True
 
 
 def _padded(dim: int) -> int:
@@ -150,19 +139,18 @@ def _rows_mask(rows_in, m_cols, WHOLE: tl.constexpr):
 
 
 # T, has_cache and the strides are not specialised: one compiled kernel serves every case (the module doc).
-@jit(do_not_specialize=["T", "has_cache", "every_token", "phase", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
+@jit(do_not_specialize=["T", "has_cache", "every_token", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
                         "stride_at", "stride_ot", "stride_oh"])
 def gdn_fwd_kernel(
-    q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, candidates, kn_buf, w_buf, u_buf, c_buf,
-    T, q_scale, has_cache, every_token, phase,
+    q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, candidates,
+    T, q_scale, has_cache, every_token,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     # Program (p, h): if a run starts at token p (every_token: while a CUDA graph is captured) or candidates[p]
     # (a new slot, or a position that does not follow the previous token's), walk that run for value head h,
-    # one block of value columns after the other. In phase 1 candidates[p] is a chunk's first token, and the
-    # program computes that chunk alone.
+    # one block of value columns after the other.
     NV: tl.constexpr = (DV + BV - 1) // BV
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_t = tl.load(candidates + i_c, mask=every_token == 0, other=0)
@@ -173,22 +161,21 @@ def gdn_fwd_kernel(
     caching = has_cache != 0
     slot = tl.load(state_ids + i_t, mask=caching, other=0).to(tl.int64)
     starts = starts | (caching & (tl.load(state_ids + i_t - 1, mask=caching & (i_t > 0), other=-1) != slot))
-    if starts | (phase == 1):
+    if starts:
         for i_v in range(NV):
-            _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, kn_buf, w_buf, u_buf, c_buf, T, q_scale, phase,
-                 i_t, i_h, i_v, i_v == NV - 1, pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
+            _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, i_v == NV - 1,
+                 pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
                  GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, INTERPRET)
 
 
 @jit
 def _run(
-    q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, kn_buf, w_buf, u_buf, c_buf, T, q_scale, phase, i_t, i_h,
-    i_v, last_block, pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
+    q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, last_block, pos0, slot,
+    caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    """Value head i_h, columns [i_v BV, (i_v + 1) BV) of the run that starts at token i_t, piece by piece; in phase 1
-    the chunk's own quantities of one piece alone, stored; in phase 2 the walk, those quantities loaded."""
+    """Value head i_h, columns [i_v BV, (i_v + 1) BV) of the run that starts at token i_t, piece by piece."""
     width: tl.constexpr = DK_PAD + DV_PAD + 16
     rows = tl.arange(0, C)
     o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
@@ -228,73 +215,56 @@ def _run(
         k_rows = tl.multiple_of(tok64 * stride_kt + i_kh * stride_kh, 16)
         v_rows = tl.multiple_of(tok64 * stride_vt + i_h * stride_vh, 16)
 
-        p_own = (tok64 * HV + i_h)[:, None]  # rows of the phases' buffers
-        if phase == 2:
-            # 1.-3. as phase 1 computed them (a run's last piece: c past it is c at its last row, as computed).
-            kn = _operand(tl.load(kn_buf + p_own * DK_PAD + o_k[None, :], mask=piece[:, None], other=0.0), PRECISION, INTERPRET)
-            c = tl.load(c_buf + tok64 * HV + i_h, mask=piece, other=0.0)
-            c = tl.where(piece, c, tl.sum(tl.where(rows == stop - 1, c, 0.0), 0))
-            w = _operand(tl.load(w_buf + p_own * DK_PAD + o_k[None, :], mask=piece[:, None], other=0.0), PRECISION, INTERPRET)
-            u = tl.load(u_buf + p_own * DV_PAD + o_v[None, :], mask=piece[:, None], other=0.0)
-        else:
-            # 1. The rows' inputs: the earlier rows as the slot holds them, the piece's from the call, zero past it.
-            m_ck, m_cv = _rows_mask(cached, m_k, DK == DK_PAD), _rows_mask(cached, m_v, DV % BV == 0)
-            m_pk, m_pv = _rows_mask(piece, m_k, DK == DK_PAD), _rows_mask(piece, m_v, DV % BV == 0)
-            kf = tl.where(m_ck, tl.load(p_cached[:, None] + o_k[None, :], mask=m_ck, other=0.0),
-                          tl.load(k + k_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32))
-            vf = tl.where(m_cv, tl.load(p_cached[:, None] + DK_PAD + o_v[None, :], mask=m_cv, other=0.0),
-                          tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_pv, other=0.0).to(tl.float32))
-            g, beta = _gates(tl.load(a + tok64 * stride_at + i_h, mask=piece, other=0.0),
-                             tl.load(b + tok64 * stride_at + i_h, mask=piece, other=0.0), neg_a, bias)
-            g = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD, mask=cached, other=0.0), tl.where(piece, g, 0.0))
-            beta = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD + 1, mask=cached, other=0.0), tl.where(piece, beta, 0.0))
-            # A piece that leaves its chunk open: its rows' inputs into the slot for the next call (this block's v
-            # columns; k, g and β from the last block, once every block has read the slot's earlier rows).
-            keep = piece & caching & (stop < C)
-            tl.store(p_cached[:, None] + DK_PAD + o_v[None, :], vf, mask=_rows_mask(keep, m_v, DV % BV == 0))
-            keep = keep & last_block
-            tl.store(p_cached[:, None] + o_k[None, :], kf, mask=_rows_mask(keep, m_k, DK == DK_PAD))
-            tl.store(p_cached + DK_PAD + DV_PAD, g, mask=keep)
-            tl.store(p_cached + DK_PAD + DV_PAD + 1, beta, mask=keep)
-            kn = _operand(kf * (1.0 / tl.sqrt(tl.sum(kf * kf, 1) + L2_EPS))[:, None], PRECISION, INTERPRET)  # [C, DK_PAD]
-            c = tl.cumsum(g, 0)
+        # 1. The rows' inputs: the earlier rows as the slot holds them, the piece's from the call, zero past it.
+        m_ck, m_cv = _rows_mask(cached, m_k, DK == DK_PAD), _rows_mask(cached, m_v, DV % BV == 0)
+        m_pk, m_pv = _rows_mask(piece, m_k, DK == DK_PAD), _rows_mask(piece, m_v, DV % BV == 0)
+        kf = tl.where(m_ck, tl.load(p_cached[:, None] + o_k[None, :], mask=m_ck, other=0.0),
+                      tl.load(k + k_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32))
+        vf = tl.where(m_cv, tl.load(p_cached[:, None] + DK_PAD + o_v[None, :], mask=m_cv, other=0.0),
+                      tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_pv, other=0.0).to(tl.float32))
+        g, beta = _gates(tl.load(a + tok64 * stride_at + i_h, mask=piece, other=0.0),
+                         tl.load(b + tok64 * stride_at + i_h, mask=piece, other=0.0), neg_a, bias)
+        g = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD, mask=cached, other=0.0), tl.where(piece, g, 0.0))
+        beta = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD + 1, mask=cached, other=0.0), tl.where(piece, beta, 0.0))
+        kn = _operand(kf * (1.0 / tl.sqrt(tl.sum(kf * kf, 1) + L2_EPS))[:, None], PRECISION, INTERPRET)  # [C, DK_PAD]
+        c = tl.cumsum(g, 0)
 
-            # 2. The UT system and its inverse.
-            gram = _mm(kn, tl.trans(kn), PRECISION, INTERPRET)  # [C, C]
-            system = tl.where(below, beta[:, None] * gram * tl.exp(tl.where(below, c[:, None] - c[None, :], 0.0)), 0.0)
-            inverse = _operand(_inverse(system, C, SUB, PRECISION, INTERPRET), PRECISION, INTERPRET)
+        # 2. The UT system and its inverse.
+        gram = _mm(kn, tl.trans(kn), PRECISION, INTERPRET)  # [C, C]
+        system = tl.where(below, beta[:, None] * gram * tl.exp(tl.where(below, c[:, None] - c[None, :], 0.0)), 0.0)
+        inverse = _operand(_inverse(system, C, SUB, PRECISION, INTERPRET), PRECISION, INTERPRET)
 
-            # 3. The rows' W and U = T (β v).
-            w = _operand(_mm(inverse, _operand((beta * tl.exp(c))[:, None] * kn.to(tl.float32), PRECISION, INTERPRET), PRECISION,
-                             INTERPRET), PRECISION, INTERPRET)  # [C, DK_PAD]
-            u = _mm(inverse, _operand(beta[:, None] * vf, PRECISION, INTERPRET), PRECISION, INTERPRET)
-            if phase == 1:  # the piece's rows (the row past the run: its token may be the next run's)
-                tl.store(kn_buf + p_own * DK_PAD + o_k[None, :], kn.to(kn_buf.dtype.element_ty), mask=piece[:, None] & last_block)
-                tl.store(w_buf + p_own * DK_PAD + o_k[None, :], w.to(w_buf.dtype.element_ty), mask=piece[:, None] & last_block)
-                tl.store(c_buf + tok64 * HV + i_h, c, mask=piece & last_block)
-                tl.store(u_buf + p_own * DV_PAD + o_v[None, :], u, mask=piece[:, None])
-
-        # 4. δ = U - W S₀, the rows' outputs and the next chunk's start state (phase 1: none).
-        if phase != 1:
-            s_op = _operand(s0, PRECISION, INTERPRET)
-            delta = _operand(u - _mm(w, s_op, PRECISION, INTERPRET), PRECISION, INTERPRET)  # [C, BV]
-            q_rows = tl.multiple_of(tok64 * stride_qt + i_kh * stride_qh, 16)
-            qf = tl.load(q + q_rows[:, None] + o_k[None, :], mask=_rows_mask(piece, m_k, DK == DK_PAD), other=0.0).to(tl.float32)
-            qn = _operand(qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) + L2_EPS))[:, None] * q_scale, PRECISION, INTERPRET)
-            scores = tl.where(upto, _mm(qn, tl.trans(kn), PRECISION, INTERPRET) * tl.exp(tl.where(upto, c[:, None] - c[None, :], 0.0)), 0.0)
-            o = tl.exp(c)[:, None] * _mm(qn, s_op, PRECISION, INTERPRET) \
-                + _mm(_operand(scores, PRECISION, INTERPRET), delta, PRECISION, INTERPRET)
-            o = tl.where(o == 0.0, 0.0, o)  # one zero whichever rows shared the products (their exact zeros carry signs)
-            o_rows = tl.multiple_of(tok64 * stride_ot + i_h * stride_oh, 16)
-            tl.store(out + o_rows[:, None] + o_v[None, :], o.to(out.dtype.element_ty), mask=_rows_mask(piece, m_v, DV % BV == 0))
-            if stop == C:
-                c_last = tl.sum(tl.where(rows == C - 1, c, 0.0), 0)
-                decayed = _operand(kn.to(tl.float32) * tl.exp(c_last - c)[:, None], PRECISION, INTERPRET)
-                s0 = tl.exp(c_last) * s0 + _mm(tl.trans(decayed), delta, PRECISION, INTERPRET)
-                closed = pos0 >= 0
+        # 3. The rows' values and outputs, and the next chunk's start state.
+        w = _operand(_mm(inverse, _operand((beta * tl.exp(c))[:, None] * kn.to(tl.float32), PRECISION, INTERPRET), PRECISION, INTERPRET),
+                     PRECISION, INTERPRET)  # [C, DK_PAD]
+        s_op = _operand(s0, PRECISION, INTERPRET)
+        delta = _mm(inverse, _operand(beta[:, None] * vf, PRECISION, INTERPRET), PRECISION, INTERPRET) - _mm(w, s_op, PRECISION, INTERPRET)
+        delta = _operand(delta, PRECISION, INTERPRET)  # [C, BV]
+        q_rows = tl.multiple_of(tok64 * stride_qt + i_kh * stride_qh, 16)
+        qf = tl.load(q + q_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32)
+        qn = _operand(qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) + L2_EPS))[:, None] * q_scale, PRECISION, INTERPRET)
+        scores = tl.where(upto, _mm(qn, tl.trans(kn), PRECISION, INTERPRET) * tl.exp(tl.where(upto, c[:, None] - c[None, :], 0.0)), 0.0)
+        o = tl.exp(c)[:, None] * _mm(qn, s_op, PRECISION, INTERPRET) \
+            + _mm(_operand(scores, PRECISION, INTERPRET), delta, PRECISION, INTERPRET)
+        o = tl.where(o == 0.0, 0.0, o)  # one zero whichever rows shared the products (their exact zeros carry signs)
+        o_rows = tl.multiple_of(tok64 * stride_ot + i_h * stride_oh, 16)
+        tl.store(out + o_rows[:, None] + o_v[None, :], o.to(out.dtype.element_ty), mask=m_pv)
+        # A piece that leaves its chunk open: its rows' inputs into the slot for the next call (this block's v
+        # columns; k, g and β from the last block, once every block has read the slot's earlier rows).
+        keep = piece & caching & (stop < C)
+        tl.store(p_cached[:, None] + DK_PAD + o_v[None, :], vf, mask=_rows_mask(keep, m_v, DV % BV == 0))
+        keep = keep & last_block
+        tl.store(p_cached[:, None] + o_k[None, :], kf, mask=_rows_mask(keep, m_k, DK == DK_PAD))
+        tl.store(p_cached + DK_PAD + DV_PAD, g, mask=keep)
+        tl.store(p_cached + DK_PAD + DV_PAD + 1, beta, mask=keep)
+        if stop == C:
+            c_last = tl.sum(tl.where(rows == C - 1, c, 0.0), 0)
+            decayed = _operand(kn.to(tl.float32) * tl.exp(c_last - c)[:, None], PRECISION, INTERPRET)
+            s0 = tl.exp(c_last) * s0 + _mm(tl.trans(decayed), delta, PRECISION, INTERPRET)
+            closed = pos0 >= 0
         t += stop - off
         pos += stop - off
-        going = (stop == C) & (t < T) & (phase != 1)
+        going = (stop == C) & (t < T)
         if going:
             going = tl.load(positions + t, mask=t < T, other=-1) == pos
             going = going & (~caching | (tl.load(state_ids + t, mask=caching & (t < T), other=-1) == slot))
@@ -313,14 +283,6 @@ def _run_starts(positions: Tensor, state_ids: Tensor | None) -> Tensor | None:
         breaks = breaks | (state_ids[1:] != state_ids[:-1])
     starts = torch.cat([breaks.new_ones(1), breaks])
     return torch.nonzero(starts).flatten().to(torch.int32)
-
-
-def _chunk_starts(positions: Tensor, runs: Tensor, chunk_size: int) -> Tensor | None:
-    """A trainer call's chunks' first tokens (phase 1's programs), or None where a run starts mid-chunk (no
-    cache to hold the chunk's earlier rows: the call runs in one phase)."""
-    if bool((positions[runs.long()] % chunk_size != 0).any()):
-        return None
-    return torch.nonzero(positions % chunk_size == 0).flatten().to(torch.int32)
 
 
 def _strided16(t: Tensor, dim_pad: int) -> Tensor:
@@ -358,22 +320,13 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
     every_token = candidates is None
     if every_token:
         candidates = positions.new_empty(1, dtype=torch.int32)
-    chunks = None if has_cache or every_token or not SPLIT_TRAINING else _chunk_starts(positions, candidates, chunk_size)
-    # The phases' buffers (kn and W as operands, U and c in fp32), or pointers of the same types that no
-    # phase-0 call reads: every call passes the compiled kernel the same pointer types.
-    op_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    rows_buf = num_tokens * num_v_heads if chunks is not None else 1
-    kn_buf, w_buf = (v.new_empty((rows_buf, k_pad), dtype=op_dtype) for _ in range(2))
-    u_buf, c_buf = v.new_empty((rows_buf, v_pad), dtype=torch.float32), v.new_empty(rows_buf, dtype=torch.float32)
     dims = dict(GROUP=num_v_heads // num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, DK_PAD=k_pad, DV_PAD=v_pad, C=chunk_size)
-    phases = ((1, chunks), (2, candidates)) if chunks is not None else ((0, candidates),)
-    for phase, starts in phases:
-        gdn_fwd_kernel[(num_tokens if every_token else starts.shape[0], num_v_heads)](
-            q, k, v, a, b, a_log, dt_bias, out, state, rows, ids, positions, starts, kn_buf, w_buf, u_buf, c_buf, num_tokens,
-            float(k_dim**-0.5), int(has_cache), int(every_token), phase, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
-            v.stride(1), a.stride(0), out.stride(0), out.stride(1), BV=block_v, SUB=SUB, PRECISION=PRECISIONS[precision],
-            INTERPRET=triton_support.interpreting(), num_warps=num_warps, **dims,
-        )
+    gdn_fwd_kernel[(num_tokens if every_token else candidates.shape[0], num_v_heads)](
+        q, k, v, a, b, a_log, dt_bias, out, state, rows, ids, positions, candidates, num_tokens, float(k_dim**-0.5), int(has_cache),
+        int(every_token), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), out.stride(0),
+        out.stride(1), BV=block_v, SUB=SUB, PRECISION=PRECISIONS[precision], INTERPRET=triton_support.interpreting(),
+        num_warps=num_warps, **dims,
+    )
     return out if out.is_contiguous() else out.contiguous()
 
 
@@ -440,7 +393,7 @@ SOURCES = (gdn_fwd_kernel, _run, _gates, _inverse, _mm, _operand, _rows_mask, tr
 
 
 def register(registry) -> None:
-    """Register gdn.core.triton@4; without Triton installed, nothing is registered."""
+    """Register gdn.core.triton@3; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=VERSION, region="gdn.core", cases=ALL_CASES, fn=gdn_core,
                                check_constants=check_constants, sources=SOURCES, row_width=row_width))
