@@ -31,6 +31,18 @@ def _step(op, x, positions, grad):
     return grads
 
 
+def _back_to_back_ms(fn, n: int) -> float:
+    """Time of one of n calls of fn issued back to back (warm L2, the host's gaps included), in ms."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="time the step under each of the backward's tiles instead of profiling")
@@ -72,7 +84,9 @@ def main() -> None:
             print(f"== {shape_name} training {seqs} x {seq_len}: CUDA time per step, by kernel (5 steps)")
             rows = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
             total = sum(e.device_time_total for e in rows) / 5 / 1000
-            print(f"   total {total:.3f} ms")
+            print(f"   total {total:.3f} ms; the step as bench.py times it (L2 flushed before each) "
+                  f"{kernel_ms(lambda: _step(op, x, positions, grad), device):.3f} ms, 20 steps back to back "
+                  f"{_back_to_back_ms(lambda: _step(op, x, positions, grad), 20):.3f} ms a step")
             for e in rows[:12]:
                 print(f"   {e.device_time_total / 5 / 1000:8.3f} ms  {e.count // 5:4d} calls  {e.key[:110]}")
             for name in dir(triton_bwd):
