@@ -2,7 +2,8 @@
 torch.profiler, per shape, summed by kernel name (bench.py gdn times the whole step; this splits it); with
 `--sweep`, the step's time under each of the backward's own tiles (chunk, value block, warps, one chunk
 kernel or two, bf16 buffers or fp32) at the first shape, every configuration's gradients compared with the first's. Each profile
-ends with the backward kernels' registers, spills and shared memory as compiled.
+gives the step's time as bench.py takes it and back to back beside its kernels' sum, the host's costliest
+ops, and the backward kernels' registers, spills and shared memory as compiled.
 
     cd benchmarks && PYTHONPATH=../src python3 profile_gdn_bwd.py [--sweep]
 """
@@ -77,18 +78,22 @@ def main() -> None:
             for _ in range(3):
                 _step(op, x, positions, grad)
             torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
                 for _ in range(5):
                     _step(op, x, positions, grad)
                 torch.cuda.synchronize()
             print(f"== {shape_name} training {seqs} x {seq_len}: CUDA time per step, by kernel (5 steps)")
-            rows = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
+            events = prof.key_averages()
+            rows = sorted((e for e in events if e.device_time_total > 0), key=lambda e: -e.device_time_total)
             total = sum(e.device_time_total for e in rows) / 5 / 1000
             print(f"   total {total:.3f} ms; the step as bench.py times it (L2 flushed before each) "
                   f"{kernel_ms(lambda: _step(op, x, positions, grad), device):.3f} ms, 20 steps back to back "
                   f"{_back_to_back_ms(lambda: _step(op, x, positions, grad), 20):.3f} ms a step")
             for e in rows[:12]:
                 print(f"   {e.device_time_total / 5 / 1000:8.3f} ms  {e.count // 5:4d} calls  {e.key[:110]}")
+            print("   host, by self time (a host sync's wait counts in the op that syncs):")
+            for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:10]:
+                print(f"   {e.self_cpu_time_total / 5 / 1000:8.3f} ms  {e.count // 5:4d} calls  {e.key[:110]}")
             for name in dir(triton_bwd):
                 for kernel in getattr(getattr(triton_bwd, name), "launches", {}).values():
                     print(f"   {name}: {kernel.n_regs} registers, {kernel.n_spills} spilled, {kernel.metadata.shared} B shared")

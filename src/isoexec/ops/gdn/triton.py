@@ -297,7 +297,8 @@ def _strided16(t: Tensor, dim_pad: int) -> Tensor:
 
 
 def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size: int, out_dtype: torch.dtype,
-            precision: str, block_v: int, num_warps: int) -> Tensor:
+            precision: str, block_v: int, num_warps: int, starts: Tensor | None = None) -> Tensor:
+    """`starts`: `_run_starts(positions, state_ids)` where the caller has it already."""
     num_tokens, num_k_heads, k_dim = q.shape
     num_v_heads, v_dim = v.shape[1:]
     k_pad, v_pad = _padded(k_dim), _padded(v_dim)
@@ -309,7 +310,7 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
         a, b = a.contiguous(), b.contiguous()
     a_log, dt_bias = a_log.contiguous(), dt_bias.contiguous()
     positions = positions.contiguous()
-    candidates = _run_starts(positions, state_ids)
+    candidates = starts if starts is not None else _run_starts(positions, state_ids)
     has_cache = state is not None
     if has_cache and (state.data_ptr() % 16 or rows.data_ptr() % 16 or not state.is_contiguous() or not rows.is_contiguous()):
         raise ValueError("gdn.core.triton: the cache's state and rows must be contiguous and 16-byte aligned")
@@ -335,14 +336,17 @@ class _TritonGDN(torch.autograd.Function):
     def forward(ctx, q, k, v, a, b, a_log, dt_bias, positions, chunk_size, dtypes, tiles):
         ctx.save_for_backward(q, k, v, a, b, a_log, dt_bias, positions)
         ctx.tiles = tiles
-        return gdn_fwd(q, k, v, a, b, a_log, dt_bias, None, None, None, positions, chunk_size, torch_dtype(dtypes["output_dtype"]), **tiles)
+        # The runs' first tokens, found once (a host sync) for the backward too (None while a graph is captured).
+        ctx.starts = _run_starts(positions.contiguous(), None)
+        return gdn_fwd(q, k, v, a, b, a_log, dt_bias, None, None, None, positions, chunk_size, torch_dtype(dtypes["output_dtype"]),
+                       starts=ctx.starts, **tiles)
 
     @staticmethod
     def backward(ctx, grad):
         from .triton_bwd import gdn_bwd  # it builds on this module's helpers
 
         saved = ctx.saved_tensors
-        grads = gdn_bwd(*saved, grad, ctx.tiles["precision"])
+        grads = gdn_bwd(*saved, grad, ctx.tiles["precision"], ctx.starts)
         return (*(g.to(t.dtype) if need else None for g, t, need in zip(grads, saved, ctx.needs_input_grad)), None, None, None, None)
 
 

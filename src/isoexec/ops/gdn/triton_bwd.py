@@ -37,7 +37,7 @@ from torch import Tensor
 
 from .. import triton_support
 from ..triton_support import jit, tl, triton
-from .triton import L2_EPS, PRECISIONS, SOFTPLUS_THRESHOLD, SUB, _gates, _inverse, _mm, _operand, _padded, _rows_mask, _strided16
+from .triton import L2_EPS, PRECISIONS, SOFTPLUS_THRESHOLD, SUB, _gates, _inverse, _mm, _operand, _padded, _rows_mask, _run_starts, _strided16
 
 
 @jit
@@ -97,23 +97,24 @@ def gdn_bwd_wy_kernel(k, v, a, b, a_log, dt_bias, t_buf, w_buf, u_buf, chunk_fir
                       DV_PAD: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """A chunk's T = (I + A)^-1, W = T (β e^c k) and U = T (β v), by the forward's arithmetic (fp32 out)."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
-    rows = tl.arange(0, C)
-    o_k, o_v = tl.arange(0, DK_PAD), tl.arange(0, DV_PAD)
-    m_row = rows < tl.load(chunk_len + i_n)
-    tok = tl.load(chunk_first + i_n).to(tl.int64) + rows
-    neg_a, bias = -tl.exp(tl.load(a_log + i_h).to(tl.float32)), tl.load(dt_bias + i_h).to(tl.float32)
-    kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
-    v_rows = tl.multiple_of(tok * stride_vt + i_h * stride_vh, 16)
-    m_v = _rows_mask(m_row, o_v < DV, DV == DV_PAD)
-    vf = tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_v, other=0.0).to(tl.float32)
-    c = tl.cumsum(g, 0)
-    system = beta[:, None] * _dot(kn, tl.trans(kn), PRECISION, INTERPRET) * _decays(c, C, True)
-    inverse = _inverse(system, C, SUB, PRECISION, INTERPRET)
-    tl.store(t_buf + (i_n.to(tl.int64) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :], inverse.to(t_buf.dtype.element_ty))
-    p = tok * HV + i_h
-    w = _dot(inverse, (beta * tl.exp(c))[:, None] * kn, PRECISION, INTERPRET)
-    tl.store(w_buf + p[:, None] * DK + o_k[None, :], w.to(w_buf.dtype.element_ty), mask=_rows_mask(m_row, o_k < DK, DK == DK_PAD))
-    tl.store(u_buf + p[:, None] * DV + o_v[None, :], _dot(inverse, beta[:, None] * vf, PRECISION, INTERPRET), mask=m_v)
+    if tl.load(chunk_len + i_n) > 0:  # chunk ids past the call's chunks have length 0 (_runs)
+        rows = tl.arange(0, C)
+        o_k, o_v = tl.arange(0, DK_PAD), tl.arange(0, DV_PAD)
+        m_row = rows < tl.load(chunk_len + i_n)
+        tok = tl.load(chunk_first + i_n).to(tl.int64) + rows
+        neg_a, bias = -tl.exp(tl.load(a_log + i_h).to(tl.float32)), tl.load(dt_bias + i_h).to(tl.float32)
+        kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
+        v_rows = tl.multiple_of(tok * stride_vt + i_h * stride_vh, 16)
+        m_v = _rows_mask(m_row, o_v < DV, DV == DV_PAD)
+        vf = tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_v, other=0.0).to(tl.float32)
+        c = tl.cumsum(g, 0)
+        system = beta[:, None] * _dot(kn, tl.trans(kn), PRECISION, INTERPRET) * _decays(c, C, True)
+        inverse = _inverse(system, C, SUB, PRECISION, INTERPRET)
+        tl.store(t_buf + (i_n.to(tl.int64) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :], inverse.to(t_buf.dtype.element_ty))
+        p = tok * HV + i_h
+        w = _dot(inverse, (beta * tl.exp(c))[:, None] * kn, PRECISION, INTERPRET)
+        tl.store(w_buf + p[:, None] * DK + o_k[None, :], w.to(w_buf.dtype.element_ty), mask=_rows_mask(m_row, o_k < DK, DK == DK_PAD))
+        tl.store(u_buf + p[:, None] * DV + o_v[None, :], _dot(inverse, beta[:, None] * vf, PRECISION, INTERPRET), mask=m_v)
 
 
 @jit(do_not_specialize=["stride_kt", "stride_kh", "stride_at"])
@@ -304,13 +305,14 @@ def gdn_bwd_chunk_kernel(q, k, v, a, b, a_log, dt_bias, d_out, t_buf, states, ds
                          DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """One chunk's gradients from its S, dS', δ and dδ: every chunk in parallel, the value blocks in a loop."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
-    tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
-                                             GROUP, HV, DK, DK_PAD, C)
-    d_w, d_kn, d_c = _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq, tok, m_row, p, kn, c, i_n, i_h, q_scale,
-                                            stride_qt, stride_qh, stride_dt, stride_dh, GROUP, HV, DK, DV, DK_PAD, BV, C, PRECISION,
-                                            INTERPRET)
-    _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, db, da_log, tok, m_row, p, kn, beta, c, d_w, d_kn, d_c,
-                      i_n, i_h, stride_vt, stride_vh, stride_at, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
+    if tl.load(chunk_len + i_n) > 0:  # chunk ids past the call's chunks have length 0 (_runs)
+        tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
+                                                 GROUP, HV, DK, DK_PAD, C)
+        d_w, d_kn, d_c = _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq, tok, m_row, p, kn, c, i_n, i_h, q_scale,
+                                                stride_qt, stride_qh, stride_dt, stride_dh, GROUP, HV, DK, DV, DK_PAD, BV, C, PRECISION,
+                                                INTERPRET)
+        _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, db, da_log, tok, m_row, p, kn, beta, c, d_w, d_kn, d_c,
+                          i_n, i_h, stride_vt, stride_vh, stride_at, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
 
 
 @jit(do_not_specialize=["q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_at", "stride_dt", "stride_dh"])
@@ -320,17 +322,18 @@ def gdn_bwd_outputs_kernel(q, k, a, b, a_log, dt_bias, d_out, states, dstates, d
                            BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """`gdn_bwd_chunk_kernel`'s first half as a kernel of its own (SPLIT): its dW and shares of dk and dc stored."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
-    tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
-                                             GROUP, HV, DK, DK_PAD, C)
-    d_w, d_kn, d_c = _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq, tok, m_row, p, kn, c, i_n, i_h, q_scale,
-                                            stride_qt, stride_qh, stride_dt, stride_dh, GROUP, HV, DK, DV, DK_PAD, BV, C, PRECISION,
-                                            INTERPRET)
-    o_k = tl.arange(0, DK_PAD)
-    m_kout = _rows_mask(m_row, o_k < DK, DK == DK_PAD)
-    tl.store(d_w_buf + p[:, None] * DK + o_k[None, :], d_w.to(d_w_buf.dtype.element_ty), mask=m_kout)
-    tl.store(d_kn_buf + p[:, None] * DK + o_k[None, :], d_kn, mask=m_kout)
-    # Every row, by chunk row (a padded row's dc reaches the run's last row; its token is the next run's).
-    tl.store(d_c_buf + (i_n.to(tl.int64) * C + tl.arange(0, C)) * HV + i_h, d_c)
+    if tl.load(chunk_len + i_n) > 0:  # chunk ids past the call's chunks have length 0 (_runs)
+        tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
+                                                 GROUP, HV, DK, DK_PAD, C)
+        d_w, d_kn, d_c = _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq, tok, m_row, p, kn, c, i_n, i_h, q_scale,
+                                                stride_qt, stride_qh, stride_dt, stride_dh, GROUP, HV, DK, DV, DK_PAD, BV, C, PRECISION,
+                                                INTERPRET)
+        o_k = tl.arange(0, DK_PAD)
+        m_kout = _rows_mask(m_row, o_k < DK, DK == DK_PAD)
+        tl.store(d_w_buf + p[:, None] * DK + o_k[None, :], d_w.to(d_w_buf.dtype.element_ty), mask=m_kout)
+        tl.store(d_kn_buf + p[:, None] * DK + o_k[None, :], d_kn, mask=m_kout)
+        # Every row, by chunk row (a padded row's dc reaches the run's last row; its token is the next run's).
+        tl.store(d_c_buf + (i_n.to(tl.int64) * C + tl.arange(0, C)) * HV + i_h, d_c)
 
 
 @jit(do_not_specialize=["stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_at"])
@@ -340,15 +343,16 @@ def gdn_bwd_wy_grads_kernel(k, v, a, b, a_log, dt_bias, t_buf, d_delta_buf, d_w_
                             PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """`gdn_bwd_chunk_kernel`'s second half as a kernel of its own (SPLIT)."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
-    tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
-                                             GROUP, HV, DK, DK_PAD, C)
-    o_k = tl.arange(0, DK_PAD)
-    m_kout = _rows_mask(m_row, o_k < DK, DK == DK_PAD)
-    d_w = _stored(tl.load(d_w_buf + p[:, None] * DK + o_k[None, :], mask=m_kout, other=0.0), INTERPRET)
-    d_kn = tl.load(d_kn_buf + p[:, None] * DK + o_k[None, :], mask=m_kout, other=0.0)
-    d_c = tl.load(d_c_buf + (i_n.to(tl.int64) * C + tl.arange(0, C)) * HV + i_h)
-    _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, db, da_log, tok, m_row, p, kn, beta, c, d_w, d_kn, d_c,
-                      i_n, i_h, stride_vt, stride_vh, stride_at, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
+    if tl.load(chunk_len + i_n) > 0:  # chunk ids past the call's chunks have length 0 (_runs)
+        tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
+                                                 GROUP, HV, DK, DK_PAD, C)
+        o_k = tl.arange(0, DK_PAD)
+        m_kout = _rows_mask(m_row, o_k < DK, DK == DK_PAD)
+        d_w = _stored(tl.load(d_w_buf + p[:, None] * DK + o_k[None, :], mask=m_kout, other=0.0), INTERPRET)
+        d_kn = tl.load(d_kn_buf + p[:, None] * DK + o_k[None, :], mask=m_kout, other=0.0)
+        d_c = tl.load(d_c_buf + (i_n.to(tl.int64) * C + tl.arange(0, C)) * HV + i_h)
+        _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, db, da_log, tok, m_row, p, kn, beta, c, d_w, d_kn, d_c,
+                          i_n, i_h, stride_vt, stride_vh, stride_at, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
 
 
 @jit(do_not_specialize=["num_tokens", "scale", "stride_xt", "stride_xh"])
@@ -368,20 +372,24 @@ def gdn_bwd_norms_kernel(x, d_xn, dx, num_tokens, scale, stride_xt, stride_xh, G
     tl.store(dx + (tok[:, None] * HK + i_kh) * DK + o_k[None, :], out.to(dx.dtype.element_ty), mask=m)
 
 
-def _runs(positions: Tensor, chunk_size: int) -> tuple[Tensor, ...]:
-    """A trainer call's runs and chunks: per run (first token, length, first chunk id), per chunk (first token,
-    length), int32 each."""
-    num_tokens = positions.shape[0]
-    starts = torch.cat([positions.new_ones(1, dtype=torch.bool), positions[1:] != positions[:-1] + 1])
-    first = torch.nonzero(starts).flatten()
+def _runs(first: Tensor, num_tokens: int, chunk_size: int) -> tuple[tuple[Tensor, ...], int]:
+    """A trainer call's runs (from their first tokens) and chunks, without a host sync: per run (first token,
+    length, first chunk id), per chunk (first token, length), int32 each, and the number of chunk ids. That
+    number is a bound, floor(T / C) + runs, so the host need not read the real count: the ids past it are
+    chunks of length 0, which every kernel skips."""
+    num_runs = first.shape[0]
+    first = first.long()
     length = torch.diff(first, append=first.new_tensor([num_tokens]))
     chunks = (length + chunk_size - 1) // chunk_size
-    chunk0 = torch.cumsum(chunks, 0) - chunks
-    run_of_chunk = torch.repeat_interleave(torch.arange(first.shape[0], device=first.device), chunks)
-    index = torch.arange(run_of_chunk.shape[0], device=first.device) - chunk0[run_of_chunk]  # the chunk's place in its run
+    ends = torch.cumsum(chunks, 0)
+    chunk0 = ends - chunks
+    bound = num_tokens // chunk_size + num_runs
+    ids = torch.arange(bound, device=first.device)
+    run_of_chunk = torch.searchsorted(ends, ids, right=True).clamp_(max=num_runs - 1)
+    index = ids - chunk0[run_of_chunk]  # the chunk's place in its run
     chunk_first = first[run_of_chunk] + index * chunk_size
-    chunk_len = torch.minimum(length[run_of_chunk] - index * chunk_size, torch.full_like(index, chunk_size))
-    return tuple(t.to(torch.int32) for t in (first, length, chunk0, chunk_first, chunk_len))
+    chunk_len = (length[run_of_chunk] - index * chunk_size).clamp_(0, chunk_size)
+    return tuple(t.to(torch.int32) for t in (first, length, chunk0, chunk_first, chunk_len)), bound
 
 
 # The backward's own tiles (its bits are nobody's contract), chosen by benchmarks/profile_gdn_bwd.py --sweep on
@@ -400,9 +408,10 @@ SPLIT, NORM_TOKENS = True, 16
 BF16_BUFFERS = True
 
 
-def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: str) -> tuple[Tensor, ...]:
+def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: str, starts: Tensor | None = None) -> tuple[Tensor, ...]:
     """The gradients of gdn_core (a trainer call: no cache) with respect to q, k, v, a, b, A_log, dt_bias; the
-    products' operands as the forward's `dot_precision`."""
+    products' operands as the forward's `dot_precision`. `starts`: the runs' first tokens as the forward found
+    them (int32), or None to find them here (a host sync)."""
     num_tokens, num_k_heads, k_dim = q.shape
     num_v_heads, v_dim = v.shape[1:]
     group = num_v_heads // num_k_heads
@@ -414,8 +423,9 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
     chunk = CHUNK
     if chunk == 64 and BLOCK_V < 64:
         raise ValueError(f"gdn.core.triton's backward: chunks of 64 need BLOCK_V >= 64, got {BLOCK_V}")
-    first, length, chunk0, chunk_first, chunk_len = _runs(positions, chunk)
-    num_chunks = chunk_first.shape[0]
+    if starts is None:
+        starts = _run_starts(positions, None)
+    (first, length, chunk0, chunk_first, chunk_len), num_chunks = _runs(starts, num_tokens, chunk)
     block_v = min(BLOCK_V, v_pad)
     runs = (first.shape[0], num_v_heads, triton.cdiv(v_dim, block_v))
     chunks = (num_chunks, num_v_heads)
