@@ -84,13 +84,13 @@ def main() -> None:
                 torch.cuda.synchronize()
             print(f"== {shape_name} training {seqs} x {seq_len}: CUDA time per step, by kernel (5 steps)")
             events = prof.key_averages()
-            rows = sorted((e for e in events if e.device_time_total > 0), key=lambda e: -e.device_time_total)
-            total = sum(e.device_time_total for e in rows) / 5 / 1000
+            rows = sorted((e for e in events if e.self_device_time_total > 0), key=lambda e: -e.self_device_time_total)
+            total = sum(e.self_device_time_total for e in rows) / 5 / 1000  # kernels alone (an op's total holds its kernels')
             print(f"   total {total:.3f} ms; the step as bench.py times it (L2 flushed before each) "
                   f"{kernel_ms(lambda: _step(op, x, positions, grad), device):.3f} ms, 20 steps back to back "
                   f"{_back_to_back_ms(lambda: _step(op, x, positions, grad), 20):.3f} ms a step")
             for e in rows[:12]:
-                print(f"   {e.device_time_total / 5 / 1000:8.3f} ms  {e.count // 5:4d} calls  {e.key[:110]}")
+                print(f"   {e.self_device_time_total / 5 / 1000:8.3f} ms  {e.count // 5:4d} calls  {e.key[:110]}")
             print("   host, by self time (a host sync's wait counts in the op that syncs):")
             for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:10]:
                 print(f"   {e.self_cpu_time_total / 5 / 1000:8.3f} ms  {e.count // 5:4d} calls  {e.key[:110]}")

@@ -379,7 +379,7 @@ def _runs(first: Tensor, num_tokens: int, chunk_size: int) -> tuple[tuple[Tensor
     chunks of length 0, which every kernel skips."""
     num_runs = first.shape[0]
     first = first.long()
-    length = torch.diff(first, append=first.new_tensor([num_tokens]))
+    length = torch.diff(first, append=torch.full((1,), num_tokens, device=first.device))  # no host-to-device copy
     chunks = (length + chunk_size - 1) // chunk_size
     ends = torch.cumsum(chunks, 0)
     chunk0 = ends - chunks
