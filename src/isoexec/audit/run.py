@@ -14,7 +14,7 @@ from ..contract.identity import identities
 from ..contract.schema import Contract
 from ..engine import LLMEngine
 from ..model import Decoder, tracing
-from ..parallel import check, shard, spawn
+from ..parallel import backend_for, check, shard, spawn, world_of
 from ..trainer import Trainer
 from .metrics import compare, compare_routing
 from .workload import engine_config, prompts_and_params
@@ -67,6 +67,8 @@ def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new
         check(model.spec, contract, tp, ep, sp)
     if trainer_dp > requests:
         raise ValueError(f"trainer DP = {trainer_dp} needs at least {trainer_dp} requests (one sequence a group), got {requests}")
+    for ranks in (world_of(trainer_tp, trainer_ep, trainer_dp) * trainer_dp, world_of(engine_tp, engine_ep)):
+        backend_for(device, ranks)  # before either side runs
     if max(trainer_tp, engine_tp, trainer_ep, engine_ep, trainer_dp) > 1 and tracer is not None:
         raise ValueError("a parallel audit runs without --trace")
     if trainer_dp > 1 and str(device) != "cpu":
@@ -84,7 +86,7 @@ def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new
         config = dataclasses.replace(config, cuda_graphs=False)  # not built yet with gloo's collectives: said in the report
     if engine == "isoexec":
         completions, stats, engine_layout = spawn(engine_tp, _roll_out, host if engine_parallel else model, contract, config, prompts, params,
-                                                  device, progress, tracer, ep=engine_ep, sp=engine_sp)
+                                                  device, progress, tracer, ep=engine_ep, sp=engine_sp, device=device)
     else:
         from ..vllm.rollout import roll_out
 
@@ -101,7 +103,7 @@ def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new
     rollout = [c.logprobs for c in done], [c.full_logprobs for c in done], [c.token_ids for c in done]
     trainer_parallel = max(trainer_tp, trainer_ep, trainer_dp) > 1
     scored, trainer_layout = spawn(trainer_tp, _score, host if trainer_parallel else model, contract, sequences, budget, device,
-                                   [c.request_id for c in done], tracer, ep=trainer_ep, sp=trainer_sp, dp=trainer_dp)
+                                   [c.request_id for c in done], tracer, ep=trainer_ep, sp=trainer_sp, dp=trainer_dp, device=device)
     for case, (rows, routing) in scored.items():
         generated = [r[len(c.prompt) - 1 :] for r, c in zip(rows, done)]
         # The routing of the rows the tokens were drawn from: positions len(prompt) - 1 … len(sequence) - 2.

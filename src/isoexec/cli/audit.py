@@ -44,7 +44,8 @@ def add_parser(commands):
     add_json_file_flag(audit, "report")
     audit.add_argument("--trace", action="store_true", help="trace the first mismatching token op by op and name the first diverging region")
     audit.add_argument("--trainer-tp", type=int, default=1, metavar="N", help="the trainer's tensor-parallel size: N processes on "
-                       "this machine (gloo), each holding its shard; with --device cuda they share the GPU (default: 1)")
+                       "this machine (gloo), each holding its shard; with --device cuda they share the GPU, or with "
+                       "ISOEXEC_DIST_BACKEND=nccl each takes a GPU of its own (NCCL) (default: 1)")
     audit.add_argument("--engine-tp", type=int, default=1, metavar="N", help="the engine's tensor-parallel size, likewise (default: 1)")
     audit.add_argument("--trainer-ep", type=int, default=1, metavar="N", help="the trainer's expert-parallel size (an MoE model): the "
                        "routed experts cut over N processes, 1 or the trainer's TP size (default: 1)")
@@ -105,6 +106,12 @@ def run(args) -> int:
     requests = args.requests if args.requests is not None else len(prompts) if prompts is not None else 16
     if args.trainer_dp > requests:
         raise input_error(f"--trainer-dp {args.trainer_dp}: each data-parallel group scores at least one of the {requests} requests")
+    for side, ranks in (("trainer", parallel.world_of(args.trainer_tp, args.trainer_ep, args.trainer_dp) * args.trainer_dp),
+                        ("engine", parallel.world_of(args.engine_tp, args.engine_ep))):
+        try:
+            parallel.backend_for(args.device, ranks)
+        except ValueError as error:
+            raise input_error(f"the {side}'s {ranks} processes: {error}") from None
     try:
         report = run_audit(model, contract, requests=requests, max_new_tokens=args.max_new_tokens, seed=args.seed,
                            device=args.device, progress=not args.quiet, tracer=tracer, prompts=prompts, trainer_tp=args.trainer_tp,

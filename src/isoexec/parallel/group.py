@@ -1,6 +1,7 @@
 """A side's processes kept alive across calls: the RL loop's trainer and engine at their own layouts.
 
-`RankGroup(factory, *args, tp=, ep=, sp=, dp=)` starts the side's processes (gloo, this machine), each building
+`RankGroup(factory, *args, tp=, ep=, sp=, dp=, device=)` starts the side's processes (this machine; gloo, or NCCL
+by `mesh.backend_for`), each building
 its object as factory(mesh, *args); `call(method, *args)` runs the method on every rank (they run the same
 collectives) and returns rank 0's result. Arguments and results travel pickled by value. An exception in any
 rank, or a rank that dies, stops the whole group (a rank left waiting in a collective would otherwise hang) and
@@ -18,18 +19,18 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .mesh import Mesh, _free_port, adopt, caller_state, start_context, world_of
+from .mesh import Mesh, _free_port, adopt, backend_for, caller_state, init_rank, start_context, world_of
 
 
 class RankGroupError(RuntimeError):
     """A rank of a group raised, or died."""
 
 
-def _serve(rank: int, total: int, sizes: dict, port: int, conn, factory: Callable, args: bytes, state: tuple) -> None:
+def _serve(rank: int, total: int, sizes: dict, port: int, conn, factory: Callable, args: bytes, state: tuple, backend: str) -> None:
     adopt(state)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # the ranks share this machine's cores
-    dist.init_process_group("gloo", rank=rank, world_size=total)
+    init_rank(rank, total, backend)
 
     def reply(value: Any) -> None:
         conn.send_bytes(pickle.dumps((True, value if rank == 0 else None)))
@@ -58,14 +59,16 @@ def _serve(rank: int, total: int, sizes: dict, port: int, conn, factory: Callabl
 
 
 class RankGroup:
-    def __init__(self, factory: Callable, *args, tp: int = 1, ep: int = 1, sp: bool = False, dp: int = 1):
+    def __init__(self, factory: Callable, *args, tp: int = 1, ep: int = 1, sp: bool = False, dp: int = 1, device=None):
         total = world_of(tp, ep, dp) * dp
+        backend = backend_for(device, total)
         context = start_context()
         sizes, port, payload = {"tp": tp, "ep": ep, "sp": sp, "dp": dp}, _free_port(), pickle.dumps(args)
         self.pipes, self.processes = [], []
         for rank in range(total):
             parent, child = context.Pipe()
-            process = context.Process(target=_serve, args=(rank, total, sizes, port, child, factory, payload, caller_state()), daemon=True)
+            process = context.Process(target=_serve, args=(rank, total, sizes, port, child, factory, payload, caller_state(), backend),
+                                      daemon=True)
             process.start()
             self.pipes.append(parent)
             self.processes.append(process)

@@ -10,7 +10,9 @@ experts). One process is the mesh with every size 1, and every collective is the
 
 `spawn` starts a side's world x dp processes on this machine with `torch.distributed` over gloo and returns what
 global rank 0's function returned; `torchrun` sets the same environment, so `Mesh.from_env` serves both. Ranks
-may share one GPU: their GPU tensors cross gloo through host memory (NCCL needs a GPU per rank).
+may share one GPU: their GPU tensors cross gloo through host memory. With `ISOEXEC_DIST_BACKEND=nccl` and the
+device `cuda`, each rank takes a GPU of its own and the collectives run over NCCL (`backend_for`); the
+collectives move bytes or take maxima, so the backend decides no bit of the contract's path.
 """
 
 from __future__ import annotations
@@ -39,6 +41,34 @@ def world_of(tp: int, ep: int, dp: int = 1) -> int:
     if {tp, ep} - {1, world}:
         raise ValueError(f"tp and ep span the same ranks: each is 1 or both are equal, got tp = {tp}, ep = {ep}")
     return world
+
+
+BACKENDS = ("gloo", "nccl")
+
+
+def backend_for(device, ranks: int) -> str:
+    """The collectives' backend for a side of `ranks` processes on `device`: `ISOEXEC_DIST_BACKEND` (gloo by default;
+    nccl: a GPU a rank, which needs the device `cuda` and a GPU for every rank), or a ValueError saying why not."""
+    choice = os.environ.get("ISOEXEC_DIST_BACKEND", "gloo")
+    if choice not in BACKENDS:
+        raise ValueError(f"ISOEXEC_DIST_BACKEND must be one of {', '.join(BACKENDS)}, got {choice!r}")
+    if choice == "nccl" and ranks > 1:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if str(device) != "cuda" or gpus < ranks or not dist.is_nccl_available():
+            raise ValueError(f"ISOEXEC_DIST_BACKEND=nccl puts each of a side's {ranks} processes on a GPU of its own: it needs "
+                             f"--device cuda (got {device}) and {ranks} GPUs (this machine has {gpus})")
+    return choice
+
+
+def init_rank(rank: int, total: int, backend: str) -> None:
+    """This process as rank `rank` of `total` (MASTER_ADDR and MASTER_PORT set): over NCCL on GPU rank mod the
+    GPUs, which `cuda` then names for everything the rank builds; over gloo on whatever device it is handed."""
+    if backend == "nccl":
+        local = rank % torch.cuda.device_count()
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", rank=rank, world_size=total, device_id=torch.device("cuda", local))
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=total)
 
 
 @dataclass(frozen=True)
@@ -88,23 +118,30 @@ class Mesh:
             return cls(tp=tp, ep=ep, rank=dist.get_rank(), group=dist.group.WORLD, sp=sp)
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh("cpu", (dp, world), mesh_dim_names=("dp", "model"))
+        mesh = init_device_mesh("cuda" if dist.get_backend() == "nccl" else "cpu", (dp, world), mesh_dim_names=("dp", "model"))
         return cls(tp=tp, ep=ep, rank=mesh.get_local_rank("model"), group=mesh.get_group("model"), sp=sp, dp=dp,
                    dp_rank=mesh.get_local_rank("dp"), dp_mesh=mesh["dp"])
 
     def _staged(self, t: Tensor) -> bool:
-        """Whether `t` goes through host memory: a GPU tensor on gloo, which carries CPU tensors in every collective
-        (ranks sharing one GPU cannot use NCCL). A copy each way, so the bits are the tensor's."""
-        return t.device.type != "cpu" and dist.get_backend(self.group) == "gloo"
+        """Whether `t` goes through another device's memory: a GPU tensor on gloo (which carries CPU tensors in
+        every collective; ranks sharing one GPU cannot use NCCL) or a CPU tensor on NCCL. A copy each way, so the
+        bits are the tensor's."""
+        return (t.device.type == "cpu") == (dist.get_backend(self.group) == "nccl")
+
+    def _carried(self, t: Tensor) -> Tensor:
+        """`t` where the backend carries it (see `_staged`)."""
+        if not self._staged(t):
+            return t
+        return t.cuda() if t.device.type == "cpu" else t.cpu()
 
     def all_gather(self, t: Tensor) -> list:
         """Every rank's `t` (same shape and dtype on every rank), in rank order: bytes moved, no arithmetic."""
         if self.world == 1:
             return [t]
         staged = self._staged(t)
-        sent = t.cpu() if staged else t.contiguous()
+        sent = self._carried(t).contiguous()
         out = [torch.empty_like(sent) for _ in range(self.world)]
-        dist.all_gather(out, sent.contiguous(), group=self.group)
+        dist.all_gather(out, sent, group=self.group)
         return [o.to(t.device) for o in out] if staged else out
 
     def all_to_all(self, t: Tensor, sent: list[int], received: list[int]) -> Tensor:
@@ -113,7 +150,7 @@ class Mesh:
         if self.world == 1:
             return t
         staged = self._staged(t)
-        source = (t.cpu() if staged else t).contiguous()
+        source = self._carried(t).contiguous()
         out = source.new_empty((sum(received), *t.shape[1:]))
         dist.all_to_all_single(out, source, output_split_sizes=received, input_split_sizes=sent, group=self.group)
         return out.to(t.device) if staged else out
@@ -122,9 +159,9 @@ class Mesh:
         if self.world == 1:
             return t
         if self._staged(t):
-            host = t.cpu()
-            dist.all_reduce(host, op=op, group=self.group)
-            return t.copy_(host)
+            carried = self._carried(t)
+            dist.all_reduce(carried, op=op, group=self.group)
+            return t.copy_(carried)
         dist.all_reduce(t, op=op, group=self.group)
         return t
 
@@ -174,11 +211,11 @@ def adopt(state: tuple[dict, str]) -> None:
     os.chdir(cwd)
 
 
-def _worker(rank: int, total: int, sizes: dict, port: int, result: str, fn: Callable, args: tuple, state: tuple) -> None:
+def _worker(rank: int, total: int, sizes: dict, port: int, result: str, fn: Callable, args: tuple, state: tuple, backend: str) -> None:
     adopt(state)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # the ranks share this machine's cores
-    dist.init_process_group("gloo", rank=rank, world_size=total)
+    init_rank(rank, total, backend)
     try:
         out = fn(Mesh.from_env(**sizes), *args)
         if rank == 0:
@@ -187,16 +224,17 @@ def _worker(rank: int, total: int, sizes: dict, port: int, result: str, fn: Call
         dist.destroy_process_group()
 
 
-def spawn(tp: int, fn: Callable, *args, ep: int = 1, sp: bool = False, dp: int = 1) -> Any:
+def spawn(tp: int, fn: Callable, *args, ep: int = 1, sp: bool = False, dp: int = 1, device=None) -> Any:
     """Run fn(mesh, *args) on a side of TP `tp`, EP `ep`, sequence parallelism `sp` and DP `dp`: max(tp, ep) x dp
-    processes (gloo), and return global rank 0's result; one process runs it here, without torch.distributed. An
-    exception in any rank raises here."""
+    processes (over `backend_for(device, ...)`), and return global rank 0's result; one process runs it here,
+    without torch.distributed. An exception in any rank raises here."""
     total = world_of(tp, ep, dp) * dp
+    backend = backend_for(device, total)
     if total == 1:
         return fn(Mesh(), *args)
     with tempfile.TemporaryDirectory() as tmp:
         result = str(Path(tmp) / "rank0.pt")
         sizes = {"tp": tp, "ep": ep, "sp": sp, "dp": dp}
-        mp.start_processes(_worker, args=(total, sizes, _free_port(), result, fn, args, caller_state()), nprocs=total, join=True,
+        mp.start_processes(_worker, args=(total, sizes, _free_port(), result, fn, args, caller_state(), backend), nprocs=total, join=True,
                            start_method=start_context().get_start_method())
         return torch.load(result, weights_only=False)

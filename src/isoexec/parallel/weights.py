@@ -87,6 +87,8 @@ class GradNorm:
                 share = share[_dp_rows(p.shape[0], self.mesh)]
             total += (g * g * share).sum()
         if self.mesh.world * self.mesh.dp > 1:
+            if dist.get_backend() == "nccl":  # NCCL carries GPU tensors alone
+                total = total.cuda()
             dist.all_reduce(total)  # every rank of the side: the shards' sums
         norm = total.sqrt().float()
         scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Issue 21's audits on one machine of several GPUs: the trainer and the engine each at its own layout, every
+# rank a process on a GPU of its own, the collectives over NCCL (ISOEXEC_DIST_BACKEND=nccl). Each audit
+# compares every sampled token's log-probability and every full-vocabulary row bit for bit; exit 0 bitwise,
+# 1 a mismatch (what native must show), 2 a layout refused (the line says why).
+#
+#   ISOEXEC_COMMIT=<sha> OUT=out bash benchmarks/multi_gpu.sh [tp|moe|sp|native|all]    # repository root, 8 GPUs
+#   DRY=1 OUT=out bash benchmarks/multi_gpu.sh all     # the same sequence on this machine's CPU: gloo, tiny models
+#
+# tp: trainer TP x engine TP over {1, 2, 4, 8} on the Qwen3-8B-shaped random model (tiny-dense-triton);
+# moe: the MoE presets at layouts beside SkyRL-IsoExec's (its trainer TP 4 / EP 8 is not a layout here: TP and EP
+#   span the same ranks, each 1 or the group's size), and the hybrid-MoE preset, which isoexec cannot yet cut
+#   (Gated DeltaNet under TP: its refusal is the record);
+# sp: sequence parallelism on one side only; native: native's TP composition, which must differ.
+# Not scripted: the headline RL step on the 35B-A3B-shaped model (the RL loop runs on the CPU only so far, and
+# the hybrid-MoE model has no TP/EP cut yet). One line per audit in $OUT/multi_gpu.txt, the reports in
+# $OUT/multi_gpu_json.tar.
+set -u
+OUT=${OUT:-multi_gpu_out}
+PART=${1:-all}
+mkdir -p "$OUT/multi_gpu" /tmp/multi_gpu
+export PYTHONPATH=${PYTHONPATH:-src} PYTHONUNBUFFERED=1
+if [ "${DRY:-0}" = 1 ]; then
+    DEVICE=cpu SIZES="1 2 4" DENSE=tiny-dense DENSE_C=tiny-dense MOE=tiny-moe MOE_C=tiny-moe HYBRID=tiny-hybrid-moe
+    LOAD="--requests 4 --max-new-tokens 4" BIG=4
+    export ISOEXEC_DIST_BACKEND=gloo
+else
+    DEVICE=cuda SIZES="1 2 4 8" DENSE=qwen3-8b-random DENSE_C=tiny-dense-triton MOE=qwen3-30b-a3b-4l-random MOE_C=tiny-moe-triton
+    HYBRID=qwen3.5-35b-a3b-4l-random LOAD="--requests 8 --max-new-tokens 32" BIG=8
+    export ISOEXEC_DIST_BACKEND=nccl
+fi
+# The contracts with every layout claimed (a preset claims the layouts its tests ran).
+for preset in "$DENSE_C" "$MOE_C"; do
+python3 -m isoexec contract show --preset "$preset" --json | python3 -c '
+import json, sys
+c = json.load(sys.stdin)
+c["name"] += "-layouts"
+c["claims"]["topology"] = {"tp": [1, 2, 4, 8], "ep": [1, 2, 4, 8], "sp": [False, True]}
+print(json.dumps(c, indent=1))' > "/tmp/multi_gpu/$preset-layouts.json"
+done
+D=/tmp/multi_gpu/$DENSE_C-layouts.json M=/tmp/multi_gpu/$MOE_C-layouts.json
+audit() {  # name, then isoexec audit's arguments
+    local name=$1; shift
+    local start=$SECONDS
+    timeout 900 python3 -m isoexec audit --device "$DEVICE" --quiet $LOAD --json "$OUT/multi_gpu/$name.json" "$@" > "/tmp/multi_gpu/$name.log" 2>&1
+    local rc=$?
+    echo "$name  exit $rc  $((SECONDS - start)) s  $(grep -E '^  trainer_score|bitwise|MISMATCH|error' "/tmp/multi_gpu/$name.log" | head -2 | tr -s ' ' | tr '\n' ' ' | cut -c1-220)" \
+        | tee -a "$OUT/multi_gpu.txt"
+    [ -f "$OUT/multi_gpu/$name.json" ] && tar -rf "$OUT/multi_gpu_json.tar" -C "$OUT/multi_gpu" "$name.json" && rm "$OUT/multi_gpu/$name.json"
+}
+echo "== $(date -u +%FT%TZ) device $DEVICE, backend $ISOEXEC_DIST_BACKEND, commit ${ISOEXEC_COMMIT:-?}" | tee -a "$OUT/multi_gpu.txt"
+if [ "$PART" = tp ] || [ "$PART" = all ]; then
+    for t in $SIZES; do for e in $SIZES; do
+        [ "$t" = 1 ] && [ "$e" = 1 ] && continue
+        audit "tp_${t}_vs_${e}" --model "$DENSE" --contract "$D" --trainer-tp "$t" --engine-tp "$e"
+    done; done
+fi
+if [ "$PART" = moe ] || [ "$PART" = all ]; then
+    audit "moe_ep${BIG}_vs_tp${BIG}" --model "$MOE" --contract "$M" --trainer-ep "$BIG" --engine-tp "$BIG"
+    audit "moe_tp${BIG}_vs_ep${BIG}" --model "$MOE" --contract "$M" --trainer-tp "$BIG" --engine-ep "$BIG"
+    audit "moe_tp${BIG}ep${BIG}_vs_tp${BIG}" --model "$MOE" --contract "$M" --trainer-tp "$BIG" --trainer-ep "$BIG" --engine-tp "$BIG"
+    audit "hybrid_moe_tp${BIG}_vs_ep${BIG}" --model "$HYBRID" --trainer-tp "$BIG" --engine-ep "$BIG"
+fi
+if [ "$PART" = sp ] || [ "$PART" = all ]; then
+    audit "sp_trainer_tp4sp_vs_tp2" --model "$DENSE" --contract "$D" --trainer-tp 4 --trainer-sp --engine-tp 2
+    audit "sp_engine_tp${BIG}sp_vs_tp1" --model "$DENSE" --contract "$D" --engine-tp "$BIG" --engine-sp
+fi
+if [ "$PART" = native ] || [ "$PART" = all ]; then
+    audit "native_tp2_vs_4" --model "$DENSE" --contract native --trainer-tp 2 --engine-tp 4
+fi
+rmdir "$OUT/multi_gpu" 2>/dev/null
+true
