@@ -9,11 +9,12 @@
 #
 # tp: trainer TP x engine TP over {1, 2, 4, 8} on the Qwen3-8B-shaped random model (tiny-dense-triton);
 # moe: the MoE presets at layouts beside SkyRL-IsoExec's (its trainer TP 4 / EP 8 is not a layout here: TP and EP
-#   span the same ranks, each 1 or the group's size), and the hybrid-MoE preset, which isoexec cannot yet cut
-#   (Gated DeltaNet under TP: its refusal is the record);
+#   span the same ranks, each 1 or the group's size); the hybrid preset with its Gated DeltaNet heads cut by TP;
+#   the hybrid-MoE preset under EP, and under TP, which isoexec cannot yet cut (its shared experts: the refusal
+#   is the record);
 # sp: sequence parallelism on one side only; native: native's TP composition, which must differ.
 # Not scripted: the headline RL step on the 35B-A3B-shaped model (the RL loop runs on the CPU only so far, and
-# the hybrid-MoE model has no TP/EP cut yet). One line per audit in $OUT/multi_gpu.txt, the reports in
+# the hybrid-MoE model has no TP cut yet). One line per audit in $OUT/multi_gpu.txt, the reports in
 # $OUT/multi_gpu_json.tar.
 set -u
 OUT=${OUT:-multi_gpu_out}
@@ -21,16 +22,17 @@ PART=${1:-all}
 mkdir -p "$OUT/multi_gpu" /tmp/multi_gpu
 export PYTHONPATH=${PYTHONPATH:-src} PYTHONUNBUFFERED=1
 if [ "${DRY:-0}" = 1 ]; then
-    DEVICE=cpu SIZES="1 2 4" DENSE=tiny-dense DENSE_C=tiny-dense MOE=tiny-moe MOE_C=tiny-moe HYBRID=tiny-hybrid-moe
-    LOAD="--requests 4 --max-new-tokens 4" BIG=4
+    DEVICE=cpu SIZES="1 2 4" DENSE=tiny-dense DENSE_C=tiny-dense MOE=tiny-moe MOE_C=tiny-moe HYBRID=tiny-hybrid HYBRID_MOE=tiny-hybrid-moe
+    HYBRID_C=tiny-hybrid LOAD="--requests 4 --max-new-tokens 4" BIG=4 HYBRID_TP=2
     export ISOEXEC_DIST_BACKEND=gloo
 else
     DEVICE=cuda SIZES="1 2 4 8" DENSE=qwen3-8b-random DENSE_C=tiny-dense-triton MOE=qwen3-30b-a3b-4l-random MOE_C=tiny-moe-triton
-    HYBRID=qwen3.5-35b-a3b-4l-random LOAD="--requests 8 --max-new-tokens 32" BIG=8
+    HYBRID=qwen3.5-9b-4l-random HYBRID_MOE=qwen3.5-35b-a3b-4l-random HYBRID_C=tiny-hybrid-triton LOAD="--requests 8 --max-new-tokens 32"
+    BIG=8 HYBRID_TP=8
     export ISOEXEC_DIST_BACKEND=nccl
 fi
 # The contracts with every layout claimed (a preset claims the layouts its tests ran).
-for preset in "$DENSE_C" "$MOE_C"; do
+for preset in "$DENSE_C" "$MOE_C" "$HYBRID_C"; do
 python3 -m isoexec contract show --preset "$preset" --json | python3 -c '
 import json, sys
 c = json.load(sys.stdin)
@@ -38,7 +40,7 @@ c["name"] += "-layouts"
 c["claims"]["topology"] = {"tp": [1, 2, 4, 8], "ep": [1, 2, 4, 8], "sp": [False, True]}
 print(json.dumps(c, indent=1))' > "/tmp/multi_gpu/$preset-layouts.json"
 done
-D=/tmp/multi_gpu/$DENSE_C-layouts.json M=/tmp/multi_gpu/$MOE_C-layouts.json
+D=/tmp/multi_gpu/$DENSE_C-layouts.json M=/tmp/multi_gpu/$MOE_C-layouts.json H=/tmp/multi_gpu/$HYBRID_C-layouts.json
 audit() {  # name, then isoexec audit's arguments
     local name=$1; shift
     local start=$SECONDS
@@ -59,7 +61,9 @@ if [ "$PART" = moe ] || [ "$PART" = all ]; then
     audit "moe_ep${BIG}_vs_tp${BIG}" --model "$MOE" --contract "$M" --trainer-ep "$BIG" --engine-tp "$BIG"
     audit "moe_tp${BIG}_vs_ep${BIG}" --model "$MOE" --contract "$M" --trainer-tp "$BIG" --engine-ep "$BIG"
     audit "moe_tp${BIG}ep${BIG}_vs_tp${BIG}" --model "$MOE" --contract "$M" --trainer-tp "$BIG" --trainer-ep "$BIG" --engine-tp "$BIG"
-    audit "hybrid_moe_tp${BIG}_vs_ep${BIG}" --model "$HYBRID" --trainer-tp "$BIG" --engine-ep "$BIG"
+    audit "hybrid_tp${HYBRID_TP}sp_vs_tp2" --model "$HYBRID" --contract "$H" --trainer-tp "$HYBRID_TP" --trainer-sp --engine-tp 2
+    audit "hybrid_moe_ep${BIG}_vs_ep2" --model "$HYBRID_MOE" --contract "$H" --trainer-ep "$BIG" --engine-ep 2
+    audit "hybrid_moe_tp2_vs_ep${BIG}" --model "$HYBRID_MOE" --contract "$H" --trainer-tp 2 --trainer-ep 2 --engine-ep "$BIG"
 fi
 if [ "$PART" = sp ] || [ "$PART" = all ]; then
     audit "sp_trainer_tp4sp_vs_tp2" --model "$DENSE" --contract "$D" --trainer-tp 4 --trainer-sp --engine-tp 2

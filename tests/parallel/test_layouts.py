@@ -7,6 +7,7 @@ refused in one line."""
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +88,16 @@ def test_moe_rows_are_the_same_bits_with_experts_cut_over_ranks(tp, ep, sp):
     assert _differing(one, _rows_in(tp, "tiny-moe", "trainer_fwd", "tiny-moe", ep=ep, sp=sp)) == 0
 
 
+@pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
+def test_hybrid_rows_are_the_same_bits_with_heads_cut_over_ranks(sp):
+    """tiny-hybrid (three Gated DeltaNet layers of 2 key / 4 value heads, a gated attention layer): at TP 2 each
+    rank holds one key head and the two value heads that read it (their in_proj_qkv and conv rows, z, b, a,
+    A_log and dt_bias), runs the conv and the delta rule on them alone, and out_proj folds the ranks' leaves;
+    with SP the tokens are cut between the projections. trainer_fwd's rows against one process's, bit for bit."""
+    one = _rows_in(1, "tiny-hybrid", "trainer_fwd", "tiny-hybrid")
+    assert _differing(one, _rows_in(2, "tiny-hybrid", "trainer_fwd", "tiny-hybrid", sp=sp)) == 0
+
+
 def test_native_tensor_parallelism_is_not_the_same_bits():
     """The control: native's o_proj and down_proj at TP 2 are each rank's GEMM over its half of K, rounded to
     bf16, then summed by the collective; one process rounds one GEMM over all of K. Two roundings against one:
@@ -114,6 +125,45 @@ def _moe_gradients(mesh):
     rows = Trainer(local, contract, mesh).logprobs(SEQUENCES, case="trainer_fwd")
     sum((r * torch.linspace(-1, 1, r.numel()).view_as(r)).sum() for r in rows).backward()
     return {name: p.grad.float() for name, p in local.named_parameters() if p.grad is not None}
+
+
+def _contract_for(preset: str):
+    """A model preset's contract preset: the hybrid family's for its presets, else the one of the same name."""
+    return load_preset("tiny-hybrid" if preset.startswith(("tiny-hybrid", "tiny-qwen3-next")) else preset)
+
+
+def _hybrid_gradients(mesh, preset="tiny-hybrid"):
+    spec = dataclasses.replace(PRESETS[preset], dtype="float32")
+    contract = fit_contract(load_preset("tiny-hybrid"), spec)
+    model = init_random(spec, seed=0)
+    local = shard(model, contract, mesh) if mesh.world > 1 else model
+    rows = Trainer(local, contract, mesh).logprobs(SEQUENCES, case="trainer_fwd")
+    sum((r * torch.linspace(-1, 1, r.numel()).view_as(r)).sum() for r in rows).backward()
+    return {name: p.grad.float() for name, p in local.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("preset, ep, sp", [("tiny-hybrid", 1, False), ("tiny-hybrid", 1, True), ("tiny-hybrid-moe", 2, True)],
+                         ids=["tp2", "tp2-sp", "moe-tp2-ep2-sp"])
+def test_hybrid_gradients_match_one_process(preset, ep, sp):
+    """An fp32 hybrid model at TP 2: rank 0's rows of a Gated DeltaNet layer's weights (key head 0's q and k rows and
+    value heads 0-1's v rows of in_proj_qkv and of the conv, z, b, a, A_log, dt_bias, out_proj's first half of K)
+    and the gated norm's weight, which every rank uses for its heads (summed), against one process's; with MoE
+    layers, rank 0's half of the shared expert (its columns, as a dense MLP's) and the shared expert's gate (with
+    SP each rank's gradient covers its tokens: summed)."""
+    full, rank0 = spawn(1, _hybrid_gradients, preset), spawn(2, _hybrid_gradients, preset, ep=ep, sp=sp)
+    rows = lambda g: torch.cat([g[:16], g[32:48], g[64:80]])  # noqa: E731  (q: key head 0, k: key head 0, v: value heads 0-1)
+    layer = "model.layers.1.linear_attn"
+    checks = {f"{layer}.in_proj_qkv.weight": rows, f"{layer}.conv1d.weight": rows, f"{layer}.in_proj_z.weight": lambda g: g[:16],
+              f"{layer}.in_proj_b.weight": lambda g: g[:2], f"{layer}.A_log": lambda g: g[:2], f"{layer}.dt_bias": lambda g: g[:2],
+              f"{layer}.out_proj.weight": lambda g: g[:, :16], f"{layer}.norm.weight": lambda g: g}
+    if preset == "tiny-hybrid-moe":  # a shared expert of 48 columns: 24 a rank
+        mlp = "model.layers.1.mlp"
+        checks |= {f"{mlp}.shared_expert.gate_proj.weight": lambda g: g[:24], f"{mlp}.shared_expert.down_proj.weight": lambda g: g[:, :24],
+                   f"{mlp}.shared_expert_gate.weight": lambda g: g}
+    for name, part in checks.items():
+        want = part(full[name])
+        assert rank0[name].shape == want.shape, name
+        assert float((rank0[name] - want).norm() / want.norm()) < 1e-5, name
 
 
 @pytest.mark.parametrize("tp, ep, sp", [(1, 2, False), (2, 2, True), (2, 1, True)], ids=["ep2", "tp2-ep2-sp", "tp2-sp"])
@@ -166,12 +216,15 @@ def _gradients_in(tp):
 @pytest.mark.parametrize("preset, trainer, engine", [
     ("tiny-dense", (2, 1, False), (1, 1, False)), ("tiny-dense", (1, 1, False), (4, 1, True)), ("tiny-dense", (4, 1, False), (2, 1, False)),
     ("tiny-moe", (1, 1, False), (1, 2, False)), ("tiny-moe", (2, 2, True), (1, 3, False)),
-], ids=["dense-trainer-tp2", "dense-engine-tp4-sp", "dense-tp4-vs-tp2", "moe-engine-ep2", "moe-tp2ep2sp-vs-ep3"])
+    ("tiny-hybrid", (2, 1, True), (1, 1, False)), ("tiny-hybrid", (1, 1, False), (2, 1, False)), ("tiny-hybrid-moe", (2, 2, True), (1, 4, False)),
+], ids=["dense-trainer-tp2", "dense-engine-tp4-sp", "dense-tp4-vs-tp2", "moe-engine-ep2", "moe-tp2ep2sp-vs-ep3", "hybrid-trainer-tp2-sp",
+        "hybrid-engine-tp2", "hybrid-moe-tp2ep2sp-vs-ep4"])
 def test_the_audit_is_bitwise_across_layouts(preset, trainer, engine):
     """The engine (paged cache, chunked prefill, preemption, prefix caching, sampling) at one (TP, EP, SP), the
     trainer at another: every sampled token, every full-vocabulary row and every routing equal."""
     model = init_random(PRESETS[preset], seed=0)
-    report = run_audit(model, load_preset(preset), requests=6, max_new_tokens=8, progress=False, trainer_tp=trainer[0], trainer_ep=trainer[1],
+    contract = fit_contract(_contract_for(preset), model.spec)
+    report = run_audit(model, contract, requests=6, max_new_tokens=8, progress=False, trainer_tp=trainer[0], trainer_ep=trainer[1],
                        trainer_sp=trainer[2], engine_tp=engine[0], engine_ep=engine[1], engine_sp=engine[2])
     assert all_equal(report), report["trainer_score"]
     assert report["layout"] == {side: {**dict(zip(("tp", "ep", "sp"), sizes)), "dp": 1} for side, sizes in (("trainer", trainer), ("engine", engine))}
@@ -184,12 +237,15 @@ def test_the_audit_is_bitwise_across_layouts(preset, trainer, engine):
     ("tiny-moe", 1, 8, "EP = 8 exceeds layer 1's 6 experts"),
     ("tiny-moe", 2, 3, "tp and ep span the same ranks: each is 1 or both are equal, got tp = 2, ep = 3"),
     ("tiny-dense", 1, 1, "sequence parallelism cuts the tokens over the tensor-parallel ranks: it needs TP > 1"),
-    ("tiny-hybrid", 2, 1, "tensor and expert parallelism shard gqa attention, mlp and moe layers so far; layer 0 is gdn + mlp"),
+    ("tiny-hybrid", 4, 1, "TP = 4 does not divide layer 0's 2 Gated DeltaNet key heads"),
+    ("tiny-mla", 2, 1, "tensor and expert parallelism shard gqa attention, gdn, mlp and moe layers so far; layer 0 is mla + mlp"),
+    ("tiny-qwen3-next", 2, 1, "TP = 2 cuts the dense MLPs and shared experts by one down_proj width (the row-parallel op's K), and "
+                              "Qwen3NextForCausalLM has 48, 128"),
 ])
 def test_layouts_that_cannot_be_cut_are_refused(preset, tp, ep, message):
     sp = "sequence parallelism" in message
-    with pytest.raises(ValueError, match=message.replace("+", r"\+")):
-        check(PRESETS[preset], load_preset(preset), tp, ep, sp)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check(PRESETS[preset], _contract_for(preset), tp, ep, sp)
 
 
 def _with_entry(contract, region, **changes):

@@ -40,7 +40,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..model import MLPSpec, MoESpec, current_step
+from ..model import AttentionSpec, GDNSpec, MLPSpec, MoESpec, current_step
 from ..ops.common import TILE_ELEMENTS, torch_dtype
 from ..ops.linear.reference import linear_grads, rank_leaves
 from ..runtime.registry import REGISTRY
@@ -229,9 +229,9 @@ def _sequence_parallel(ops: dict[str, Callable], mesh: Mesh) -> dict[str, Callab
     composed["embed_tokens"], composed["norm"] = embed_shard, norm
     for name in ("input_layernorm", "post_attention_layernorm"):
         composed[name] = (lambda norm: lambda h, residual, weight, *rest: norm(h, residual, _replicated(weight, mesh), *rest))(ops[name])
-    if "router" in ops:  # the router's weight saw the rank's tokens only: its gradient is summed over the ranks
-        router = ops["router"]
-        composed["router"] = lambda x, weight, *rest: router(x, _replicated(weight, mesh), *rest)
+    for name in ("router", "shared_expert_gate"):  # their weights saw the rank's tokens only: gradients summed over the ranks
+        if name in ops:
+            composed[name] = (lambda op: lambda x, weight, *rest: op(x, _replicated(weight, mesh), *rest))(ops[name])
     if "experts" in ops and mesh.ep == 1:  # every rank holds every expert and runs its own tokens' pairs
         experts = ops["experts"]
         composed["experts"] = lambda x, ids, gate_up, down: experts(x, ids, _replicated(gate_up, mesh), _replicated(down, mesh))
@@ -442,16 +442,21 @@ def compose(ops: dict[str, Callable], contract, case: str, spec, mesh: Mesh) -> 
     if mesh.sp:
         composed = _sequence_parallel(composed, mesh)
     leaves = num_leaves(contract) or mesh.tp
-    global_k = {"o_proj": {layer.mixer.num_heads * layer.mixer.head_dim for layer in spec.layers},
-                "down_proj": {layer.ffn.intermediate_size for layer in spec.layers if isinstance(layer.ffn, MLPSpec)}}
+    attention = [layer.mixer for layer in spec.layers if isinstance(layer.mixer, AttentionSpec)]
+    global_k = {"o_proj": {mixer.num_heads * mixer.head_dim for mixer in attention},
+                "out_proj": {layer.mixer.value_dim for layer in spec.layers if isinstance(layer.mixer, GDNSpec)},
+                "down_proj": {layer.ffn.intermediate_size if isinstance(layer.ffn, MLPSpec) else layer.ffn.shared_intermediate_size
+                              for layer in spec.layers if isinstance(layer.ffn, MLPSpec) or getattr(layer.ffn, "shared_intermediate_size", 0)}}
     for name in COLUMN_PARALLEL:
         if name in ops:
             composed[name] = _column_parallel(ops[name], mesh)
     for name in ("q_norm", "k_norm"):  # one weight for every head: each rank's gradient covers its heads
         if name in ops:
             composed[name] = (lambda norm: lambda x, weight, *rest: norm(x, _replicated(weight, mesh), *rest))(ops[name])
-    kv_heads = {layer.mixer.num_kv_heads for layer in spec.layers}
-    if mesh.tp > min(kv_heads):
+    if "gated_norm" in ops:  # GDN's output norm: likewise, one weight for every value head
+        composed["gated_norm"] = (lambda norm: lambda x, z, weight, *rest: norm(x, z, _replicated(weight, mesh), *rest))(ops["gated_norm"])
+    kv_heads = {mixer.num_kv_heads for mixer in attention}
+    if kv_heads and mesh.tp > min(kv_heads):
         if len(kv_heads) != 1:
             raise ValueError(f"TP = {mesh.tp} replicates key/value heads: it needs every layer's of one count, got {sorted(kv_heads)}")
         heads = min(kv_heads)

@@ -4,8 +4,11 @@ Tensor parallelism (TP) and expert parallelism (EP) cut only where the contract'
 so that every layout gives the bits of one process:
 - column-parallel projections (q/k/v, gate/up of a dense MLP) by whole output columns: a column's bits never
   depend on the other columns. Attention's by whole heads: a rank's query heads and the key/value heads they
-  read (replicated where TP exceeds the key/value heads);
-- row-parallel projections (o_proj, down_proj of a dense MLP) by whole K leaves of the contract's
+  read (replicated where TP exceeds the key/value heads). A Gated DeltaNet layer's by whole key heads and the
+  value heads that read them (TP divides the key heads): in_proj_qkv's and the conv's rows of the rank's q, k
+  and v heads, in_proj_z / in_proj_b / in_proj_a, A_log and dt_bias by value heads; the conv is per channel and
+  the delta rule per value head, so each runs on the rank's heads alone;
+- row-parallel projections (o_proj, GDN's out_proj, down_proj of a dense MLP) by whole K leaves of the contract's
   `num_leaves`: rank r of TP = C holds K columns [floor(rK/C), floor((r+1)K/C)), leaves [rG/C, (r+1)G/C)
   (`linear.reference`'s `leaf_bounds`), which are the columns its column-parallel half produced;
 - routed experts by whole experts: rank r of EP = P holds experts [floor(rE/P), floor((r+1)E/P)) (uneven
@@ -14,7 +17,8 @@ so that every layout gives the bits of one process:
 - the vocabulary (the embedding's rows, lm_head's rows, the log-probs' columns) by whole blocks of the
   contract's log-probs `vocab_block`: rank r of TP = C holds blocks [floor(rB/C), floor((r+1)B/C)) of the B,
   whose per-block maxima and sums are the leaves of the log-softmax's fold (`vocab_shards`);
-- everything else replicated: the norms, the router, shared experts.
+- shared experts as a dense MLP (their columns on the same leaves; the dense MLP's ops run them);
+- everything else replicated: the norms, the router, the shared experts' gate.
 
 The rank's model is the ordinary single-device `Decoder` built from its `local_spec` (fewer heads, a narrower
 MLP) and loaded with its shards (a rank's routed experts are its expert tensors' first dim): model code never
@@ -29,13 +33,13 @@ import torch
 from torch import nn
 
 from ..contract.values import ContractError
-from ..model import AttentionSpec, Decoder, MLPSpec, ModelSpec, MoESpec
+from ..model import AttentionSpec, Decoder, GDNSpec, MLPSpec, ModelSpec, MoESpec
 from ..ops.linear.reference import leaf_columns, rank_leaves
 from ..runtime.registry import REGISTRY
 from .mesh import Mesh, world_of
 
-ROW_PARALLEL = ("o_proj", "down_proj")
-COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROW_PARALLEL = ("o_proj", "out_proj", "down_proj")
+COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 
 
 def num_leaves(contract) -> int | None:
@@ -88,19 +92,23 @@ def check(spec: ModelSpec, contract, tp: int, ep: int = 1, sp: bool = False) -> 
     if tp > 1 and contract.claims.is_bitwise:
         _check_parts(contract)
     for index, layer in enumerate(spec.layers if max(tp, ep) > 1 else ()):
-        if not isinstance(layer.mixer, AttentionSpec) or not isinstance(layer.ffn, (MLPSpec, MoESpec)):
-            raise ValueError(f"tensor and expert parallelism shard gqa attention, mlp and moe layers so far; layer {index} is "
+        if not isinstance(layer.mixer, (AttentionSpec, GDNSpec)) or not isinstance(layer.ffn, (MLPSpec, MoESpec)):
+            raise ValueError(f"tensor and expert parallelism shard gqa attention, gdn, mlp and moe layers so far; layer {index} is "
                              f"{layer.mixer.kind} + {layer.ffn.kind}")
-        heads, kv_heads = layer.mixer.num_heads, layer.mixer.num_kv_heads
-        if heads % tp:
-            raise ValueError(f"TP = {tp} does not divide layer {index}'s {heads} attention heads")
-        if kv_heads % tp and tp % kv_heads:
-            raise ValueError(f"TP = {tp} neither divides layer {index}'s {kv_heads} key/value heads nor is a multiple of them")
+        if isinstance(layer.mixer, GDNSpec):
+            if layer.mixer.num_k_heads % tp:
+                raise ValueError(f"TP = {tp} does not divide layer {index}'s {layer.mixer.num_k_heads} Gated DeltaNet key heads")
+        elif layer.mixer.num_heads % tp:
+            raise ValueError(f"TP = {tp} does not divide layer {index}'s {layer.mixer.num_heads} attention heads")
+        elif layer.mixer.num_kv_heads % tp and tp % layer.mixer.num_kv_heads:
+            raise ValueError(f"TP = {tp} neither divides layer {index}'s {layer.mixer.num_kv_heads} key/value heads nor is a multiple of them")
         if isinstance(layer.ffn, MoESpec) and layer.ffn.num_experts < ep:
             raise ValueError(f"EP = {ep} exceeds layer {index}'s {layer.ffn.num_experts} experts")
-        if isinstance(layer.ffn, MoESpec) and layer.ffn.shared_intermediate_size and tp > 1:
-            raise ValueError(f"TP = {tp} with layer {index}'s shared experts: they call the dense MLP's ops, which TP cuts; "
-                             "not built yet")
+    widths = {layer.ffn.intermediate_size if isinstance(layer.ffn, MLPSpec) else layer.ffn.shared_intermediate_size
+              for layer in spec.layers if isinstance(layer.ffn, MLPSpec) or getattr(layer.ffn, "shared_intermediate_size", 0)}
+    if tp > 1 and len(widths) > 1:
+        raise ValueError(f"TP = {tp} cuts the dense MLPs and shared experts by one down_proj width (the row-parallel op's K), "
+                         f"and {spec.architecture} has {', '.join(map(str, sorted(widths)))}")
     topology = contract.claims.topology
     for name, size in (("tp", tp), ("ep", ep), ("sp", sp)):
         claimed = getattr(topology, name)
@@ -128,23 +136,36 @@ def _heads(attention: AttentionSpec, tp: int, rank: int) -> tuple[range, range]:
     return queries, range(queries.start // group, (queries.stop - 1) // group + 1)
 
 
+def _gdn_heads(gdn: GDNSpec, tp: int, rank: int) -> tuple[range, range]:
+    """Rank's Gated DeltaNet key heads and the value heads that read them (value head j reads key head j // (Hv / Hk))."""
+    keys, values = gdn.num_k_heads // tp, gdn.num_v_heads // tp
+    return range(rank * keys, (rank + 1) * keys), range(rank * values, (rank + 1) * values)
+
+
 def _rank_columns(intermediate: int, leaves: int, mesh: Mesh) -> slice:
     return leaf_columns(intermediate, leaves, rank_leaves(leaves, mesh.rank if mesh.tp > 1 else 0, mesh.tp))
 
 
 def local_spec(spec: ModelSpec, contract, mesh: Mesh) -> ModelSpec:
-    """The spec of a rank's model: its heads and its slice of every dense MLP (an MoE layer's spec stays whole:
-    its router sees every expert)."""
+    """The spec of a rank's model: its heads and its slice of every dense MLP and shared expert (an MoE layer's
+    routed experts stay whole in the spec: its router sees every expert)."""
     check(spec, contract, mesh.tp, mesh.ep)
     leaves, tp_rank = _leaves(contract, mesh.tp), mesh.rank if mesh.tp > 1 else 0
     layers = []
     for layer in spec.layers:
-        queries, kv = _heads(layer.mixer, mesh.tp, tp_rank)
-        mixer = dataclasses.replace(layer.mixer, num_heads=len(queries), num_kv_heads=len(kv))
+        if isinstance(layer.mixer, GDNSpec):
+            keys, values = _gdn_heads(layer.mixer, mesh.tp, tp_rank)
+            mixer = dataclasses.replace(layer.mixer, num_k_heads=len(keys), num_v_heads=len(values))
+        else:
+            queries, kv = _heads(layer.mixer, mesh.tp, tp_rank)
+            mixer = dataclasses.replace(layer.mixer, num_heads=len(queries), num_kv_heads=len(kv))
         ffn = layer.ffn
         if isinstance(ffn, MLPSpec):
             columns = _rank_columns(ffn.intermediate_size, leaves, mesh)
             ffn = dataclasses.replace(ffn, intermediate_size=columns.stop - columns.start)
+        elif isinstance(ffn, MoESpec) and ffn.shared_intermediate_size:
+            columns = _rank_columns(ffn.shared_intermediate_size, leaves, mesh)
+            ffn = dataclasses.replace(ffn, shared_intermediate_size=columns.stop - columns.start)
         layers.append(dataclasses.replace(layer, mixer=mixer, ffn=ffn))
     return dataclasses.replace(spec, layers=tuple(layers))
 
@@ -188,13 +209,34 @@ def shard_of(name: str, weight: torch.Tensor, spec: ModelSpec, contract, mesh: M
         if projection == "o_proj" and parts[-1] == "weight":
             return weight[:, _rank_columns(weight.shape[1], leaves, mesh)]
         return weight  # q_norm / k_norm (per head dim) and o_proj's bias
+    if owner == "linear_attn":
+        return _gdn_shard(projection, weight, layer.mixer, leaves, mesh)
     if owner == "mlp" and isinstance(layer.ffn, MLPSpec):
         columns = _rank_columns(layer.ffn.intermediate_size, leaves, mesh)
         return weight[columns] if projection in ("gate_proj", "up_proj") else weight[:, columns]
+    if owner == "mlp" and projection in ("shared_expert", "shared_experts"):  # a dense MLP of the shared width
+        columns = _rank_columns(layer.ffn.shared_intermediate_size, leaves, mesh)
+        return weight[columns] if parts[5] in ("gate_proj", "up_proj") else weight[:, columns]
     if owner == "mlp" and projection == "experts":
         experts = experts_of(layer, mesh)
         return weight[experts.start : experts.stop]
-    return weight  # the layer norms, the router, shared experts and their gate
+    return weight  # the layer norms, the router, the shared experts' gate
+
+
+def _gdn_shard(name: str, weight: torch.Tensor, gdn: GDNSpec, leaves: int, mesh: Mesh) -> torch.Tensor:
+    """A rank's part of a Gated DeltaNet layer's weight `name` (its attribute: in_proj_qkv, conv1d, A_log, …)."""
+    keys, values = _gdn_heads(gdn, mesh.tp, mesh.rank if mesh.tp > 1 else 0)
+    if name in ("in_proj_qkv", "conv1d"):  # rows: q's heads, k's heads, then v's
+        q = _rows(weight, keys, gdn.k_head_dim)
+        k = _rows(weight[gdn.key_dim :], keys, gdn.k_head_dim)
+        return torch.cat([q, k, _rows(weight[2 * gdn.key_dim :], values, gdn.v_head_dim)])
+    if name == "in_proj_z":
+        return _rows(weight, values, gdn.v_head_dim)
+    if name in ("in_proj_b", "in_proj_a", "A_log", "dt_bias"):
+        return _rows(weight, values, 1)
+    if name == "out_proj":
+        return weight[:, _rank_columns(weight.shape[1], leaves, mesh)]
+    return weight  # the gated norm's weight (per value head dim)
 
 
 def shard_state(state: dict, spec: ModelSpec, contract, mesh: Mesh) -> dict:

@@ -62,4 +62,4 @@ class GatedDeltaNet(nn.Module):
         out = ops["gdn_core"](q.unflatten(1, (-1, spec.k_head_dim)), k.unflatten(1, (-1, spec.k_head_dim)), v.unflatten(1, (-1, spec.v_head_dim)),
                               a, b, self.A_log, self.dt_bias, state, rows, state_ids, positions)  # [T, Hv, Dv]
         out = ops["gated_norm"](out, z, self.norm.weight, self.eps)
-        return ops["out_proj"](out.reshape(x.shape[0], -1), self.out_proj.weight)
+        return ops["out_proj"](out.flatten(1), self.out_proj.weight)  # [T, Hv Dv]: every token of the call, whatever x held
