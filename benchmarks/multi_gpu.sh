@@ -10,11 +10,9 @@
 # tp: trainer TP x engine TP over {1, 2, 4, 8} on the Qwen3-8B-shaped random model (tiny-dense-triton);
 # moe: the MoE presets at layouts beside SkyRL-IsoExec's (its trainer TP 4 / EP 8 is not a layout here: TP and EP
 #   span the same ranks, each 1 or the group's size); the hybrid preset with its Gated DeltaNet heads cut by TP;
-#   the hybrid-MoE preset under EP, and under TP, which isoexec cannot yet cut (its shared experts: the refusal
-#   is the record);
+#   the hybrid-MoE preset under EP, and under TP + EP (its shared experts cut as a dense MLP);
 # sp: sequence parallelism on one side only; native: native's TP composition, which must differ.
-# Not scripted: the headline RL step on the 35B-A3B-shaped model (the RL loop runs on the CPU only so far, and
-# the hybrid-MoE model has no TP cut yet). One line per audit in $OUT/multi_gpu.txt, the reports in
+# Not scripted: the headline RL step on the 35B-A3B-shaped model (the RL loop runs on the CPU only so far). One line per audit in $OUT/multi_gpu.txt, the reports in
 # $OUT/multi_gpu_json.tar.
 set -u
 OUT=${OUT:-multi_gpu_out}
