@@ -93,9 +93,12 @@ def test_hybrid_rows_are_the_same_bits_with_heads_cut_over_ranks(sp):
     """tiny-hybrid (three Gated DeltaNet layers of 2 key / 4 value heads, a gated attention layer): at TP 2 each
     rank holds one key head and the two value heads that read it (their in_proj_qkv and conv rows, z, b, a,
     A_log and dt_bias), runs the conv and the delta rule on them alone, and out_proj folds the ranks' leaves;
-    with SP the tokens are cut between the projections. trainer_fwd's rows against one process's, bit for bit."""
+    with SP the tokens are cut between the projections. trainer_fwd's rows against one process's, bit for bit;
+    the control, native at TP 2 (out_proj and o_proj each rank's GEMM rounded, then summed), differs."""
     one = _rows_in(1, "tiny-hybrid", "trainer_fwd", "tiny-hybrid")
     assert _differing(one, _rows_in(2, "tiny-hybrid", "trainer_fwd", "tiny-hybrid", sp=sp)) == 0
+    native = _rows_in(1, "native", "trainer_fwd", "tiny-hybrid")
+    assert _differing(native, _rows_in(2, "native", "trainer_fwd", "tiny-hybrid", sp=sp)) > 0
 
 
 def test_native_tensor_parallelism_is_not_the_same_bits():
@@ -106,35 +109,14 @@ def test_native_tensor_parallelism_is_not_the_same_bits():
     assert _differing(one, two) > 0
 
 
-def _gradients(mesh):
-    spec = dataclasses.replace(PRESETS["tiny-dense"], dtype="float32")  # fp32 weights and gradients: a tight tolerance
-    contract = fit_contract(load_preset("tiny-dense"), spec)
-    model = init_random(spec, seed=0)
-    local = shard(model, contract, mesh) if mesh.world > 1 else model
-    rows = Trainer(local, contract, mesh).logprobs(SEQUENCES, case="trainer_fwd")
-    weights = [torch.linspace(-1, 1, r.numel()).view_as(r) for r in rows]
-    sum((r * w).sum() for r, w in zip(rows, weights)).backward()
-    return {name: p.grad.float() for name, p in local.named_parameters()}
-
-
-def _moe_gradients(mesh):
-    spec = dataclasses.replace(PRESETS["tiny-moe"], dtype="float32")
-    contract = fit_contract(load_preset("tiny-moe"), spec)
-    model = init_random(spec, seed=0)
-    local = shard(model, contract, mesh) if mesh.world > 1 else model
-    rows = Trainer(local, contract, mesh).logprobs(SEQUENCES, case="trainer_fwd")
-    sum((r * torch.linspace(-1, 1, r.numel()).view_as(r)).sum() for r in rows).backward()
-    return {name: p.grad.float() for name, p in local.named_parameters() if p.grad is not None}
-
-
 def _contract_for(preset: str):
     """A model preset's contract preset: the hybrid family's for its presets, else the one of the same name."""
     return load_preset("tiny-hybrid" if preset.startswith(("tiny-hybrid", "tiny-qwen3-next")) else preset)
 
 
-def _hybrid_gradients(mesh, preset="tiny-hybrid"):
-    spec = dataclasses.replace(PRESETS[preset], dtype="float32")
-    contract = fit_contract(load_preset("tiny-hybrid"), spec)
+def _gradients(mesh, preset="tiny-dense"):
+    spec = dataclasses.replace(PRESETS[preset], dtype="float32")  # fp32 weights and gradients: a tight tolerance
+    contract = fit_contract(_contract_for(preset), spec)
     model = init_random(spec, seed=0)
     local = shard(model, contract, mesh) if mesh.world > 1 else model
     rows = Trainer(local, contract, mesh).logprobs(SEQUENCES, case="trainer_fwd")
@@ -150,7 +132,7 @@ def test_hybrid_gradients_match_one_process(preset, ep, sp):
     and the gated norm's weight, which every rank uses for its heads (summed), against one process's; with MoE
     layers, rank 0's half of the shared expert (its columns, as a dense MLP's) and the shared expert's gate (with
     SP each rank's gradient covers its tokens: summed)."""
-    full, rank0 = spawn(1, _hybrid_gradients, preset), spawn(2, _hybrid_gradients, preset, ep=ep, sp=sp)
+    full, rank0 = spawn(1, _gradients, preset), spawn(2, _gradients, preset, ep=ep, sp=sp)
     rows = lambda g: torch.cat([g[:16], g[32:48], g[64:80]])  # noqa: E731  (q: key head 0, k: key head 0, v: value heads 0-1)
     layer = "model.layers.1.linear_attn"
     checks = {f"{layer}.in_proj_qkv.weight": rows, f"{layer}.conv1d.weight": rows, f"{layer}.in_proj_z.weight": lambda g: g[:16],
@@ -173,7 +155,7 @@ def test_expert_parallel_gradients_match_one_process(tp, ep, sp):
     (token, slot)s; with SP, each rank's pairs sent to their experts' ranks and back by all-to-all, whose
     backward returns the rows' gradients; EP 1 with SP: the router's and the experts' gradients summed over the
     ranks, each having seen its own tokens."""
-    full, rank0 = spawn(1, _moe_gradients), spawn(tp, _moe_gradients, ep=ep, sp=sp)
+    full, rank0 = spawn(1, _gradients, "tiny-moe"), spawn(tp, _gradients, "tiny-moe", ep=ep, sp=sp)
     mine = slice(0, 6 // ep)
     for name, part in {"model.layers.1.mlp.experts.gate_up_proj": lambda g: g[mine], "model.layers.2.mlp.experts.down_proj": lambda g: g[mine],
                        "model.layers.1.mlp.gate.weight": lambda g: g, "model.embed_tokens.weight": lambda g: g[:256] if tp > 1 else g}.items():
