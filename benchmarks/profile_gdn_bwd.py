@@ -84,8 +84,11 @@ def main() -> None:
                 torch.cuda.synchronize()
             print(f"== {shape_name} training {seqs} x {seq_len}: CUDA time per step, by kernel (5 steps)")
             events = prof.key_averages()
-            rows = sorted((e for e in events if e.self_device_time_total > 0), key=lambda e: -e.self_device_time_total)
-            total = sum(e.self_device_time_total for e in rows) / 5 / 1000  # kernels alone (an op's total holds its kernels')
+            # Kernels alone: an op (an aten op, or an autograd Function launching Triton kernels) also reports the
+            # device time of the kernels it launched, but no kernel spends host time of its own.
+            rows = sorted((e for e in events if e.self_device_time_total > 0 and e.self_cpu_time_total == 0),
+                          key=lambda e: -e.self_device_time_total)
+            total = sum(e.self_device_time_total for e in rows) / 5 / 1000
             print(f"   total {total:.3f} ms; the step as bench.py times it (L2 flushed before each) "
                   f"{kernel_ms(lambda: _step(op, x, positions, grad), device):.3f} ms, 20 steps back to back "
                   f"{_back_to_back_ms(lambda: _step(op, x, positions, grad), 20):.3f} ms a step")
