@@ -203,9 +203,13 @@ def bench_trainer(model, model_name: str, sizes: Sizes, contracts: dict, device:
     return rows
 
 
+SYNC = "+sync"  # a --contracts entry's suffix: the same contract, its engine with async scheduling off
+
+
 def _label(spec: str) -> str:
-    """A contract's name in results: the preset's name, or a contract file's stem."""
-    return Path(spec).stem if spec.endswith((".toml", ".json")) else spec
+    """A contract's name in results: the preset's name, or a contract file's stem (and the +sync suffix)."""
+    base = spec.removesuffix(SYNC)
+    return (Path(base).stem if base.endswith((".toml", ".json")) else base) + spec[len(base):]
 
 
 def _commit() -> str:
@@ -239,7 +243,8 @@ def _parse(argv):
                         help="gdn: the phases to time, comma-separated (default: all four)")
     parser.add_argument("--model", help=f"model presets, comma-separated (default: {','.join(FULL.models)}, or {','.join(SMALL.models)} with --small)")
     parser.add_argument("--contracts", help="contracts to compare, preset names or files, the one under test first (default: "
-                                            f"{','.join(GPU_CONTRACTS)} on cuda, tiny-dense,native on cpu)")
+                                            f"{','.join(GPU_CONTRACTS)} on cuda, tiny-dense,native on cpu); a name ending in "
+                                            f"{SYNC} runs that contract's engine with async scheduling off")
     parser.add_argument("--new-tokens", type=int, help="new tokens per request in engine, hf and roofline (default: 128, or 8 with --small)")
     parser.add_argument("--cuda-graphs", action="store_true", help="run the engine with CUDA graphs (where EngineConfig has them)")
     parser.add_argument("--json", help="write the results here (rewritten after every section)")
@@ -262,7 +267,7 @@ def main(argv=None) -> int:
         sizes = dataclasses.replace(sizes, new_tokens=args.new_tokens)
     specs = args.contracts.split(",") if args.contracts else list(GPU_CONTRACTS if device.type == "cuda" else ("tiny-dense", "native"))
     try:
-        loaded = {_label(spec): load(spec) for spec in specs}
+        loaded = {_label(spec): load(spec.removesuffix(SYNC)) for spec in specs}
     except ContractError as error:
         print(f"bench: {error}", file=sys.stderr)
         return 2

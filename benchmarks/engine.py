@@ -4,8 +4,10 @@ Every run is `LLMEngine.generate` on `batch` random prompts of `prompt_len` toke
 tokens each (temperature 1, ignore_eos), after a warm-up generate of the same batch and 4 tokens (so
 kernels are compiled for the same shapes), timed REPS times; a run's tokens/s is the median's (one
 timed generate per contract gave 0.82 and 1.04 of the baseline at batch 64 in two runs of the same code
-on an H200 at bb94c8d, docs/experiments.md). `engine.step` is wrapped to take the wall time of every step
-(each step already ends in a host read of the drawn tokens, so nothing extra is synchronised):
+on an H200 at bb94c8d, docs/experiments.md). `engine.step` is wrapped to take the wall time of every step,
+with nothing extra synchronised: a step ends in the host's read of the tokens drawn by the step before it
+(async scheduling; with it off, by the step itself), so in a run of decode steps a step's wall time is the
+interval from one step to the next. A contract label ending in +sync runs with async scheduling off:
 
 engine:   tokens/s = batch x new_tokens / median wall time of the whole generate (prefill included),
           per contract, and the first contract's ratio to each of the others (the baselines);
@@ -71,7 +73,8 @@ class Engines:
             max_batch = max(self.sizes.batches)
             # max_model_len: the decode graphs' slot table is as wide as the longest request, not the
             # model's context (native's decode attention scans the table whole).
-            overrides = {"max_num_seqs": max_batch, "max_model_len": self.sizes.prompt_len + self.sizes.new_tokens}
+            overrides = {"max_num_seqs": max_batch, "max_model_len": self.sizes.prompt_len + self.sizes.new_tokens,
+                         "async_scheduling": not name.endswith("+sync")}  # bench.py's SYNC suffix
             if self.cuda_graphs:
                 overrides["cuda_graphs"] = True
             config = EngineConfig.from_contract(contract, num_pages=max_batch * pages_per_seq + 8, **overrides)
@@ -100,7 +103,7 @@ class Engines:
         engine, sizes = self._engine(name), self.sizes
         prompts = self.prompts[:batch]
         engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=WARMUP_TOKENS, ignore_eos=True), progress=False)
-        steps = _time_steps(engine, self.device)
+        steps = _time_steps(engine)
         params = SamplingParams(temperature=1.0, max_tokens=sizes.new_tokens, ignore_eos=True)
         walls = []
         try:
@@ -127,7 +130,7 @@ class Engines:
             torch.cuda.empty_cache()
 
 
-def _time_steps(engine, device) -> list[tuple[float, int, int, int]]:
+def _time_steps(engine) -> list[tuple[float, int, int, int]]:
     """Wrap engine.step: -> a list filled with (seconds, prefill chunks, decoded tokens, keys read by
     the decodes) per step. Keys read: a decoding sequence of n tokens attends to n keys."""
     steps, step = [], engine.step
@@ -137,7 +140,6 @@ def _time_steps(engine, device) -> list[tuple[float, int, int, int]]:
         kv_tokens = sum(len(seq) for seq in engine.scheduler.running)
         start = time.perf_counter()
         finished = step()
-        sync(device)
         steps.append((time.perf_counter() - start, engine.stats["prefill_chunks"] - stats["prefill_chunks"],
                       engine.stats["decode_tokens"] - stats["decode_tokens"], kv_tokens))
         return finished

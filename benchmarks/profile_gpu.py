@@ -2,8 +2,9 @@
 
     PYTHONPATH=src:benchmarks python3 benchmarks/profile_gpu.py [SECTION ...] [--model qwen3-0.6b-random] [--contract tiny-dense-triton]
 
-decode:    cProfile of `LLMEngine.generate` (host time per function), then the pieces of one decode
-           step timed alone on the device: graph replay, sampling, the metadata the runner builds.
+decode:    wall time per engine step and per phase of it, async scheduling on and off; cProfile of
+           `LLMEngine.generate` (host time per function); then the pieces of one decode step timed alone
+           on the device: graph replay, sampling.
 attention: attention.triton in prefill, training (packed) and decode forms over a grid of block_m /
            num_warps / num_stages, as graph replays beside flash SDPA, each output compared bit for bit
            with the listed constants'.
@@ -44,6 +45,7 @@ An experiment script (docs/experiments.md), not a benchmark of record.
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import pstats
 import sys
@@ -68,6 +70,10 @@ def profile_decode(model_name: str, contract_name: str, batch: int, new_tokens: 
     prompts = [torch.randint(model.spec.vocab_size, (128,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(batch)]
     params = SamplingParams(temperature=1.0, max_tokens=new_tokens, ignore_eos=True)
     engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True), progress=False)
+    _phase_times(engine, prompts, params)
+    engine.config = dataclasses.replace(engine.config, async_scheduling=False)
+    _phase_times(engine, prompts, params)
+    engine.config = dataclasses.replace(engine.config, async_scheduling=True)
     profiler = cProfile.Profile()
     torch.cuda.synchronize()
     profiler.enable()
@@ -95,6 +101,46 @@ def profile_decode(model_name: str, contract_name: str, batch: int, new_tokens: 
     sample = kernel_ms(lambda: ops["sample"](rows, f32, i64, f32, i64, i64), torch.device("cuda"))
     print(f"== device time, batch {b}: graph replay (forward + log-probs) {replay:.3f} ms, sampling {sample:.3f} ms")
     kernel_table(graphs, b)
+
+
+def _phase_times(engine, prompts, params) -> None:
+    """Wall time per engine step and per phase of it over one generate, no profiler: each phase's calls are
+    timed with perf_counter as they run (the host's syncs, where the code makes them, are inside the phase
+    that makes them)."""
+    from isoexec.engine.scheduler import Scheduler
+
+    spent: dict[str, list[float]] = {}
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent.setdefault(name, []).append(time.perf_counter() - start)
+        return wrapper
+
+    runner, graphs = engine.runner, engine.runner.decode_graphs
+    saved = (Scheduler.schedule, Scheduler.resolve, runner.run, graphs.run, runner.ops["engine_decode"]["sample"])
+    Scheduler.schedule, Scheduler.resolve = timed("schedule", saved[0]), timed("resolve", saved[1])
+    runner.run, graphs.run = timed("run", saved[2]), timed("graphs.run", saved[3])
+    runner.ops["engine_decode"]["sample"] = timed("sample", saved[4])
+    engine.step, engine._resolve = timed("step", engine.step), timed("wait + resolve", engine._resolve)
+    try:
+        torch.cuda.synchronize()
+        engine.generate(prompts, params, progress=False)
+        torch.cuda.synchronize()
+    finally:
+        Scheduler.schedule, Scheduler.resolve = saved[:2]
+        del runner.run, graphs.run, engine.step, engine._resolve
+        runner.ops["engine_decode"]["sample"] = saved[4]
+    decode_steps = sorted(spent["step"])[: len(spent["graphs.run"])]  # the prefill steps are the slowest
+    median = lambda xs: sorted(xs)[len(xs) // 2] * 1e3  # noqa: E731
+    print(f"== host phases, batch {len(prompts)}: median ms over {len(spent['step'])} steps: step {median(spent['step']):.3f} "
+          f"(decode-only steps {median(decode_steps):.3f}), schedule {median(spent['schedule']):.3f}, run {median(spent['run']):.3f} "
+          f"(of which graphs.run {median(spent['graphs.run']):.3f}, sample {median(spent['sample']):.3f}), "
+          f"the draws' wait and processing {median(spent['wait + resolve']):.3f} (processing alone {median(spent['resolve']):.3f}); "
+          f"async scheduling {'on' if engine.config.async_scheduling else 'off'}, {engine.stats['overlapped_steps']} steps overlapped")
 
 
 def decode_kernels(model_name: str, contracts: list[str], batches=(1, 64)) -> None:

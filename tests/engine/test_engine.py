@@ -51,6 +51,8 @@ LAYOUTS = {
     "staggered_prefix_hits": dict(max_num_batched_tokens=48, prefill_chunk_size=16),
     "preempt": dict(num_pages=8, prefix_caching=False),
     "preempt_with_prefix_cache": dict(num_pages=8, max_num_seqs=4, max_num_batched_tokens=64),
+    # Every other run schedules each step before the last one's tokens reach the host (the default).
+    "steps_one_at_a_time": dict(async_scheduling=False),
 }
 
 
@@ -150,6 +152,29 @@ def test_the_control_shows_the_difference(dtype):
     chunked, _ = generate(model, contract, prefill_chunk_size=16)
     differs = [not same_bits(a, e) for runs in (alone, chunked) for a, e in zip(runs, baseline)]
     assert any(differs)
+
+
+@pytest.mark.parametrize("contract_name", ["tiny-dense", "control"])
+def test_async_scheduling_draws_past_a_stop_and_drops_the_row(contract_name):
+    """With async scheduling the step after a stop token is scheduled before the stop is seen on the host: the
+    stopped request is computed once more beside the others and that row dropped. The others' bits do not move;
+    under the control they must: its linear takes another order for a call of 2 rows than of 1
+    (small_rows = 1), and the request still decoding shares that step with the stopped one's extra row only
+    under async scheduling."""
+    model, contract = setup("tiny-dense", "float32")
+    if contract_name == "control":
+        contract = fit_contract(control_contract("linear", small_rows=1), model.spec)
+    prompts, params = _prompts()[:2], [PARAMS[0], SamplingParams(**{**PARAMS[4].__dict__, "max_tokens": 10})]
+    (full, _), _ = generate(model, contract, prompts, params, async_scheduling=False)
+    stopping = [SamplingParams(**{**params[0].__dict__, "stop_token_ids": (full.token_ids[2],)}), params[1]]
+    one_at_a_time, sync_stats = generate(model, contract, prompts, stopping, async_scheduling=False)
+    overlapped, async_stats = generate(model, contract, prompts, stopping)
+    end = full.token_ids.index(full.token_ids[2]) + 1
+    assert overlapped[0].finish_reason == "stop" and overlapped[0].token_ids == full.token_ids[:end]
+    assert same_bits(overlapped[0], one_at_a_time[0])
+    assert sync_stats["overlapped_steps"] == 0 and async_stats["overlapped_steps"] > 0
+    assert async_stats["decode_tokens"] == sync_stats["decode_tokens"] + 1  # the stopped request's extra row
+    assert same_bits(overlapped[1], one_at_a_time[1]) == (contract_name != "control")
 
 
 def test_seed_none_derives_from_request_index(reference):

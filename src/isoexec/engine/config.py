@@ -34,6 +34,9 @@ class EngineConfig:
     record_routing: bool = False
     """Return, with each completion of an MoE model, the experts every MoE layer chose for each sampled
     token's row (`Completion.routing`)."""
+    async_scheduling: bool = True
+    """Schedule and launch each step before the tokens of the one before it reach the host, whose outputs are
+    then processed while the device runs the new step (see llm_engine.py). The rows' bits do not depend on it."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -42,7 +45,7 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{f.name}: expected a positive int, got {value!r}")
         if self.max_model_len is not None and not (_is_int(self.max_model_len) and self.max_model_len >= 1):
             raise ValueError(f"EngineConfig.max_model_len: expected None or a positive int, got {self.max_model_len!r}")
-        for name in ("prefix_caching", "cuda_graphs", "record_routing"):
+        for name in ("prefix_caching", "cuda_graphs", "record_routing", "async_scheduling"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name}: expected a bool, got {getattr(self, name)!r}")
 
@@ -51,10 +54,10 @@ class EngineConfig:
         """The contract's deployment.engine settings, with `overrides` on top; checked against the contract."""
         engine = contract.deployment.engine
         names = ("kv_page_size", "prefill_chunk_size", "max_num_seqs", "max_num_batched_tokens", "prefix_caching", "cuda_graphs")
-        unknown = sorted(set(overrides) - set(names) - {"max_model_len", "record_routing"})
+        unknown = sorted(set(overrides) - set(names) - {"max_model_len", "record_routing", "async_scheduling"})
         if unknown:
             raise ValueError(f"EngineConfig.from_contract: unknown setting(s) {', '.join(unknown)} "
-                             f"(known: {', '.join(names)}, max_model_len, record_routing)")
+                             f"(known: {', '.join(names)}, max_model_len, record_routing, async_scheduling)")
         config = cls(num_pages=num_pages, **{**{n: getattr(engine, n) for n in names}, **overrides})
         config.check(contract)
         return config
@@ -80,6 +83,11 @@ class SamplingParams:
     ignore_eos: bool = False
     return_full_logprobs: bool = False
     """Also return each sampled token's full-vocabulary log-prob row."""
+
+    def filters(self, vocab_size: int) -> bool:
+        """Whether a row drawn under these params is cut to its top-k / top-p before the draw (sampling ops sort
+        such rows apart from the others)."""
+        return self.temperature > 0 and (0 < self.top_k < vocab_size or self.top_p < 1)
 
     def __post_init__(self):
         number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731

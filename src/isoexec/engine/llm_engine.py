@@ -1,9 +1,18 @@
-"""The rollout engine: `generate → step → schedule → run → postprocess`.
+"""The rollout engine: `generate → step → schedule → launch (run) → resolve`.
 
 Every token's row is computed by contract ops whose bits depend only on the row's own tokens and
 absolute position, so batch composition, chunking, prefix-cache hits, preemption and padded CUDA-graph
 decode steps change the work done, never the bits (under a bitwise contract; under `native` they
 visibly do).
+
+Async scheduling (`EngineConfig.async_scheduling`, on by default): a step is launched on the device and left
+in flight; the next step is scheduled and launched before the first one's tokens reach the host, each drawn
+token's place held in `Sequence.token_ids` (`PENDING`) and its value fed to the next forward on the device;
+then the first step's outputs are read (one device-to-host copy a step) and processed while the device runs
+the second. The host's scheduling and bookkeeping thus overlap the device's work instead of adding to it.
+The next step waits for the one in flight to resolve first whenever its schedule would read a drawn token
+on the host: when a request waits for admission, or a decode would preempt for a page. A sequence that
+draws a stop token is computed one step more than it needs; that row is dropped.
 """
 
 import dataclasses
@@ -11,6 +20,7 @@ import logging
 import operator
 
 import torch
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..contract.schema import Contract
@@ -23,7 +33,7 @@ from .sequence import Completion, Sequence
 
 log = logging.getLogger(__name__)
 
-STATS = ("steps", "prefill_chunks", "prefill_tokens", "decode_tokens", "preemptions", "prefix_cache_hit_tokens")
+STATS = ("steps", "overlapped_steps", "prefill_chunks", "prefill_tokens", "decode_tokens", "preemptions", "prefix_cache_hit_tokens")
 
 
 class LLMEngine:
@@ -45,6 +55,7 @@ class LLMEngine:
         self.binding = self.runner.binding  # what this engine calls: its fingerprint is taken from it
         self.stats = dict.fromkeys(STATS, 0)  # counters over the engine's lifetime
         self.scheduler = Scheduler(config, self.stats)
+        self._in_flight: _InFlight | None = None  # the step launched last, until its draws are processed
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
                  progress: bool = True) -> list[Completion]:
@@ -53,6 +64,7 @@ class LLMEngine:
         # A fresh scheduler and a poisoned cache: prefixes cached under earlier weights are never reused.
         self.scheduler = Scheduler(self.config, self.stats)
         self.runner.reset()
+        self._in_flight = None
         done = {}
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             tokens, error = self._admissible(prompt, p)
@@ -68,18 +80,58 @@ class LLMEngine:
         return [done[i] for i in range(len(prompts))]
 
     def step(self) -> list[Sequence]:
-        """Schedule, run the prefill chunks and the decodes as two forwards (one case each), advance.
-        -> the sequences that finished."""
+        """Schedule and launch the prefill chunks and the decodes as two forwards (one case each); resolve the
+        step before, or with async scheduling off this one. -> the sequences that finished."""
+        finished = []
+        if self._in_flight is not None and not (self.config.async_scheduling and self.scheduler.can_overlap()):
+            finished += self._resolve()
         prefills, decodes = self.scheduler.schedule()
         if not prefills and not decodes:
-            raise RuntimeError("scheduler made no progress (engine bug): nothing running could be scheduled")
-        cases = (("engine_prefill", prefills), ("engine_decode", decodes))
-        results = [(seqs, self.runner.run(seqs, case)) for case, seqs in cases if seqs]
+            if self._in_flight is None:
+                raise RuntimeError("scheduler made no progress (engine bug): nothing running could be scheduled")
+            return finished + self._resolve()  # every running sequence's last token is in flight
+        launched = self._launch(prefills, decodes)
+        if self._in_flight is not None:  # its outputs are read and processed while the device runs `launched`
+            self.stats["overlapped_steps"] += 1
+            finished += self._resolve()
+        self._in_flight = launched
+        if not self.config.async_scheduling:
+            finished += self._resolve()
+        return finished
+
+    def _launch(self, prefills: list[Sequence], decodes: list[Sequence]) -> "_InFlight":
+        """Run both forwards and start copying their draws to the host; nothing here waits on the device."""
+        flight = self._in_flight  # the inputs still PENDING on the host are its draws
+        feed = None if flight is None else (flight.tokens, {id(seq): r for r, (seq, _) in enumerate(flight.drawn)})
         self.stats["steps"] += 1
         self.stats["prefill_chunks"] += len(prefills)
         self.stats["prefill_tokens"] += sum(seq.num_scheduled for seq in prefills)
         self.stats["decode_tokens"] += len(decodes)
-        return [seq for seqs, out in results for seq in self.scheduler.postprocess(seqs, *out)]
+        seqs, drawn, outputs = [], [], []
+        for case, batch in (("engine_prefill", prefills), ("engine_decode", decodes)):
+            if batch:
+                outputs.append(self.runner.run(batch, case, feed))
+                drawn += self.scheduler.launched(batch)
+                seqs += batch
+        tokens, logprobs, rows = (_cat([getattr(out, name) for out in outputs]) for name in ("tokens", "logprobs", "rows"))
+        routing = [out.routing for out in outputs if out.routing is not None]
+        routing = _cat(routing) if routing else None
+        host = torch.stack([tokens, logprobs.view(torch.int32).long()])  # [2, R]: the log-probs' bits ride as integers
+        done = None
+        if host.is_cuda:
+            host = host.to("cpu", non_blocking=True)  # into pinned memory, in stream order
+            routing = None if routing is None else routing.to("cpu", non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        return _InFlight(seqs, drawn, tokens, rows, host, routing, done)
+
+    def _resolve(self) -> list[Sequence]:
+        """Wait for the step in flight to reach the host and process its draws. -> the sequences that finished."""
+        flight, self._in_flight = self._in_flight, None
+        if flight.done is not None:
+            flight.done.synchronize()
+        logprobs = flight.host[1].to(torch.int32).view(torch.float32)  # [R]
+        return self.scheduler.resolve(flight.seqs, flight.drawn, flight.host[0].tolist(), logprobs, flight.rows, flight.routing)
 
     def _admissible(self, prompt, params: SamplingParams) -> tuple[list[int], str | None]:
         """(token ids, None), or (_, why this request cannot run)."""
@@ -105,6 +157,23 @@ class LLMEngine:
             return tokens, (f"prompt of {len(tokens)} tokens + max_tokens {params.max_tokens} needs up to {pages} KV pages "
                             f"of {config.kv_page_size} tokens; the whole cache has {config.num_pages}")
         return tokens, None
+
+
+@dataclasses.dataclass
+class _InFlight:
+    """A launched step: its sequences, the place of each token it draws, and its draws on their way to the host."""
+
+    seqs: list[Sequence]
+    drawn: list[tuple[Sequence, int]]  # (sequence, index in its token_ids), in row order
+    tokens: Tensor  # [R] int64 on the device, where the next step's forward reads its PENDING inputs
+    rows: Tensor  # [R, V] float32 on the device
+    host: Tensor  # [2, R] int64 on the host once `done`: tokens, and the log-probs' float32 bits
+    routing: Tensor | None  # [R, layers, k] int64 on the host once `done`, or None
+    done: "torch.cuda.Event | None"  # None on the CPU, where the copies are done when made
+
+
+def _cat(parts: list[Tensor]) -> Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _per_prompt(params, num_prompts: int) -> list[SamplingParams]:

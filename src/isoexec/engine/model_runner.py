@@ -3,6 +3,9 @@
 With `cuda_graphs` on, decode steps run padded to a batch-size bucket through `graphs.py` (captured
 on a GPU, eager elsewhere); prefill chunks, and every step while tracing, run eagerly as they are."""
 
+import itertools
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -13,7 +16,18 @@ from ..parallel import compose
 from ..runtime.binding import bind
 from .config import ENGINE_CASES, EngineConfig
 from .graphs import DecodeGraphs
-from .sequence import Sequence
+from .sequence import PENDING, Sequence
+
+
+@dataclass
+class Forward:
+    """One forward's draws, on the device: tokens [R] int64, their log-probs [R] float32, the full-vocabulary
+    rows [R, V] float32 they were drawn from, and the rows' expert ids [R, layers, k] int64 when recorded (else None)."""
+
+    tokens: Tensor
+    logprobs: Tensor
+    rows: Tensor
+    routing: Tensor | None
 
 
 class ModelRunner:
@@ -57,58 +71,71 @@ class ModelRunner:
             if store is not None:
                 store.poison()
 
-    def _tensor(self, values, dtype) -> Tensor:
-        return torch.tensor(values, dtype=dtype, device=self.device)
+    def _upload(self, values: list, dtype) -> Tensor:
+        """values as one tensor on the engine's device. On a GPU the copy goes through pinned memory, so it never
+        waits for the device to drain its queue (a copy from pageable memory does) and a step can be prepared
+        while the one before it still runs."""
+        host = torch.tensor(values, dtype=dtype)
+        return host.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else host
 
     @torch.no_grad()
-    def run(self, seqs: list[Sequence], case: str) -> tuple[list[int], Tensor, Tensor, Tensor | None]:
-        """Compute each seq's scheduled tokens [num_computed, num_computed + num_scheduled) in one forward.
+    def run(self, seqs: list[Sequence], case: str, feed: tuple[Tensor, dict[int, int]] | None = None) -> Forward:
+        """Compute each seq's scheduled tokens [num_computed, num_computed + num_scheduled) in one forward, and
+        sample; nothing here waits on the device.
 
-        -> tokens [R], logprobs [R], rows [R, V] (float32) and, when recording routing, the experts of
-        each row [R, layers, k] (on the host; else None) for the R seqs whose chunk reaches their last
-        token, in order: token r is drawn from row r, computed at position len(seq) - 1, with the
-        request's seed and sampling position len(seq), the position the new token will occupy."""
-        input_ids, positions, seq_ids, state_ids, labels = [], [], [], [], []
+        -> the outputs of the R seqs whose chunk reaches their last token, in order: token r is drawn from row r,
+        computed at position len(seq) - 1, with the request's seed and sampling position len(seq), the position
+        the new token will occupy. feed: the device tokens of the step still in flight, and each of its drawing
+        seqs' row there (by id(seq)); an input token still PENDING on the host is read from there."""
+        ids, positions, seq_ids, state_ids, labels, feed_to, feed_from = [], [], [], [], [], [], []
         tracing = is_tracing()
         for b, seq in enumerate(seqs):
             start, end = seq.num_computed, seq.num_computed + seq.num_scheduled
-            input_ids += seq.token_ids[start:end]
+            if seq.token_ids[end - 1] == PENDING:  # only a seq's last token can be in flight: one step is
+                if feed is None or id(seq) not in feed[1]:
+                    raise RuntimeError(f"request {seq.request_id}: its input token is still in flight, but no step feeds it (engine bug)")
+                feed_to.append(len(ids) + end - start - 1)
+                feed_from.append(feed[1][id(seq)])
+            ids += seq.token_ids[start:end]
             positions += range(start, end)
             seq_ids += [b] * (end - start)
             state_ids += [seq.state_slot] * (end - start)
             if tracing:  # names each row (request, position) for audit --trace
                 labels += [(seq.request_id << 32) | p for p in range(start, end)]
-        max_pages = max(len(seq.page_table) for seq in seqs)
-        block_table = self._tensor([s.page_table + [-1] * (max_pages - len(s.page_table)) for s in seqs], torch.int64)  # [B, P]
-        num_keys = max(seq.num_computed + seq.num_scheduled for seq in seqs)
-        input_ids, positions, seq_ids, state_ids = (self._tensor(x, torch.int64) for x in (input_ids, positions, seq_ids, state_ids))  # [T] each
-        batch = PagedBatch.of(block_table, self.page_size, num_keys, seq_ids, positions, state_ids)  # slot table [B, num_keys]
         sampled = [seq for seq in seqs if seq.samples_this_step]
-        last_rows = (torch.cumsum(self._tensor([seq.num_scheduled for seq in seqs], torch.int64), 0) - 1)[
-            self._tensor([seq.samples_this_step for seq in seqs], torch.bool)]  # [R]
+        params = [seq.params for seq in sampled]
+        ends = list(itertools.accumulate(seq.num_scheduled for seq in seqs))
+        last_rows = [end - 1 for end, seq in zip(ends, seqs) if seq.samples_this_step]
+        max_pages = max(len(seq.page_table) for seq in seqs)
+        table = [page for seq in seqs for page in seq.page_table + [-1] * (max_pages - len(seq.page_table))]
+        # Everything the step reads, in one copy of integers and one of floats.
+        ints = [ids, positions, seq_ids, state_ids, table, last_rows, [p.top_k for p in params], [seq.seed for seq in sampled],
+                [len(seq) for seq in sampled], feed_to, feed_from]
+        (input_ids, positions, seq_ids, state_ids, block_table, last_rows, top_k, seeds, sample_positions, feed_to, feed_from) = \
+            self._upload([x for part in ints for x in part], torch.int64).split([len(part) for part in ints])
+        temperature, top_p = self._upload([p.temperature for p in params] + [p.top_p for p in params], torch.float32).split([len(params)] * 2)
+        if len(feed_to):
+            input_ids[feed_to] = feed[0][feed_from]
+        block_table = block_table.view(len(seqs), max_pages)  # [B, P]
+        num_keys = max(seq.num_computed + seq.num_scheduled for seq in seqs)
+        batch = PagedBatch.of(block_table, self.page_size, num_keys, seq_ids, positions, state_ids)  # slot table [B, num_keys]
 
         ops = self.ops[case]
         graphs = self.decode_graphs
         if case == "engine_decode" and graphs is not None and not tracing and num_keys <= graphs.max_num_keys:
             rows, routing = graphs.run(input_ids, positions, batch.write_slots, batch.slot_table, state_ids)  # every decode samples
         else:
-            labels = self._tensor(labels, torch.int64) if tracing else None
+            labels = self._upload(labels, torch.int64) if tracing else None
             routing = routing_buffer(self.model.spec, len(input_ids), self.device) if self.record_routing else None  # [T, layers, k]
             with step(Step(case=case, ops=ops, batch=batch, state=self.state, labels=labels, routing=routing)):
                 hidden = self.model(input_ids, positions)  # [T, hidden]
                 if not sampled:
-                    return [], torch.empty(0), torch.empty(0, self.model.spec.vocab_size), None
+                    return Forward(input_ids.new_empty(0), temperature.new_empty(0), temperature.new_empty(0, self.model.spec.vocab_size), None)
                 rows = self.model.logprobs(hidden[last_rows])  # [R, V] float32
             routing = None if routing is None else routing[last_rows]  # [R, layers, k]
-        params = [seq.params for seq in sampled]
-        tokens = ops["sample"](
-            rows,
-            self._tensor([p.temperature for p in params], torch.float32),
-            self._tensor([p.top_k for p in params], torch.int64),
-            self._tensor([p.top_p for p in params], torch.float32),
-            self._tensor([seq.seed for seq in sampled], torch.int64),
-            self._tensor([len(seq) for seq in sampled], torch.int64),
-        )  # [R]
+        vocab_size = self.model.spec.vocab_size
+        tokens = ops["sample"](rows, temperature, top_k, top_p, seeds, sample_positions,
+                               may_filter=any(p.filters(vocab_size) for p in params))  # [R]
         logprobs = rows.gather(1, tokens[:, None])[:, 0]  # [R], the bits of the row, never via a Python float
-        routing = None if routing is None else routing.cpu()
-        return tokens.tolist(), logprobs.cpu(), rows, routing  # rows stay on the device; copied only when asked for
+        return Forward(tokens, logprobs, rows, routing)
+

@@ -63,6 +63,8 @@ class Scheduler:
                 seq.num_scheduled = self._chunk(seq, budget)
                 if seq.num_scheduled:
                     prefills.append(seq)
+            elif seq.drew_last:
+                pass  # its last token is in flight (async scheduling): it finishes when that step resolves
             elif budget > 0:
                 while not self.block_manager.can_append(seq):
                     if not self.running:
@@ -91,18 +93,42 @@ class Scheduler:
             budget -= seq.num_scheduled
         return prefills, decodes
 
-    def postprocess(self, seqs: list[Sequence], tokens: list[int], logprobs, rows, routing=None) -> list[Sequence]:
-        """Advance seqs past this step's forward; tokens/logprobs [R]/rows [R, V]/routing [R, layers, k]
-        (or None) belong, in order, to the seqs that sampled. -> the sequences that finished."""
-        finished, r = [], 0
+    def can_overlap(self) -> bool:
+        """Whether the next step may be scheduled before the tokens of the step in flight reach the host:
+        nothing waits (admission matches prefixes by token, and a preempted sequence re-prefills its drawn
+        tokens) and no decode needs a page the free list lacks (which would preempt)."""
+        if self.waiting:
+            return False
+        size = self.config.kv_page_size
+        wanted = sum(1 for seq in self.running
+                     if not seq.is_prefilling and not seq.drew_last and (len(seq) - 1) // size >= len(seq.page_table))
+        return wanted <= self.block_manager.num_free
+
+    def launched(self, seqs: list[Sequence]) -> list[tuple[Sequence, int]]:
+        """Advance seqs past the forward just launched -> (seq, index of the token it draws) for each seq that
+        samples, in row order: the token's place is reserved (`Sequence.reserve`) until `resolve`."""
+        drawn = []
         for seq in seqs:
             seq.num_computed += seq.num_scheduled
             seq.num_scheduled = 0
-            self.block_manager.cache_computed(seq)
-            if seq.num_computed < len(seq):
+            if seq.num_computed == len(seq):
+                drawn.append((seq, seq.reserve()))
+        return drawn
+
+    def resolve(self, seqs: list[Sequence], drawn: list[tuple[Sequence, int]], tokens: list[int], logprobs, rows: list,
+                routing=None) -> list[Sequence]:
+        """A launched step's outputs reached the host: tokens/logprobs [R]/rows (R views [V])/routing [R, layers, k]
+        (or None) belong, in order, to `drawn`. Fill in the tokens, cache the newly computed full pages, finish.
+        -> the sequences that finished. A row drawn for a sequence that finished as the step before resolved (the
+        step was scheduled before that was known) is dropped."""
+        finished = []
+        for r, (seq, index) in enumerate(drawn):
+            if seq.status is Status.RUNNING:
+                seq.settle(index, tokens[r], logprobs[r : r + 1], rows[r], None if routing is None else routing[r])
+        for seq in seqs:
+            if seq.status is not Status.RUNNING:
                 continue
-            seq.append(tokens[r], logprobs[r : r + 1], rows[r], None if routing is None else routing[r])
-            r += 1
+            self.block_manager.cache_computed(seq)  # every token it hashes is known now
             if seq.finish_reason is not None:
                 seq.status = Status.FINISHED
                 self.block_manager.free_pages(seq)

@@ -9,6 +9,9 @@ from torch import Tensor
 from .config import SamplingParams
 
 
+PENDING = -1  # token_ids' entry for a token drawn by a step whose outputs have not reached the host yet
+
+
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -74,10 +77,21 @@ class Sequence:
         """This step's forward reaches the last token, so its row draws the next token."""
         return self.num_computed + self.num_scheduled == len(self)
 
-    def append(self, token: int, logprob: Tensor, row: Tensor, routing: Tensor | None = None) -> None:
-        """Record a drawn token (with the experts of the row it was drawn from, when recorded); finish on
-        a stop token (kept in the output) or at max_tokens."""
-        self.token_ids.append(token)
+    @property
+    def drew_last(self) -> bool:
+        """Every token up to max_tokens is drawn, or reserved by a step still in flight: nothing more to schedule."""
+        return self.num_generated >= self.params.max_tokens
+
+    def reserve(self) -> int:
+        """Hold the place of the token the step just launched draws for this sequence -> its index in
+        token_ids. Until `settle` fills it in, only the device knows the token (the engine's async scheduling)."""
+        self.token_ids.append(PENDING)
+        return len(self.token_ids) - 1
+
+    def settle(self, index: int, token: int, logprob: Tensor, row: Tensor, routing: Tensor | None = None) -> None:
+        """Record the token drawn at `index` (with the experts of the row it was drawn from, when recorded);
+        finish on a stop token (kept in the output) or at max_tokens, dropping any place reserved after it."""
+        self.token_ids[index] = token
         self.logprobs.append(logprob)
         if routing is not None:
             self.routing.append(routing)
@@ -85,8 +99,10 @@ class Sequence:
             self.rows.append(row.clone())  # a copy, so the step's whole [R, V] block can be freed
         if token in self.stop_ids:
             self.finish_reason = "stop"
-        elif self.num_generated >= self.params.max_tokens:
+        elif index + 1 - len(self.prompt) >= self.params.max_tokens:
             self.finish_reason = "length"
+        if self.finish_reason is not None:
+            del self.token_ids[index + 1 :]
 
     def completion(self) -> Completion:
         logprobs = torch.cat(self.logprobs) if self.logprobs else torch.empty(0, dtype=torch.float32)

@@ -253,6 +253,27 @@ def mixed_batch(rows: int = 40, width: int = 300) -> list[torch.Tensor]:
     return [x.to(DEVICE), *settings]
 
 
+def test_the_engines_hint_agrees_with_the_kernels_flags():
+    """The engine tells the sampler that no row filters (`may_filter=False`, from `SamplingParams.filters`), so the
+    call never waits on the device; a wrong hint would leave a filtering row drawn unfiltered. The rule and the
+    kernel's flags agree at every edge: greedy, top_k 0 / 1 / V - 1 / V / V + 1, top_p 1 and just below; and with
+    the hint a batch that does not filter draws the tokens it draws without it."""
+    from isoexec.engine import SamplingParams
+
+    vocab = 64
+    grid = [SamplingParams(temperature=t, top_k=k, top_p=p) for t in (0.0, 0.5) for k in (0, 1, vocab - 1, vocab, vocab + 1)
+            for p in (1.0, 0.999, 0.5)]
+    x = torch.randn(len(grid), vocab, generator=generator(3)).log_softmax(-1).to(DEVICE)
+    rest = requests(len(grid), temperature=torch.tensor([p.temperature for p in grid]), top_k=torch.tensor([p.top_k for p in grid]),
+                    top_p=torch.tensor([p.top_p for p in grid]))
+    _, flags = sampling_triton.draw_unfiltered(x, *rest)
+    assert [bool(f) for f in flags.tolist()] == [p.filters(vocab) for p in grid]
+    assert 0 < sum(p.filters(vocab) for p in grid) < len(grid)
+    plain = [r for r, p in enumerate(grid) if not p.filters(vocab)]
+    subset = [t[plain] for t in rest]
+    assert torch.equal(sample(x[plain], *subset, may_filter=False), sample(x[plain], *subset))
+
+
 def test_tokens_are_bitwise_invariant_to_the_batch():
     batched = mixed_batch()
     assert batch_dependent(sample, batched) == []

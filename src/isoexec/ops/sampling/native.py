@@ -23,8 +23,9 @@ def _top_p(probs: Tensor, top_p: Tensor) -> Tensor:
 
 
 def sample(logprobs: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, position: Tensor, *,
-           input_dtype: str) -> Tensor:
-    """logprobs [R, V] -> [R] int64; `position` is ignored, as a batch sampler does."""
+           input_dtype: str, may_filter: bool = True) -> Tensor:
+    """logprobs [R, V] -> [R] int64; `position` is ignored, as a batch sampler does, and so is `may_filter`
+    (`sampling.triton`'s hint)."""
     expect_dtype(logprobs, input_dtype, "sampling input")
     if logprobs.shape[0] == 0:
         return torch.empty(0, dtype=torch.int64, device=logprobs.device)

@@ -232,11 +232,11 @@ def check_constants(constants: dict) -> None:
 
 
 def sample(logprobs: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, position: Tensor, *,
-           input_dtype: str, compute_dtype: str, noise: str, method: str) -> Tensor:
+           input_dtype: str, compute_dtype: str, noise: str, method: str, may_filter: bool = True) -> Tensor:
     """One token per row: logprobs [R, V]; temperature, top_p [R] float; top_k, seed, position [R] int64 -> [R] int64.
 
-    Waits on the device once per tile of rows, to read which rows are greedy and which filter: this
-    op runs eagerly, outside CUDA graphs, just before the engine reads the tokens back anyway."""
+    Waits on the device once per tile of rows, to read which rows are greedy and which filter (so a caller's
+    `may_filter`, `sampling.triton`'s hint, saves nothing here): this op runs eagerly, outside CUDA graphs."""
     expect_dtype(logprobs, input_dtype, "sampling input")
     check_constants({"noise": noise, "method": method, "compute_dtype": compute_dtype})
     dtype = torch_dtype(compute_dtype)

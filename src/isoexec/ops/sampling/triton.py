@@ -24,6 +24,8 @@ it is drawn with the reference's torch ops (`reference._filter` and the same noi
 `sampling.reference`'s. Which path a row takes is a function of its own temperature, top-k and top-p,
 so the batch never changes a row's token. The flags are read on the host once per call, after the
 kernel, which is the op's only wait on the device: one launch and one readback when no row filters.
+A caller that knows from the requests' parameters that no row filters says so (`may_filter=False`, as the
+engine does from `SamplingParams.filters`): then nothing is read back, and the call never waits.
 """
 
 from __future__ import annotations
@@ -202,21 +204,31 @@ def _draw_filtering(x: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor
         tokens[index] = reference.first_argmax(filtered - torch.log(-torch.log(noise)))
 
 
-def sample_rows(x: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, position: Tensor, *,
-                vocab_block: int = VOCAB_BLOCK, num_warps: int = NUM_WARPS) -> Tensor:
-    """x [R, V] float; temperature, top_p [R] float32; top_k, seed, position [R] int64 -> [R] int64."""
+def draw_unfiltered(x: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, position: Tensor, *,
+                    vocab_block: int = VOCAB_BLOCK, num_warps: int = NUM_WARPS) -> tuple[Tensor, Tensor]:
+    """The kernel alone: -> every row's token as if it did not filter [R] int64, and each row's flags [R] int8
+    (IS_TOP_K | IS_TOP_P where the row filters, 0 where its token is final)."""
     rows, vocab_size = x.shape
     tokens = torch.empty(rows, dtype=torch.int64, device=x.device)
-    if rows == 0:
-        return tokens
     flags = torch.empty(rows, dtype=torch.int8, device=x.device)
-    block = min(vocab_block, triton.next_power_of_2(vocab_size))
-    sample_kernel[(rows,)](
-        x, temperature, top_k, top_p, seed, position, tokens, flags,
-        x.stride(0), x.stride(1), temperature.stride(0), top_k.stride(0), top_p.stride(0), seed.stride(0), position.stride(0),
-        V=vocab_size, NV=triton.cdiv(vocab_size, block), VOCAB_BLOCK=block,
-        num_warps=num_warps,
-    )
+    if rows:
+        block = min(vocab_block, triton.next_power_of_2(vocab_size))
+        sample_kernel[(rows,)](
+            x, temperature, top_k, top_p, seed, position, tokens, flags,
+            x.stride(0), x.stride(1), temperature.stride(0), top_k.stride(0), top_p.stride(0), seed.stride(0), position.stride(0),
+            V=vocab_size, NV=triton.cdiv(vocab_size, block), VOCAB_BLOCK=block,
+            num_warps=num_warps,
+        )
+    return tokens, flags
+
+
+def sample_rows(x: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, position: Tensor, *,
+                vocab_block: int = VOCAB_BLOCK, num_warps: int = NUM_WARPS, may_filter: bool = True) -> Tensor:
+    """x [R, V] float; temperature, top_p [R] float32; top_k, seed, position [R] int64 -> [R] int64.
+    may_filter=False: the caller vouches that no row filters, so the flags are not read back."""
+    tokens, flags = draw_unfiltered(x, temperature, top_k, top_p, seed, position, vocab_block=vocab_block, num_warps=num_warps)
+    if not may_filter or not len(tokens):
+        return tokens
     filtering = {r: flag for r, flag in enumerate(flags.tolist()) if flag}
     if filtering:
         _draw_filtering(x, temperature, top_k, top_p, seed, position, filtering, tokens)
@@ -232,15 +244,15 @@ def check_constants(constants: dict) -> None:
 
 
 def sample(logprobs: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, position: Tensor, *,
-           input_dtype: str, compute_dtype: str, noise: str, method: str) -> Tensor:
+           input_dtype: str, compute_dtype: str, noise: str, method: str, may_filter: bool = True) -> Tensor:
     """One token per row: logprobs [R, V]; temperature, top_p [R] float; top_k, seed, position [R] int64 -> [R] int64.
 
-    Waits on the device once per call, to read which rows filter: this op runs eagerly, outside CUDA
-    graphs, just before the engine reads the tokens back anyway."""
+    Waits on the device once per call, to read which rows filter, unless `may_filter` is False (the module's
+    note); it runs eagerly, outside CUDA graphs."""
     expect_dtype(logprobs, input_dtype, "sampling input")
     check_constants({"input_dtype": input_dtype, "compute_dtype": compute_dtype, "noise": noise, "method": method})
     require_device(ID, logprobs, temperature, top_k, top_p, seed, position)
-    return sample_rows(logprobs, temperature.float(), top_k.long(), top_p.float(), seed.long(), position.long())
+    return sample_rows(logprobs, temperature.float(), top_k.long(), top_p.float(), seed.long(), position.long(), may_filter=may_filter)
 
 
 def register(registry, cases: frozenset) -> None:
