@@ -88,6 +88,23 @@ def test_the_persistent_launch_gives_the_grid_kernels_bits(dtype):
         assert not bitwise_equal(run(persistent_triton.linear_fwd_persistent, x, block_k=32), run(grid, x))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_narrow_tile_changes_launch_with_the_rows_and_keeps_its_bits(dtype, monkeypatch):
+    """A tile narrower than PERSISTENT_MIN_BLOCK_N (the decode tile) runs one program per tile below
+    PERSISTENT_MIN_ROWS rows and persistently from there (moved to 7 here, so the batches cross it): every
+    row keeps the bits it has alone, and both launches were taken."""
+    from isoexec.ops.linear import persistent_triton
+
+    launched = []
+    persistent = persistent_triton.linear_fwd_persistent
+    monkeypatch.setattr(linear_triton, "PERSISTENT_MIN_ROWS", 7)
+    monkeypatch.setattr(persistent_triton, "linear_fwd_persistent", lambda x, *a, **k: launched.append(x.shape[0]) or persistent(x, *a, **k))
+    x, w, b = _linear_rows(dtype)
+    op = linear({**boundary(LINEAR, dtype), "block_n": 16})
+    assert batch_dependent(op, [x], w, b) == []
+    assert sorted(set(launched)) == [7, 16, 33]
+
+
 def test_a_k_tma_cannot_take_runs_on_the_grid_kernel():
     """fp32 rows of 38 elements (152 bytes) are not 16-byte aligned: linear.triton falls back to the grid
     kernel for that layer, at every M; its rows stay batch-invariant where a split-K variant's do not."""

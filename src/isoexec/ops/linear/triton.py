@@ -13,8 +13,10 @@ one-element arrays that numpy >= 2.4 refuses to turn into a `range` bound.
 Where a row of K elements is 16-byte aligned, `linear.triton` launches the same tiles persistently,
 one program per SM loading them through TMA (`persistent_triton.py`): on an H200 that reached
 0.93-1.06x cuBLAS at M >= 1024 where this grid kernel reached 0.86-1.03x with the same tiles
-(benchmarks/sweep_gemm.py). Which launch a layer takes depends on K and its tile alone: narrow decode tiles
-keep one program per tile (`PERSISTENT_MIN_BLOCK_N`).
+(benchmarks/sweep_gemm.py). The two launches run each tile's program the same way, so they give the same bits
+(tests/ops/linear/test_triton.py); which one a call takes is a speed choice: wide (training) tiles always
+launch persistently, narrow (decode) tiles one program per tile below `PERSISTENT_MIN_ROWS` rows and
+persistently from there.
 
 The grid kernel also computes the leaf partials of `linear.row_parallel.triton` (`row_parallel_triton.py`):
 a third grid axis runs one leaf per program, offsetting x and W by the leaf's first K column and
@@ -55,9 +57,10 @@ SHARED_MEMORY_BYTES = 200 * 1024
 
 
 # The persistent launch was measured better with the training tiles (128 or 256 columns) at M >= 1024. With the
-# 32-column decode tile it ran 1.4-2.4x slower than one program per tile at M = 1 and 16 (Qwen3-8B's shapes on
-# an H200, `benchmarks/profile_gpu.py decode-launch`) and level at M = 64, the same bits either way.
+# 32-column decode tile it ran 1.4-2.4x slower than one program per tile at M = 1 and 16 and 0-15% faster at
+# M = 64 (Qwen3-8B's shapes on an H200, `benchmarks/profile_gpu.py decode-launch`), the same bits either way.
 PERSISTENT_MIN_BLOCK_N = 128
+PERSISTENT_MIN_ROWS = 64  # where a narrower tile launches persistently too
 
 
 def pipeline_stages(num_stages: int, block_m: int, block_n: int, block_k: int, itemsize: int) -> int:
@@ -161,12 +164,11 @@ def leaf_blocks(k: int, num_leaves: int, block_k: int) -> int:
 def linear_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, block_m: int, block_n: int,
                block_k: int, num_warps: int, num_stages: int) -> Tensor:
     """x [M, K], weight [N, K], bias [N] -> [M, N] in `out_dtype`: the persistent TMA launch where K allows
-    it and the tile is wide (properties of the layer and its tile, never of M), else one program per tile;
-    the same bits either way."""
+    it and the tile is wide or M large, else one program per tile; the same bits either way."""
     y = x.new_empty((x.shape[0], weight.shape[0]), dtype=out_dtype)
     num_stages = pipeline_stages(num_stages, block_m, block_n, block_k, x.element_size())
     tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
-    if persistent_triton.fits(x.shape[1], x.dtype) and block_n >= PERSISTENT_MIN_BLOCK_N:
+    if persistent_triton.fits(x.shape[1], x.dtype) and (block_n >= PERSISTENT_MIN_BLOCK_N or x.shape[0] >= PERSISTENT_MIN_ROWS):
         persistent_triton.linear_fwd_persistent(x, weight, bias, y, **tiles)
     else:
         launch(x, weight, bias, y[None], **tiles)
