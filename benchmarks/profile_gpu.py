@@ -302,7 +302,7 @@ def profile_launch(model_name: str, contract_name: str) -> None:
             rows += [(f"{name}: q_proj, no grad", lambda ops=ops: ops["q_proj"](x, w, None)),
                      (f"{name}: o_proj, no grad", lambda ops=ops: ops["o_proj"](o_x, o_w, None)),
                      (f"{name}: input_layernorm, no grad", lambda ops=ops: ops["input_layernorm"](h, h, norm_w, 1e-6)),
-                     (f"{name}: rotary_emb, no grad", lambda ops=ops: ops["rotary_emb"](q, positions, spec.rope_theta, spec.max_position_embeddings)),
+                     (f"{name}: rotary_emb, no grad", lambda ops=ops: ops["rotary_emb"](q, positions, attention.rope_theta, spec.max_position_embeddings)),
                      (f"{name}: silu_mul, no grad", lambda ops=ops: ops["silu_mul"](h, h))]
         rows.append((f"{name}: q_proj, autograd (weight requires grad)", lambda ops=ops: ops["q_proj"](x, wg, None)))
     for label, fn in rows:

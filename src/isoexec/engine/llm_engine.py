@@ -77,6 +77,8 @@ class LLMEngine:
                 for seq in self.step():
                     done[seq.request_id] = seq.completion()
                     bar.update()
+        if self._in_flight is not None:  # rows drawn past stop tokens only: nothing stays in flight past generate
+            self._resolve()
         return [done[i] for i in range(len(prompts))]
 
     def step(self) -> list[Sequence]:

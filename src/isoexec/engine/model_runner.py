@@ -81,7 +81,8 @@ class ModelRunner:
     @torch.no_grad()
     def run(self, seqs: list[Sequence], case: str, feed: tuple[Tensor, dict[int, int]] | None = None) -> Forward:
         """Compute each seq's scheduled tokens [num_computed, num_computed + num_scheduled) in one forward, and
-        sample; nothing here waits on the device.
+        sample; on a GPU nothing here waits on the device, unless a request filters by top-k or top-p (the
+        sampler then reads which rows do).
 
         -> the outputs of the R seqs whose chunk reaches their last token, in order: token r is drawn from row r,
         computed at position len(seq) - 1, with the request's seed and sampling position len(seq), the position
@@ -91,7 +92,7 @@ class ModelRunner:
         tracing = is_tracing()
         for b, seq in enumerate(seqs):
             start, end = seq.num_computed, seq.num_computed + seq.num_scheduled
-            if seq.token_ids[end - 1] == PENDING:  # only a seq's last token can be in flight: one step is
+            if seq.token_ids[end - 1] == PENDING:  # one step is in flight at most: only the last input can be pending
                 if feed is None or id(seq) not in feed[1]:
                     raise RuntimeError(f"request {seq.request_id}: its input token is still in flight, but no step feeds it (engine bug)")
                 feed_to.append(len(ids) + end - start - 1)
@@ -138,4 +139,3 @@ class ModelRunner:
                                may_filter=any(p.filters(vocab_size) for p in params))  # [R]
         logprobs = rows.gather(1, tokens[:, None])[:, 0]  # [R], the bits of the row, never via a Python float
         return Forward(tokens, logprobs, rows, routing)
-

@@ -115,10 +115,10 @@ class Scheduler:
                 drawn.append((seq, seq.reserve()))
         return drawn
 
-    def resolve(self, seqs: list[Sequence], drawn: list[tuple[Sequence, int]], tokens: list[int], logprobs, rows: list,
+    def resolve(self, seqs: list[Sequence], drawn: list[tuple[Sequence, int]], tokens: list[int], logprobs, rows,
                 routing=None) -> list[Sequence]:
-        """A launched step's outputs reached the host: tokens/logprobs [R]/rows (R views [V])/routing [R, layers, k]
-        (or None) belong, in order, to `drawn`. Fill in the tokens, cache the newly computed full pages, finish.
+        """A launched step's outputs reached the host: tokens/logprobs [R]/rows [R, V] (on the device)/routing
+        [R, layers, k] (or None) belong, in order, to `drawn`. Fill in the tokens, cache the newly computed full pages, finish.
         -> the sequences that finished. A row drawn for a sequence that finished as the step before resolved (the
         step was scheduled before that was known) is dropped."""
         finished = []
