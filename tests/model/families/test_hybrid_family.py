@@ -134,6 +134,32 @@ def test_a_sequence_slot_is_reused_without_clearing():
         assert a.token_ids == b.token_ids and bitwise_equal(a.logprobs, b.logprobs)
 
 
+def test_async_scheduling_leaves_the_rows_of_recurrent_layers_unchanged():
+    """With async scheduling a request that draws a stop token runs one decode step more, which moves its
+    sequence slot's state past its end; the next generate's requests land in those slots without clearing
+    them. Their rows, and the stopped requests', are those of steps run one at a time, bit for bit."""
+    from isoexec.engine import EngineConfig, LLMEngine, SamplingParams
+
+    spec = PRESETS["tiny-hybrid"]
+    model = init_random(spec, seed=1)
+    contract = fit_contract(_contract("tiny-hybrid", 8), spec)
+    prompts = [[5, 6, 7] * 4, [9] * 11, [3, 1] * 5]
+    free = LLMEngine(model, contract, EngineConfig.from_contract(contract, num_pages=32, max_num_seqs=4)).generate(
+        prompts, SamplingParams(max_tokens=12, temperature=1.0), progress=False)
+    params = [SamplingParams(max_tokens=12, temperature=1.0, stop_token_ids=(c.token_ids[i],)) for c, i in zip(free, (2, 5, 11))]
+    runs = []
+    for overlap in (False, True):
+        engine = LLMEngine(model, contract, EngineConfig.from_contract(contract, num_pages=32, max_num_seqs=4, async_scheduling=overlap))
+        first = engine.generate(prompts, params, progress=False)
+        engine.runner.reset = lambda: None  # the second call's requests start in slots holding the first's state
+        runs.append((first + engine.generate(prompts[::-1], params[::-1], progress=False), dict(engine.stats)))
+    (one_at_a_time, sync_stats), (overlapped, async_stats) = runs
+    assert async_stats["decode_tokens"] > sync_stats["decode_tokens"] and async_stats["overlapped_steps"] > 0
+    assert any(c.finish_reason == "stop" and len(c.token_ids) < 12 for c in overlapped)
+    for a, b in zip(one_at_a_time, overlapped):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason and bitwise_equal(a.logprobs, b.logprobs)
+
+
 def test_padded_decode_steps_leave_the_rows_unchanged():
     """Decode padded to its bucket (graphs.py's forward, eager on a CPU): the padded rows run in sequence
     slots of their own, so the real rows and tokens are those of unpadded decode, bit for bit."""
