@@ -16,8 +16,8 @@ into an accumulator from +0.0, each finished leaf added to a running fp32 sum. A
 at a leaf's end, so every leaf must be whole BLOCK_K blocks (`fits_leaves`).
 
 TMA needs a unit-stride row and 16-byte aligned row strides: `fits` says whether a K (and dtype) can
-take this path. That is a property of the weight's shape, never of M, so a layer always takes the
-same path.
+take this path, a property of the weight's shape, never of M. Where it can, `linear.triton` picks the
+launch by tile width and M (`PERSISTENT_MIN_ROWS`), which the bits do not depend on.
 """
 
 from __future__ import annotations
