@@ -103,6 +103,8 @@ def test_a_narrow_tile_changes_launch_with_the_rows_and_keeps_its_bits(dtype, mo
     op = linear({**boundary(LINEAR, dtype), "block_n": 16})
     assert batch_dependent(op, [x], w, b) == []
     assert sorted(set(launched)) == [7, 16, 33]
+    x, w, b = x.float(), w.float(), b.float()  # the control computes in float32
+    assert batch_dependent(_split_k_when_batched, [x], w, b), "the invariance check missed a batch-dependent linear"
 
 
 def test_a_k_tma_cannot_take_runs_on_the_grid_kernel():
