@@ -23,6 +23,8 @@ mla:       multi-head latent attention (mla_attn) under the contract vs native, 
            at GLM-4.7-Flash's shapes (mla.py; the contract's `mla` entry, tiny-mla-triton by default).
 gdn:       Gated DeltaNet's core (gdn_core) under the contract vs flash-linear-attention, training, prefill and
            decode, at two GDN shapes (gdn.py; the contract's `gdn.core` entry, tiny-hybrid-triton by default).
+rl:        whole synchronous GRPO steps (generate, train, sync) under each contract of --contracts, on the
+           models of --rl-model (default: the Qwen3-0.6B-shaped preset; rl.py): the step time the contract costs.
 
 engine, hf, roofline and trainer run on each model of --model in turn (by default the Qwen3-0.6B- and
 Qwen3-8B-shaped random presets); their results are keyed by model: results[section][model].
@@ -58,6 +60,7 @@ from attention import bench_attention
 from engine import Engines, bench_engine, bench_hf, bench_roofline
 from gdn import bench_gdn
 from mla import bench_mla
+from rl import bench_rl
 from moe import GPU_SHAPES, TINY, bench_moe
 from isoexec.contract import ContractError, fit_contract, load
 from isoexec.engine import EngineConfig
@@ -65,7 +68,7 @@ from isoexec.model import PRESETS, init_random
 from isoexec.trainer import Trainer
 from timing import device_name, graphed_ms, kernel_ms, wall_ms
 
-SECTIONS = ("gemm", "attention", "engine", "hf", "roofline", "trainer", "moe", "mla", "gdn")
+SECTIONS = ("gemm", "attention", "engine", "hf", "roofline", "trainer", "moe", "mla", "gdn", "rl")
 MODEL_SECTIONS = ("engine", "hf", "roofline", "trainer")
 QWEN3_8B = {  # (N, K) of the projections of one Qwen3-8B layer
     "qkv_proj": (6144, 4096),
@@ -97,6 +100,11 @@ class Sizes:
     trainer_shapes: tuple[tuple[int, int], ...]
     """(sequences, tokens each) of the trainer steps; each step is one micro-batch of all of them."""
     copy_bytes: int
+    rl_models: tuple[str, ...]
+    """Model presets of the rl section (its float32 masters and AdamW moments take 12 bytes a parameter beside the
+    engine's copy: the 8B preset does not fit one H200)."""
+    rl_shape: tuple[int, int, int, int]
+    """(prompts a step, completions a prompt, max new tokens, timed steps) of the rl section."""
 
 
 # Tokens per micro-batch of a trainer step (one backward each, gradients accumulated), where the whole step
@@ -106,10 +114,12 @@ TRAINER_MICRO_BATCH_TOKENS = {"qwen3-8b-random": 4096}
 
 FULL = Sizes(models=("qwen3-0.6b-random", "qwen3-8b-random"), gemm_shapes=QWEN3_8B, m_values=(1, 16, 64, 256, 1024, 4096), attention_heads=(32, 8, 128),
              prefill_lengths=(512, 2048, 8192), decode_batch=64, decode_contexts=(512, 2048, 8192), attention_reference=False,
-             batches=(1, 64), prompt_len=128, new_tokens=128, trainer_shapes=((8, 512), (32, 512), (8, 2048)), copy_bytes=2 << 30)
+             batches=(1, 64), prompt_len=128, new_tokens=128, trainer_shapes=((8, 512), (32, 512), (8, 2048)), copy_bytes=2 << 30,
+             rl_models=("qwen3-0.6b-random",), rl_shape=(8, 8, 256, 3))
 SMALL = Sizes(models=("tiny-dense",), gemm_shapes={"qkv_proj": (128, 64), "o_proj": (64, 64), "gate_up_proj": (256, 64), "down_proj": (64, 128)},
               m_values=(1, 16, 64), attention_heads=(4, 2, 32), prefill_lengths=(32, 64), decode_batch=4, decode_contexts=(32, 64),
-              attention_reference=True, batches=(1, 4), prompt_len=16, new_tokens=8, trainer_shapes=((4, 32),), copy_bytes=64 << 20)
+              attention_reference=True, batches=(1, 4), prompt_len=16, new_tokens=8, trainer_shapes=((4, 32),), copy_bytes=64 << 20,
+              rl_models=("tiny-dense",), rl_shape=(2, 2, 4, 1))
 
 
 def _optional_op(what: str, candidates: tuple[tuple[str, str], ...]):
@@ -242,6 +252,8 @@ def _parse(argv):
     parser.add_argument("--gdn-phases", default="training,prefill,decode,decode-chunk",
                         help="gdn: the phases to time, comma-separated (default: all four)")
     parser.add_argument("--model", help=f"model presets, comma-separated (default: {','.join(FULL.models)}, or {','.join(SMALL.models)} with --small)")
+    parser.add_argument("--rl-model", help=f"rl: model presets, comma-separated (default: {','.join(FULL.rl_models)}, or "
+                                           f"{','.join(SMALL.rl_models)} with --small)")
     parser.add_argument("--contracts", help="contracts to compare, preset names or files, the one under test first (default: "
                                             f"{','.join(GPU_CONTRACTS)} on cuda, tiny-dense,native on cpu); a name ending in "
                                             f"{SYNC} runs that contract's engine with async scheduling off")
@@ -265,6 +277,8 @@ def main(argv=None) -> int:
         sizes = dataclasses.replace(sizes, models=tuple(args.model.split(",")))
     if args.new_tokens:
         sizes = dataclasses.replace(sizes, new_tokens=args.new_tokens)
+    if args.rl_model:
+        sizes = dataclasses.replace(sizes, rl_models=tuple(args.rl_model.split(",")))
     specs = args.contracts.split(",") if args.contracts else list(GPU_CONTRACTS if device.type == "cuda" else ("tiny-dense", "native"))
     try:
         loaded = {_label(spec): load(spec.removesuffix(SYNC)) for spec in specs}
@@ -321,6 +335,8 @@ def main(argv=None) -> int:
                 "moe": lambda: bench_moe(device, *(((TINY,), (1, 4), (64,)) if args.small else (GPU_SHAPES,))),
                 "mla": lambda: bench_mla(device, small=args.small),
                 "gdn": lambda: bench_gdn(device, small=args.small, phases=args.gdn_phases),
+                "rl": lambda: bench_rl(device, sizes.rl_models, {_label(s): s for s in specs if not s.endswith(SYNC)},
+                                       **dict(zip(("prompts", "group", "new_tokens", "steps"), sizes.rl_shape))),
             }[section]()
         except Exception as error:  # noqa: BLE001  (one broken section must not lose the others' figures)
             traceback.print_exc()

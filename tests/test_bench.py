@@ -18,7 +18,7 @@ def _positive(row: dict, *keys: str) -> None:
 
 
 def test_small_cpu_run_writes_every_section(tmp_path):
-    sections = ["attention", "engine", "trainer", "roofline", *(["hf"] if HAS_TRANSFORMERS else [])]
+    sections = ["attention", "engine", "trainer", "roofline", "rl", *(["hf"] if HAS_TRANSFORMERS else [])]
     out = tmp_path / "results.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "ISOEXEC_COMMIT": "abc1234"}
     command = [sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--small", "--device", "cpu", *sections, "--json", str(out)]
@@ -40,8 +40,14 @@ def test_small_cpu_run_writes_every_section(tmp_path):
         _positive(row, "native_vs_sdpa", "reference_vs_sdpa")
         assert row["native_max_abs_diff"] < 0.05 and row["reference_max_abs_diff"] < 0.05, row
 
-    # The model sections' results are keyed by model.
+    # The model sections' results are keyed by model, and the rl section's by its own models.
     assert all(set(results[section]) == {"tiny-dense"} for section in sections if section != "attention")
+    rl = results["rl"]["tiny-dense"]
+    for c in CONTRACTS:
+        _positive(rl, *(f"{c}_{phase}_s" for phase in ("step", "generate", "train", "sync")))
+        assert rl[f"{c}_tokens"][0] > 0
+    assert rl["tiny-dense_bitwise_equal_fraction"] == [1.0]
+    _positive(rl, "tiny-dense_time_over_native_step")
     assert [row["batch"] for row in results["engine"]["tiny-dense"]] == [1, 4]
     for row in results["engine"]["tiny-dense"]:
         _positive(row, *(f"{c}_tokens_per_s" for c in CONTRACTS), *(f"{c}_decode_step_ms" for c in CONTRACTS), "tiny-dense_vs_native")

@@ -35,7 +35,7 @@ train(RLConfig(**{config!r}), progress=True, log_jsonl=sys.argv[1])
 
 
 def without_timings(history):
-    return [{k: v.hex() if isinstance(v, float) else v for k, v in m.items() if k != "step_seconds"} for m in history]
+    return [{k: v.hex() if isinstance(v, float) else v for k, v in m.items() if not k.endswith("_seconds")} for m in history]
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,10 @@ def compare(rollout_logprobs: list[Tensor], rollout_rows: list[Tensor | None], t
     for i, (lp, full, trained, ids) in enumerate(zip(rollout_logprobs, rollout_rows, trainer_rows, tokens)):
         if not ids:
             continue
-        lp, trained = lp.cpu(), trained.detach().cpu()
-        full = None if full is None else full.cpu()
-        index = torch.tensor(ids).unsqueeze(-1)
-        train_lp = trained.detach().gather(-1, index).squeeze(-1)  # [n]
+        # The sampled tokens' log-probs are picked where the trainer's rows are (a GPU: only they cross to the host).
+        trained = trained.detach()
+        lp = lp.cpu()
+        train_lp = trained.gather(-1, torch.tensor(ids, device=trained.device).unsqueeze(-1)).squeeze(-1).cpu()  # [n]
         same = _int_bits(train_lp) == _int_bits(lp)
         sampled_equal += int(same.sum())
         if first is None and not bool(same.all()):
@@ -30,7 +30,7 @@ def compare(rollout_logprobs: list[Tensor], rollout_rows: list[Tensor | None], t
         k3.append(torch.expm1(r) - r)
         if full is not None:
             rows += full.shape[0]
-            rows_equal += int((_int_bits(full) == _int_bits(trained.detach())).all(-1).sum())
+            rows_equal += int((_int_bits(full.cpu()) == _int_bits(trained.cpu())).all(-1).sum())
     diffs = torch.cat(diffs) if diffs else torch.zeros(0, dtype=torch.float64)
     k3 = torch.cat(k3) if k3 else torch.zeros(0, dtype=torch.float64)
     return {

@@ -82,7 +82,7 @@ class GradNorm:
                 continue
             grads.append(p.grad)
             g = (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).double()
-            share = self.shares[name].view(p.shape)  # the rank's shard, before FSDP cut it over the groups
+            share = self.shares[name].view(p.shape).to(g.device)  # the rank's shard, before FSDP cut it over the groups
             if self.mesh.dp > 1:
                 share = share[_dp_rows(p.shape[0], self.mesh)]
             total += (g * g * share).sum()

@@ -43,9 +43,10 @@ NAME = re.compile(r"step-(\d+)\.pt")
 # May change between a save and a resume. skip_bad_examples too: a run goes on under either value
 # only when its data has nothing to drop, or with the value it was saved under.
 # `engine` among them: vLLM through the plugin rolls out IsoExec's engine's tokens and bits (tests/vllm).
-TRAJECTORY_FREE = ("steps", "checkpoint_dir", "checkpoint_every", "trace", "skip_bad_examples", "engine")
+# gate_full_rows: which rows the gate holds against the trainer's, not what is sampled or trained.
+TRAJECTORY_FREE = ("steps", "checkpoint_dir", "checkpoint_every", "trace", "skip_bad_examples", "engine", "gate_full_rows")
 # Fields added to RLConfig since the first checkpoints, with the value a checkpoint without them ran under.
-ADDED_FIELDS = {"model": None, "no_chat_template": False}
+ADDED_FIELDS = {"model": None, "no_chat_template": False, "device": "cpu", "dtype": None, "model_vocab": False, "gate_full_rows": True}
 FIELDS = {"step": int, "config": dict, "policy": dict, "optimizer": dict, "history": list, "rng": dict, "weights_sha256": str}
 
 

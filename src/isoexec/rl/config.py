@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ALGORITHMS = ("grpo", "dapo")
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16")
 # The rollout engines of the RL loop: IsoExec's own, and vLLM serving the policy through IsoExec's plugin (isoexec.vllm).
 ENGINES = ("isoexec", "vllm")
 # The warm-up teaches the random toy the answer format; a checkpoint is trained from what it already knows.
@@ -31,6 +33,9 @@ class RLConfig:
     Qwen3-MoE) to train with its own tokenizer, loaded in float32 (RL on a CPU trains in float32); or a
     model preset (e.g. tiny-moe): its shape with seeded random weights over the task's characters;
     default: a tiny random Qwen3 sized for the task's characters"""
+    model_vocab: bool = False
+    """with a model preset: keep the preset's vocabulary instead of the task's characters (ids past the alphabet
+    decode to "�" and earn no reward), so the lm_head and the log-prob rows are as wide as a real model's"""
     no_chat_template: bool = False
     """with model: send each prompt as raw text instead of as a user message through the checkpoint's chat
     template (which is used where the checkpoint has one)"""
@@ -79,6 +84,9 @@ class RLConfig:
     """write checkpoints here, and resume from the latest one found"""
     checkpoint_every: int = 1
     """steps between checkpoints"""
+    gate_full_rows: bool = True
+    """gate every full-vocabulary log-prob row as well as the sampled tokens' log-probs; off: the tokens' only, and
+    the engine returns no full rows"""
     trace: bool = False
     """on a gate failure, trace the mismatching token region by region"""
     trainer_tp: int = 1
@@ -100,6 +108,12 @@ class RLConfig:
     engine: str = "isoexec"
     """the rollout engine: isoexec (its own) or vllm (vLLM 0.32 in this process, serving the policy through IsoExec's
     plugin; unsharded; docs/vllm.md)"""
+    device: str = "cpu"
+    """where both sides compute: cpu, or cuda (a parallel side's processes share the GPU over gloo, or take one GPU each
+    with ISOEXEC_DIST_BACKEND=nccl)"""
+    dtype: str | None = None
+    """the policy's dtype, float32 or bfloat16 (with float32 master weights in the optimiser); default: float32 on
+    cpu, bfloat16 on cuda"""
 
     def __post_init__(self):
         from .tasks import TASKS
@@ -114,6 +128,8 @@ class RLConfig:
         if self.model is not None and not (self.model and (Path(self.model).is_dir() or is_model_preset(self.model))):
             problem = "does not exist" if self.model and not Path(self.model).exists() else "is not a directory"
             raise ValueError(f"model {self.model} {problem} (expected a Hugging Face checkpoint directory or a model preset)")
+        if self.model_vocab and (self.model is None or self.model_is_checkpoint):
+            raise ValueError("model_vocab applies to a model preset (model); a checkpoint has its own tokenizer, the toy the task's")
         if self.no_chat_template and not self.model_is_checkpoint:
             raise ValueError("no_chat_template applies to a checkpoint's tokenizer (model); the built-in model and presets have no template")
         if self.checkpoint_dir is not None and Path(self.checkpoint_dir).exists() and not Path(self.checkpoint_dir).is_dir():
@@ -150,6 +166,21 @@ class RLConfig:
             tp, ep = getattr(self, f"{side}_tp"), getattr(self, f"{side}_ep")
             if {tp, ep} - {1, max(tp, ep)}:
                 raise ValueError(f"{side}_tp and {side}_ep span the same processes: each is 1 or both are equal, got {tp} and {ep}")
+        if self.device not in DEVICES:
+            raise ValueError(f'device must be one of {", ".join(DEVICES)}, got "{self.device}"')
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f'dtype must be one of {", ".join(DTYPES)}, got "{self.dtype}"')
+        if self.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("device cuda: this machine has no CUDA device torch can use")
+            if self.engine == "vllm":
+                raise ValueError("engine vllm runs on the CPU build of vLLM here: use device cpu")
+        if self.master_weights and self.checkpoint_dir is not None:
+            raise ValueError("checkpoint_dir with a bfloat16 policy is not built yet (its float32 master weights are not saved)")
+        if self.master_weights and self.trainer_dp > 1:
+            raise ValueError("trainer_dp with a bfloat16 policy is not built yet (float32 master weights of FSDP shards)")
         if self.engine not in ENGINES:
             raise ValueError(f'engine must be one of {", ".join(ENGINES)}, got "{self.engine}"')
         if self.engine == "vllm" and (max(self.engine_tp, self.engine_ep) > 1 or self.engine_sp or self.trace):
@@ -175,6 +206,16 @@ class RLConfig:
         """A side's parallel sizes, as `parallel.spawn` and `RankGroup` take them."""
         sizes = {"tp": getattr(self, f"{side}_tp"), "ep": getattr(self, f"{side}_ep"), "sp": getattr(self, f"{side}_sp")}
         return sizes | ({"dp": self.trainer_dp} if side == "trainer" else {})
+
+    @property
+    def policy_dtype(self) -> str:
+        """The dtype both sides compute the policy in: `dtype`, else float32 on a CPU and bfloat16 on a GPU."""
+        return self.dtype or ("float32" if self.device == "cpu" else "bfloat16")
+
+    @property
+    def master_weights(self) -> bool:
+        """Whether the optimiser steps float32 master weights of a lower-precision policy (`rl/precision.py`)."""
+        return self.policy_dtype != "float32"
 
     @property
     def model_is_checkpoint(self) -> bool:
@@ -233,7 +274,8 @@ def _field_docs() -> dict[str, str]:
 
 
 # What a path-valued flag takes, in --help.
-METAVARS = {"data": "FILE", "model": "DIR|PRESET", "contract": "PRESET|FILE", "checkpoint_dir": "DIR"}
+METAVARS = {"data": "FILE", "model": "DIR|PRESET", "contract": "PRESET|FILE", "checkpoint_dir": "DIR", "device": "cpu|cuda",
+            "dtype": "float32|bfloat16"}
 
 
 def add_config_flags(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:
@@ -243,8 +285,9 @@ def add_config_flags(parser: argparse.ArgumentParser, defaults: dict | None = No
         default = (defaults or {}).get(f.name, f.default)
         flag = "--" + f.name.replace("_", "-")
         help_text = f"{docs.get(f.name, f.name.replace('_', ' '))} (default: {default})"
-        if f.type is bool:
-            parser.add_argument(flag, action="store_true", default=default, help=help_text)
+        if f.type is bool:  # a field on by default is turned off by --no-<name>
+            action = argparse.BooleanOptionalAction if default else "store_true"
+            parser.add_argument(flag, action=action, default=default, help=help_text)
             continue
         kind = next((t for t in (int, float, str) if t is f.type or t in typing.get_args(f.type)), str)
         parser.add_argument(flag, type=kind, default=default, metavar=METAVARS.get(f.name, f.name.upper()), help=help_text)

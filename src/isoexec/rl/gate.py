@@ -25,11 +25,12 @@ def gate(run, kept, generated) -> dict:
     metrics = {
         "tokens": m["tokens"],
         "bitwise_equal_fraction": m["bitwise_equal_tokens"] / max(m["tokens"], 1),
-        "full_vocab_rows_bitwise_equal_fraction": m["full_vocab_rows_bitwise_equal"] / max(m["full_vocab_rows"], 1),
         "rollout_train_logprob_abs_diff_mean": m["rollout_train_logprob_abs_diff_mean"],
         "rollout_train_logprob_abs_diff_max": m["rollout_train_logprob_abs_diff_max"],
         "k3_kl": m["k3_kl"],
     }
+    if run.config.gate_full_rows:  # else the engine returned no rows to hold the trainer's against
+        metrics["full_vocab_rows_bitwise_equal_fraction"] = m["full_vocab_rows_bitwise_equal"] / max(m["full_vocab_rows"], 1)
     mismatch = m["bitwise_equal_tokens"] != m["tokens"] or m["full_vocab_rows_bitwise_equal"] != m["full_vocab_rows"]
     if mismatch and run.contract.claims.is_bitwise:
         first = m["first_mismatch"] or {"request": 0, "token": 0}

@@ -35,44 +35,47 @@ from . import losses
 from .config import RLConfig, default_contract
 from .gate import gate
 from .handshake import ensure_admitted, side_fingerprint
+from .precision import MasterWeights
 from .sync import WeightSyncError, load_state, state_bytes, state_digest, weights_digest
 from .tasks import Task, checks, load_task
 from .tasks.tokenizer import checkpoint_tokenizer
 from .warmup import warmup
 
-# The policy's dtype, the toy's and a checkpoint's alike: AdamW's small updates vanish in bfloat16
-# weights (the loop keeps no float32 master copy), and a CPU has no fast bfloat16 matmul to gain.
+# The policy's dtype on a CPU, the toy's and a checkpoint's alike: a CPU has no fast bfloat16 matmul to gain. On a
+# GPU it is bfloat16 (`RLConfig.policy_dtype`), which the contracts' GPU kernels take, with float32 master weights.
 RL_DTYPE = "float32"
 
 
-def task_model_spec(task: Task, max_new_tokens: int) -> ModelSpec:
+def task_model_spec(task: Task, max_new_tokens: int, dtype: str = RL_DTYPE) -> ModelSpec:
     """A tiny Qwen3-style model sized for the task's alphabet, in float32 for training on a CPU."""
     return dense_spec(architecture="Qwen3ForCausalLM", vocab_size=task.tokenizer.vocab_size, hidden_size=64, intermediate_size=128,
                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
-                     rope_theta=10_000.0, max_position_embeddings=64 + max_new_tokens, tie_word_embeddings=True, dtype=RL_DTYPE,
+                     rope_theta=10_000.0, max_position_embeddings=64 + max_new_tokens, tie_word_embeddings=True, dtype=dtype,
                      eos_token_id=task.tokenizer.EOS)
 
 
-def preset_spec(task: Task, preset: str, max_new_tokens: int) -> ModelSpec:
-    """A model preset's shape over the task's characters, in float32, as long as the toy's."""
-    return PRESETS[preset].replace(vocab_size=task.tokenizer.vocab_size, max_position_embeddings=64 + max_new_tokens, dtype=RL_DTYPE,
+def preset_spec(task: Task, preset: str, max_new_tokens: int, dtype: str = RL_DTYPE, model_vocab: bool = False) -> ModelSpec:
+    """A model preset's shape over the task's characters (or its own vocabulary), as long as the toy's."""
+    vocab_size = max(PRESETS[preset].vocab_size, task.tokenizer.vocab_size) if model_vocab else task.tokenizer.vocab_size
+    return PRESETS[preset].replace(vocab_size=vocab_size, max_position_embeddings=64 + max_new_tokens, dtype=dtype,
                                    eos_token_id=task.tokenizer.EOS)
 
 
-def checkpoint_spec(directory) -> ModelSpec:
-    """The checkpoint's config.json as our model spec, in the RL dtype (as `load_checkpoint(dtype=)` builds it)."""
-    return dataclasses.replace(read_config(directory), dtype=RL_DTYPE)
+def checkpoint_spec(directory, dtype: str = RL_DTYPE) -> ModelSpec:
+    """The checkpoint's config.json as our model spec, in `dtype` (as `load_checkpoint(dtype=)` builds it)."""
+    return dataclasses.replace(read_config(directory), dtype=dtype)
 
 
 def task_and_spec(config: RLConfig) -> tuple[Task, ModelSpec]:
     """The config's task over its tokenizer, and the policy's shape: the toy sized for the task, or the
     checkpoint's with its own tokenizer."""
+    dtype = config.policy_dtype
     if not config.model_is_checkpoint:
         task = load_task(config.task, config.data)
         if config.model is not None:
-            return task, preset_spec(task, config.model, config.max_new_tokens)
-        return task, task_model_spec(task, config.max_new_tokens)
-    spec = checkpoint_spec(config.model)
+            return task, preset_spec(task, config.model, config.max_new_tokens, dtype, config.model_vocab)
+        return task, task_model_spec(task, config.max_new_tokens, dtype)
+    spec = checkpoint_spec(config.model, dtype)
     tokenizer = checkpoint_tokenizer(config.model, spec, chat_template=not config.no_chat_template)
     return load_task(config.task, config.data, tokenizer), spec
 
@@ -93,10 +96,11 @@ def start_lines(config: RLConfig, task: Task) -> list[str]:
     """What a fresh run says before its first step: the checkpoint and how its prompts are sent; the warm-up."""
     lines = []
     if config.model is not None and not config.model_is_checkpoint:
-        lines.append(f"policy: preset {config.model}, random weights over the task's characters, in {RL_DTYPE}")
+        over = "its own vocabulary" if config.model_vocab else "the task's characters"
+        lines.append(f"policy: preset {config.model}, random weights over {over}, in {config.policy_dtype}, on {config.device}")
     elif config.model is not None:
         sent = "through its chat template" if task.tokenizer.uses_chat_template else "as raw text"
-        lines.append(f"policy: {config.model} in {RL_DTYPE}, prompts sent {sent}")
+        lines.append(f"policy: {config.model} in {config.policy_dtype}, prompts sent {sent}")
     if config.num_warmup_steps:
         lines.append(f"warm-up: {config.num_warmup_steps} supervised steps on task {task.name} (native fast path)…")
     return lines
@@ -133,10 +137,13 @@ class Rollout:
     def __init__(self, config: RLConfig, mesh: Mesh | None = None):
         task, self.spec, self.contract = setup(config)
         self.mesh = mesh if mesh is not None else Mesh()
-        self.model = _rank_model(initial_model(config, self.spec), self.contract, self.mesh)
+        self.device = config.device
+        self.folded = config.device != "cpu"  # the digest's form (rl/sync.py)
+        self.model = _rank_model(initial_model(config, self.spec), self.contract, self.mesh).to(config.device)
         page = self.contract.deployment.engine.kv_page_size
         pages = config.prompts_per_step * config.group_size * -(-(longest_prompt(task) + config.max_new_tokens) // page)
-        self.engine = LLMEngine(self.model, self.contract, EngineConfig.from_contract(self.contract, num_pages=pages + 1), mesh=self.mesh)
+        self.engine = LLMEngine(self.model, self.contract, EngineConfig.from_contract(self.contract, num_pages=pages + 1),
+                                device=config.device, mesh=self.mesh)
 
     @property
     def binding(self):
@@ -148,7 +155,7 @@ class Rollout:
         return self.model.spec
 
     def fingerprint(self) -> dict:
-        return side_fingerprint(self.binding, "engine", spec=self.rank_spec, mesh=self.mesh)
+        return side_fingerprint(self.binding, "engine", device=self.device, spec=self.rank_spec, mesh=self.mesh)
 
     def generate(self, prompts, params):
         return self.engine.generate(prompts, params, progress=False)
@@ -157,12 +164,12 @@ class Rollout:
         """Load the whole model's weights (the rank's shards of them) and return the SHA-256 of the whole logical
         weights this side now holds, put together again from every rank's shards; it must be the sender's."""
         if self.mesh.world == 1:
-            return load_state(self.model, tensors, digest)
+            return load_state(self.model, tensors, digest, self.folded)
         state = self.model.state_dict()
         with torch.no_grad():
             for name, part in shard_state(tensors, self.spec, self.contract, self.mesh).items():
                 state[name].copy_(part)
-        received = state_digest(unshard_state(self.model.state_dict(), self.spec, self.contract, self.mesh))
+        received = state_digest(unshard_state(self.model.state_dict(), self.spec, self.contract, self.mesh), self.folded)
         if received != digest:
             raise WeightSyncError(f"weights arrived corrupted: sender {digest}, receiver {received}")
         return received
@@ -189,10 +196,14 @@ class Learner:
         self.config = config
         self.task, self.spec, self.contract = setup(config)
         self.mesh = mesh if mesh is not None else Mesh()
+        self.device = torch.device(config.device)
         policy = initial if initial is not None else warmup(initial_model(config, self.spec), self.task, config)
-        self.trainer = Trainer(_rank_model(policy, self.contract, self.mesh), self.contract, self.mesh)
+        self.trainer = Trainer(_rank_model(policy, self.contract, self.mesh).to(self.device), self.contract, self.mesh)
         self.policy = self.trainer.model
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+        # The optimiser steps float32 masters of a bfloat16 policy (rl/precision.py), else the policy itself.
+        self.master = MasterWeights(self.policy) if config.master_weights else None
+        stepped = self.master if self.master is not None else self.policy
+        self.optimizer = torch.optim.AdamW(stepped.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
         self.grad_norm = GradNorm(self.spec, self.contract, self.mesh) if self.parallel else None
         self.step = 0  # the RL step being trained on, for reports
 
@@ -210,25 +221,32 @@ class Learner:
         return self.policy.spec
 
     def fingerprint(self) -> dict:
-        return side_fingerprint(self.binding, "trainer", spec=self.rank_spec, mesh=self.mesh)
+        return side_fingerprint(self.binding, "trainer", device=self.device.type, spec=self.rank_spec, mesh=self.mesh)
 
     def weights(self) -> tuple[dict, str]:
-        """The whole model's weights (put together from every rank's shards) and their SHA-256."""
+        """The whole model's weights (put together from every rank's shards) and their digest. On a GPU, in this
+        process, the policy's own tensors: the engine copies them device to device before the next update."""
+        folded = self.device.type != "cpu"
         if not self.parallel:
+            if folded:
+                return {name: t.detach() for name, t in self.policy.state_dict().items()}, weights_digest(self.policy, folded)
             return state_bytes(self.policy), weights_digest(self.policy)
         whole = unshard_state(self.policy.state_dict(), self.spec, self.contract, self.mesh)
-        return whole, state_digest(whole)
+        # They travel pickled to the engine's processes: from host memory.
+        return {name: t.cpu() for name, t in whole.items()}, state_digest(whole, folded)
 
     def update(self, kept, advantages: torch.Tensor, step: int) -> dict:
         cfg, self.step = self.config, step
+        device = self.device
         sequences = [c.prompt + c.token_ids for c in kept]
-        rollout_logp = torch.cat([c.logprobs for c in kept])  # [T]
-        seq_index = torch.cat([torch.full((len(c.token_ids),), i) for i, c in enumerate(kept)])
+        rollout_logp = torch.cat([c.logprobs for c in kept]).to(device)  # [T]
+        seq_index = torch.cat([torch.full((len(c.token_ids),), i) for i, c in enumerate(kept)]).to(device)
+        advantages = advantages.to(device)
         out = {}
         for k in range(cfg.optimizer_steps):
-            rows = self.trainer.logprobs(sequences, case="trainer_fwd")
+            rows = self.trainer.logprobs(sequences, case="trainer_fwd", device=device)
             generated = [r[len(c.prompt) - 1 :] for r, c in zip(rows, kept)]
-            logp = torch.cat([g.gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0] for g, c in zip(generated, kept)])  # [T]
+            logp = torch.cat([g.gather(-1, torch.tensor(c.token_ids, device=device)[:, None])[:, 0] for g, c in zip(generated, kept)])  # [T]
             if k == 0:
                 out |= gate(self, kept, generated)
                 old = logp.detach() if cfg.truncated_is_cap else rollout_logp
@@ -237,11 +255,17 @@ class Learner:
                                              aggregation="token" if cfg.algorithm == "dapo" else "sequence", weights=weights)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            stepped = self.policy
+            if self.master is not None:
+                self.master.take_grads()
+                stepped = self.master
             if self.grad_norm is not None:  # the norm over the whole model's gradient, each element once
-                grad_norm = self.grad_norm.clip(self.policy.named_parameters(), cfg.grad_clip)
+                grad_norm = self.grad_norm.clip(stepped.named_parameters(), cfg.grad_clip)
             else:
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip)
+                grad_norm = torch.nn.utils.clip_grad_norm_(stepped.parameters(), cfg.grad_clip)
             self.optimizer.step()
+            if self.master is not None:
+                self.master.write_back()
         return out | {"loss": float(loss.detach()), "grad_norm": float(grad_norm), **stats}
 
     def trace(self, request_id: int, position: int) -> dict:
@@ -257,7 +281,7 @@ class RLRun:
     def __init__(self, config: RLConfig, *, initial: Decoder | None = None, rollout=None, learner=None):
         self.config = config
         self.task, spec, self.contract = setup(config)
-        ensure_admitted(self.contract, spec=spec)
+        ensure_admitted(self.contract, config.device, spec=spec)
         self.learner = learner if learner is not None else Learner(config, initial)
         self.rollout = rollout if rollout is not None else local_rollout(config)
         if isinstance(self.learner, Learner) and isinstance(self.rollout, Rollout):
@@ -283,13 +307,14 @@ class RLRun:
         examples = self.task.sample(random.Random(f"{cfg.seed}:{self.step}"), cfg.prompts_per_step)
         prompts = [tok.encode_prompt(e.prompt) for e in examples for _ in range(cfg.group_size)]
         params = [SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_new_tokens, seed=request_seed(cfg.seed, self.step, i),
-                                 stop_token_ids=tok.eos_token_ids, return_full_logprobs=True) for i in range(len(prompts))]
+                                 stop_token_ids=tok.eos_token_ids, return_full_logprobs=cfg.gate_full_rows) for i in range(len(prompts))]
         return examples, prompts, params
 
     def run_step(self) -> dict:
         cfg, start = self.config, time.perf_counter()
         examples, prompts, params = self.requests()
-        completions = self.rollout.generate(prompts, params)
+        completions = self.rollout.generate(prompts, params)  # returns once the tokens are on the host
+        generated = time.perf_counter()
         texts = [self.task.tokenizer.decode(c.token_ids) for c in completions]
         rewards = torch.tensor([self.task.reward(examples[i // cfg.group_size], t) for i, t in enumerate(texts)], dtype=torch.float32)
         accuracy = float(rewards.mean())
@@ -303,10 +328,15 @@ class RLRun:
         advantages = losses.group_advantages(rewards, cfg.group_size)[keep]
         kept = [c for c, k in zip(completions, keep.tolist()) if k]
         metrics = {"step": self.step, "reward": float(rewards.mean()), "accuracy": accuracy, "kept_groups": int(keep.sum()) // cfg.group_size}
+        trained = time.perf_counter()
         if kept:
-            metrics |= self.learner.update(kept, advantages, self.step)
+            metrics |= self.learner.update(kept, advantages, self.step)  # returns floats: the update has finished
+            trained = time.perf_counter()
         self.weights = self.sync()
-        metrics |= {"weights_sha256": self.weights, "step_seconds": round(time.perf_counter() - start, 4)}
+        end = time.perf_counter()
+        # The three phases of the step, each ending where its result reached this process.
+        metrics |= {"weights_sha256": self.weights, "step_seconds": round(end - start, 4), "generate_seconds": round(generated - start, 4),
+                    "train_seconds": round(trained - generated, 4), "sync_seconds": round(end - trained, 4)}
         self.step += 1
         self.history.append(metrics)
         return metrics

@@ -26,7 +26,7 @@ def _admitted(side, mesh):
     """Admit the rank's shapes, one rank at a time (the battery writes the machine's records)."""
     for rank in range(dist.get_world_size()):
         if rank == dist.get_rank():
-            ensure_admitted(side.contract, spec=side.rank_spec, binding=side.binding)
+            ensure_admitted(side.contract, str(side.device), spec=side.rank_spec, binding=side.binding)
         dist.barrier()
     return side
 
@@ -86,15 +86,16 @@ def start_run(config, *, initial=None, group=RankGroup, **options) -> RLRun:
         return RLRun(config, initial=initial)
     check_layouts(config)
     task, spec, contract = setup(config)
-    ensure_admitted(contract, spec=spec)
+    ensure_admitted(contract, config.device, spec=spec)
     initial = copy.deepcopy(initial) if initial is not None else warmup(initial_model(config, spec), task, config)
-    learner = GroupLearner(group(_learner, config, initial, **config.layout("trainer"), **options), contract)
+    initial = initial.cpu()  # pickled to the trainer's processes, each moving its shard to config.device
+    learner = GroupLearner(group(_learner, config, initial, **config.layout("trainer"), device=config.device, **options), contract)
     try:
         # vLLM runs in this process (its engine core and worker), unsharded, whatever the trainer's layout.
         if config.engine == "vllm":
             rollout = local_rollout(config)
         else:
-            rollout = GroupRollout(group(_rollout, config, **config.layout("engine"), **options), contract)
+            rollout = GroupRollout(group(_rollout, config, **config.layout("engine"), device=config.device, **options), contract)
     except BaseException:
         learner.close()
         raise

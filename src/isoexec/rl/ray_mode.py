@@ -137,7 +137,9 @@ class RayRankGroup:
     collective) and is raised here."""
 
     def __init__(self, factory, *args, tp: int = 1, ep: int = 1, sp: bool = False, dp: int = 1, cpus_per_rank: float = 1.0,
-                 timeout_s: float = 120.0):
+                 timeout_s: float = 120.0, device: str = "cpu"):
+        if str(device) != "cpu":
+            raise ValueError("Ray mode reserves CPUs for its ranks only: run it with device cpu")
         ray = _ray()
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -227,6 +229,8 @@ def run_with_ray(config, *, num_steps: int | None = None, initial=None, ray_addr
     the actors (the trained policy lives in the learner's), so it can keep stepping; the cluster stays
     up until `ray.shutdown()`.
     """
+    if config.device != "cpu":
+        raise ValueError("Ray mode reserves CPUs for its actors only: run it with device cpu")
     ray = _ray()
     if not ray.is_initialized():
         ray.init(address=ray_address, include_dashboard=False)

@@ -83,7 +83,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
         "train",
         help="run on-policy RL (GRPO/DAPO) with a bitwise gate, resuming from its checkpoints",
         description="Warm up a tiny policy on a task's answers (or start from your Hugging Face checkpoint with --model, "
-        "its own tokenizer and chat template, in float32), then run GRPO or DAPO: roll out in the engine, "
+        "its own tokenizer and chat template; float32 on a CPU, bfloat16 with float32 master weights on a GPU), then run GRPO or DAPO: roll out in the engine, "
         "recompute log-probs in the trainer, gate them bit for bit under the contract, update, and send the weights "
         "to the engine with digests checked on both sides. With --checkpoint-dir, a killed run started again with "
         "the same flags resumes and ends bitwise identical to an uninterrupted one (at the same torch thread count). "

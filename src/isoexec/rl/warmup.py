@@ -18,6 +18,7 @@ WARMUP_BATCH = 64
 def warmup(model: Decoder, task, config) -> Decoder:
     if config.num_warmup_steps == 0:
         return model
+    model = model.to(config.device)
     trainer = Trainer(model, fit_contract(load_preset("native"), model.spec))
     tok = task.tokenizer
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.warmup_learning_rate)
@@ -25,8 +26,8 @@ def warmup(model: Decoder, task, config) -> Decoder:
         examples = task.sample(random.Random(f"{config.seed}:warmup:{i}"), WARMUP_BATCH)
         prompts = [tok.encode_prompt(e.prompt) for e in examples]
         targets = [tok.encode(e.answer) + [tok.EOS] for e in examples]
-        rows = trainer.logprobs([p + t for p, t in zip(prompts, targets)], case="trainer_fwd")
-        picked = [r[len(p) - 1 :].gather(-1, torch.tensor(t)[:, None]) for r, p, t in zip(rows, prompts, targets)]
+        rows = trainer.logprobs([p + t for p, t in zip(prompts, targets)], case="trainer_fwd", device=config.device)
+        picked = [r[len(p) - 1 :].gather(-1, torch.tensor(t, device=config.device)[:, None]) for r, p, t in zip(rows, prompts, targets)]
         loss = -torch.cat(picked).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
