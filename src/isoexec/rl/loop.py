@@ -126,7 +126,7 @@ def setup(config: RLConfig):
     task, spec = task_and_spec(config)
     task, _ = _usable(config, task, spec)
     profile = config.model if config.model is not None else f"task:{task.name}"
-    contract = fit_contract(load_contract(config.contract or default_contract(config.model)), spec, profile=profile)
+    contract = fit_contract(load_contract(config.contract or default_contract(config.model)), spec, device=config.device, profile=profile)
     return task, spec, contract
 
 

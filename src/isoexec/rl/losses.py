@@ -42,7 +42,7 @@ def policy_loss(logp: Tensor, logp_old: Tensor, advantages: Tensor, seq_index: T
     if aggregation == "token":
         loss = per_token.mean()
     elif aggregation == "sequence":
-        count = torch.zeros(int(seq_index.max()) + 1 if seq_index.numel() else 0, dtype=per_token.dtype).index_add_(0, seq_index, torch.ones_like(per_token))
+        count = torch.zeros(int(seq_index.max()) + 1 if seq_index.numel() else 0, dtype=per_token.dtype, device=per_token.device).index_add_(0, seq_index, torch.ones_like(per_token))
         sums = torch.zeros_like(count).index_add(0, seq_index, per_token)
         loss = (sums / count.clamp(min=1))[count > 0].mean()
     else:

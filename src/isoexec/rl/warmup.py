@@ -19,7 +19,7 @@ def warmup(model: Decoder, task, config) -> Decoder:
     if config.num_warmup_steps == 0:
         return model
     model = model.to(config.device)
-    trainer = Trainer(model, fit_contract(load_preset("native"), model.spec))
+    trainer = Trainer(model, fit_contract(load_preset("native"), model.spec, device=config.device))
     tok = task.tokenizer
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.warmup_learning_rate)
     for i in range(config.num_warmup_steps):
