@@ -199,7 +199,8 @@ def test_qwen3_next_projections_split_and_fuse_back_exactly():
     assert back.keys() == ours.keys() and all(bitwise_equal(back[k], ours[k]) for k in ours)
 
 
-@pytest.mark.parametrize("preset", ["tiny-hybrid", "tiny-hybrid-moe", "tiny-qwen3-next", "qwen3.5-9b-4l-random", "qwen3.5-35b-a3b-4l-random"])
+@pytest.mark.parametrize("preset", ["tiny-hybrid", "tiny-hybrid-moe", "tiny-qwen3-next", "qwen3.5-9b-4l-random", "qwen3.5-35b-a3b-4l-random",
+                                    "qwen3.5-35b-a3b-random"])
 def test_the_gpu_contract_fits_and_binds_every_op_of_the_hybrid_families(preset):
     """tiny-hybrid-triton fitted for an H200 (sm_90) names an impl for every op each hybrid layer calls, in
     every case; its gdn.core and gdn.conv entries are Triton kernels, the core in chunks of 16."""
@@ -226,3 +227,19 @@ def test_on_the_gpu_the_audit_is_bitwise_under_tiny_hybrid_triton(preset):
     native = run_audit(model, fit_contract(load_preset("native"), model.spec, device="cuda"), requests=4, max_new_tokens=70, device="cuda",
                        progress=False)
     assert not all_equal(native)
+
+
+@pytest.mark.parametrize("preset", ["tiny-hybrid-moe", "qwen3.5-9b-4l-random", "qwen3.5-35b-a3b-random"])
+def test_the_fast_baseline_binds_every_op_of_the_hybrid_families(preset):
+    """benchmarks/contracts/fast-baseline.toml, which bench.py's rl section and issue 21's step compare the
+    contract with, names an impl for every op of the hybrid layers (its GDN entries are the contract's kernels)."""
+    from pathlib import Path
+
+    from isoexec.contract import load
+    from isoexec.runtime.binding import bind
+
+    baseline = load(str(Path(__file__).resolve().parents[3] / "benchmarks" / "contracts" / "fast-baseline.toml"))
+    contract = fit_contract(baseline, PRESETS[preset], arch="sm_90")
+    binding = bind(contract, PRESETS[preset], contract.cases)
+    assert all("gdn_core" in ops and "experts" in ops or "moe" not in preset for ops in binding.ops.values())
+    assert contract.entry("gdn.core", "trainer_fwd").impl.id == "gdn.core.triton" and not contract.claims.is_bitwise

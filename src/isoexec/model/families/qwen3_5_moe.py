@@ -43,6 +43,13 @@ def _tiny(**changes) -> ModelSpec:
     return from_config(config, "preset")
 
 
+# Qwen3.5-35B-A3B's layer shapes: hidden 2048, 16 heads / 2 KV heads of 256 (rotary on a quarter), GDN 16 key / 32
+# value heads of 128, 256 experts of 512, top-8, a gated shared expert of 512, vocabulary 248,320.
+A3B_SHAPES = dict(vocab_size=248_320, hidden_size=2048, num_attention_heads=16, num_key_value_heads=2, head_dim=256, max_position_embeddings=32_768,
+                  tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
+                  linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128, num_experts=256,
+                  num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512)
+
 FAMILY = Family(
     name="qwen3.5-moe",
     architectures=(ARCHITECTURE, MULTIMODAL),
@@ -54,14 +61,9 @@ FAMILY = Family(
     presets={
         # tiny-hybrid's layers with six experts of 32, top-2, and a gated shared expert of 48 in each.
         "tiny-hybrid-moe": _tiny(),
-        # Qwen3.5-35B-A3B's layer shapes (hidden 2048, 16 heads / 2 KV heads of 256, GDN 16 key / 32 value heads
-        # of 128, 256 experts of 512, top-8, a gated shared expert of 512, vocabulary 248,320) with random
-        # weights and 4 layers (3 GDN, 1 full attention), for the GPU.
-        "qwen3.5-35b-a3b-4l-random": _tiny(vocab_size=248_320, hidden_size=2048, num_attention_heads=16, num_key_value_heads=2,
-                                           head_dim=256, max_position_embeddings=32_768, tie_word_embeddings=False,
-                                           rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
-                                           linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
-                                           linear_value_head_dim=128, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
-                                           shared_expert_intermediate_size=512),
+        # Qwen3.5-35B-A3B's layer shapes with random weights and 4 layers (3 GDN, 1 full attention), for one GPU.
+        "qwen3.5-35b-a3b-4l-random": _tiny(**A3B_SHAPES),
+        # All of Qwen3.5-35B-A3B's 40 layers (every 4th full attention), random weights: issue 21's RL step on 8 GPUs.
+        "qwen3.5-35b-a3b-random": _tiny(**A3B_SHAPES, num_hidden_layers=40, layer_types=None),
     },
 )
