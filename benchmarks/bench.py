@@ -213,6 +213,7 @@ def bench_trainer(model, model_name: str, sizes: Sizes, contracts: dict, device:
     return rows
 
 
+LAYOUT_FIELDS = ("trainer_tp", "trainer_ep", "trainer_sp", "engine_tp", "engine_ep", "engine_sp")
 SYNC = "+sync"  # a --contracts entry's suffix: the same contract, its engine with async scheduling off
 
 
@@ -254,6 +255,9 @@ def _parse(argv):
     parser.add_argument("--model", help=f"model presets, comma-separated (default: {','.join(FULL.models)}, or {','.join(SMALL.models)} with --small)")
     parser.add_argument("--rl-model", help=f"rl: model presets, comma-separated (default: {','.join(FULL.rl_models)}, or "
                                            f"{','.join(SMALL.rl_models)} with --small)")
+    parser.add_argument("--rl-layout", default="", metavar="FIELD=N,...",
+                        help="rl: each side's parallel layout as RLConfig fields, e.g. trainer_tp=4,trainer_ep=4,engine_tp=8 (default: "
+                             "both sides in this process)")
     parser.add_argument("--contracts", help="contracts to compare, preset names or files, the one under test first (default: "
                                             f"{','.join(GPU_CONTRACTS)} on cuda, tiny-dense,native on cpu); a name ending in "
                                             f"{SYNC} runs that contract's engine with async scheduling off")
@@ -266,6 +270,14 @@ def _parse(argv):
         parser.error(f"unknown section(s) {', '.join(unknown)} (choose from {', '.join(SECTIONS)})")
     if args.new_tokens is not None and args.new_tokens < 1:
         parser.error("--new-tokens must be at least 1")
+    try:
+        args.rl_layout = {key: value.lower() == "true" if key.endswith("_sp") else int(value)
+                          for key, value in (item.split("=") for item in args.rl_layout.split(",") if item)}
+    except ValueError:
+        parser.error(f"--rl-layout: expected FIELD=N pairs separated by commas, got {args.rl_layout!r}")
+    unknown = sorted(set(args.rl_layout) - set(LAYOUT_FIELDS))
+    if unknown:
+        parser.error(f"--rl-layout: unknown field(s) {', '.join(unknown)} (known: {', '.join(LAYOUT_FIELDS)})")
     return args
 
 
@@ -336,7 +348,7 @@ def main(argv=None) -> int:
                 "mla": lambda: bench_mla(device, small=args.small),
                 "gdn": lambda: bench_gdn(device, small=args.small, phases=args.gdn_phases),
                 "rl": lambda: bench_rl(device, sizes.rl_models, {_label(s): s for s in specs if not s.endswith(SYNC)},
-                                       **dict(zip(("prompts", "group", "new_tokens", "steps"), sizes.rl_shape))),
+                                       layout=args.rl_layout, **dict(zip(("prompts", "group", "new_tokens", "steps"), sizes.rl_shape))),
             }[section]()
         except Exception as error:  # noqa: BLE001  (one broken section must not lose the others' figures)
             traceback.print_exc()

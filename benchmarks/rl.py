@@ -1,5 +1,6 @@
 """bench.py's rl section: whole synchronous RL steps (rollout, trainer recompute and update, weight sync) under
-each contract, side by side in one run, on one device.
+each contract, side by side in one run, on one device (or, with --rl-layout, each side at its own parallel layout
+over this machine's GPUs or CPUs).
 
 Each contract runs the same config from the same seeded weights: GRPO (every group trained on), a model preset
 over its own vocabulary (`RLConfig.model_vocab`: a real lm_head and log-prob width, and a random policy that
@@ -17,24 +18,26 @@ import statistics
 
 import torch
 
-from isoexec.rl import RLConfig, RLRun
+from isoexec.rl import RLConfig
+from isoexec.rl.parallel_mode import start_run
 
 PHASES = ("step", "generate", "train", "sync")
 
 
 def bench_rl(device: torch.device, models: tuple[str, ...], contracts: dict[str, str], *, prompts: int, group: int, new_tokens: int,
-             steps: int) -> dict:
+             steps: int, layout: dict | None = None) -> dict:
     """contracts: label -> preset name or contract file, the one under test first. Per model: each contract's
     median phase seconds, its gate's bitwise fraction per step, and the first contract's time over each other's
     per phase (`<a>_time_over_<b>_<phase>`: a time ratio, as issue 21's step goal reads, not bench.py's speed ratio)."""
     results = {}
     for model in models:
         base = RLConfig(model=model, model_vocab=True, device=device.type, algorithm="grpo", prompts_per_step=prompts, group_size=group,
-                        max_new_tokens=new_tokens, warmup_steps=0, steps=steps + 1, gate_full_rows=False)
-        runs, row = {}, {"model": model, "sequences": prompts * group, "max_new_tokens": new_tokens, "timed_steps": steps}
+                        max_new_tokens=new_tokens, warmup_steps=0, steps=steps + 1, gate_full_rows=False, **(layout or {}))
+        runs, row = {}, {"model": model, "sequences": prompts * group, "max_new_tokens": new_tokens, "timed_steps": steps,
+                         "layout": {"trainer": base.layout("trainer"), "engine": base.layout("engine")}}
         for label, contract in contracts.items():
             try:
-                runs[label] = RLRun(base.replace(contract=contract))
+                runs[label] = start_run(base.replace(contract=contract))  # each side in processes of its own at a parallel layout
                 runs[label].run_step()  # compiles, captures, admits
             except (RuntimeError, ValueError) as error:  # out of memory, a contract the model cannot run
                 row[f"{label}_error"] = str(error).splitlines()[0]
