@@ -23,13 +23,17 @@ def weights_digest(model: torch.nn.Module, folded: bool = False) -> str:
 def state_digest(state: dict[str, torch.Tensor], folded: bool = False) -> str:
     """`weights_digest` of a state dict: SHA-256 over the bytes, or with `folded` over each tensor's `fold`."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(state.items()):
-        t = tensor.detach().contiguous()
+    items = sorted(state.items())
+    if folded:  # every tensor's checksums cross to the host in one copy (one wait for the device, not one a tensor)
+        folds = [fold(tensor.detach().contiguous()) for _, tensor in items]
+        host = torch.cat([f.reshape(-1) for f in folds]).cpu().split([f.numel() for f in folds])
+    for i, (name, tensor) in enumerate(items):
+        t = tensor.detach()
         digest.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
         if folded:
-            digest.update(fold(t).cpu().numpy().tobytes())
+            digest.update(host[i].numpy().tobytes())
         else:
-            digest.update(t.cpu().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            digest.update(t.contiguous().cpu().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return ("fold-sha256:" if folded else "sha256:") + digest.hexdigest()
 
 
