@@ -296,8 +296,9 @@ def _ptxas():
 @pytest.mark.skipif(ON_GPU or _ptxas() is None or not _ptxas().exists(), reason="compiled on the GPU by the tests; needs Triton's ptxas otherwise")
 def test_the_kernels_compile_for_hopper_at_glm_shapes(tmp_path):
     """The interpreter runs Python the compiler may refuse: the attention kernel and both GEMMs with
-    the Hopper constants at GLM-4.7-Flash's shapes (20 heads, r 512, dr 64, dn 192, dv 256), bf16 and
-    the fp32 pass (one pipeline stage there), each within an SM's shared memory."""
+    the Hopper constants at GLM-4.7-Flash's shapes (20 heads, r 512, dr 64, dn 192, dv 256) in bf16, each
+    within an SM's shared memory. The battery's fp32 pass (one pipeline stage, 4 heads) is checked for its
+    stage count only: its kernel spills and takes a minute to compile here; the GPU tests compile and run it."""
     script = textwrap.dedent("""
         import triton
         from triton.backends.compiler import GPUTarget
@@ -316,6 +317,8 @@ def test_the_kernels_compile_for_hopper_at_glm_shapes(tmp_path):
             h_tile, _, block_q, rows = mt.tile_shape(20 if dtype == "bf16" else 4, c["block_m"])
             stages = mt.attention_stages(c["num_stages"], rows, c["block_n"], 512, 64, c["value_split"], size)
             assert stages == (2 if dtype == "bf16" else 1), stages
+            if dtype == "fp32":
+                continue
             build(mt.mla_attn_fwd_kernel, dtype, dict(H=20 if dtype == "bf16" else 4, H_TILE=h_tile, R=512, R_PAD=512, DR=64, DR_PAD=64,
                   V_SPLIT=c["value_split"], DOT_IN_FP32=False, SUM_BY_DOT=dtype == "fp32", BLOCK_Q=block_q, BLOCK_N=c["block_n"],
                   ROWS=rows), c["num_warps"], stages)
