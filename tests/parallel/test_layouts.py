@@ -302,3 +302,20 @@ def test_a_rank_model_is_the_single_device_decoder_with_fewer_heads():
     assert bitwise_equal(rank1.model.embed_tokens.weight, model.model.embed_tokens.weight[256:])  # vocabulary blocks 4-7 of 8
     assert rank1.lm_head.weight is rank1.model.embed_tokens.weight  # still tied
     assert rank1.unsharded_spec == model.spec
+
+
+@pytest.mark.parametrize("preset,contract_name,mesh", [
+    ("tiny-dense", "tiny-dense", dict(tp=2, rank=1)),
+    ("tiny-moe", "tiny-moe", dict(tp=2, ep=2, rank=0)),
+    ("tiny-hybrid-moe", "tiny-hybrid", dict(ep=4, rank=3)),
+    ("tiny-hybrid-moe", "tiny-hybrid", dict(tp=2, rank=1, sp=True)),
+])
+def test_a_random_shard_is_the_shard_of_the_random_model(preset, contract_name, mesh):
+    """What a rank of a parallel RL side draws for itself without the whole model (`random_shard`) is, weight for
+    weight, the bits `shard` cuts from `init_random`'s model; another seed's is not."""
+    from isoexec.parallel import random_shard
+
+    spec, contract, mesh = PRESETS[preset], load_preset(contract_name), Mesh(group=object(), **mesh)
+    drawn, cut = random_shard(spec, 3, contract, mesh).state_dict(), shard(init_random(spec, seed=3), contract, mesh).state_dict()
+    assert drawn.keys() == cut.keys() and all(bitwise_equal(drawn[name], cut[name]) for name in cut)
+    assert not bitwise_equal(random_shard(spec, 4, contract, mesh).state_dict()["model.norm.weight"], cut["model.norm.weight"])

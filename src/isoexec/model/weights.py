@@ -19,15 +19,26 @@ log = logging.getLogger(__name__)
 def init_random(spec: ModelSpec, seed: int = 0) -> Decoder:
     """A model with weights drawn from a seeded generator: the same seed gives the same bits anywhere."""
     model = Decoder(spec)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, values in random_weights(spec, seed):
+            params[name].copy_(values)
+    return model
+
+
+def random_weights(spec: ModelSpec, seed: int = 0):
+    """(name, tensor) of every parameter `init_random` loads, in its order, one at a time: a caller can keep a
+    part of each (`parallel.random_shard`) without the whole model in memory. The model is built on the meta
+    device only for its parameters' names and shapes."""
+    with torch.device("meta"):
+        model = Decoder(spec)
     generator = torch.Generator().manual_seed(seed)
     for name, param in sorted(model.named_parameters()):
         if name.endswith("norm.weight"):
             values = 1.0 + 0.1 * torch.randn(param.shape, generator=generator)
         else:
             values = 0.05 * torch.randn(param.shape, generator=generator)
-        with torch.no_grad():
-            param.copy_(values.to(param.dtype))
-    return model
+        yield name, values.to(param.dtype)
 
 
 def save(model: Decoder, directory: str | Path) -> Path:

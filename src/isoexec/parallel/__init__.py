@@ -3,6 +3,6 @@ the contract ops composed with the collectives a shard needs. The model code nev
 
 from .mesh import Mesh, backend_for, spawn, world_of
 from .ops import compose
-from .plan import check, local_spec, shard
+from .plan import check, local_spec, random_shard, shard
 
-__all__ = ["Mesh", "backend_for", "check", "compose", "local_spec", "shard", "spawn", "world_of"]
+__all__ = ["Mesh", "backend_for", "check", "compose", "local_spec", "random_shard", "shard", "spawn", "world_of"]

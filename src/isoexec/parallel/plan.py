@@ -246,9 +246,25 @@ def shard_state(state: dict, spec: ModelSpec, contract, mesh: Mesh) -> dict:
 
 def shard(model: Decoder, contract, mesh: Mesh) -> Decoder:
     """A rank's model: a `Decoder` of its `local_spec`, holding its shard of each of `model`'s weights."""
-    spec = model.spec
+    return _local_model(model.spec, shard_state(model.state_dict(), model.spec, contract, mesh), contract, mesh)
+
+
+def random_shard(spec: ModelSpec, seed: int, contract, mesh: Mesh) -> Decoder:
+    """`shard(init_random(spec, seed), contract, mesh)`, bit for bit, without the whole model: each weight is drawn
+    as `init_random` draws it, cut to the rank's shard and let go, so a rank holds one whole weight at a time (every
+    rank of a 35B-parameter model holding all of it would not fit a host)."""
+    from ..model.weights import random_weights
+
+    shards = {}
+    for name, values in random_weights(spec, seed):
+        shards[name] = shard_of(name, values, spec, contract, mesh).clone()
+        if name == "model.embed_tokens.weight" and spec.tie_word_embeddings:  # lm_head is the same tensor, cut as lm_head
+            shards["lm_head.weight"] = shard_of("lm_head.weight", values, spec, contract, mesh).clone()
+    return _local_model(spec, shards, contract, mesh)
+
+
+def _local_model(spec: ModelSpec, shards: dict, contract, mesh: Mesh) -> Decoder:
     local = Decoder(local_spec(spec, contract, mesh))
-    shards = shard_state(model.state_dict(), spec, contract, mesh)
     if mesh.tp > 1:  # the rank's vocabulary rows only (lm_head the same tensor again where tied)
         local.model.embed_tokens.weight = nn.Parameter(torch.empty_like(shards["model.embed_tokens.weight"]))
         local.lm_head.weight = local.model.embed_tokens.weight if spec.tie_word_embeddings else nn.Parameter(

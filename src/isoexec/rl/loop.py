@@ -26,7 +26,7 @@ from ..contract import load as load_contract
 from ..engine import EngineConfig, LLMEngine, SamplingParams
 from ..model import PRESETS, Decoder, ModelSpec, dense_spec, init_random, read_config, tracing
 from ..model import load as load_checkpoint
-from ..parallel import Mesh, shard
+from ..parallel import Mesh, random_shard, shard
 from ..parallel.plan import shard_state
 from ..parallel.weights import GradNorm, unshard_state
 from ..runtime import check
@@ -139,7 +139,7 @@ class Rollout:
         self.mesh = mesh if mesh is not None else Mesh()
         self.device = config.device
         self.folded = config.device != "cpu"  # the digest's form (rl/sync.py)
-        self.model = _rank_model(initial_model(config, self.spec), self.contract, self.mesh).to(config.device)
+        self.model = _initial_rank_model(config, self.spec, self.contract, self.mesh).to(config.device)
         page = self.contract.deployment.engine.kv_page_size
         pages = config.prompts_per_step * config.group_size * -(-(longest_prompt(task) + config.max_new_tokens) // page)
         self.engine = LLMEngine(self.model, self.contract, EngineConfig.from_contract(self.contract, num_pages=pages + 1),
@@ -188,6 +188,14 @@ def _rank_model(model: Decoder, contract, mesh: Mesh) -> Decoder:
     return shard(model, contract, mesh) if mesh.world > 1 else model
 
 
+def _initial_rank_model(config: RLConfig, spec: ModelSpec, contract, mesh: Mesh) -> Decoder:
+    """The rank's part of the policy before any training: seeded random weights drawn shard by shard on a rank of a
+    parallel side (`random_shard`: the whole model is never in one process), else the whole initial model cut."""
+    if mesh.world > 1 and not config.model_is_checkpoint:
+        return random_shard(spec, config.seed, contract, mesh)
+    return _rank_model(initial_model(config, spec), contract, mesh)
+
+
 class Learner:
     """The trainer side: the policy, its optimiser, the gate and the update. With a `mesh` (a rank of a parallel
     trainer, `parallel_mode.py`), the policy is the rank's shard of the model (FSDP-sharded further with DP)."""
@@ -197,8 +205,12 @@ class Learner:
         self.task, self.spec, self.contract = setup(config)
         self.mesh = mesh if mesh is not None else Mesh()
         self.device = torch.device(config.device)
-        policy = initial if initial is not None else warmup(initial_model(config, self.spec), self.task, config)
-        self.trainer = Trainer(_rank_model(policy, self.contract, self.mesh).to(self.device), self.contract, self.mesh)
+        if initial is None and config.num_warmup_steps == 0:
+            policy = _initial_rank_model(config, self.spec, self.contract, self.mesh)
+        else:
+            policy = _rank_model(initial if initial is not None else warmup(initial_model(config, self.spec), self.task, config),
+                                 self.contract, self.mesh)
+        self.trainer = Trainer(policy.to(self.device), self.contract, self.mesh)
         self.policy = self.trainer.model
         # The optimiser steps float32 masters of a bfloat16 policy (rl/precision.py), else the policy itself.
         self.master = MasterWeights(self.policy) if config.master_weights else None

@@ -2,7 +2,8 @@
 
 `start_run(config)` gives an in-process `RLRun` when the config asks for no parallelism; otherwise each side is a
 `parallel.RankGroup` of processes on this machine (gloo), and `RLRun` drives two adapters that call them, so the
-loop is unchanged. The warm-up runs once, here, and both sides start from its weights. Every sync sends the
+loop is unchanged. The warm-up runs once, here, and both sides start from its weights; without a warm-up, random
+weights are drawn by every rank for its own shard (`parallel.random_shard`), never whole in one process. Every sync sends the
 whole model's weights, put together from the trainer's shards (`Learner.weights`); each engine rank cuts its own
 shards from them, and the engine puts its shards together again to recompute the SHA-256, which must be the
 trainer's: the whole logical weights are equal on both sides every step. Each side's rank 0 sends its
@@ -87,8 +88,10 @@ def start_run(config, *, initial=None, group=RankGroup, **options) -> RLRun:
     check_layouts(config)
     task, spec, contract = setup(config)
     ensure_admitted(contract, config.device, spec=spec)
-    initial = copy.deepcopy(initial) if initial is not None else warmup(initial_model(config, spec), task, config)
-    initial = initial.cpu()  # pickled to the trainer's processes, each moving its shard to config.device
+    if initial is not None or config.num_warmup_steps or config.model_is_checkpoint:
+        initial = copy.deepcopy(initial) if initial is not None else warmup(initial_model(config, spec), task, config)
+        initial = initial.cpu()  # pickled to the trainer's processes, each moving its shard to config.device
+    # else each rank draws its own shard of the seeded random weights (`loop._initial_rank_model`).
     learner = GroupLearner(group(_learner, config, initial, **config.layout("trainer"), device=config.device, **options), contract)
     try:
         # vLLM runs in this process (its engine core and worker), unsharded, whatever the trainer's layout.
