@@ -99,7 +99,7 @@ def rl_config(args):
 def check_rl_inputs(config, warn) -> None:
     """What `train` and `demo` refuse before the warm-up: data the run cannot use (with skip_bad_examples,
     `warn` is told what is dropped instead), a side's layout the model or the contract cannot be cut into, and a
-    contract this machine cannot run (RL runs on the CPU)."""
+    contract this machine cannot run on the run's device."""
     from ..rl.loop import setup, usable_task
     from ..rl.parallel_mode import check_layouts
 
@@ -111,7 +111,7 @@ def check_rl_inputs(config, warn) -> None:
         raise input_error(error) from None
     if dropped:
         warn(dropped)
-    check_runnable(contract, "cpu")
+    check_runnable(contract, config.device)
     if config.engine == "vllm":
         check_vllm("--engine")
 

@@ -161,8 +161,8 @@ class Rollout:
         return self.engine.generate(prompts, params, progress=False)
 
     def load_weights(self, tensors: dict, digest: str) -> str:
-        """Load the whole model's weights (the rank's shards of them) and return the SHA-256 of the whole logical
-        weights this side now holds, put together again from every rank's shards; it must be the sender's."""
+        """Load the whole model's weights (the rank's shards of them) and return the digest (rl/sync.py) of the whole
+        logical weights this side now holds, put together again from every rank's shards; it must be the sender's."""
         if self.mesh.world == 1:
             return load_state(self.model, tensors, digest, self.folded)
         state = self.model.state_dict()
