@@ -13,6 +13,7 @@ import hashlib
 import torch
 
 FOLD_CHUNK = 1 << 20
+FOLD_SLAB = 16  # chunks widened to int64 at a time: 128 MiB, and 256 MiB of products
 
 
 def weights_digest(model: torch.nn.Module, folded: bool = False) -> str:
@@ -41,16 +42,19 @@ def fold(t: torch.Tensor) -> torch.Tensor:
     """[2, chunks] int64 on t's device: per chunk of 2^20 signed 16-bit words of t's bytes (zero-padded),
     sum_j w_j (2j + 1) and sum_j w_j m_j with m_j odd multipliers in [1, 2^17) that vary pseudo-randomly with j.
     Every product is below 2^36 and a chunk's sum below 2^56 in magnitude: exact in int64 on any device, in any
-    reduction order."""
+    reduction order. Folded FOLD_SLAB chunks at a time: a whole expert tensor widened to int64 at once would
+    take several times its size in device memory."""
     words = t.reshape(-1).view(torch.uint8)
     if words.numel() % 2:
         words = torch.cat([words, words.new_zeros(1)])
-    words = words.view(torch.int16).to(torch.int64)
+    words = words.view(torch.int16)
     chunks = max(1, -(-words.numel() // FOLD_CHUNK))
     words = torch.nn.functional.pad(words, (0, chunks * FOLD_CHUNK - words.numel())).view(chunks, FOLD_CHUNK)
     j = torch.arange(FOLD_CHUNK, device=t.device, dtype=torch.int64)
-    mixed = ((j * 40503 + 12345) % 65536) * 2 + 1  # odd, < 2^17
-    return torch.stack([(words * (2 * j + 1)).sum(1), (words * mixed).sum(1)])
+    weights = torch.stack([2 * j + 1, ((j * 40503 + 12345) % 65536) * 2 + 1])  # [2, FOLD_CHUNK], odd, < 2^21 and < 2^17
+    # Products and sums, not a matmul: CUDA has no int64 matmul.
+    slabs = [(words[i : i + FOLD_SLAB].to(torch.int64)[:, None, :] * weights).sum(-1) for i in range(0, chunks, FOLD_SLAB)]  # [slab, 2]
+    return torch.cat(slabs).T.contiguous()
 
 
 class WeightSyncError(RuntimeError):
