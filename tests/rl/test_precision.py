@@ -82,9 +82,16 @@ def test_a_bfloat16_policy_steps_float32_masters_and_stays_bitwise(tmp_path):
     assert measured["tokens"] > 0 and measured["bitwise_equal_fraction"] < 1.0
 
 
-def test_a_preset_keeps_its_vocabulary_and_the_gate_can_skip_full_rows():
+def _control_file(tmp_path):
+    path = tmp_path / "control.json"
+    path.write_text(dump_json(control_contract("linear")), "utf-8")
+    return path
+
+
+def test_a_preset_keeps_its_vocabulary_and_the_gate_can_skip_full_rows(tmp_path):
     """model_vocab: the preset's 512 ids, not the task's 13, so the random policy rarely samples end-of-sequence;
-    gate_full_rows off: the engine returns no rows, the gate holds the sampled tokens' log-probs only."""
+    gate_full_rows off: the engine returns no rows, the gate holds the sampled tokens' log-probs only, and still
+    sees the split-K linear control differ."""
     from isoexec.model import PRESETS
 
     config = RLConfig(**{**SMALL, "warmup_steps": 0, "max_new_tokens": 12}, model="tiny-dense", model_vocab=True, gate_full_rows=False)
@@ -96,6 +103,9 @@ def test_a_preset_keeps_its_vocabulary_and_the_gate_can_skip_full_rows():
     assert metrics["tokens"] > 0 and metrics["bitwise_equal_fraction"] == 1.0
     assert "full_vocab_rows_bitwise_equal_fraction" not in metrics
     assert metrics["tokens"] > len(prompts) * 6  # most completions run well past the toy's usual few tokens
+    control = RLConfig(**{**SMALL, "warmup_steps": 0, "max_new_tokens": 12}, model="tiny-dense", model_vocab=True, gate_full_rows=False,
+                       contract=str(_control_file(tmp_path)))
+    assert RLRun(control).run_step()["bitwise_equal_fraction"] < 1.0
 
 
 @pytest.mark.gpu

@@ -30,7 +30,7 @@ class RLConfig:
     refusing the data"""
     model: str | None = None
     """a Hugging Face checkpoint directory (config.json + *.safetensors; Qwen3, Qwen2, Llama, MiMo or
-    Qwen3-MoE) to train with its own tokenizer, loaded in float32 (RL on a CPU trains in float32); or a
+    Qwen3-MoE) to train with its own tokenizer, loaded in the policy's dtype (float32 on a CPU); or a
     model preset (e.g. tiny-moe): its shape with seeded random weights over the task's characters;
     default: a tiny random Qwen3 sized for the task's characters"""
     model_vocab: bool = False
