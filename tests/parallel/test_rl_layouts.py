@@ -88,6 +88,7 @@ def test_without_a_warm_up_each_rank_draws_its_own_shard():
     config = RLConfig(**{**SMALL, "warmup_steps": 0, "steps": 1}, algorithm="grpo", model="tiny-moe", trainer_tp=2, trainer_ep=2, engine_ep=2)
     run = start_run(config)
     try:
+        assert run.send_weights is not None  # rank to rank, not through this process (rl/transfer.py)
         assert run.weights == RLRun(config.replace(trainer_tp=1, trainer_ep=1, engine_ep=1)).weights
         assert run.run_step()["bitwise_equal_fraction"] == 1.0
     finally:

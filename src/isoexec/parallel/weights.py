@@ -25,6 +25,11 @@ def _whole(t: Tensor) -> Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def weight_shapes(spec: ModelSpec) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    """Every weight of the whole model `spec` describes: its shape and dtype (on the meta device: nothing allocated)."""
+    return dict(_shapes(spec))
+
+
 @lru_cache(maxsize=8)
 def _shapes(spec: ModelSpec) -> dict[str, tuple[torch.Size, torch.dtype]]:
     with torch.device("meta"):
@@ -38,7 +43,8 @@ def _positions(name: str, shape: torch.Size, spec: ModelSpec, contract, mesh: Me
 
 
 def unshard_state(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: Mesh) -> dict[str, Tensor]:
-    """The whole model's state dict (CPU tensors, on every rank) from each rank's `local` one (`model.state_dict()`)."""
+    """The whole model's state dict (CPU tensors, on every rank) from each rank's `local` one (`model.state_dict()`),
+    or of the weights `local` names, when every rank names the same ones."""
     local = {name: _whole(t).detach().cpu() for name, t in sorted(local.items())}
     if mesh.world == 1:
         return local
@@ -46,6 +52,8 @@ def unshard_state(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: Mes
     dist.all_gather_object(shards, local, group=mesh.group)  # pickled tensors: bytes
     whole = {}
     for name, (shape, dtype) in _shapes(spec).items():
+        if name not in local:
+            continue
         out = torch.empty(shape.numel(), dtype=dtype)
         for rank, state in enumerate(shards):
             out[_positions(name, shape, spec, contract, mesh, rank)] = state[name].reshape(-1)

@@ -31,12 +31,13 @@ from ..parallel.plan import shard_state
 from ..parallel.weights import GradNorm, unshard_state
 from ..runtime import check
 from ..trainer import Trainer
-from . import losses
+from . import losses, transfer
 from .config import RLConfig, default_contract
 from .gate import gate
 from .handshake import ensure_admitted, side_fingerprint
 from .precision import MasterWeights
-from .sync import WeightSyncError, load_state, state_bytes, state_digest, weights_digest
+from .sync import Digest, WeightSyncError, load_state, state_bytes, state_digest, weights_digest
+from .transfer import Bucket
 from .tasks import Task, checks, load_task
 from .tasks.tokenizer import checkpoint_tokenizer
 from .warmup import warmup
@@ -144,6 +145,7 @@ class Rollout:
         pages = config.prompts_per_step * config.group_size * -(-(longest_prompt(task) + config.max_new_tokens) // page)
         self.engine = LLMEngine(self.model, self.contract, EngineConfig.from_contract(self.contract, num_pages=pages + 1),
                                 device=config.device, mesh=self.mesh)
+        self._received = None  # the digest of the buckets received so far (`receive_bucket`)
 
     @property
     def binding(self):
@@ -173,6 +175,28 @@ class Rollout:
         if received != digest:
             raise WeightSyncError(f"weights arrived corrupted: sender {digest}, receiver {received}")
         return received
+
+
+    def receive_bucket(self, bucket: Bucket) -> None:
+        """Cut this rank's shards of a bucket the trainer published (`transfer.py`) into the model, then put them
+        together again: rank 0 digests the whole logical weights the engine now holds (`finish_receive`)."""
+        state = self.model.state_dict()
+        with transfer.opened(bucket, torch.device(self.device)) as whole, torch.no_grad():
+            for name, part in shard_state(whole, self.spec, self.contract, self.mesh).items():
+                state[name].copy_(part)
+        held = unshard_state({name: state[name] for name in bucket.names}, self.spec, self.contract, self.mesh)
+        if _is_first_rank():
+            self._received = self._received or Digest(self.folded)
+            self._received.update({name: t.to(self.device) for name, t in held.items()})
+
+    def finish_receive(self) -> str | None:
+        """The digest of every bucket received since the last call (rank 0's; None on the others)."""
+        received, self._received = self._received, None
+        return received.hexdigest() if received is not None else None
+
+
+def _is_first_rank() -> bool:
+    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
 
 
 def local_rollout(config: RLConfig):
@@ -217,6 +241,7 @@ class Learner:
         stepped = self.master if self.master is not None else self.policy
         self.optimizer = torch.optim.AdamW(stepped.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
         self.grad_norm = GradNorm(self.spec, self.contract, self.mesh) if self.parallel else None
+        self._outbox, self._sent = transfer.Outbox(), None  # the weight sync's last bucket and digest so far (`send_bucket`)
         self.step = 0  # the RL step being trained on, for reports
 
     @property
@@ -246,6 +271,24 @@ class Learner:
         whole = unshard_state(self.policy.state_dict(), self.spec, self.contract, self.mesh)
         # They travel pickled to the engine's processes: from host memory.
         return {name: t.cpu() for name, t in whole.items()}, state_digest(whole, folded)
+
+    def send_bucket(self, names: list[str]) -> Bucket | None:
+        """Put together the whole of `names`' weights and, on rank 0, publish them for the engine's ranks to read
+        (`transfer.py`), letting go of the bucket published before (the engine has read it). Rank 0 returns it."""
+        state = self.policy.state_dict()
+        whole = unshard_state({name: state[name] for name in names}, self.spec, self.contract, self.mesh)
+        if not _is_first_rank():
+            return None
+        whole = {name: t.to(self.device) for name, t in whole.items()}
+        self._sent = self._sent or Digest(self.device.type != "cpu")
+        self._sent.update(whole)
+        return self._outbox.publish(whole, self.device)
+
+    def finish_send(self) -> str | None:
+        """Let go of the last bucket; the digest of every bucket sent since the last call (rank 0's)."""
+        self._outbox.release()
+        sent, self._sent = self._sent, None
+        return sent.hexdigest() if sent is not None else None
 
     def update(self, kept, advantages: torch.Tensor, step: int) -> dict:
         cfg, self.step = self.config, step
@@ -290,8 +333,9 @@ class Learner:
 class RLRun:
     """Drives one Rollout and one Learner (local objects, or Ray actors behind the same methods)."""
 
-    def __init__(self, config: RLConfig, *, initial: Decoder | None = None, rollout=None, learner=None):
+    def __init__(self, config: RLConfig, *, initial: Decoder | None = None, rollout=None, learner=None, send_weights=None):
         self.config = config
+        self.send_weights = send_weights  # the weight sync when the sides pass weights between them, else None (`sync`)
         self.task, spec, self.contract = setup(config)
         ensure_admitted(self.contract, config.device, spec=spec)
         self.learner = learner if learner is not None else Learner(config, initial)
@@ -311,6 +355,9 @@ class RLRun:
             getattr(side, "close", lambda: None)()
 
     def sync(self) -> str:
+        """The trainer's weights into the engine; the digest both sides computed of them."""
+        if self.send_weights is not None:  # rank to rank, a bucket at a time (parallel_mode.py)
+            return self.send_weights()
         tensors, digest = self.learner.weights()
         return self.rollout.load_weights(tensors, digest)
 

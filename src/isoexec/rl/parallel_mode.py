@@ -4,22 +4,26 @@
 `parallel.RankGroup` of processes on this machine (gloo), and `RLRun` drives two adapters that call them, so the
 loop is unchanged. The warm-up runs once, here, and both sides start from its weights; without a warm-up, random
 weights are drawn by every rank for its own shard (`parallel.random_shard`), never whole in one process. Every sync sends the
-whole model's weights, put together from the trainer's shards (`Learner.weights`); each engine rank cuts its own
-shards from them, and the engine puts its shards together again to recompute the SHA-256, which must be the
-trainer's: the whole logical weights are equal on both sides every step. Each side's rank 0 sends its
+whole model's weights a bucket at a time, put together from the trainer's shards, from the trainer's rank 0 to the
+engine's ranks directly (`transfer.py`; through this process only for Ray's actors or vLLM); each engine rank cuts
+its own shards from them, and the engine puts its shards together again to recompute the digest, which must be
+the trainer's: the whole logical weights are equal on both sides every step. Each side's rank 0 sends its
 fingerprint, carrying its sizes, to the handshake; each rank was admitted at the shapes it runs (its shard's).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch.distributed as dist
 
 from ..parallel import check
 from ..parallel.group import RankGroup
 from .handshake import ensure_admitted
+from . import transfer
 from .loop import Learner, RLRun, Rollout, initial_model, local_rollout, setup
+from .sync import WeightSyncError
 from .warmup import warmup
 
 
@@ -65,6 +69,16 @@ class GroupLearner(_Group):
     def weights(self):
         return self.group.call("weights")
 
+    def send_weights(self, rollout: GroupRollout, spec) -> str:
+        """The weights from this side's ranks to the engine's, a bucket at a time (`transfer.py`): this process
+        passes on where each bucket is, never the weights."""
+        for names in transfer.buckets(spec):
+            rollout.group.call("receive_bucket", self.group.call("send_bucket", names))
+        sent, received = self.group.call("finish_send"), rollout.group.call("finish_receive")
+        if sent != received:
+            raise WeightSyncError(f"weights arrived corrupted: sender {sent}, receiver {received}")
+        return received
+
     def update(self, kept, advantages, step: int) -> dict:
         return self.group.call("update", kept, advantages, step)
 
@@ -102,4 +116,6 @@ def start_run(config, *, initial=None, group=RankGroup, **options) -> RLRun:
     except BaseException:
         learner.close()
         raise
-    return RLRun(config, rollout=rollout, learner=learner)
+    # Local processes pass the weights between them; Ray's actors may sit on other hosts, so theirs go through here.
+    direct = group is RankGroup and isinstance(rollout, GroupRollout)
+    return RLRun(config, rollout=rollout, learner=learner, send_weights=functools.partial(learner.send_weights, rollout, spec) if direct else None)

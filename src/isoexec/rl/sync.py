@@ -23,19 +23,35 @@ def weights_digest(model: torch.nn.Module, folded: bool = False) -> str:
 
 def state_digest(state: dict[str, torch.Tensor], folded: bool = False) -> str:
     """`weights_digest` of a state dict: SHA-256 over the bytes, or with `folded` over each tensor's `fold`."""
-    digest = hashlib.sha256()
-    items = sorted(state.items())
-    if folded:  # every tensor's checksums cross to the host in one copy (one wait for the device, not one a tensor)
-        folds = [fold(tensor.detach().contiguous()) for _, tensor in items]
-        host = torch.cat([f.reshape(-1) for f in folds]).cpu().split([f.numel() for f in folds])
-    for i, (name, tensor) in enumerate(items):
-        t = tensor.detach()
-        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        if folded:
-            digest.update(host[i].numpy().tobytes())
-        else:
-            digest.update(t.contiguous().cpu().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return ("fold-sha256:" if folded else "sha256:") + digest.hexdigest()
+    return Digest(folded).update(state).hexdigest()
+
+
+class Digest:
+    """`state_digest` taken a few tensors at a time (the weight sync's buckets, `transfer.py`): the same digest as
+    over the whole state when the calls come in name order."""
+
+    def __init__(self, folded: bool = False):
+        self.folded, self._sha, self._last = folded, hashlib.sha256(), None
+
+    def update(self, state: dict[str, torch.Tensor]) -> "Digest":
+        items = sorted(state.items())
+        if items and self._last is not None and items[0][0] <= self._last:
+            raise ValueError(f"Digest.update: {items[0][0]!r} comes after {self._last!r} was digested; give the tensors in name order")
+        if self.folded:  # every tensor's checksums cross to the host in one copy (one wait for the device, not one a tensor)
+            folds = [fold(tensor.detach().contiguous()) for _, tensor in items]
+            host = torch.cat([f.reshape(-1) for f in folds]).cpu().split([f.numel() for f in folds]) if folds else []
+        for i, (name, tensor) in enumerate(items):
+            t = tensor.detach()
+            self._sha.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+            if self.folded:
+                self._sha.update(host[i].numpy().tobytes())
+            else:
+                self._sha.update(t.contiguous().cpu().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            self._last = name
+        return self
+
+    def hexdigest(self) -> str:
+        return ("fold-sha256:" if self.folded else "sha256:") + self._sha.hexdigest()
 
 
 def fold(t: torch.Tensor) -> torch.Tensor:
