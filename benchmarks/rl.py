@@ -39,6 +39,7 @@ def bench_rl(device: torch.device, models: tuple[str, ...], contracts: dict[str,
             try:
                 runs[label] = start_run(base.replace(contract=contract))  # each side in processes of its own at a parallel layout
                 runs[label].run_step()  # compiles, captures, admits
+                row[f"{label}_engine_cuda_graphs"] = runs[label].contract.deployment.engine.cuda_graphs  # the contract's own deployment
             except (RuntimeError, ValueError) as error:  # out of memory, a contract the model cannot run
                 row[f"{label}_error"] = str(error).splitlines()[0]
                 print(f"rl {model} {label}: failed ({row[f'{label}_error']})", flush=True)
