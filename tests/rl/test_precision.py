@@ -8,6 +8,7 @@ from controls import control_contract
 from isoexec.contract import dump_json
 from isoexec.rl import RLConfig, RLRun
 from isoexec.rl.sync import fold, state_digest, weights_digest
+from isoexec.rl.train import train
 
 SMALL = dict(steps=2, prompts_per_step=4, group_size=4, warmup_steps=5, algorithm="grpo")
 
@@ -15,7 +16,6 @@ SMALL = dict(steps=2, prompts_per_step=4, group_size=4, warmup_steps=5, algorith
 @pytest.mark.parametrize("changes,message", [
     ({"device": "tpu"}, "device must be one of cpu, cuda"),
     ({"dtype": "float16"}, "dtype must be one of float32, bfloat16"),
-    ({"dtype": "bfloat16", "checkpoint_dir": "ckpt"}, "checkpoint_dir with a bfloat16 policy is not built yet"),
     ({"dtype": "bfloat16", "trainer_dp": 2}, "trainer_dp with a bfloat16 policy is not built yet"),
     ({"model_vocab": True}, "model_vocab applies to a model preset"),
 ])
@@ -106,6 +106,34 @@ def test_a_preset_keeps_its_vocabulary_and_the_gate_can_skip_full_rows(tmp_path)
     control = RLConfig(**{**SMALL, "warmup_steps": 0, "max_new_tokens": 12}, model="tiny-dense", model_vocab=True, gate_full_rows=False,
                        contract=str(_control_file(tmp_path)))
     assert RLRun(control).run_step()["bitwise_equal_fraction"] < 1.0
+
+
+def _bits(named) -> dict:
+    return {name: t.detach().float().view(torch.int32) for name, t in named}
+
+
+def _timeless(history) -> list:
+    return [{k: v for k, v in m.items() if not k.endswith("_seconds")} for m in history]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_bfloat16_run_resumes_from_its_checkpoint_bit_for_bit(device, tmp_path):
+    """A bfloat16 policy's checkpoint holds its float32 masters and their AdamW state: a run stopped after step 1
+    and resumed ends step 2 with the masters, the policy and the metrics of a run never stopped. The masters hold
+    more than the policy does (some differ from their own rounding widened back), so a resume that rebuilt them
+    from the policy would not continue the same run."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    config = RLConfig(**SMALL, dtype="bfloat16", checkpoint_every=1, device=device, contract="tiny-dense-triton" if device == "cuda" else None)
+    whole = train(config.replace(checkpoint_dir=str(tmp_path / "whole")), progress=False)
+    train(config.replace(steps=1, checkpoint_dir=str(tmp_path / "stopped")), progress=False)
+    resumed = train(config.replace(checkpoint_dir=str(tmp_path / "stopped")), progress=False)
+    assert len(whole.history) == 2 and _timeless(resumed.history) == _timeless(whole.history)
+    for side in ("master", "policy"):
+        ours, theirs = (_bits(getattr(run.learner, side).named_parameters()) for run in (whole, resumed))
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[name], theirs[name]) for name in ours)
+    widened = {name: p.detach().float() for name, p in resumed.learner.policy.named_parameters()}
+    assert any(not torch.equal(m.detach(), widened[name]) for name, m in resumed.learner.master.named_parameters())
 
 
 @pytest.mark.gpu

@@ -7,10 +7,12 @@ read back with `torch.load(weights_only=True)` (which unpickles nothing else):
     step             steps completed (0: right after the warm-up)
     config           the RLConfig as a dict
     policy           the policy's state dict
-    optimizer        the AdamW state dict: moments and per-parameter step counts
+    masters          with a bfloat16 policy, its float32 master weights by parameter name (`precision.py`), else {}
+    optimizer        the AdamW state dict (over the masters where there are): moments and per-parameter step counts
     history          the metrics of every completed step
     rng              {"torch": torch.get_rng_state(), "python": random.getstate()}
-    weights_sha256   `weights_digest` of the policy, checked again once the weights are in the model
+    weights_sha256   `weights_digest` of the policy (folded on a GPU, as the run's sync digests), checked again
+                     once the weights are in the model
     content_sha256   SHA-256 over everything above, so a file altered on disk is refused
 
 A file gets its final name only through `os.replace` of a fully written, fsynced temporary file in
@@ -47,7 +49,8 @@ NAME = re.compile(r"step-(\d+)\.pt")
 TRAJECTORY_FREE = ("steps", "checkpoint_dir", "checkpoint_every", "trace", "skip_bad_examples", "engine", "gate_full_rows")
 # Fields added to RLConfig since the first checkpoints, with the value a checkpoint without them ran under.
 ADDED_FIELDS = {"model": None, "no_chat_template": False, "device": "cpu", "dtype": None, "model_vocab": False, "gate_full_rows": True}
-FIELDS = {"step": int, "config": dict, "policy": dict, "optimizer": dict, "history": list, "rng": dict, "weights_sha256": str}
+FIELDS = {"step": int, "config": dict, "policy": dict, "masters": dict, "optimizer": dict, "history": list, "rng": dict,
+          "weights_sha256": str}
 
 
 class CheckpointError(ValueError):
@@ -97,16 +100,17 @@ def save(run: RLRun, directory) -> Path:
     """Write `run` as it stands between steps to `directory`/step-<run.step>.pt; keep the newest KEEP."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    policy = run.learner.policy
+    policy, master = run.learner.policy, run.learner.master
     payload = {
         "format": FORMAT,
         "step": run.step,
         "config": dataclasses.asdict(run.config),
-        "policy": policy.state_dict(),
-        "optimizer": run.learner.optimizer.state_dict(),
+        "policy": {name: t.cpu() for name, t in policy.state_dict().items()},
+        "masters": {} if master is None else {name: p.detach().cpu() for name, p in master.named_parameters()},
+        "optimizer": _to_cpu(run.learner.optimizer.state_dict()),
         "history": run.history,
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
-        "weights_sha256": weights_digest(policy),
+        "weights_sha256": weights_digest(policy, _folded(run.config)),
     }
     payload["content_sha256"] = content_digest(payload)
     path = directory / f"step-{run.step:08d}.pt"
@@ -129,6 +133,20 @@ def save(run: RLRun, directory) -> Path:
     return path
 
 
+def _folded(config: RLConfig) -> bool:
+    return config.device != "cpu"  # the digest's form the run's sync uses (sync.py)
+
+
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    return value
+
+
 def _fsync_directory(directory: Path) -> None:
     """Make the rename itself durable (a power cut, not only a killed process)."""
     fd = os.open(directory, os.O_RDONLY)
@@ -149,6 +167,7 @@ def load(path) -> dict:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise CheckpointError(f"checkpoint {path} has format {found!r}, expected {FORMAT!r}")
+    payload.setdefault("masters", {})  # written before bfloat16 policies could be saved: a float32 policy has none
     wrong = [name for name, kind in FIELDS.items() if not isinstance(payload.get(name), kind)]
     if wrong:
         raise CheckpointError(f"checkpoint {path} lacks or mistypes {', '.join(wrong)}")
@@ -211,6 +230,10 @@ def restore(config: RLConfig, directory, warn: Callable[[str], None] | None = No
     run = RLRun(config, initial=policy)  # skips the warm-up; its handshake syncs these weights to the engine
     if run.weights != payload["weights_sha256"]:
         raise CheckpointError(f"resuming from {path}: the engine received weights {run.weights}, expected {payload['weights_sha256']}")
+    if run.learner.master is not None:
+        with torch.no_grad():
+            for name, p in run.learner.master.named_parameters():
+                p.copy_(payload["masters"][name])
     run.learner.optimizer.load_state_dict(payload["optimizer"])
     run.step, run.history = payload["step"], payload["history"]
     # last: building the run may draw from the global generators
@@ -225,14 +248,22 @@ def _policy(payload: dict, path: Path, spec) -> Decoder:
     policy = Decoder(spec)
     try:
         policy.load_state_dict(payload["policy"])
-        torch.optim.AdamW(policy.parameters()).load_state_dict(payload["optimizer"])
+        masters = payload["masters"]
+        if masters and masters.keys() != dict(policy.named_parameters()).keys():
+            raise KeyError("its master weights are not the policy's parameters")
+        stepped = masters.values() if masters else policy.parameters()
+        torch.optim.AdamW([torch.nn.Parameter(t) for t in stepped]).load_state_dict(payload["optimizer"])
         rng = payload["rng"]
         torch.Generator().set_state(rng["torch"])
         random.Random().setstate(rng["python"])
     except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as error:
         raise CheckpointError(f"checkpoint {path} holds state this run cannot load: {_briefly(error)}") from None
-    if weights_digest(policy) != payload["weights_sha256"]:
-        raise CheckpointError(f"checkpoint {path} is corrupt: the policy loaded from it has digest {weights_digest(policy)}, "
+    for name, p in policy.named_parameters() if masters else ():  # every bfloat16 parameter its master's rounding
+        if not torch.equal(masters[name].to(p.dtype).view(torch.int16), p.detach().view(torch.int16)):
+            raise CheckpointError(f"checkpoint {path} is corrupt: parameter {name} is not its float32 master's rounding")
+    digest = weights_digest(policy, payload["weights_sha256"].startswith("fold-"))
+    if digest != payload["weights_sha256"]:
+        raise CheckpointError(f"checkpoint {path} is corrupt: the policy loaded from it has digest {digest}, "
                               f"but it was saved with {payload['weights_sha256']}")
     return policy
 

@@ -177,8 +177,6 @@ class RLConfig:
                 raise ValueError("device cuda: this machine has no CUDA device torch can use")
             if self.engine == "vllm":
                 raise ValueError("engine vllm runs on the CPU build of vLLM here: use device cpu")
-        if self.master_weights and self.checkpoint_dir is not None:
-            raise ValueError("checkpoint_dir with a bfloat16 policy is not built yet (its float32 master weights are not saved)")
         if self.master_weights and self.trainer_dp > 1:
             raise ValueError("trainer_dp with a bfloat16 policy is not built yet (float32 master weights of FSDP shards)")
         if self.engine not in ENGINES:
