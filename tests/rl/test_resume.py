@@ -166,6 +166,18 @@ def test_corrupt_checkpoints_are_refused(runs, tmp_path):
         restore(config, torn)
 
 
+def test_a_checkpoint_from_before_master_weights_still_resumes(runs, tmp_path):
+    """Files written before checkpoints held a bfloat16 policy's masters lack the field; their float32 policy has none."""
+    source = latest(runs.straight)
+    payload = torch.load(source, weights_only=True)
+    assert payload.pop("masters") == {}
+    payload["content_sha256"] = content_digest(payload)
+    older = tmp_path / "older"
+    older.mkdir()
+    torch.save(payload, older / source.name)
+    assert restore(RLConfig(**SMALL), older).weights == payload["weights_sha256"]
+
+
 def test_a_write_cut_short_leaves_the_previous_checkpoint(runs, tmp_path, monkeypatch):
     directory = tmp_path / "run"
     shutil.copytree(runs.straight, directory)

@@ -167,11 +167,11 @@ def load(path) -> dict:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise CheckpointError(f"checkpoint {path} has format {found!r}, expected {FORMAT!r}")
-    payload.setdefault("masters", {})  # written before bfloat16 policies could be saved: a float32 policy has none
+    stored, computed = payload.get("content_sha256"), content_digest(payload)
+    payload.setdefault("masters", {})  # a file from before bfloat16 policies could be saved: its float32 policy has none
     wrong = [name for name, kind in FIELDS.items() if not isinstance(payload.get(name), kind)]
     if wrong:
         raise CheckpointError(f"checkpoint {path} lacks or mistypes {', '.join(wrong)}")
-    stored, computed = payload.get("content_sha256"), content_digest(payload)
     if stored != computed:
         raise CheckpointError(f"checkpoint {path} is corrupt: its contents hash to {computed}, but it was written as {stored}")
     return payload
