@@ -116,6 +116,18 @@ def _timeless(history) -> list:
     return [{k: v for k, v in m.items() if not k.endswith("_seconds")} for m in history]
 
 
+def test_the_warm_ups_gradients_do_not_reach_the_first_step():
+    """With masters the optimiser clears the masters' gradients, not the policy's, and the warm-up leaves gradients
+    on the policy: each step must drop them before its backward. Zero advantages give a zero loss and so a zero
+    gradient, whatever the warm-up left."""
+    run = RLRun(RLConfig(**SMALL, dtype="bfloat16"))
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in run.learner.policy.parameters())  # what the warm-up left
+    _, prompts, params = run.requests()
+    kept = run.rollout.generate(prompts, params)
+    metrics = run.learner.update(kept, torch.zeros(len(kept)), step=0)
+    assert metrics["loss"] == 0.0 and metrics["grad_norm"] == 0.0
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_a_bfloat16_run_resumes_from_its_checkpoint_bit_for_bit(device, tmp_path):
     """A bfloat16 policy's checkpoint holds its float32 masters and their AdamW state: a run stopped after step 1

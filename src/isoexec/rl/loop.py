@@ -309,6 +309,7 @@ class Learner:
             loss, stats = losses.policy_loss(logp, old, advantages, seq_index, eps_low=cfg.clip_eps_low, eps_high=cfg.eps_high,
                                              aggregation="token" if cfg.algorithm == "dapo" else "sequence", weights=weights)
             self.optimizer.zero_grad(set_to_none=True)
+            self.policy.zero_grad(set_to_none=True)  # with masters the optimiser clears theirs, not what a warm-up left here
             loss.backward()
             stepped = self.policy
             if self.master is not None:
