@@ -13,9 +13,11 @@
 #   the hybrid-MoE preset under EP, and under TP + EP (its shared experts cut as a dense MLP);
 # sp: sequence parallelism on one side only; native: native's TP composition, which must differ.
 # rl: synchronous GRPO steps (bench.py rl) with the trainer at TP 4 / EP 4 and the engine at EP 8, and the mirror, on the
-#   hybrid-MoE preset with 35B-A3B's layer shapes and 4 layers, the contract beside the fast baseline in one run. All 40
-#   layers (qwen3.5-35b-a3b-random) need two things not built yet: ranks that build their own shards (the driver
-#   pickles the whole initial model to every rank) and the weight sync over NCCL (it crosses the sides pickled).
+#   hybrid-MoE preset with 35B-A3B's layer shapes and 4 layers (RL_MODEL=… another), the contract beside the fast
+#   baseline in one run. Each rank draws its own shard and the weights cross rank to rank (rl/transfer.py), so all 40
+#   layers (RL_MODEL=qwen3.5-35b-a3b-random) are bounded by memory: a trainer rank holds its shard's bfloat16
+#   weights and gradients, float32 masters and gradients and two AdamW moments, 20 bytes a parameter (~175 GB a rank
+#   at 4 trainer ranks: use trainer_tp=8,trainer_ep=8).
 # One line per audit in $OUT/multi_gpu.txt, the reports in $OUT/multi_gpu_json.tar; the rl rows in $OUT/multi_gpu/rl_*.json.
 set -u
 OUT=${OUT:-multi_gpu_out}
@@ -79,7 +81,7 @@ if [ "$PART" = rl ] || [ "$PART" = all ]; then
     for layout in "trainer_tp=$HALF,trainer_ep=$HALF,engine_ep=$BIG" "trainer_ep=$BIG,engine_tp=$HALF,engine_ep=$HALF"; do
         name="rl_$(echo "$layout" | tr ',=' '_-')"
         start=$SECONDS
-        timeout 1800 python3 benchmarks/bench.py rl --device "$DEVICE" $RL_SIZE --rl-model "$HYBRID_MOE" --contracts "$H,$BASELINE" \
+        timeout 1800 python3 benchmarks/bench.py rl --device "$DEVICE" $RL_SIZE --rl-model "${RL_MODEL:-$HYBRID_MOE}" --contracts "$H,$BASELINE" \
             --rl-layout "$layout" --json "$OUT/multi_gpu/$name.json" > "/tmp/multi_gpu/$name.log" 2>&1
         echo "$name  exit $?  $((SECONDS - start)) s  $(grep -E '_time_over_.*_step|bitwise|failed' "/tmp/multi_gpu/$name.log" | tr -s ' ' | tr '\n' ' ' | cut -c1-300)" \
             | tee -a "$OUT/multi_gpu.txt"
