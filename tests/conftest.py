@@ -6,6 +6,14 @@ from importlib import resources
 import pytest
 import torch
 
+# Under pytest-xdist the workers share this machine's cores: each takes its share of threads, as does every
+# process it starts (they inherit OMP_NUM_THREADS). OpenMP threads that outnumber the cores spin against
+# each other: two `isoexec demo` runs side by side at 2 threads each took 290 s, at 1 thread each 45 s.
+NUM_XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if NUM_XDIST_WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // NUM_XDIST_WORKERS)))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 # Triton's interpreter mode is fixed by its first import (isoexec.ops imports the kernels): without a
 # GPU, run the Triton kernels in the interpreter so the CPU suite covers their logic.
 ON_GPU = torch.cuda.is_available()
