@@ -42,8 +42,11 @@ def policy_loss(logp: Tensor, logp_old: Tensor, advantages: Tensor, seq_index: T
     if aggregation == "token":
         loss = per_token.mean()
     elif aggregation == "sequence":
-        count = torch.zeros(int(seq_index.max()) + 1 if seq_index.numel() else 0, dtype=per_token.dtype, device=per_token.device).index_add_(0, seq_index, torch.ones_like(per_token))
-        sums = torch.zeros_like(count).index_add(0, seq_index, per_token)
+        # index_put_ with accumulate adds in token order on every device (index_add_ adds by atomics on a GPU):
+        # the reported loss is the same bits run to run.
+        count = torch.zeros(int(seq_index.max()) + 1 if seq_index.numel() else 0, dtype=per_token.dtype, device=per_token.device)
+        count = count.index_put((seq_index,), torch.ones_like(per_token), accumulate=True)
+        sums = torch.zeros_like(count).index_put((seq_index,), per_token, accumulate=True)
         loss = (sums / count.clamp(min=1))[count > 0].mean()
     else:
         raise ValueError(f'aggregation must be "token" or "sequence", got {aggregation!r}')
