@@ -84,22 +84,25 @@ class GradNorm:
             self.shares[name] = 1.0 / holders[_positions(name, shape, spec, contract, mesh, rank)]
 
     def clip(self, named_parameters, max_norm: float) -> Tensor:
-        total, grads = torch.zeros((), dtype=torch.float64), []
+        total, grads = None, []  # summed where the gradients are (0 + x is x: the same bits as starting from zero)
         for name, p in named_parameters:
             if p.grad is None:
                 continue
             grads.append(p.grad)
             g = (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).double()
-            share = self.shares[name].view(p.shape).to(g.device)  # the rank's shard, before FSDP cut it over the groups
+            self.shares[name] = self.shares[name].to(g.device)  # moved once, not every step
+            share = self.shares[name].view(p.shape)  # the rank's shard, before FSDP cut it over the groups
             if self.mesh.dp > 1:
                 share = share[_dp_rows(p.shape[0], self.mesh)]
-            total += (g * g * share).sum()
+            part = (g * g * share).sum()
+            total = part if total is None else total + part
+        total = torch.zeros((), dtype=torch.float64) if total is None else total
         if self.mesh.world * self.mesh.dp > 1:
-            if dist.get_backend() == "nccl":  # NCCL carries GPU tensors alone
-                total = total.cuda()
+            # NCCL carries GPU tensors alone; gloo, host ones (ranks may share a GPU)
+            total = total.cuda() if dist.get_backend() == "nccl" else total.cpu()
             dist.all_reduce(total)  # every rank of the side: the shards' sums
         norm = total.sqrt().float()
         scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         for g in grads:
-            g.mul_(scale.to(g.dtype))
+            g.mul_(scale.to(g.device, g.dtype))
         return norm

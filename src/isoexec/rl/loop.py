@@ -143,7 +143,9 @@ class Rollout:
         self.model = _initial_rank_model(config, self.spec, self.contract, self.mesh).to(config.device)
         page = self.contract.deployment.engine.kv_page_size
         pages = config.prompts_per_step * config.group_size * -(-(longest_prompt(task) + config.max_new_tokens) // page)
-        self.engine = LLMEngine(self.model, self.contract, EngineConfig.from_contract(self.contract, num_pages=pages + 1),
+        # A parallel engine runs eagerly, as the audit's does: its graphs are not built yet (`ModelRunner`).
+        graphs = {"cuda_graphs": False} if self.mesh.world > 1 else {}
+        self.engine = LLMEngine(self.model, self.contract, EngineConfig.from_contract(self.contract, num_pages=pages + 1, **graphs),
                                 device=config.device, mesh=self.mesh)
         self._received = None  # the digest of the buckets received so far (`receive_bucket`)
 
