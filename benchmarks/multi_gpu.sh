@@ -6,6 +6,7 @@
 #
 #   ISOEXEC_COMMIT=<sha> OUT=out bash benchmarks/multi_gpu.sh [tp|moe|sp|native|rl|all]    # repository root, 8 GPUs
 #   DRY=1 OUT=out bash benchmarks/multi_gpu.sh all     # the same sequence on this machine's CPU: gloo, tiny models
+#   ONE_GPU=1 OUT=out bash benchmarks/multi_gpu.sh all # tiny models under the Triton contracts, every rank on one GPU (gloo)
 #
 # tp: trainer TP x engine TP over {1, 2, 4, 8} on the Qwen3-8B-shaped random model (tiny-dense-triton);
 # moe: the MoE presets at layouts beside SkyRL-IsoExec's (its trainer TP 4 / EP 8 is not a layout here: TP and EP
@@ -27,6 +28,10 @@ export PYTHONPATH=${PYTHONPATH:-src} PYTHONUNBUFFERED=1
 if [ "${DRY:-0}" = 1 ]; then
     DEVICE=cpu SIZES="1 2 4" DENSE=tiny-dense DENSE_C=tiny-dense MOE=tiny-moe MOE_C=tiny-moe HYBRID=tiny-hybrid HYBRID_MOE=tiny-hybrid-moe
     HYBRID_C=tiny-hybrid LOAD="--requests 4 --max-new-tokens 4" BIG=4 HALF=2 HYBRID_TP=2 RL_SIZE=--small
+    export ISOEXEC_DIST_BACKEND=gloo
+elif [ "${ONE_GPU:-0}" = 1 ]; then  # the GPU's kernels, CUDA IPC and the GPU paths of the parallel code, on one GPU
+    DEVICE=cuda SIZES="1 2 4" DENSE=tiny-dense DENSE_C=tiny-dense-triton MOE=tiny-moe MOE_C=tiny-moe-triton HYBRID=tiny-hybrid
+    HYBRID_MOE=tiny-hybrid-moe HYBRID_C=tiny-hybrid-triton LOAD="--requests 4 --max-new-tokens 8" BIG=4 HALF=2 HYBRID_TP=2 RL_SIZE=--small
     export ISOEXEC_DIST_BACKEND=gloo
 else
     DEVICE=cuda SIZES="1 2 4 8" DENSE=qwen3-8b-random DENSE_C=tiny-dense-triton MOE=qwen3-30b-a3b-4l-random MOE_C=tiny-moe-triton
