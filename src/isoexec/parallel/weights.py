@@ -5,6 +5,11 @@ Where each element of a rank's shard sits in the whole weight is found by cuttin
 weight is cut (`plan.shard_of` on arange), so the inverse of every cut — heads, leaves, vocabulary blocks,
 experts, replication — follows from the one definition of the cuts. An element several ranks hold (replicated
 weights, key/value heads copied where TP exceeds them) counts once in the norm.
+
+A cut depends on the weight's layer only through the layer's mixer or feed-forward spec, so it is found once per
+distinct one (`_cut`), not once per layer and sync: forty layers of 256 experts would otherwise build an index of
+every element of the model on every sync. A cut that is one run of the whole weight (a rank's experts, a replicated
+weight) is kept as a slice; only the others keep their positions.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from torch import Tensor
 
 from ..model import Decoder, ModelSpec
 from .mesh import Mesh
-from .plan import shard_of
+from .plan import num_leaves, shard_of, vocab_block
 
 
 def _whole(t: Tensor) -> Tensor:
@@ -42,6 +47,35 @@ def _positions(name: str, shape: torch.Size, spec: ModelSpec, contract, mesh: Me
     return shard_of(name, index, spec, contract, Mesh(tp=mesh.tp, ep=mesh.ep, rank=rank, group=object())).reshape(-1)
 
 
+_CUTS: dict[tuple, slice | Tensor] = {}  # `_cut_key` -> the cut: found once a process
+
+
+def _cut_key(name: str, shape: torch.Size, spec: ModelSpec, contract, mesh: Mesh, rank: int) -> tuple:
+    """Everything `plan.shard_of` reads to cut `name`: a layer's weight by its mixer's or feed-forward's spec (the
+    same in every layer of a kind), others by name and the vocabulary; the contract's leaves and vocabulary blocks."""
+    parts = name.split(".")
+    if parts[:2] == ["model", "layers"]:
+        layer, owner = spec.layers[int(parts[2])], parts[3]
+        part = layer.mixer if owner in ("self_attn", "linear_attn") else layer.ffn if owner == "mlp" else None
+        where = (owner, part, ".".join(parts[4:]))
+    else:
+        where = (name, spec.vocab_size)
+    return where, tuple(shape), num_leaves(contract), vocab_block(contract), mesh.tp, mesh.ep, rank
+
+
+def _cut(name: str, shape: torch.Size, spec: ModelSpec, contract, mesh: Mesh, rank: int) -> slice | Tensor:
+    """Where rank `rank`'s shard of `name` sits in the whole weight, flat: a slice where it is one run in order, else
+    its positions (`_positions`)."""
+    key = _cut_key(name, shape, spec, contract, mesh, rank)
+    cut = _CUTS.get(key)
+    if cut is None:
+        positions = _positions(name, shape, spec, contract, mesh, rank)
+        start = int(positions[0]) if positions.numel() else 0
+        in_order = positions.numel() < 2 or bool((positions[1:] - positions[:-1] == 1).all())
+        cut = _CUTS[key] = slice(start, start + positions.numel()) if in_order else positions
+    return cut
+
+
 def unshard_state(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: Mesh) -> dict[str, Tensor]:
     """The whole model's state dict (CPU tensors, on every rank) from each rank's `local` one (`model.state_dict()`),
     or of the weights `local` names, when every rank names the same ones."""
@@ -56,7 +90,7 @@ def unshard_state(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: Mes
             continue
         out = torch.empty(shape.numel(), dtype=dtype)
         for rank, state in enumerate(shards):
-            out[_positions(name, shape, spec, contract, mesh, rank)] = state[name].reshape(-1)
+            out[_cut(name, shape, spec, contract, mesh, rank)] = state[name].reshape(-1)
         whole[name] = out.view(shape)
     return whole
 
@@ -76,12 +110,19 @@ class GradNorm:
     def __init__(self, spec: ModelSpec, contract, mesh: Mesh):
         self.mesh = mesh
         rank = mesh.rank if mesh.world > 1 else 0
-        self.shares = {}  # name -> 1 / (ranks holding it) for each element of this rank's shard
+        # name -> 1 / (ranks holding it) for each element of this rank's shard; one float where all are alike (most
+        # weights: held by one rank, or by all), found once per distinct cut and shared by the layers that have it
+        self.shares, found = {}, {}
         for name, (shape, _) in _shapes(spec).items():
-            holders = torch.zeros(shape.numel())
-            for other in range(mesh.world):
-                holders[_positions(name, shape, spec, contract, mesh, other)] += 1
-            self.shares[name] = 1.0 / holders[_positions(name, shape, spec, contract, mesh, rank)]
+            key = _cut_key(name, shape, spec, contract, mesh, rank)
+            if key not in found:
+                holders = torch.zeros(shape.numel())
+                for other in range(mesh.world):
+                    holders[_cut(name, shape, spec, contract, mesh, other)] += 1
+                share = 1.0 / holders[_cut(name, shape, spec, contract, mesh, rank)]
+                found[key] = float(share[0]) if share.numel() and bool((share == share[0]).all()) else share
+            self.shares[name] = found[key]
+        self._on_device = {}  # id of a shares tensor -> its copy where the gradients are (moved once, not every step)
 
     def clip(self, named_parameters, max_norm: float) -> Tensor:
         total, grads = None, []  # summed where the gradients are (0 + x is x: the same bits as starting from zero)
@@ -90,11 +131,16 @@ class GradNorm:
                 continue
             grads.append(p.grad)
             g = (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).double()
-            self.shares[name] = self.shares[name].to(g.device)  # moved once, not every step
-            share = self.shares[name].view(p.shape)  # the rank's shard, before FSDP cut it over the groups
-            if self.mesh.dp > 1:
-                share = share[_dp_rows(p.shape[0], self.mesh)]
-            part = (g * g * share).sum()
+            share = self.shares[name]
+            if isinstance(share, float):
+                part = (g * g).sum() * share
+            else:
+                if id(share) not in self._on_device:
+                    self._on_device[id(share)] = share.to(g.device)
+                share = self._on_device[id(share)].view(p.shape)  # the rank's shard, before FSDP cut it over the groups
+                if self.mesh.dp > 1:
+                    share = share[_dp_rows(p.shape[0], self.mesh)]
+                part = (g * g * share).sum()
             total = part if total is None else total + part
         total = torch.zeros((), dtype=torch.float64) if total is None else total
         if self.mesh.world * self.mesh.dp > 1:
