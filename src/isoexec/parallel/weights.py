@@ -76,14 +76,20 @@ def _cut(name: str, shape: torch.Size, spec: ModelSpec, contract, mesh: Mesh, ra
     return cut
 
 
-def unshard_state(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: Mesh) -> dict[str, Tensor]:
+def unshard_state(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: Mesh, *, first_only: bool = False) -> dict[str, Tensor]:
     """The whole model's state dict (CPU tensors, on every rank) from each rank's `local` one (`model.state_dict()`),
-    or of the weights `local` names, when every rank names the same ones."""
+    or of the weights `local` names, when every rank names the same ones. With `first_only` only the group's first
+    rank receives the shards and puts them together; the others send theirs and return {}."""
     local = {name: _whole(t).detach().cpu() for name, t in sorted(local.items())}
     if mesh.world == 1:
         return local
-    shards = [None] * mesh.world
-    dist.all_gather_object(shards, local, group=mesh.group)  # pickled tensors: bytes
+    shards = [None] * mesh.world if mesh.rank == 0 or not first_only else None
+    if first_only:
+        dist.gather_object(local, shards, group=mesh.group, group_dst=0)  # pickled tensors: bytes
+        if mesh.rank != 0:
+            return {}
+    else:
+        dist.all_gather_object(shards, local, group=mesh.group)
     whole = {}
     for name, (shape, dtype) in _shapes(spec).items():
         if name not in local:

@@ -186,7 +186,7 @@ class Rollout:
         with transfer.opened(bucket, torch.device(self.device)) as whole, torch.no_grad():
             for name, part in shard_state(whole, self.spec, self.contract, self.mesh).items():
                 state[name].copy_(part)
-        held = unshard_state({name: state[name] for name in bucket.names}, self.spec, self.contract, self.mesh)
+        held = unshard_state({name: state[name] for name in bucket.names}, self.spec, self.contract, self.mesh, first_only=True)
         if _is_first_rank():
             self._received = self._received or Digest(self.folded)
             self._received.update({name: t.to(self.device) for name, t in held.items()})
@@ -278,7 +278,7 @@ class Learner:
         """Put together the whole of `names`' weights and, on rank 0, publish them for the engine's ranks to read
         (`transfer.py`), letting go of the bucket published before (the engine has read it). Rank 0 returns it."""
         state = self.policy.state_dict()
-        whole = unshard_state({name: state[name] for name in names}, self.spec, self.contract, self.mesh)
+        whole = unshard_state({name: state[name] for name in names}, self.spec, self.contract, self.mesh, first_only=True)
         if not _is_first_rank():
             return None
         whole = {name: t.to(self.device) for name, t in whole.items()}
