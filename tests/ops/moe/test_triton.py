@@ -30,7 +30,9 @@ pytestmark = [INTERPRETER_WARNINGS, pytest.mark.gpu]
 FP32 = dict(input_dtype="float32", weight_dtype="float32", accum_dtype="float32")
 ROUTER = dict(FP32, block_t=16, block_k=16, num_warps=4)
 REFERENCE_GEMM = dict(FP32, block_k=16, block_tree="balanced_binary", tree="sequential")
-EXPERTS = dict(FP32, output_dtype="float32", compute_dtype="float32", block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
+# block_n as tiny-moe-triton pins it: the interpreter runs every program, and blocks of 16 columns gave twice
+# as many; block_k 16 keeps several K blocks and a partial last one for both GEMMs (H = 40, I = 24).
+EXPERTS = dict(FP32, output_dtype="float32", compute_dtype="float32", block_m=16, block_n=32, block_k=16, num_warps=4, num_stages=2)
 COMBINE = dict(input_dtype="float32", output_dtype="float32", accum_dtype="float32", block_t=16, block_h=16, num_warps=4)
 ROUTINGS = {
     "softmax top-2": (None, 2, "softmax", True),
@@ -90,7 +92,8 @@ def test_router_rows_are_bitwise_invariant(routing):
     args = _routing(routing, gate.shape[0])
     assert batch_dependent(_packed_router(args), [x], gate) == []
     control = _rounded_when_batched(lambda x, gate, **c: _packed_router(args, c)(x, gate), ROUTER)
-    assert batch_dependent(control, [x], gate), "the invariance check missed a batch-dependent router"
+    # The control's first 7 rows (random, so not bf16 values) suffice: its batch of 7 is rounded.
+    assert batch_dependent(control, [x[:7]], gate), "the invariance check missed a batch-dependent router"
 
 
 def _experts_inputs(num_tokens=37, hidden=40, num_experts=6, inter=24, top_k=2, dtype=torch.float32):
@@ -128,7 +131,8 @@ def test_experts_rows_are_bitwise_invariant(spread):
         ids = torch.tensor([[4, 0]], device=DEVICE).expand(x.shape[0], 2).contiguous()
     op = functools.partial(experts_triton.experts, **EXPERTS)
     assert batch_dependent(op, [x, ids], gate_up, down) == []
-    assert batch_dependent(_rounded_when_batched(experts_triton.experts, EXPERTS), [x, ids], gate_up, down)
+    # The control's first 7 rows (random, so not bf16 values) suffice: its batch of 7 is rounded.
+    assert batch_dependent(_rounded_when_batched(experts_triton.experts, EXPERTS), [x[:7], ids[:7]], gate_up, down)
 
 
 def test_experts_rows_among_many_tokens_keep_their_bits():
