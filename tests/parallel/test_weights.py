@@ -59,3 +59,28 @@ def test_the_norms_shares_count_each_elements_holders(model, contract, tp, ep):
             assert torch.equal(got.contiguous().view(torch.int32), want.view(torch.int32)), name
             copied |= isinstance(norm.shares[name], float) and 0 < norm.shares[name] < 1
     assert copied  # some weight is held by several ranks (replicated norms at least), so shares below 1 are checked
+
+
+def _gathered(mesh, model, contract_name):
+    """On every rank: the same whole state (float32 and bfloat16 weights alike, so runs of 2- and 4-byte elements
+    share the buffer), cut to this rank's shards and gathered back on rank 0, in the model's dtype (as the old
+    gather gave them)."""
+    spec = PRESETS[model]
+    contract = fit_contract(load_preset(contract_name), spec, device="cpu")
+    g = torch.Generator().manual_seed(0)
+    whole = {name: torch.randn(shape, generator=g).to(torch.bfloat16 if i % 2 else torch.float32)
+             for i, (name, (shape, _)) in enumerate(weights.weight_shapes(spec).items())}
+    local = {name: shard_of(name, t, spec, contract, mesh).clone() for name, t in whole.items()}
+    back = weights.unshard_state(local, spec, contract, mesh, first_only=True)
+    dtypes = {name: dtype for name, (_, dtype) in weights.weight_shapes(spec).items()}
+    return {name: (t, whole[name].to(dtypes[name])) for name, t in back.items()} if mesh.rank == 0 else back
+
+
+def test_a_bucket_gathered_on_the_first_rank_is_the_whole_state():
+    from isoexec.parallel.mesh import spawn
+
+    pairs = spawn(2, _gathered, "tiny-moe", "tiny-moe", ep=2)
+    assert len(pairs) == len(weights.weight_shapes(PRESETS["tiny-moe"]))
+    for name, (got, want) in pairs.items():
+        width = torch.int16 if want.dtype == torch.bfloat16 else torch.int32
+        assert got.dtype == want.dtype and torch.equal(got.view(width), want.view(width)), name

@@ -79,17 +79,15 @@ def _cut(name: str, shape: torch.Size, spec: ModelSpec, contract, mesh: Mesh, ra
 def unshard_state(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: Mesh, *, first_only: bool = False) -> dict[str, Tensor]:
     """The whole model's state dict (CPU tensors, on every rank) from each rank's `local` one (`model.state_dict()`),
     or of the weights `local` names, when every rank names the same ones. With `first_only` only the group's first
-    rank receives the shards and puts them together; the others send theirs and return {}."""
-    local = {name: _whole(t).detach().cpu() for name, t in sorted(local.items())}
+    rank receives the shards, by a tensor collective, and puts them together (on its GPU under NCCL); the others send
+    theirs and return {}."""
+    local = {name: _whole(t).detach() for name, t in sorted(local.items())}
     if mesh.world == 1:
-        return local
-    shards = [None] * mesh.world if mesh.rank == 0 or not first_only else None
+        return {name: t.cpu() for name, t in local.items()}
     if first_only:
-        dist.gather_object(local, shards, group=mesh.group, group_dst=0)  # pickled tensors: bytes
-        if mesh.rank != 0:
-            return {}
-    else:
-        dist.all_gather_object(shards, local, group=mesh.group)
+        return _gather_on_first(local, spec, contract, mesh)
+    shards = [None] * mesh.world
+    dist.all_gather_object(shards, {name: t.cpu() for name, t in local.items()}, group=mesh.group)  # pickled: bytes
     whole = {}
     for name, (shape, dtype) in _shapes(spec).items():
         if name not in local:
@@ -98,6 +96,48 @@ def unshard_state(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: Mes
         for rank, state in enumerate(shards):
             out[_cut(name, shape, spec, contract, mesh, rank)] = state[name].reshape(-1)
         whole[name] = out.view(shape)
+    return whole
+
+
+ALIGN = 16  # bytes: every shard's run in a gathered buffer starts here, so it can be viewed as any dtype
+
+
+def _count(cut: slice | Tensor) -> int:
+    return cut.stop - cut.start if isinstance(cut, slice) else cut.numel()
+
+
+def _run_bytes(cut: slice | Tensor, dtype: torch.dtype) -> int:
+    return -(-_count(cut) * dtype.itemsize // ALIGN) * ALIGN
+
+
+def _gather_on_first(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: Mesh) -> dict[str, Tensor]:
+    """`unshard_state(first_only=True)`: each rank's shards as one byte buffer, gathered by a tensor collective (NCCL:
+    GPU to GPU; gloo: through host memory) and put back where they were cut from on the first rank. Every rank knows
+    every rank's shard sizes from the cuts, so nothing but the bytes crosses."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(mesh.group) == "nccl" else torch.device("cpu")
+    shapes, names = _shapes(spec), list(local)
+    cuts = [{name: _cut(name, shapes[name][0], spec, contract, mesh, rank) for name in names} for rank in range(mesh.world)]
+    width = max(sum(_run_bytes(cut[name], local[name].dtype) for name in names) for cut in cuts)
+    mine, offset = torch.zeros(width, dtype=torch.uint8, device=device), 0
+    for name in names:
+        run = local[name].reshape(-1).view(torch.uint8)
+        if run.numel() != _count(cuts[mesh.rank][name]) * local[name].dtype.itemsize:
+            raise ValueError(f"rank {mesh.rank}'s {name} has {local[name].numel()} elements; its cut has {_count(cuts[mesh.rank][name])}")
+        mine[offset : offset + run.numel()] = run.to(device)
+        offset += _run_bytes(cuts[mesh.rank][name], local[name].dtype)
+    gathered = [torch.empty_like(mine) for _ in range(mesh.world)] if mesh.rank == 0 else None
+    dist.gather(mine, gathered, group=mesh.group, group_dst=0)
+    if mesh.rank != 0:
+        return {}
+    whole, offsets = {}, [0] * mesh.world
+    for name in names:
+        (shape, dtype), kind = shapes[name], local[name].dtype
+        out = torch.empty(shape.numel(), dtype=kind, device=device)
+        for rank, buffer in enumerate(gathered):
+            cut = cuts[rank][name]
+            out[cut] = buffer[offsets[rank] : offsets[rank] + _count(cut) * kind.itemsize].view(kind)
+            offsets[rank] += _run_bytes(cut, kind)
+        whole[name] = out.view(shape).to(dtype)
     return whole
 
 
