@@ -109,11 +109,11 @@ def interleaved(op, target, other, weight):
     return torch.cat(pieces)
 
 
-def forms(op, dtype, num_heads=4, length=37):
+def forms(op, dtype, num_heads=4, length=37, others=(16, 5, 23)):
     """Sequence `length` in every form, the first its packed batch alone; the others' lengths cross
-    block and chunk edges."""
+    block and chunk edges (the last one's queries cut the target's runs of two)."""
     (target,) = make_seqs((length,), dtype, num_heads=num_heads, seed=3)
-    others = make_seqs((16, 5, 23), dtype, num_heads=num_heads, seed=4)
+    others = make_seqs(others, dtype, num_heads=num_heads, seed=4)
     weight = make_weight(dtype, num_heads=num_heads)
     yield "alone", run_packed(op, [target], weight)[0]
     yield "packed after 2 others", run_packed(op, [*others[:2], target], weight)[2]
@@ -121,7 +121,7 @@ def forms(op, dtype, num_heads=4, length=37):
         yield f"prefill in chunks of {chunk}", run_prefill(op, [target, *others], weight, chunk)[0]
     yield "prefill alone", run_prefill(op, [target], weight, 37)[0]
     yield "decode among others", run_decode(op, [*others, target], weight)[-1]
-    yield "runs of two split by another sequence's query", interleaved(op, target, others[2], weight)
+    yield "runs of two split by another sequence's query", interleaved(op, target, others[-1], weight)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -169,11 +169,12 @@ def test_the_comparison_sees_a_key_block_chosen_from_the_batch():
 def test_heads_that_do_not_fill_a_power_of_two(num_heads, block_m):
     """5 heads in 16-row tiles: 3 queries a tile (15 rows), tiles cut at absolute blocks of 3 positions,
     as GLM-4.7-Flash's 20 heads in 64 rows; 6 heads in tiles of 4 rows (padded to 16): two groups of 3
-    heads, as a model with more heads than block_m. The same bits in every form, and correct."""
+    heads, as a model with more heads than block_m. The same bits in every form, and correct.
+    Among two others (an exact key block and a short one): the interpreter runs a program per token and head group."""
     assert mla_triton.tile_shape(5, 16) == (5, 1, 3, 16) and mla_triton.tile_shape(6, 4) == (3, 2, 1, 16)
     assert mla_triton.tile_shape(20, 64) == (20, 1, 3, 64) and mla_triton.tile_shape(128, 64) == (64, 2, 1, 64)
-    length = 37 if num_heads == 5 else 19  # every query a tile of its own in the second: fewer, at 16 + 3 positions
-    results = dict(forms(triton_op(block_m=block_m), torch.float32, num_heads, length))
+    length = 19  # 16 + 3 positions: a full key block and a partial one, tiles of 3 queries cut at 3, 6, ..., 18
+    results = dict(forms(triton_op(block_m=block_m), torch.float32, num_heads, length, others=(16, 5)))
     assert bits_equal_all(results) == []
     (target,) = make_seqs((length,), num_heads=num_heads, seed=3)
     want = math_mla(*target, make_weight(num_heads=num_heads))
