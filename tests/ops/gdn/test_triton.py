@@ -162,7 +162,7 @@ def test_bf16_buffers_round_as_the_operands_do(chunks_of_16, monkeypatch):
     monkeypatch.setattr(test_core, "DV", 48)
     monkeypatch.setattr(gdn_triton_bwd, "BLOCK_V", 32)
     monkeypatch.setattr(gdn_triton_bwd, "CHUNK", 32)
-    seqs, params = [make_seq(n, seed=n) for n in (C + 5, 1, 4 * C + 3)], make_params()
+    seqs, params = [make_seq(n, seed=n) for n in (C + 5, 1, 2 * C + 3)], make_params()  # 2 C + 3: two backward chunks of 32, the last partial
 
     def gradients(precision, bf16_buffers):
         monkeypatch.setattr(gdn_triton_bwd, "BF16_BUFFERS", bf16_buffers)
