@@ -5,8 +5,8 @@ backward does that with `index_add_`, which on a GPU adds by atomics in whatever
 them: a row read twice gets last-bit different gradients from one run to the next, and a resumed RL run no
 longer follows the one never stopped. Here the sum is `index_put_` with accumulate, which sorts the
 positions and adds each row's in position order on every device, so a step's gradient is the same bits
-run to run. It adds in float32 and rounds once: a row read by hundreds of positions (a frequent token)
-would lose most of its bits to a bfloat16 running sum.
+run to run. It adds in float32 (float64 gradients in float64) and rounds once: a row read by hundreds of
+positions (a frequent token) would lose most of its bits to a bfloat16 running sum.
 """
 
 import torch
@@ -25,7 +25,8 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (ids,) = ctx.saved_tensors
-        summed = grad.new_zeros((ctx.rows, grad.shape[-1]), dtype=torch.float32).index_put_((ids,), grad.float(), accumulate=True)
+        wide = torch.promote_types(grad.dtype, torch.float32)  # float64 stays float64
+        summed = grad.new_zeros((ctx.rows, grad.shape[-1]), dtype=wide).index_put_((ids,), grad.to(wide), accumulate=True)
         return summed.to(grad.dtype), None
 
 
