@@ -77,26 +77,13 @@ def _cut(name: str, shape: torch.Size, spec: ModelSpec, contract, mesh: Mesh, ra
 
 
 def unshard_state(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: Mesh, *, first_only: bool = False) -> dict[str, Tensor]:
-    """The whole model's state dict (CPU tensors, on every rank) from each rank's `local` one (`model.state_dict()`),
-    or of the weights `local` names, when every rank names the same ones. With `first_only` only the group's first
-    rank receives the shards, by a tensor collective, and puts them together (on its GPU under NCCL); the others send
-    theirs and return {}."""
+    """The whole model's state dict from each rank's `local` one (`model.state_dict()`), or of the weights `local`
+    names, when every rank names the same ones: on every rank, or with `first_only` on the group's first rank alone
+    (the others send theirs and return {}). Host tensors, or the GPU's where the ranks gather over NCCL."""
     local = {name: _whole(t).detach() for name, t in sorted(local.items())}
     if mesh.world == 1:
         return {name: t.cpu() for name, t in local.items()}
-    if first_only:
-        return _gather_on_first(local, spec, contract, mesh)
-    shards = [None] * mesh.world
-    dist.all_gather_object(shards, {name: t.cpu() for name, t in local.items()}, group=mesh.group)  # pickled: bytes
-    whole = {}
-    for name, (shape, dtype) in _shapes(spec).items():
-        if name not in local:
-            continue
-        out = torch.empty(shape.numel(), dtype=dtype)
-        for rank, state in enumerate(shards):
-            out[_cut(name, shape, spec, contract, mesh, rank)] = state[name].reshape(-1)
-        whole[name] = out.view(shape)
-    return whole
+    return _gathered(local, spec, contract, mesh, first_only)
 
 
 ALIGN = 16  # bytes: every shard's run in a gathered buffer starts here, so it can be viewed as any dtype
@@ -110,10 +97,10 @@ def _run_bytes(cut: slice | Tensor, dtype: torch.dtype) -> int:
     return -(-_count(cut) * dtype.itemsize // ALIGN) * ALIGN
 
 
-def _gather_on_first(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: Mesh) -> dict[str, Tensor]:
-    """`unshard_state(first_only=True)`: each rank's shards as one byte buffer, gathered by a tensor collective (NCCL:
-    GPU to GPU; gloo: through host memory) and put back where they were cut from on the first rank. Every rank knows
-    every rank's shard sizes from the cuts, so nothing but the bytes crosses."""
+def _gathered(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: Mesh, first_only: bool) -> dict[str, Tensor]:
+    """Each rank's shards as one byte buffer, gathered by a tensor collective (NCCL: GPU to GPU; gloo: through host
+    memory) and put back where they were cut from, in the model's dtypes. Every rank knows every rank's shard sizes
+    from the cuts, so nothing but the bytes crosses."""
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(mesh.group) == "nccl" else torch.device("cpu")
     shapes, names = _shapes(spec), list(local)
     cuts = [{name: _cut(name, shapes[name][0], spec, contract, mesh, rank) for name in names} for rank in range(mesh.world)]
@@ -125,9 +112,13 @@ def _gather_on_first(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: 
             raise ValueError(f"rank {mesh.rank}'s {name} has {local[name].numel()} elements; its cut has {_count(cuts[mesh.rank][name])}")
         mine[offset : offset + run.numel()] = run.to(device)
         offset += _run_bytes(cuts[mesh.rank][name], local[name].dtype)
-    gathered = [torch.empty_like(mine) for _ in range(mesh.world)] if mesh.rank == 0 else None
-    dist.gather(mine, gathered, group=mesh.group, group_dst=0)
-    if mesh.rank != 0:
+    receives = mesh.rank == 0 or not first_only
+    gathered = [torch.empty_like(mine) for _ in range(mesh.world)] if receives else None
+    if first_only:
+        dist.gather(mine, gathered, group=mesh.group, group_dst=0)
+    else:
+        dist.all_gather(gathered, mine, group=mesh.group)
+    if not receives:
         return {}
     whole, offsets = {}, [0] * mesh.world
     for name in names:
