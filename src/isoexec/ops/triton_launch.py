@@ -71,6 +71,7 @@ class CachedLaunchJITFunction(JITFunction):
     def __init__(self, fn, **options):
         super().__init__(fn, **options)
         self.launches = {}  # argument key -> CompiledKernel
+        self.tails = {}  # argument key -> the arguments after the positional ones, where they are all constexprs
         self._runtime = frozenset(p.name for p in self.params if not p.is_constexpr)
         self._defaults = {p.name: p.default for p in self.params if p.default is not inspect.Parameter.empty}
 
@@ -96,11 +97,20 @@ class CachedLaunchJITFunction(JITFunction):
                 kernel = kernel.result()
             if kernel is not None:
                 self.launches[key] = kernel
+                # Where every keyword is a constexpr, the key holds their values: the arguments after
+                # the positional ones are the same on every launch with this key, so bind them once.
+                if self._runtime.isdisjoint(kwargs):
+                    self.tails[key] = self._tail(len(args), kwargs)
             return kernel
-        bound = [*args, *(kwargs[name] if name in kwargs else self._defaults[name] for name in self.arg_names[len(args):])]
+        tail = self.tails.get(key)
+        bound = (*args, *(self._tail(len(args), kwargs) if tail is None else tail))
         stream = driver.active.get_current_stream(device)
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
         metadata = kernel.launch_metadata(grid, stream, *bound) if enter is not None else None
         kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream, kernel.function,
                    kernel.packed_metadata, metadata, enter, leave, *bound)
         return kernel
+
+    def _tail(self, positional: int, kwargs: dict) -> tuple:
+        """The values of the parameters after the first `positional`, from `kwargs` or their defaults."""
+        return tuple(kwargs[name] if name in kwargs else self._defaults[name] for name in self.arg_names[positional:])

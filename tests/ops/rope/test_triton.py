@@ -77,6 +77,22 @@ def test_rope_gradients_match_float64(scaling):
                                    [x], g, 1e-5)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the backward takes the kernel on a GPU only")
+@pytest.mark.parametrize("dtype,table_dtype", [(torch.float32, "float32"), (torch.bfloat16, "float32"), (torch.bfloat16, "bfloat16")])
+@pytest.mark.parametrize("scaling", [None, YARN], ids=["plain", "yarn"])
+def test_rope_backward_kernel_gives_the_ops_bits(dtype, table_dtype, scaling):
+    """On a GPU the backward is the forward kernel over the sin-negated table: `_rotate_back`'s bits. The
+    control: the forward rotation of the same gradient (+angle instead of -angle) differs."""
+    x = randn(33, 3, 16, seed=11, dtype=dtype).transpose(0, 1).contiguous().transpose(0, 1).requires_grad_()  # strided rows
+    pos, g = positions(33, seed=11), randn(33, 3, 16, seed=12, dtype=dtype)
+    constants = boundary(ROPE, dtype) | {"table_dtype": table_dtype}
+    scaled_rope(constants, 10, scaling)(x, pos).backward(g)
+    table = rope_reference.cos_sin_table(10_000.0, 10, MAX_POSITIONS, table_dtype, str(x.device), scaling)
+    expected = rope_triton._rotate_back(g, pos, table).to(dtype)
+    assert bitwise_equal(x.grad, expected)
+    assert not bitwise_equal(x.grad, scaled_rope(constants, 10, scaling)(g, pos))
+
+
 def _rope_rows(dtype=torch.float32):
     x = torch.cat([randn(17, 2, 16, seed=10), hazards(32).reshape(-1, 2, 16)]).to(dtype)
     return x, positions(len(x), seed=10)

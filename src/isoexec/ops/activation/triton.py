@@ -23,7 +23,7 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from ..triton_support import (
-    ELEMENTWISE_WARPS, as_rows, check_fp32_elementwise, elementwise_tile, elementwise_tiles,
+    ELEMENTWISE_WARPS, as_rows, check_fp32_elementwise, elementwise_tile, elementwise_tiles, from_rows,
     interpreting, jit, load_fp32, needs_grad, require_device, tl, triton_available,
 )
 
@@ -128,13 +128,13 @@ class _TritonSiluMul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, out_dtype):
         ctx.save_for_backward(gate, up)
-        return silu_mul_fwd(as_rows(gate), as_rows(up), out_dtype).reshape(gate.shape)
+        return from_rows(silu_mul_fwd(as_rows(gate), as_rows(up), out_dtype), gate)
 
     @staticmethod
     def backward(ctx, grad):
         gate, up = ctx.saved_tensors
         grad_gate, grad_up = silu_mul_bwd(as_rows(gate), as_rows(up), as_rows(grad))
-        return grad_gate.reshape(gate.shape), grad_up.reshape(up.shape), None
+        return from_rows(grad_gate, gate), from_rows(grad_up, up), None
 
 
 def silu_mul(gate: Tensor, up: Tensor, *, input_dtype: str, output_dtype: str, compute_dtype: str) -> Tensor:
@@ -146,7 +146,7 @@ def silu_mul(gate: Tensor, up: Tensor, *, input_dtype: str, output_dtype: str, c
     out_dtype = torch_dtype(output_dtype)
     if needs_grad(gate, up):
         return _TritonSiluMul.apply(gate, up, out_dtype)
-    return silu_mul_fwd(as_rows(gate), as_rows(up), out_dtype).reshape(gate.shape)
+    return from_rows(silu_mul_fwd(as_rows(gate), as_rows(up), out_dtype), gate)
 
 
 

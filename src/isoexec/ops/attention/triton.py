@@ -60,7 +60,7 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
-from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
+from ..triton_support import cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
 from . import native
 from .reference import _check_inputs
 
@@ -282,7 +282,7 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
     if num_tokens == 0 or num_heads == 0:
         return o
     group = num_heads // num_kv_heads
-    g_pad = triton.next_power_of_2(group)
+    g_pad = next_power_of_2(group)
     tile_positions = max(1, block_m // g_pad)
     # Which program runs a tile never enters a row's bits. A batch with no more queries than sequences
     # (decode) gets one program per query: in a range of several, each query would be its own tile, run
@@ -290,7 +290,7 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
     queries = 1 if num_tokens <= slot_table.shape[0] else tile_positions
     q, k_store, v_store = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_store, v_store))
     slot_table = slot_table.contiguous()
-    attention_fwd_kernel[(triton.cdiv(num_tokens, queries), num_kv_heads)](
+    attention_fwd_kernel[(cdiv(num_tokens, queries), num_kv_heads)](
         q, k_store, v_store, o, slot_table, seq_ids.contiguous(), positions.contiguous(),
         num_tokens, slot_table.shape[1], k_store.shape[0], float(scale), 0 if window is None else int(window),
         q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), o.stride(0), o.stride(1),

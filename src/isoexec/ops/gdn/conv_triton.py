@@ -19,7 +19,7 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
-from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
+from ..triton_support import cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
 from . import conv
 
 ID = "gdn.conv.triton"
@@ -117,12 +117,12 @@ def conv_fwd(x: Tensor, weight: Tensor, conv_state: Tensor | None, state_ids: Te
         raise ValueError(f"{ID}: conv_state must be contiguous (the kernels write it in place)")
     ids = state_ids.contiguous() if has_state else positions
     state = conv_state if has_state else x
-    grid = (triton.cdiv(num_tokens, BLOCK_T), triton.cdiv(num_dims, BLOCK_D))
+    grid = (cdiv(num_tokens, BLOCK_T), cdiv(num_dims, BLOCK_D))
     gdn_conv_kernel[grid](x, weight, y, state, ids, positions, num_tokens, num_dims, x.stride(0), y.stride(0), int(has_state),
                           W=width, BT=BLOCK_T, BD=BLOCK_D, num_warps=4)
     if has_state and width > 1:
-        gdn_conv_state_kernel[(num_tokens, triton.cdiv(num_dims, BLOCK_D))](
-            x, conv_state, ids, positions, num_tokens, num_dims, x.stride(0), W=width, CW=max(2, triton.next_power_of_2(width - 1)),
+        gdn_conv_state_kernel[(num_tokens, cdiv(num_dims, BLOCK_D))](
+            x, conv_state, ids, positions, num_tokens, num_dims, x.stride(0), W=width, CW=max(2, next_power_of_2(width - 1)),
             BD=BLOCK_D, num_warps=4)
     return y
 

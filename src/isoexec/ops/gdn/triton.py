@@ -38,7 +38,7 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
-from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
+from ..triton_support import jit, needs_grad, next_power_of_2, require_device, tl, triton_available
 from .reference import L2_EPS as _L2_EPS
 from .reference import SOFTPLUS_THRESHOLD as _SOFTPLUS_THRESHOLD
 from .reference import check_inputs
@@ -55,7 +55,7 @@ SUB = 16  # rows of the inverse's diagonal blocks: tl.dot's smallest tile
 
 def _padded(dim: int) -> int:
     """A head dim as the kernel tiles it: a power of two >= 16 (tl.dot's smallest tile)."""
-    return max(16, triton.next_power_of_2(dim)) if triton is not None else max(16, 1 << (dim - 1).bit_length())
+    return max(16, next_power_of_2(dim))
 
 
 def row_width(num_v_heads: int, k_dim: int, v_dim: int) -> int:

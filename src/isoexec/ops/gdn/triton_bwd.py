@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from .. import triton_support
-from ..triton_support import jit, tl, triton
+from ..triton_support import cdiv, jit, tl
 from .triton import L2_EPS, PRECISIONS, SOFTPLUS_THRESHOLD, SUB, _gates, _inverse, _mm, _operand, _padded, _rows_mask, _run_starts, _strided16
 
 
@@ -427,7 +427,7 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
         starts = _run_starts(positions, None)
     (first, length, chunk0, chunk_first, chunk_len), num_chunks = _runs(starts, num_tokens, chunk)
     block_v = min(BLOCK_V, v_pad)
-    runs = (first.shape[0], num_v_heads, triton.cdiv(v_dim, block_v))
+    runs = (first.shape[0], num_v_heads, cdiv(v_dim, block_v))
     chunks = (num_chunks, num_v_heads)
     dims = dict(GROUP=group, HV=num_v_heads, DK=k_dim, DV=v_dim, DK_PAD=k_pad, C=chunk, PRECISION=PRECISIONS[precision],
                 INTERPRET=triton_support.interpreting(), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
@@ -470,7 +470,7 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
     # The l2 norms' backward, the value heads of one key head summed.
     dq = torch.empty(num_tokens, num_k_heads, k_dim, dtype=q.dtype, device=device)
     dk = torch.empty(num_tokens, num_k_heads, k_dim, dtype=k.dtype, device=device)
-    norms = (triton.cdiv(num_tokens, NORM_TOKENS), num_k_heads)
+    norms = (cdiv(num_tokens, NORM_TOKENS), num_k_heads)
     for x, dxn, dx, scale in ((q, dqn, dq, q_scale), (k, dkn, dk, 1.0)):
         gdn_bwd_norms_kernel[norms](x, dxn, dx, num_tokens, scale, x.stride(0), x.stride(1), GROUP=group, HK=num_k_heads, DK=k_dim,
                                     DK_PAD=k_pad, BT=NORM_TOKENS, num_warps=4)

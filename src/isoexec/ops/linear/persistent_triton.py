@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from .. import triton_support
-from ..triton_support import jit, tl, triton, triton_available
+from ..triton_support import cdiv, jit, tl, triton_available
 from . import tile_triton
 
 if triton_available():
@@ -153,12 +153,12 @@ def linear_fwd_persistent(x: Tensor, weight: Tensor, bias: Tensor | None, y: Ten
     x, weight = _tma_ready(x), _tma_ready(weight)
     x_desc = TensorDescriptor.from_tensor(x, [block_m, block_k])
     w_desc = TensorDescriptor.from_tensor(weight, [block_n, block_k])
-    num_programs = min(_num_sms(x.device), triton.cdiv(m, block_m) * triton.cdiv(n, block_n))
+    num_programs = min(_num_sms(x.device), cdiv(m, block_m) * cdiv(n, block_n))
     linear_persistent_kernel[(num_programs,)](
         x_desc, w_desc, x if bias is None else bias.contiguous(), y,
         m, n, num_programs,
         y.stride(0), y.stride(1),
-        NK=triton.cdiv(k // num_leaves, block_k), G=num_leaves, HAS_BIAS=bias is not None,
+        NK=cdiv(k // num_leaves, block_k), G=num_leaves, HAS_BIAS=bias is not None,
         DOT_IN_FP32=triton_support.interpreting(), INTERPRETED=triton_support.interpreting(),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP=GROUP_M, num_warps=num_warps, num_stages=num_stages,
     )

@@ -116,6 +116,12 @@ def linear_grads(ctx, grad: Tensor) -> tuple:
     training step's GPU time (benchmarks/profile_gpu.py trainer, docs/experiments.md). On the CPU they
     run in fp32 at least."""
     x, weight = ctx.saved_tensors
+    if grad.is_cuda and x.dim() == 2 and grad.dtype == x.dtype == weight.dtype:
+        # The same products as below without its casts and reshapes, which are no-ops here and cost
+        # host time (~200 of these a training step, and a small step is host-bound).
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        return (grad @ weight if need_x else None, grad.T @ x if need_w else None,
+                grad.sum(0) if ctx.has_bias and need_b else None)
     dtype = weight.dtype if grad.is_cuda else torch.promote_types(weight.dtype, torch.float32)
     g = grad.reshape(math.prod(grad.shape[:-1]), weight.shape[0]).to(dtype)  # N may be 0 (a rank holding no vocabulary)
     grad_x = grad_w = grad_b = None

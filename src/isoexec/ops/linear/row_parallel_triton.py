@@ -40,7 +40,7 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import reduce, triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
-from ..triton_support import jit, require_device, tl, triton, triton_available
+from ..triton_support import cdiv, jit, require_device, tl, triton_available
 from . import persistent_triton, tile_triton
 from . import triton as linear_triton
 from . import tuning
@@ -115,7 +115,7 @@ def combine_partials(partials: Tensor, bias: Tensor | None, *, leaf_tree: str, o
     if g in KERNEL_LEAVES and planes.is_contiguous() and (partials.is_cuda or triton_support.interpreting()) and m * n:
         y = partials.new_empty((m, n), dtype=out_dtype)
         block = 1024
-        combine_kernel[(triton.cdiv(m * n, block),)](
+        combine_kernel[(cdiv(m * n, block),)](
             planes, planes if bias is None else bias.contiguous(), y, m * n, n, m * n,
             G=g, BALANCED=leaf_tree == "balanced_binary", HAS_BIAS=bias is not None, BLOCK=block)
         return y
@@ -209,7 +209,7 @@ def fused_grid(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, num
     (m, k), n = x.shape, weight.shape[0]
     if m == 0 or n == 0:
         return
-    fused_kernel[(triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)](
+    fused_kernel[(cdiv(m, block_m) * cdiv(n, block_n),)](
         x, weight, x if bias is None else bias.contiguous(), y,
         m, n,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),

@@ -42,7 +42,7 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
-from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
+from ..triton_support import cdiv, jit, needs_grad, require_device, tl, triton_available
 from . import persistent_triton, reference, tile_triton
 from .reference import linear_grads
 from . import tuning
@@ -143,7 +143,7 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, block_m
     if m == 0 or n == 0 or count == 0:
         return
     num_stages = pipeline_stages(num_stages, block_m, block_n, block_k, x.element_size())
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), count)
+    grid = (cdiv(m, block_m), cdiv(n, block_n), count)
     linear_fwd_kernel[grid](
         x, weight, x if bias is None else bias.contiguous(), y,
         m, n,
@@ -158,7 +158,7 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, block_m
 
 def leaf_blocks(k: int, num_leaves: int, block_k: int) -> int:
     """The K blocks every leaf's loop runs: those of the widest leaf, ceil(K / G) columns (module doc)."""
-    return triton.cdiv(triton.cdiv(k, num_leaves), block_k)
+    return cdiv(cdiv(k, num_leaves), block_k)
 
 
 def linear_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, block_m: int, block_n: int,
@@ -176,6 +176,8 @@ def linear_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.
 
 
 def _over_rows(fwd, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    if x.dim() == 2:  # the packed [T, K] rows models pass: no reshapes (a few us of host time each)
+        return fwd(x, weight, bias)
     return fwd(x.reshape(-1, x.shape[-1]), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
 
 

@@ -29,7 +29,7 @@ from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from . import tuning
 from .tuning import HOPPER_CONSTANTS  # noqa: F401  (re-exported for benchmarks and tests)
-from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
+from ..triton_support import cdiv, jit, needs_grad, require_device, tl, triton_available
 
 ID = "logprobs.triton"
 INPUT_DTYPES = ("bfloat16", "float16", "float32")
@@ -80,7 +80,7 @@ def logprobs_fwd(logits: Tensor, out_dtype: torch.dtype, *, vocab_block: int, nu
     logprobs_fwd_kernel[(rows,)](
         logits, y,
         logits.stride(0), logits.stride(1), y.stride(0), y.stride(1),
-        V=vocab, NV=triton.cdiv(vocab, vocab_block), VOCAB_BLOCK=vocab_block,
+        V=vocab, NV=cdiv(vocab, vocab_block), VOCAB_BLOCK=vocab_block,
         num_warps=num_warps,
     )
     return y
@@ -151,7 +151,7 @@ def vocab_parallel(logits: Tensor, gather, *, input_dtype: str, output_dtype: st
     expect_dtype(logits, input_dtype, "logprobs input")
     require_device(ID, logits)
     rows, vocab = logits.shape
-    chunks = triton.cdiv(vocab, vocab_block)
+    chunks = cdiv(vocab, vocab_block)
     sizes = dict(V=vocab, NV=chunks, VOCAB_BLOCK=vocab_block)
     launch = rows > 0 and chunks > 0
     mine = logits.new_empty((rows, chunks), dtype=torch.float32)
@@ -203,7 +203,7 @@ def logprobs_bwd(grad: Tensor, lp: Tensor, dtype: torch.dtype, *, vocab_block: i
     logprobs_bwd_kernel[(rows,)](
         grad, lp, dx,
         grad.stride(0), grad.stride(1), lp.stride(0), lp.stride(1), dx.stride(0), dx.stride(1),
-        V=vocab, NV=triton.cdiv(vocab, vocab_block), VOCAB_BLOCK=vocab_block,
+        V=vocab, NV=cdiv(vocab, vocab_block), VOCAB_BLOCK=vocab_block,
         num_warps=num_warps,
     )
     return dx

@@ -32,7 +32,7 @@ from ..attention.triton import _row_sum
 from ..common import ALL_CASES, torch_dtype
 from ..linear import tile_triton
 from ..linear.triton import SHARED_MEMORY_BYTES, pipeline_stages
-from ..triton_support import jit, needs_grad, require_device, tl, triton, triton_available
+from ..triton_support import cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
 from . import native, tuning
 from .reference import check_inputs
 
@@ -74,11 +74,11 @@ def head_linear(x: Tensor, w: Tensor, out_dtype: torch.dtype, *, block_m: int, b
     y = x.new_empty((num_rows, num_heads, n), dtype=out_dtype)
     if num_rows == 0:
         return y
-    head_linear_kernel[(triton.cdiv(num_rows, block_m), triton.cdiv(n, block_n), num_heads)](
+    head_linear_kernel[(cdiv(num_rows, block_m), cdiv(n, block_n), num_heads)](
         x, w, y,
         num_rows, n,
         x.stride(0), x.stride(1), x.stride(2), w.stride(0), w.stride(1), w.stride(2), y.stride(0), y.stride(1), y.stride(2),
-        K=k, NK=triton.cdiv(k, block_k), DOT_IN_FP32=triton_support.interpreting(),
+        K=k, NK=cdiv(k, block_k), DOT_IN_FP32=triton_support.interpreting(),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=pipeline_stages(num_stages, block_m, block_n, block_k, x.element_size()),
     )
@@ -279,7 +279,7 @@ def mla_attn_fwd_kernel(
 
 def dot_width(width: int) -> int:
     """The tile width for `width` columns that tl.dot takes: a power of two, at least 16."""
-    return max(16, triton.next_power_of_2(width))
+    return max(16, next_power_of_2(width))
 
 
 def tile_shape(num_heads: int, block_m: int) -> tuple[int, int, int, int]:

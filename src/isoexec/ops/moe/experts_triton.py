@@ -37,7 +37,7 @@ from ..activation import triton as activation_triton
 from ..common import expect_dtype, torch_dtype
 from ..linear import tile_triton
 from ..linear.triton import SHARED_MEMORY_BYTES
-from ..triton_support import interpreting, jit, needs_grad, require_device, tl, triton
+from ..triton_support import cdiv, interpreting, jit, needs_grad, next_power_of_2, require_device, tl
 from .grads import experts_grads
 
 @jit
@@ -148,23 +148,23 @@ def experts_fwd(x: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor, out_dtype
     act = x.new_empty((num_rows, inter))  # [T k, I], sorted order
     pre = x.new_empty((num_rows, 2 * inter)) if keep else None  # [T k, 2I], sorted order
     if num_rows:
-        tiles = triton.cdiv(num_rows, block_m) + min(num_experts, num_rows)
-        common = dict(E=num_experts, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        tiles = cdiv(num_rows, block_m) + min(num_experts, num_rows)
+        common = dict(E=num_experts, BLOCK_E=next_power_of_2(num_experts), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                       INTERPRETED=interpreting(), num_warps=num_warps)
-        gate_up_kernel[(tiles, triton.cdiv(inter, block_n))](
+        gate_up_kernel[(tiles, cdiv(inter, block_n))](
             x, order, starts, gate_up, act, act if pre is None else pre,
             num_rows,
             x.stride(0), x.stride(1), gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
-            TOP_K=top_k, H=hidden, I=inter, NK=triton.cdiv(hidden, block_k), STORE_PRE=keep,
+            TOP_K=top_k, H=hidden, I=inter, NK=cdiv(hidden, block_k), STORE_PRE=keep,
             num_stages=pipeline_stages(num_stages, block_m + 2 * block_n, block_k, x.element_size()),
             # libdevice's exp without flush-to-zero, as activation.triton's
             enable_reflect_ftz=False, **common,
         )
-        down_kernel[(tiles, triton.cdiv(hidden, block_n))](
+        down_kernel[(tiles, cdiv(hidden, block_n))](
             act, order, starts, down, y,
             num_rows,
             down.stride(0), down.stride(1), down.stride(2), y.stride(0), y.stride(1),
-            H=hidden, I=inter, NK=triton.cdiv(inter, block_k), num_stages=pipeline_stages(num_stages, block_m + block_n, block_k, x.element_size()),
+            H=hidden, I=inter, NK=cdiv(inter, block_k), num_stages=pipeline_stages(num_stages, block_m + block_n, block_k, x.element_size()),
             **common,
         )
     y = y.view(num_tokens, top_k, hidden)

@@ -28,7 +28,7 @@ from .. import triton_support
 from ..activation.triton import exp_fp32
 from ..common import expect_dtype, torch_dtype
 from ..linear import tile_triton
-from ..triton_support import interpreting, jit, needs_grad, require_device, tl, triton
+from ..triton_support import cdiv, interpreting, jit, needs_grad, next_power_of_2, require_device, tl
 from .grads import combine_grads, router_grads
 from .reference import check_routing
 
@@ -129,14 +129,14 @@ def router_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, top_k: int, scori
     ids = x.new_empty((num_tokens, top_k), dtype=torch.int64)
     if num_tokens == 0:
         return weights, ids
-    router_kernel[(triton.cdiv(num_tokens, block_t),)](
+    router_kernel[(cdiv(num_tokens, block_t),)](
         x, weight, x if bias is None else bias, weights, ids,
         num_tokens, float(routed_scaling_factor), 1e-20 if scoring == "sigmoid" else 0.0,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
-        H=hidden, E=num_experts, TOP_K=top_k, NK=triton.cdiv(hidden, block_k),
+        H=hidden, E=num_experts, TOP_K=top_k, NK=cdiv(hidden, block_k),
         SOFTMAX=scoring == "softmax", HAS_BIAS=bias is not None, NORM=norm_topk_prob, N_GROUP=n_group, TOPK_GROUP=topk_group,
-        BLOCK_T=block_t, BLOCK_E=max(16, triton.next_power_of_2(num_experts)), BLOCK_K=block_k,
-        BLOCK_G=triton.next_power_of_2(n_group), BLOCK_J=triton.next_power_of_2(top_k), INTERPRETED=interpreting(),
+        BLOCK_T=block_t, BLOCK_E=max(16, next_power_of_2(num_experts)), BLOCK_K=block_k,
+        BLOCK_G=next_power_of_2(n_group), BLOCK_J=next_power_of_2(top_k), INTERPRETED=interpreting(),
         num_warps=num_warps, enable_reflect_ftz=False,
     )
     return weights, ids
@@ -227,13 +227,13 @@ def combine_fwd(routed: Tensor, weights: Tensor, ids: Tensor, shared: Tensor | N
     if num_tokens == 0:
         return y
     gate = None if shared_gate is None else shared_gate.reshape(num_tokens, -1)  # [T, 1]
-    combine_kernel[(triton.cdiv(num_tokens, block_t), triton.cdiv(hidden, block_h))](
+    combine_kernel[(cdiv(num_tokens, block_t), cdiv(hidden, block_h))](
         routed, weights, ids, routed if shared is None else shared, routed if gate is None else gate, y,
         num_tokens,
         *routed.stride(), *weights.stride(), *ids.stride(),
         *((0, 0) if shared is None else shared.stride()), 0 if gate is None else gate.stride(0),
         H=hidden, TOP_K=top_k, HAS_SHARED=shared is not None, HAS_GATE=gate is not None,
-        BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_J=triton.next_power_of_2(top_k), NO_EXPERT=NO_EXPERT,
+        BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_J=next_power_of_2(top_k), NO_EXPERT=NO_EXPERT,
         INTERPRETED=interpreting(), num_warps=num_warps, enable_reflect_ftz=False,
     )
     return y

@@ -18,7 +18,7 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from ..triton_support import (
-    ELEMENTWISE_WARPS, as_rows, check_fp32_elementwise, elementwise_tile, elementwise_tiles,
+    ELEMENTWISE_WARPS, as_rows, check_fp32_elementwise, elementwise_tile, elementwise_tiles, from_rows,
     jit, load_fp32, needs_grad, require_device, tl, triton_available,
 )
 
@@ -61,7 +61,7 @@ class _TritonResidualAdd(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, out_dtype):
         ctx.dtypes = x.dtype, residual.dtype
-        return residual_add_fwd(as_rows(x), as_rows(residual), out_dtype).reshape(x.shape)
+        return from_rows(residual_add_fwd(as_rows(x), as_rows(residual), out_dtype), x)
 
     @staticmethod
     def backward(ctx, grad):
@@ -78,7 +78,7 @@ def add(x: Tensor, residual: Tensor, *, input_dtype: str, output_dtype: str, com
     out_dtype = torch_dtype(output_dtype)
     if needs_grad(x, residual):
         return _TritonResidualAdd.apply(x, residual, out_dtype)
-    return residual_add_fwd(as_rows(x), as_rows(residual), out_dtype).reshape(x.shape)
+    return from_rows(residual_add_fwd(as_rows(x), as_rows(residual), out_dtype), x)
 
 
 

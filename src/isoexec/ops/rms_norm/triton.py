@@ -30,7 +30,7 @@ from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from . import tuning
 from .tuning import HOPPER_CONSTANTS  # noqa: F401  (re-exported for benchmarks and tests)
-from ..triton_support import as_rows, jit, needs_grad, require_device, tl, triton, triton_available
+from ..triton_support import as_rows, cdiv, from_rows, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
 
 ID = "rms_norm.triton"
 RESIDUAL_ID = "rms_norm.residual.triton"
@@ -100,7 +100,7 @@ def rms_norm_fwd(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float,
         x, r, weight.contiguous(), y, s,
         x.stride(0), x.stride(1), r.stride(0), r.stride(1), y.stride(0), y.stride(1),
         float(eps),
-        H=hidden, NH=triton.cdiv(hidden, reduce_block), HAS_RESIDUAL=residual is not None, ZERO_CENTERED=bool(zero_centered),
+        H=hidden, NH=cdiv(hidden, reduce_block), HAS_RESIDUAL=residual is not None, ZERO_CENTERED=bool(zero_centered),
         REDUCE_BLOCK=reduce_block,
         num_warps=num_warps,
     )
@@ -153,10 +153,10 @@ def _rms_norm_backward(x: Tensor, weight: Tensor, grad: Tensor, eps: float, zero
     e2 = as_rows(extra) if extra is not None else g2
     rows = x2.shape[0]
     grad_x = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
-    rows_per_program = triton.next_power_of_2(triton.cdiv(max(rows, 1), 1024))
-    num_programs = triton.cdiv(max(rows, 1), rows_per_program)
+    rows_per_program = next_power_of_2(cdiv(max(rows, 1), 1024))
+    num_programs = cdiv(max(rows, 1), rows_per_program)
     partial = torch.empty((num_programs, hidden), dtype=torch.float32, device=x.device)
-    h_pad = triton.next_power_of_2(hidden)
+    h_pad = next_power_of_2(hidden)
     rms_norm_bwd_kernel[(num_programs,)](
         x2, weight.contiguous(), g2, e2, grad_x, partial,
         rows,
@@ -165,7 +165,7 @@ def _rms_norm_backward(x: Tensor, weight: Tensor, grad: Tensor, eps: float, zero
         H=hidden, H_PAD=h_pad, ROWS=rows_per_program, HAS_EXTRA=extra is not None, ZERO_CENTERED=bool(zero_centered),
         num_warps=min(16, max(1, h_pad // 256)),
     )
-    return grad_x.reshape(x.shape), partial.sum(0).to(weight.dtype)
+    return from_rows(grad_x, x), partial.sum(0).to(weight.dtype)
 
 
 class _TritonRMSNorm(torch.autograd.Function):
@@ -174,7 +174,7 @@ class _TritonRMSNorm(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.eps, ctx.zero_centered = eps, zero_centered
         y, _ = rms_norm_fwd(as_rows(x), None, weight, eps, zero_centered, out_dtype, **config)
-        return y.reshape(x.shape)
+        return from_rows(y, x)
 
     @staticmethod
     def backward(ctx, grad):
@@ -189,7 +189,7 @@ class _TritonRMSNormResidual(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight, eps, zero_centered, out_dtype, config):
         y, s = rms_norm_fwd(as_rows(x), as_rows(residual), weight, eps, zero_centered, out_dtype, **config)
-        y, s = y.reshape(x.shape), s.reshape(x.shape)
+        y, s = from_rows(y, x), from_rows(s, x)
         ctx.save_for_backward(s, weight)
         ctx.eps, ctx.zero_centered, ctx.dtypes = eps, zero_centered, (x.dtype, residual.dtype)
         return y, s
@@ -211,7 +211,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, zero_centered: bool = False,
     if needs_grad(x, weight):
         return _TritonRMSNorm.apply(x, weight, eps, zero_centered, torch_dtype(output_dtype), config)
     y, _ = rms_norm_fwd(as_rows(x), None, weight, eps, zero_centered, torch_dtype(output_dtype), **config)
-    return y.reshape(x.shape)
+    return from_rows(y, x)
 
 
 def rms_norm_residual(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, zero_centered: bool = False, *,
@@ -228,7 +228,7 @@ def rms_norm_residual(x: Tensor, residual: Tensor | None, weight: Tensor, eps: f
     if needs_grad(x, residual, weight):
         return _TritonRMSNormResidual.apply(x, residual, weight, eps, zero_centered, torch_dtype(output_dtype), config)
     y, s = rms_norm_fwd(as_rows(x), as_rows(residual), weight, eps, zero_centered, torch_dtype(output_dtype), **config)
-    return y.reshape(x.shape), s.reshape(x.shape)
+    return from_rows(y, x), from_rows(s, x)
 
 
 def check_constants(constants: dict, impl_id: str = ID) -> None:

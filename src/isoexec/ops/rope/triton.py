@@ -14,10 +14,13 @@ bits are the reference's wherever both round to nearest (on a GPU; Triton's inte
 A position outside [0, max_positions) has no table row: its token comes out NaN (the reference raises,
 which would need a host sync).
 
-The backward pass rotates the gradient back by -angle (times the same attention factor) with ordinary ops.
+The backward pass rotates the gradient back by -angle (times the same attention factor): on a GPU by this
+kernel over the table with sin negated, elsewhere (and in float64) with ordinary ops; the same bits.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import Tensor
@@ -25,7 +28,7 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
-from ..triton_support import check_fp32_elementwise, jit, needs_grad, require_device, tl, triton, triton_available
+from ..triton_support import cdiv, check_fp32_elementwise, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
 from . import reference, scaling as rope_scaling
 from .scaling import Yarn
 
@@ -34,6 +37,7 @@ ID = "rope.triton"
 # A row's bits do not depend on the tile, so the tile is picked from the head dim for speed alone: 1024
 # rotated pairs per program over 4 warps, e.g. 16 heads of 128 dims (Qwen3-0.6B's q heads of a token).
 TILE_PAIRS, NUM_WARPS = 1024, 4
+FP32_OR_NARROWER = (torch.bfloat16, torch.float16, torch.float32)  # what the kernel computes in fp32 exactly
 
 
 # One compiled kernel for every number of tokens.
@@ -82,14 +86,14 @@ def rope_fwd(x: Tensor, positions: Tensor, table: Tensor, out_dtype: torch.dtype
     y = x.new_empty((tokens, heads, head_dim), dtype=out_dtype)
     if y.numel() == 0:
         return y
-    block_half = triton.next_power_of_2(half)
+    block_half = next_power_of_2(half)
     block_r = max(1, TILE_PAIRS // block_half)
-    rope_fwd_kernel[(triton.cdiv(tokens * heads, block_r),)](
+    rope_fwd_kernel[(cdiv(tokens * heads, block_r),)](
         x, positions, table, y,
         tokens * heads, table.shape[0],
         x.stride(0), x.stride(1), x.stride(2), positions.stride(0), table.stride(0), table.stride(1), table.stride(2),
         H=heads, D=head_dim, HALF=half,
-        BLOCK_R=block_r, BLOCK_HALF=block_half, BLOCK_PASS=triton.next_power_of_2(max(1, head_dim - 2 * half)),
+        BLOCK_R=block_r, BLOCK_HALF=block_half, BLOCK_PASS=next_power_of_2(max(1, head_dim - 2 * half)),
         num_warps=NUM_WARPS,
         # the reference rounds each product and each difference; a fused multiply-add would round once
         enable_fp_fusion=False,
@@ -108,17 +112,29 @@ def _rotate_back(grad: Tensor, positions: Tensor, table: Tensor) -> Tensor:
     return torch.cat([g1 * cos + g2 * sin, g2 * cos - g1 * sin, g[..., 2 * half :]], dim=-1)
 
 
+@functools.lru_cache(maxsize=32)
+def _back_table(*table_args) -> Tensor:
+    """`reference.cos_sin_table(*table_args)` with sin negated: the forward kernel over it rotates by -angle."""
+    table = reference.cos_sin_table(*table_args)
+    return torch.stack([table[..., 0], -table[..., 1]], dim=-1)
+
+
 class _TritonRope(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, positions, table, out_dtype):
+    def forward(ctx, x, positions, table_args, out_dtype):
         ctx.save_for_backward(positions)
-        ctx.table, ctx.x_dtype = table, x.dtype
-        return rope_fwd(x, positions, table, out_dtype)
+        ctx.table_args, ctx.x_dtype = table_args, x.dtype
+        return rope_fwd(x, positions, reference.cos_sin_table(*table_args), out_dtype)
 
     @staticmethod
     def backward(ctx, grad):
         (positions,) = ctx.saved_tensors
-        return _rotate_back(grad, positions, ctx.table).to(ctx.x_dtype), None, None, None
+        if grad.is_cuda and grad.dtype in FP32_OR_NARROWER:
+            # The forward kernel with sin negated computes g1·cos - g2·(-sin) and g2·cos + g1·(-sin):
+            # `_rotate_back`'s fp32 products and sums bit for bit (negation is exact), in one launch
+            # instead of ten ops' worth of host time.
+            return rope_fwd(grad, positions, _back_table(*ctx.table_args), ctx.x_dtype), None, None, None
+        return _rotate_back(grad, positions, reference.cos_sin_table(*ctx.table_args)).to(ctx.x_dtype), None, None, None
 
 
 def rope(x: Tensor, positions: Tensor, theta: float, max_positions: int, rotary_dim: int | None = None, scaling: Yarn | None = None, *,
@@ -137,11 +153,11 @@ def rope(x: Tensor, positions: Tensor, theta: float, max_positions: int, rotary_
     if not 0 < rotary_dim <= head_dim:
         raise ValueError(f"rotary_dim {rotary_dim} must be in 1..{head_dim}")
     require_device(ID, x, positions)
-    table = reference.cos_sin_table(float(theta), rotary_dim, max_positions, table_dtype, str(x.device), scaling)
+    table_args = (float(theta), rotary_dim, max_positions, table_dtype, str(x.device), scaling)
     out_dtype = torch_dtype(output_dtype)
     if needs_grad(x):
-        return _TritonRope.apply(x, positions, table, out_dtype)
-    return rope_fwd(x, positions, table, out_dtype)
+        return _TritonRope.apply(x, positions, table_args, out_dtype)
+    return rope_fwd(x, positions, reference.cos_sin_table(*table_args), out_dtype)
 
 
 def check_constants(constants: dict) -> None:

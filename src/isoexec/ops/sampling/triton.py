@@ -37,7 +37,7 @@ from ...runtime.registry import Impl
 from .. import reduce, triton_support
 from ..common import TILE_ELEMENTS, expect_dtype
 from ..logprobs import reference as logprobs_reference
-from ..triton_support import jit, require_device, tl, triton, triton_available
+from ..triton_support import cdiv, jit, next_power_of_2, require_device, tl, triton_available
 from . import reference
 
 ID = "sampling.triton"
@@ -179,9 +179,9 @@ def noise_bits(seed: Tensor, position: Tensor, vocab_size: int) -> Tensor:
     rows = seed.shape[0]
     bits = torch.empty((rows, vocab_size), dtype=torch.int64, device=seed.device)
     if rows and vocab_size:
-        block = min(VOCAB_BLOCK, triton.next_power_of_2(vocab_size))
+        block = min(VOCAB_BLOCK, next_power_of_2(vocab_size))
         noise_bits_kernel[(rows,)](seed, position, bits, seed.stride(0), position.stride(0),
-                                   V=vocab_size, NV=triton.cdiv(vocab_size, block), VOCAB_BLOCK=block)
+                                   V=vocab_size, NV=cdiv(vocab_size, block), VOCAB_BLOCK=block)
     return bits
 
 
@@ -212,11 +212,11 @@ def draw_unfiltered(x: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor
     tokens = torch.empty(rows, dtype=torch.int64, device=x.device)
     flags = torch.empty(rows, dtype=torch.int8, device=x.device)
     if rows:
-        block = min(vocab_block, triton.next_power_of_2(vocab_size))
+        block = min(vocab_block, next_power_of_2(vocab_size))
         sample_kernel[(rows,)](
             x, temperature, top_k, top_p, seed, position, tokens, flags,
             x.stride(0), x.stride(1), temperature.stride(0), top_k.stride(0), top_p.stride(0), seed.stride(0), position.stride(0),
-            V=vocab_size, NV=triton.cdiv(vocab_size, block), VOCAB_BLOCK=block,
+            V=vocab_size, NV=cdiv(vocab_size, block), VOCAB_BLOCK=block,
             num_warps=num_warps,
         )
     return tokens, flags
