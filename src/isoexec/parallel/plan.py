@@ -251,8 +251,8 @@ def shard(model: Decoder, contract, mesh: Mesh) -> Decoder:
 
 def random_shard(spec: ModelSpec, seed: int, contract, mesh: Mesh) -> Decoder:
     """`shard(init_random(spec, seed), contract, mesh)`, bit for bit, without the whole model: each weight is drawn
-    as `init_random` draws it, cut to the rank's shard and let go, so a rank holds one whole weight at a time (every
-    rank of a 35B-parameter model holding all of it would not fit a host)."""
+    as `init_random` draws it (`random_weights`, on the rank's cores), cut to the rank's shard and let go, so a rank
+    holds one whole weight at a time (every rank of a 35B-parameter model holding all of it would not fit a host)."""
     from ..model.weights import random_weights
 
     shards = {}
