@@ -57,7 +57,7 @@ def random_weights(spec: ModelSpec, seed: int = 0, workers: int | None = None):
     workers = max(1, torch.get_num_threads()) if workers is None else workers
     with ThreadPoolExecutor(workers) as pool:
         for name, param in sorted(model.named_parameters()):
-            flat = torch.empty(param.numel())
+            flat = torch.empty(param.numel(), device="cpu")  # the generators are CPU generators
             blocks = [pool.submit(_draw_block, flat[start : start + DRAW_BLOCK], seed, name, i)
                       for i, start in enumerate(range(0, flat.numel(), DRAW_BLOCK))]
             for block in blocks:
