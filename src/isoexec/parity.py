@@ -26,8 +26,11 @@ model's depth and logit range make unavoidable (bf16 on tiny random models gives
 logprob and grows with depth), so one rule serves a 2-layer test model and a real checkpoint, while
 a real mistake (a wrong RoPE layout, a missing bias, a misplaced norm, a wrong weight) moves
 logprobs by far more than the rounding noise. A floor per dtype keeps the test meaningful when e_HF
-is degenerate: 1e-4 (logprob) and 1e-5 (relative logits) in float32, 15–70× the reordering noise measured
-on small fp32 models (1.4e-6–6.7e-6); 1e-2 and 2⁻⁸ (bf16's unit roundoff) in bfloat16. Both e_HF and e_ours are
+is degenerate: 1e-4 (logprob) and 4e-5 (relative logits) in float32, 6–30× the reordering noise measured
+on small dense fp32 models (1.4e-6–6.7e-6) and 3× the largest error of ours against the float64 run seen on
+the hybrid test models (1.4e-5 relative logits: a Qwen3.5-MoE config of 150 tokens on an AMD EPYC host, where
+transformers' own error was 8.5e-6, so ours is not always the more accurate there); 1e-2 and 2⁻⁸ (bf16's unit
+roundoff) in bfloat16. Both e_HF and e_ours are
 reported, so a run also shows directly whether ours is the more accurate of the two.
 
 One error the reference cannot see: transformers builds its RoPE angles in float32 (inv_freq and
@@ -47,7 +50,7 @@ from .cli.errors import EXIT_INPUT_ERROR
 
 DTYPES = ("float32", "bfloat16")
 REFERENCE_DTYPE = {"float32": "float64", "bfloat16": "float32"}  # transformers one precision up
-FLOORS = {"float32": {"max_abs_logprob": 1e-4, "max_rel_logit": 1e-5}, "bfloat16": {"max_abs_logprob": 1e-2, "max_rel_logit": 2**-8}}
+FLOORS = {"float32": {"max_abs_logprob": 1e-4, "max_rel_logit": 4e-5}, "bfloat16": {"max_abs_logprob": 1e-2, "max_rel_logit": 2**-8}}
 NOISE_FACTOR = 2.0  # |ours − HF| ≤ e_ours + e_HF ≤ 2·e_HF when ours is no less accurate than HF
 
 
