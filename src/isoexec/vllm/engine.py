@@ -40,6 +40,18 @@ def _environment(plugin: bool, contract_file: Path) -> None:
 
 
 CPU_BLOCK_MULTIPLE = 32
+# vLLM's reference CPU MLA decode kernel takes blocks of exactly 16 tokens: where the CPU has no AMX tiles (an AMD
+# EPYC, an older Xeon), vLLM's CPU platform sets the block size of an MLA model to 16 whatever it is asked for
+# (vllm/platforms/cpu.py); with AMX its AMX MLA kernel takes the asked size.
+CPU_MLA_BLOCK = 16
+
+
+def _cpu_block(spec, page_size: int) -> int:
+    """The block size vLLM's CPU backend runs a model with, for IsoExec pages of `page_size` tokens."""
+    mla = any(layer.mixer.kind == "mla" for layer in spec.layers)
+    if mla and not torch.cpu._is_amx_tile_supported():
+        return CPU_MLA_BLOCK
+    return page_size * -(-CPU_BLOCK_MULTIPLE // page_size)
 
 
 class VllmEngine:
@@ -62,9 +74,10 @@ class VllmEngine:
         from . import plugin as served
 
         budget = config.prefill_chunk_size
-        # vLLM's own CPU attention (the control's) takes blocks of a multiple of 32 tokens: pages of fewer go in pairs
-        # (or more), under the plugin too, so that both engines run the same workload.
-        block = config.kv_page_size * (-(-CPU_BLOCK_MULTIPLE // config.kv_page_size) if self.device == "cpu" else 1)
+        # vLLM's own CPU attention (the control's) takes blocks of a multiple of 32 tokens (an MLA model's: see
+        # `_cpu_block`): pages of fewer go in pairs (or more), under the plugin too, so that both engines run the same
+        # workload.
+        block = _cpu_block(model.spec, config.kv_page_size) if self.device == "cpu" else config.kv_page_size
         blocks = -(-config.num_pages * config.kv_page_size // block)
         # Per-sequence (gdn) state goes without prefix caching in vLLM (model.py refuses it), and vLLM sizes such a model's
         # blocks by its state pages (hundreds of tokens), so a count of blocks of `block` tokens means nothing there:
