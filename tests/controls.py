@@ -143,6 +143,17 @@ def control_moe_experts(data: dict, small_rows: int | None = None) -> dict:
     return data
 
 
+def reordered_joined_linear(x, weight, bias, widths, *, block_k, **constants):
+    """linear.reference's joined call (`ops/linear/joined.py`) summing K in blocks twice as long: the
+    sibling projections' outputs regroup their sums when run as one call, so a model's rows differ
+    between joined and apart weights."""
+    return [part.contiguous() for part in linear.linear(x, weight, bias, block_k=2 * block_k, **constants).split(widths, dim=-1)]
+
+
+# Pinned in place of linear.reference by tests of the joined path (same fn, another joined forward).
+JOINED_CONTROL = Impl(id="control.reordered_joined_linear", version=1, region="linear", cases=ALL_CASES, fn=linear.linear,
+                      joined=(reordered_joined_linear, linear.can_join))
+
 CONTROLS = {
     "linear": Impl(id="control.split_k_linear", version=1, region="linear", cases=ALL_CASES, fn=split_k_linear),
     "linear.row_parallel": Impl(id="control.other_leaf_cut_row_parallel", version=1, region="linear.row_parallel", cases=ALL_CASES,
@@ -154,7 +165,7 @@ CONTROLS = {
     "moe.experts": Impl(id="control.row_count_moe_experts", version=1, region="moe.experts", cases=ALL_CASES, fn=row_count_moe_experts),
     "moe.router": Impl(id="control.reversed_scan_moe_router", version=1, region="moe.router", cases=ALL_CASES, fn=reversed_scan_moe_router),
 }
-for _impl in CONTROLS.values():
+for _impl in (*CONTROLS.values(), JOINED_CONTROL):
     if REGISTRY.get(_impl.id, _impl.version) is None:
         REGISTRY.register(_impl)
 

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from .context import current_step
 from .layers import FFNS, MIXERS, Embedding, Linear, Norm
+from .layers.params import join_all
 from .spec import LayerSpec, ModelSpec
 
 
@@ -60,6 +61,12 @@ class Decoder(nn.Module):
         self.lm_head = Linear(spec.hidden_size, spec.vocab_size, False, dtype)
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def _apply(self, fn, recurse=True):
+        # `to`, `cuda`, `bfloat16`… convert each parameter on its own, copying joined siblings apart.
+        super()._apply(fn, recurse)
+        join_all(self)
+        return self
 
     def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
         ops = current_step().ops

@@ -71,7 +71,8 @@ def save(model: Decoder, directory: str | Path) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(family_of(model.spec).to_hf_config(model.spec), indent=2), "utf-8")
-    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    # Copies: joined siblings (`layers/params.join`) share storage, which safetensors refuses.
+    tensors = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if model.spec.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
     tensors = family_of(model.spec).export(tensors, model.spec)

@@ -43,6 +43,7 @@ from torch import Tensor
 from ..model import AttentionSpec, GDNSpec, MLPSpec, MoESpec, current_step
 from ..ops.common import TILE_ELEMENTS, torch_dtype
 from ..ops.linear.reference import linear_grads, rank_leaves
+from ..runtime.binding import SIBLINGS, joined_name
 from ..runtime.registry import REGISTRY
 from .mesh import Mesh
 from .plan import COLUMN_PARALLEL, ROW_PARALLEL, expert_starts, num_leaves, vocab_shards
@@ -422,6 +423,9 @@ def _vocabulary(ops: dict[str, Callable], contract, case: str, spec, mesh: Mesh)
     return composed
 
 
+JOINED = frozenset(joined_name(names) for names in SIBLINGS)
+
+
 def _entry_of(contract, op: str, case: str):
     return next(entry for region, c, entry in contract.cells() if c == case and op in entry.ops)
 
@@ -438,6 +442,9 @@ def compose(ops: dict[str, Callable], contract, case: str, spec, mesh: Mesh) -> 
         composed["experts"] = dispatch(ops["experts"], output_dtype, mesh, counts.pop())
     if mesh.tp == 1:
         return composed
+    # A rank's q/k/v and gate/up are column-parallel ops of their own (gathers under SP, shared key/value
+    # heads): the model calls them one by one.
+    composed = {name: op for name, op in composed.items() if name not in JOINED}
     composed = _vocabulary(composed, contract, case, spec, mesh)
     if mesh.sp:
         composed = _sequence_parallel(composed, mesh)

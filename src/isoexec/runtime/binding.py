@@ -5,6 +5,7 @@ constants it was bound with, and each case's ops ready to call. Its fingerprint 
 this (`Binding.installed`), so the handshake sees what the runner calls, not a second resolution.
 """
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -31,6 +32,33 @@ def _add_then_norm(add, norm):
     return rms_norm_residual
 
 
+# Projections of one input that a model calls together (`model/layers/params.project`): where the contract
+# pins every one of a group to one impl with the same constants and the impl can join them, the case also
+# gets the group's joined op, one call over the weights the model keeps joined (`ops/linear/joined.py`).
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("in_proj_qkv", "in_proj_z"), ("in_proj_b", "in_proj_a"),
+            ("q_a_proj", "kv_a_proj_with_mqa"), ("q_proj", "kv_a_proj_with_mqa"))
+
+
+def joined_name(names) -> str:
+    return "+".join(names)
+
+
+def _joined_ops(cells: dict) -> dict[str, Callable]:
+    from ..ops.linear.joined import joined_op
+
+    out = {}
+    for names in SIBLINGS:
+        if not all(name in cells for name in names):
+            continue
+        (impl, entry), *rest = (cells[name] for name in names)
+        if impl.joined is None or any(other is not impl or dict(e.constants) != dict(entry.constants) for other, e in rest):
+            continue
+        forward, can_join = impl.joined
+        constants = dict(entry.constants)
+        out[joined_name(names)] = joined_op(functools.partial(forward, **constants), functools.partial(can_join, **constants))
+    return out
+
+
 def composed_norms(contract: Contract, spec, cases) -> set[str]:
     """The norms after a residual add that `contract` pins in plain `rms_norm` in any of `cases`: `bind`
     composes each with the contract's `residual_add` op."""
@@ -53,7 +81,8 @@ def bind(contract: Contract, spec, cases, registry: Registry = REGISTRY) -> Bind
     installed = registry.resolve(contract, cases)
     ops = {}
     for case in cases:
-        bound = {op: installed[region, c].bind(entry.constants) for region, c, entry in contract.cells() if c == case for op in entry.ops}
+        cells = {op: (installed[region, c], entry) for region, c, entry in contract.cells() if c == case for op in entry.ops}
+        bound = {op: impl.bind(entry.constants) for op, (impl, entry) in cells.items()}
         needed = model_ops(contract, spec, [case]) - ({"sample"} if contract.cases[case].role == "trainer" else set())
         missing = sorted(needed - set(bound))
         if missing:
@@ -61,5 +90,6 @@ def bind(contract: Contract, spec, cases, registry: Registry = REGISTRY) -> Bind
                                 f"which {spec.architecture} calls")
         for op in composed_norms(contract, spec, [case]):
             bound[op] = _add_then_norm(bound["residual_add"], bound[op])
+        bound.update(_joined_ops(cells))
         ops[case] = bound
     return Binding(contract, cases, installed, ops)

@@ -41,7 +41,10 @@ class Impl:
     `leaf_parts = (partials, fold)`, for a row-parallel linear, its two halves a tensor-parallel rank runs
     around the gather of every rank's leaf partials (`parallel/ops.py`); `vocab_parallel(logits, gather,
     **constants)`, for a log-probs impl, a rank's rows over its whole vocab blocks, the per-block leaves of
-    every rank put together by `gather` (`parallel/ops.py`).
+    every rank put together by `gather` (`parallel/ops.py`); `joined = (forward, can_join)`, for a linear
+    impl that can run sibling projections of one input as one call over their joined weights, each part
+    bitwise its own call (`ops/linear/joined.py`): `forward(x, weight, bias, widths, **constants)` -> one
+    output per part, and `can_join(widths, **constants)`.
     """
 
     id: str
@@ -57,6 +60,7 @@ class Impl:
     row_width: Callable[[int, int, int], int] | None = None
     leaf_parts: tuple[Callable, Callable] | None = None
     vocab_parallel: Callable | None = None
+    joined: tuple[Callable, Callable] | None = None
 
     @property
     def ref(self) -> str:

@@ -11,11 +11,12 @@ from torch import Tensor, nn
 
 from ..context import current_step
 from ..spec import AttentionSpec
-from .params import Linear, Norm
+from .params import Linear, Norm, join, project
 
 
 class Attention(nn.Module):
     name = "self_attn"
+    SIBLINGS = (("q_proj", "k_proj", "v_proj"),)
 
     def __init__(self, spec: AttentionSpec, layer: int, hidden_size: int, eps: float, max_position: int, dtype: torch.dtype):
         super().__init__()
@@ -25,6 +26,7 @@ class Attention(nn.Module):
         self.k_proj = Linear(hidden_size, kv, spec.qkv_bias, dtype)
         self.v_proj = Linear(hidden_size, kv, spec.qkv_bias, dtype)
         self.o_proj = Linear(q, hidden_size, spec.o_bias, dtype)
+        join(self.q_proj, self.k_proj, self.v_proj)
         if spec.qk_norm:
             self.q_norm = Norm(spec.head_dim, dtype)
             self.k_norm = Norm(spec.head_dim, dtype)
@@ -33,11 +35,10 @@ class Attention(nn.Module):
         s = current_step()
         ops, spec, batch = s.ops, self.spec, s.batch
         head_dim = spec.head_dim
-        q = ops["q_proj"](x, self.q_proj.weight, self.q_proj.bias).unflatten(1, (-1, head_dim))  # [T, H, D] ([T, 2H, D] gated)
+        q, k, v = (t.unflatten(1, (-1, head_dim)) for t in project(("q_proj", "k_proj", "v_proj"), x, self.q_proj, self.k_proj, self.v_proj))
+        # q [T, H, D] ([T, 2H, D] gated), k and v [T, Hkv, D]
         if spec.output_gate:  # per head: query, then gate
             q, gate = q.unflatten(1, (-1, 2)).unbind(2)
-        k = ops["k_proj"](x, self.k_proj.weight, self.k_proj.bias).unflatten(1, (-1, head_dim))  # [T, Hkv, D]
-        v = ops["v_proj"](x, self.v_proj.weight, self.v_proj.bias).unflatten(1, (-1, head_dim))
         if spec.qk_norm:
             centred = (True,) if spec.zero_centered_qk_norm else ()
             q = ops["q_norm"](q, self.q_norm.weight, self.eps, *centred)

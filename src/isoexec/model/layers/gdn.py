@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from ..context import current_step
 from ..spec import GDNSpec
 from ..state import PACKED
-from .params import Linear, Norm
+from .params import Linear, Norm, join, project
 
 
 class Conv(nn.Module):
@@ -30,6 +30,7 @@ class Conv(nn.Module):
 
 class GatedDeltaNet(nn.Module):
     name = "linear_attn"
+    SIBLINGS = (("in_proj_qkv", "in_proj_z"), ("in_proj_b", "in_proj_a"))
 
     def __init__(self, spec: GDNSpec, layer: int, hidden_size: int, eps: float, max_position: int, dtype: torch.dtype):
         super().__init__()
@@ -43,14 +44,15 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(spec.num_v_heads, dtype=dtype))
         self.norm = Norm(spec.v_head_dim, dtype)
         self.out_proj = Linear(spec.value_dim, hidden_size, False, dtype)
+        join(self.in_proj_qkv, self.in_proj_z)
+        join(self.in_proj_b, self.in_proj_a)
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         s = current_step()
         ops, spec = s.ops, self.spec
-        qkv = ops["in_proj_qkv"](x, self.in_proj_qkv.weight)  # [T, 2 Hk Dk + Hv Dv]
-        z = ops["in_proj_z"](x, self.in_proj_z.weight).unflatten(1, (-1, spec.v_head_dim))  # [T, Hv, Dv]
-        b = ops["in_proj_b"](x, self.in_proj_b.weight)  # [T, Hv]
-        a = ops["in_proj_a"](x, self.in_proj_a.weight)
+        qkv, z = project(("in_proj_qkv", "in_proj_z"), x, self.in_proj_qkv, self.in_proj_z)  # [T, 2 Hk Dk + Hv Dv], [T, Hv Dv]
+        z = z.unflatten(1, (-1, spec.v_head_dim))  # [T, Hv, Dv]
+        b, a = project(("in_proj_b", "in_proj_a"), x, self.in_proj_b, self.in_proj_a)  # [T, Hv] each
         cache = s.state[self.layer]
         if cache is PACKED:
             conv_state = state = rows = state_ids = None

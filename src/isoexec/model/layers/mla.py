@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ..context import current_step
 from ..spec import MLASpec
-from .params import Linear, Norm
+from .params import Linear, Norm, join, project
 
 
 def deinterleave(x: Tensor) -> Tensor:
@@ -41,6 +41,9 @@ class MLAttention(nn.Module):
         self.kv_a_layernorm = Norm(rank, dtype)
         self.kv_b_proj = Linear(rank, heads * (spec.qk_nope_head_dim + spec.v_head_dim), False, dtype)
         self.o_proj = Linear(heads * spec.v_head_dim, hidden_size, spec.attention_bias, dtype)
+        self.first = "q_proj" if spec.q_lora_rank is None else "q_a_proj"  # the query's projection of x
+        self.SIBLINGS = ((self.first, "kv_a_proj_with_mqa"),)
+        join(getattr(self, self.first), self.kv_a_proj_with_mqa)
 
     def _rope(self, ops, x: Tensor, positions: Tensor) -> Tensor:
         spec = self.spec
@@ -53,13 +56,10 @@ class MLAttention(nn.Module):
         s = current_step()
         ops, spec, batch = s.ops, self.spec, s.batch
         num_tokens, nope, rank = x.shape[0], spec.qk_nope_head_dim, spec.kv_lora_rank
-        if spec.q_lora_rank is None:
-            q = ops["q_proj"](x, self.q_proj.weight)
-        else:
-            q = ops["q_a_layernorm"](ops["q_a_proj"](x, self.q_a_proj.weight, self.q_a_proj.bias), self.q_a_layernorm.weight, self.eps)
-            q = ops["q_b_proj"](q, self.q_b_proj.weight)
+        q, kv = project((self.first, "kv_a_proj_with_mqa"), x, getattr(self, self.first), self.kv_a_proj_with_mqa)  # kv [T, r + dr]
+        if spec.q_lora_rank is not None:
+            q = ops["q_b_proj"](ops["q_a_layernorm"](q, self.q_a_layernorm.weight, self.eps), self.q_b_proj.weight)
         q = q.unflatten(1, (-1, spec.qk_head_dim))  # [T, H, dn + dr]
-        kv = ops["kv_a_proj_with_mqa"](x, self.kv_a_proj_with_mqa.weight, self.kv_a_proj_with_mqa.bias)  # [T, r + dr]
         latent = ops["kv_a_layernorm"](kv[:, :rank], self.kv_a_layernorm.weight, self.eps)  # [T, r]
         q_rope = self._rope(ops, q[..., nope:], positions)  # [T, H, dr]
         k_rope = self._rope(ops, kv[:, None, rank:], positions)  # [T, 1, dr]

@@ -12,3 +12,15 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, input_dtype
     y = F.linear(x, weight, bias)
     expect_dtype(y, output_dtype, "linear output")
     return y
+
+
+def joined_linear(x: Tensor, weight: Tensor, bias: Tensor | None, widths: list[int], **constants) -> list[Tensor]:
+    """One GEMM over sibling weights joined in memory, its columns split as views, as fast engines run
+    q/k/v and gate/up; the backend picks its kernel by the joined N, so the bits may differ from one
+    call per weight (native promises none)."""
+    return list(linear(x, weight, bias, **constants).split(widths, dim=-1))
+
+
+def can_join(widths: list[int], **_) -> bool:
+    return len(widths) > 1
+

@@ -66,6 +66,7 @@ def tma_tile(
     x_desc, w_desc, b, y, tile, M, N, stride_ym, stride_yn,
     NK: tl.constexpr, G: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+    N1: tl.constexpr = 0, N2: tl.constexpr = 0,
 ):
     """One output tile over G leaves of NK blocks each. G = 1: every K block into one accumulator.
     G > 1 (the row-parallel fold, `row_parallel_triton`): each leaf's blocks into an accumulator from
@@ -86,6 +87,9 @@ def tma_tile(
                 b_leaf = tma_block(x_desc, w_desc, b_leaf, i_m, i_n, i_g * NK + i_b, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K)
             b_total = tile_triton.fold_leaf(b_total, b_leaf, DOT_IN_FP32)
         b_acc = b_total
+    if N1 > 0:  # planar parts (`tile_triton.output_part`)
+        y, b, i_n, N = tile_triton.output_part(y, b, i_n, M, N, N1, N2, BLOCK_N)
+        stride_ym = N
     tile_triton.store_tile(b_acc, b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N, DOT_IN_FP32)
 
 
@@ -104,16 +108,18 @@ def linear_persistent_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr,
+    N1: tl.constexpr = 0,
+    N2: tl.constexpr = 0,
 ):
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     if INTERPRETED:  # the interpreter cannot take a runtime `range` bound; the same tiles in the same order
         tile = tl.program_id(0)
         while tile < num_tiles:
-            tma_tile(x_desc, w_desc, b, y, tile, M, N, stride_ym, stride_yn, NK, G, HAS_BIAS, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
+            tma_tile(x_desc, w_desc, b, y, tile, M, N, stride_ym, stride_yn, NK, G, HAS_BIAS, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP, N1, N2)
             tile += num_programs
     else:
         for tile in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=True):
-            tma_tile(x_desc, w_desc, b, y, tile, M, N, stride_ym, stride_yn, NK, G, HAS_BIAS, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
+            tma_tile(x_desc, w_desc, b, y, tile, M, N, stride_ym, stride_yn, NK, G, HAS_BIAS, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP, N1, N2)
 
 
 def fits(k: int, dtype: torch.dtype) -> bool:
@@ -141,9 +147,11 @@ def _num_sms(device: torch.device) -> int:
 
 
 def linear_fwd_persistent(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, block_m: int, block_n: int,
-                          block_k: int, num_warps: int, num_stages: int, num_leaves: int = 1) -> None:
+                          block_k: int, num_warps: int, num_stages: int, num_leaves: int = 1,
+                          splits: tuple[int, int] = (0, 0)) -> None:
     """x [M, K], weight [N, K], bias [N] -> y [M, N] (written), where `fits(K, x.dtype)`. With
-    `num_leaves` = G > 1, K is G leaves of whole BLOCK_K blocks (`fits_leaves`), folded in order."""
+    `num_leaves` = G > 1, K is G leaves of whole BLOCK_K blocks (`fits_leaves`), folded in order. With
+    `splits` = (N1, N2), N1 > 0, y's elements are planar parts (`tile_triton.output_part`)."""
     m, k = x.shape
     n = weight.shape[0]
     if m == 0 or n == 0:
@@ -160,5 +168,6 @@ def linear_fwd_persistent(x: Tensor, weight: Tensor, bias: Tensor | None, y: Ten
         y.stride(0), y.stride(1),
         NK=cdiv(k // num_leaves, block_k), G=num_leaves, HAS_BIAS=bias is not None,
         DOT_IN_FP32=triton_support.interpreting(), INTERPRETED=triton_support.interpreting(),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP=GROUP_M, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP=GROUP_M, N1=splits[0], N2=splits[1],
+        num_warps=num_warps, num_stages=num_stages,
     )

@@ -194,3 +194,14 @@ def row_parallel_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *
                         leaf_tree: str) -> Tensor:
     """As `linear`, with K split into `num_leaves` leaves combined by `leaf_tree`."""
     return _linear(x, weight, bias, input_dtype, weight_dtype, output_dtype, accum_dtype, block_k, block_tree, tree, num_leaves, leaf_tree)
+
+
+def joined_linear(x: Tensor, weight: Tensor, bias: Tensor | None, widths: list[int], **constants) -> list[Tensor]:
+    """Sibling weights joined as weight [sum(widths), K] (`joined.py`) -> one output per part: every
+    output element is its own products and blocked sum, so each part is bitwise its own call."""
+    return [part.contiguous() for part in linear(x, weight, bias, **constants).split(widths, dim=-1)]
+
+
+def can_join(widths: list[int], **_) -> bool:
+    return len(widths) > 1
+

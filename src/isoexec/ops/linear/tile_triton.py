@@ -12,6 +12,12 @@ from the running sum of the earlier leaves), which is other arithmetic than the 
 loop. Compiled for sm_90 it does (`triton.compile`, TTIR inspected; on an H200 it changed the fused
 kernel's bits at one block per leaf). So a finished accumulator passes through `settled`, an opaque
 register copy, before anything is added to it.
+
+A call may write its columns as several outputs (`output_part`): sibling projections of one input
+(q, k and v; gate and up) whose weights lie one after the other in memory run as one GEMM over the
+joined weight, each part's columns stored as a [M, width] tensor of its own in one planar buffer. Every
+part's width is whole BLOCK_N tiles, so each tile belongs to one part and its columns sit where they sit
+in that part's own call: only the store address moves, never the arithmetic.
 """
 
 from __future__ import annotations
@@ -42,6 +48,17 @@ def fold_leaf(b_total, b_acc, INTERPRETED: tl.constexpr):
     """The running sum of a row-parallel tile's finished leaves plus the next one, in fp32. settled:
     the leaf's dot must not start from the running sum where a leaf is one block (module doc)."""
     return b_total + settled(b_acc, INTERPRETED)
+
+
+@jit
+def output_part(y, b, i_n, M, N, N1: tl.constexpr, N2: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(y, bias, i_n, N) of the part holding column tile i_n, where y is planar: part p (columns
+    [0, N1), [N1, N2), [N2, N)) as a contiguous [M, width] block from element M * start. N2 = N for
+    two parts; widths are whole BLOCK_N tiles (the caller's check). Its row stride is its width."""
+    first = i_n * BLOCK_N
+    start = tl.where(first >= N2, N2, tl.where(first >= N1, N1, 0))
+    end = tl.where(first >= N2, N, tl.where(first >= N1, N2, N1))
+    return y + M.to(tl.int64) * start, b + start, i_n - start // BLOCK_N, end - start
 
 
 @jit

@@ -77,11 +77,11 @@ def linear_tile(
     x, w, b, y, i_m, i_n, M, N,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
     K, NK: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, N1: tl.constexpr = 0, N2: tl.constexpr = 0,
 ):
     """Output tile (i_m, i_n) over K columns of x and w (a compile-time constant where the caller
     has one, else a leaf's width at run time), through masked pointer loads; its arithmetic is
-    `tile_triton`'s."""
+    `tile_triton`'s. N1 > 0: y is planar, parts split at columns N1 and N2 (`tile_triton.output_part`)."""
     o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_m, m_n = o_m < M, o_n < N
@@ -95,6 +95,9 @@ def linear_tile(
         b_x = tl.load(p_x, mask=m_m[:, None] & m_k[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
         b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
         b_acc = tile_triton.accumulate(b_x, b_w, b_acc, DOT_IN_FP32)
+    if N1 > 0:
+        y, b, i_n, N = tile_triton.output_part(y, b, i_n, M, N, N1, N2, BLOCK_N)
+        stride_ym = N
     tile_triton.store_tile(b_acc, b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N, DOT_IN_FP32)
 
 
@@ -113,9 +116,12 @@ def linear_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    N1: tl.constexpr = 0,
+    N2: tl.constexpr = 0,
 ):
     """Plane i_g of y: leaf FIRST_LEAF + i_g of K columns split into G leaves, x and w holding the
-    columns from leaf FIRST_LEAF's first on (a tensor-parallel rank's shard, or all of K)."""
+    columns from leaf FIRST_LEAF's first on (a tensor-parallel rank's shard, or all of K). N1 > 0 (one
+    leaf): y is planar, in parts split at columns N1 and N2 (`tile_triton.output_part`)."""
     i_m, i_n, i_g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if K % G == 0:
         o_first = i_g.to(tl.int64) * (K // G)
@@ -128,14 +134,16 @@ def linear_fwd_kernel(
     w += o_first * stride_wk
     y += i_g.to(tl.int64) * stride_yg
     linear_tile(x, w, b, y, i_m, i_n, M, N, stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
-                width, NK, HAS_BIAS, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K)
+                width, NK, HAS_BIAS, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K, N1, N2)
 
 
 def launch(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, block_m: int, block_n: int, block_k: int,
-           num_warps: int, num_stages: int, num_leaves: int = 1, global_k: int | None = None, first_leaf: int = 0) -> None:
+           num_warps: int, num_stages: int, num_leaves: int = 1, global_k: int | None = None, first_leaf: int = 0,
+           splits: tuple[int, int] = (0, 0)) -> None:
     """x [M, K], weight [N, K], bias [N] -> y [L, M, N]: plane l is leaf first_leaf + l of `global_k`
     (default K) columns split into `num_leaves` leaves by `reference.leaf_bounds`, x Wᵀ over that leaf's
-    columns (+ bias), rounded to y's dtype. x and weight hold exactly the columns of those L leaves."""
+    columns (+ bias), rounded to y's dtype. x and weight hold exactly the columns of those L leaves.
+    `splits` = (N1, N2) with N1 > 0 (one leaf): y's elements are planar parts instead (`joined_fwd`)."""
     count, m, n = y.shape
     global_k = x.shape[1] if global_k is None else global_k
     if (global_k, first_leaf, count) != (x.shape[1], 0, num_leaves):  # a rank's shard: refuse one of the wrong width
@@ -151,7 +159,7 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, block_m
         K=global_k, G=num_leaves, FIRST_LEAF=first_leaf, NK=leaf_blocks(global_k, num_leaves, block_k),
         HAS_BIAS=bias is not None,
         DOT_IN_FP32=triton_support.interpreting(),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, N1=splits[0], N2=splits[1],
         num_warps=num_warps, num_stages=num_stages,
     )
 
@@ -162,17 +170,42 @@ def leaf_blocks(k: int, num_leaves: int, block_k: int) -> int:
 
 
 def linear_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, block_m: int, block_n: int,
-               block_k: int, num_warps: int, num_stages: int) -> Tensor:
+               block_k: int, num_warps: int, num_stages: int, splits: tuple[int, int] = (0, 0)) -> Tensor:
     """x [M, K], weight [N, K], bias [N] -> [M, N] in `out_dtype`: the persistent TMA launch where K allows
-    it and the tile is wide or M large, else one program per tile; the same bits either way."""
+    it and the tile is wide or M large, else one program per tile; the same bits either way. With
+    `splits` (N1 > 0) the M x N elements are planar parts instead (`joined_fwd`)."""
     y = x.new_empty((x.shape[0], weight.shape[0]), dtype=out_dtype)
     num_stages = pipeline_stages(num_stages, block_m, block_n, block_k, x.element_size())
-    tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+    tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages, splits=splits)
     if persistent_triton.fits(x.shape[1], x.dtype) and (block_n >= PERSISTENT_MIN_BLOCK_N or x.shape[0] >= PERSISTENT_MIN_ROWS):
         persistent_triton.linear_fwd_persistent(x, weight, bias, y, **tiles)
     else:
         launch(x, weight, bias, y[None], **tiles)
     return y
+
+
+def can_join(widths: list[int], *, block_n: int, **_) -> bool:
+    """Whether sibling weights of these widths (rows) can run as one launch: 2 or 3 parts, each whole
+    BLOCK_N tiles, so no tile holds two parts' columns."""
+    return len(widths) in (2, 3) and all(w > 0 and w % block_n == 0 for w in widths)
+
+
+def joined_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, widths: list[int], *, input_dtype: str, weight_dtype: str,
+               output_dtype: str, accum_dtype: str, **tiles) -> list[Tensor]:
+    """x [M, K] and sibling weights joined as weight [sum(widths), K] (`joined.joined`) -> one contiguous
+    [M, width] output per part from one launch, each bitwise what `linear` gives that part's own weight:
+    the tiles are the same and every part starts on a tile boundary (`can_join`), so a column's tile
+    computes it as the part's own call does; only the store address moves (`tile_triton.output_part`)."""
+    expect_dtype(x, input_dtype, "linear input")
+    expect_dtype(weight, weight_dtype, "linear weight")
+    require_device(ID, x, weight, bias)
+    splits = (widths[0], widths[0] + widths[1] if len(widths) == 3 else weight.shape[0])
+    y = linear_fwd(x, weight, bias, torch_dtype(output_dtype), splits=splits, **tiles).view(-1)
+    m, parts, start = x.shape[0], [], 0
+    for width in widths:
+        parts.append(y[m * start : m * (start + width)].view(m, width))
+        start += width
+    return parts
 
 
 def _over_rows(fwd, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -237,4 +270,5 @@ def register(registry) -> None:
     """Register linear.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="linear", cases=ALL_CASES, fn=linear, check_constants=check_constants, tune=tuning.fit,
-                               sources=(linear_fwd_kernel, linear_tile, tile_triton, persistent_triton, triton_support)))
+                               sources=(linear_fwd_kernel, linear_tile, tile_triton, persistent_triton, triton_support),
+                               joined=(joined_fwd, can_join)))
