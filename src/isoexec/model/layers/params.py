@@ -64,4 +64,3 @@ def join_all(module: nn.Module) -> None:
     for layer in module.modules():
         for names in getattr(layer, "SIBLINGS", ()):
             join(*(getattr(layer, name) for name in names))
-

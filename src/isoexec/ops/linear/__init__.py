@@ -14,7 +14,7 @@ def register(registry) -> None:
                            fn=reference.row_parallel_linear, sources=(reduce,),
                            leaf_parts=(reference.row_parallel_partials, reference.row_parallel_fold)))
     registry.register(Impl(id="linear.native", version=1, region="linear", cases=ALL_CASES, fn=native.linear,
-                           joined=(native.joined_linear, native.can_join)))
+                           joined=(native.joined_linear, reference.can_join)))
     registry.register_probe("linear", probe.probe)
     registry.register_probe("linear.row_parallel", probe.probe)
     triton.register(registry)  # skipped where Triton is not installed

@@ -19,8 +19,3 @@ def joined_linear(x: Tensor, weight: Tensor, bias: Tensor | None, widths: list[i
     q/k/v and gate/up; the backend picks its kernel by the joined N, so the bits may differ from one
     call per weight (native promises none)."""
     return list(linear(x, weight, bias, **constants).split(widths, dim=-1))
-
-
-def can_join(widths: list[int], **_) -> bool:
-    return len(widths) > 1
-

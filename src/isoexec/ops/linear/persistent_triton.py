@@ -87,10 +87,7 @@ def tma_tile(
                 b_leaf = tma_block(x_desc, w_desc, b_leaf, i_m, i_n, i_g * NK + i_b, DOT_IN_FP32, BLOCK_M, BLOCK_N, BLOCK_K)
             b_total = tile_triton.fold_leaf(b_total, b_leaf, DOT_IN_FP32)
         b_acc = b_total
-    if N1 > 0:  # planar parts (`tile_triton.output_part`)
-        y, b, i_n, N = tile_triton.output_part(y, b, i_n, M, N, N1, N2, BLOCK_N)
-        stride_ym = N
-    tile_triton.store_tile(b_acc, b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N, DOT_IN_FP32)
+    tile_triton.store_tile(b_acc, b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N, DOT_IN_FP32, N1, N2)
 
 
 # One compiled kernel for every M, as for the grid kernel.

@@ -63,10 +63,14 @@ def output_part(y, b, i_n, M, N, N1: tl.constexpr, N2: tl.constexpr, BLOCK_N: tl
 
 @jit
 def store_tile(b_acc, b, y, i_m, i_n, M, N, stride_ym, stride_yn,
-               HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRETED: tl.constexpr):
+               HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRETED: tl.constexpr,
+               N1: tl.constexpr = 0, N2: tl.constexpr = 0):
     """Tile (i_m, i_n) of y: the accumulator plus the bias in fp32, rounded once; rows past M and columns
-    past N are not stored."""
+    past N are not stored. N1 > 0: y is planar, in parts split at columns N1 and N2 (`output_part`)."""
     b_acc = settled(b_acc, INTERPRETED)
+    if N1 > 0:
+        y, b, i_n, N = output_part(y, b, i_n, M, N, N1, N2, BLOCK_N)
+        stride_ym = N
     o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < N

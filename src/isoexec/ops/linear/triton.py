@@ -95,10 +95,7 @@ def linear_tile(
         b_x = tl.load(p_x, mask=m_m[:, None] & m_k[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
         b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
         b_acc = tile_triton.accumulate(b_x, b_w, b_acc, DOT_IN_FP32)
-    if N1 > 0:
-        y, b, i_n, N = tile_triton.output_part(y, b, i_n, M, N, N1, N2, BLOCK_N)
-        stride_ym = N
-    tile_triton.store_tile(b_acc, b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N, DOT_IN_FP32)
+    tile_triton.store_tile(b_acc, b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N, DOT_IN_FP32, N1, N2)
 
 
 # One compiled kernel for every M: nothing about M may reach the code, the leaf planes' stride M·N included.
