@@ -16,7 +16,9 @@ one program per SM loading them through TMA (`persistent_triton.py`): on an H200
 (benchmarks/sweep_gemm.py). The two launches run each tile's program the same way, so they give the same bits
 (tests/ops/linear/test_triton.py); which one a call takes is a speed choice: wide (training) tiles always
 launch persistently, narrow (decode) tiles one program per tile below `PERSISTENT_MIN_ROWS` rows and
-persistently from there.
+persistently from there. Below that, bfloat16 calls of at most 16 rows on a GPU take a third launch,
+each tile computed transposed with the weight as the tensor core's wide operand (`swapped_triton.py`):
+the same bits, measured, and 20-25% faster at M = 1 on Qwen3-8B's larger projections.
 
 The grid kernel also computes the leaf partials of `linear.row_parallel.triton` (`row_parallel_triton.py`):
 a third grid axis runs one leaf per program, offsetting x and W by the leaf's first K column and
@@ -43,7 +45,7 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from ..triton_support import cdiv, jit, needs_grad, require_device, tl, triton_available
-from . import persistent_triton, reference, tile_triton
+from . import persistent_triton, reference, swapped_triton, tile_triton
 from .reference import linear_grads
 from . import tuning
 
@@ -168,13 +170,16 @@ def leaf_blocks(k: int, num_leaves: int, block_k: int) -> int:
 
 def linear_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.dtype, *, block_m: int, block_n: int,
                block_k: int, num_warps: int, num_stages: int, splits: tuple[int, int] = (0, 0)) -> Tensor:
-    """x [M, K], weight [N, K], bias [N] -> [M, N] in `out_dtype`: the persistent TMA launch where K allows
-    it and the tile is wide or M large, else one program per tile; the same bits either way. With
+    """x [M, K], weight [N, K], bias [N] -> [M, N] in `out_dtype`: the swapped launch for a few bfloat16
+    rows on a GPU (`swapped_triton.fits`), the persistent TMA launch where K allows it and the tile is wide
+    or M large, else one program per tile; the same bits each way. With
     `splits` (N1 > 0) the M x N elements are planar parts instead (`joined_fwd`)."""
     y = x.new_empty((x.shape[0], weight.shape[0]), dtype=out_dtype)
     num_stages = pipeline_stages(num_stages, block_m, block_n, block_k, x.element_size())
     tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages, splits=splits)
-    if persistent_triton.fits(x.shape[1], x.dtype) and (block_n >= PERSISTENT_MIN_BLOCK_N or x.shape[0] >= PERSISTENT_MIN_ROWS):
+    if swapped_triton.fits(x, weight.shape[0], splits):
+        swapped_triton.linear_fwd_swapped(x, weight, bias, y, **tiles)
+    elif persistent_triton.fits(x.shape[1], x.dtype) and (block_n >= PERSISTENT_MIN_BLOCK_N or x.shape[0] >= PERSISTENT_MIN_ROWS):
         persistent_triton.linear_fwd_persistent(x, weight, bias, y, **tiles)
     else:
         launch(x, weight, bias, y[None], **tiles)
@@ -267,5 +272,5 @@ def register(registry) -> None:
     """Register linear.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="linear", cases=ALL_CASES, fn=linear, check_constants=check_constants, tune=tuning.fit,
-                               sources=(linear_fwd_kernel, linear_tile, tile_triton, persistent_triton, triton_support),
+                               sources=(linear_fwd_kernel, linear_tile, tile_triton, persistent_triton, swapped_triton, triton_support),
                                joined=(joined_fwd, can_join)))

@@ -1,0 +1,118 @@
+"""Decode GEMMs with the operands swapped: yᵀ = W xᵀ, the weight as the tensor core's wide side (an
+experiment script, docs/experiments.md; not a benchmark of record).
+
+    PYTHONPATH=src:benchmarks python3 benchmarks/sweep_decode_swap.py [--model qwen3-8b-random] [--quick]
+
+At M = 1 linear.triton's decode tile (64x32x256) stages a 64-row x tile of which one row is real: two
+thirds of its shared memory hold zeros, and one program fits an SM, so few weight bytes are in flight.
+Swapped, a program owns BLOCK_N weight rows and BLOCK_M (>= 16, tl.dot's least) batch rows:
+`tl.dot(W tile [BLOCK_N, BLOCK_K], xᵀ tile [BLOCK_K, BLOCK_M])`, the shape cuBLAS's decode kernels take.
+Each output element is still the sum of the same bf16 products over K in ascending BLOCK_K blocks into
+one fp32 accumulator; whether the tensor core adds a block's products in the same order with the operands
+exchanged is what the `bits` column measures, against linear.triton's training tile (the bits every
+case must give) at M = 1, 16 and 64.
+"""
+
+import argparse
+
+import torch
+import triton
+import triton.language as tl
+
+from isoexec.model import PRESETS
+from isoexec.ops.linear import triton as linear_triton, tuning
+from isoexec.ops.linear.tile_triton import settled
+from timing import graphed_ms
+
+
+@triton.jit(do_not_specialize=["M"])
+def swapped_kernel(x, w, y, M, N, K: tl.constexpr, NK: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRETED: tl.constexpr):
+    i_n, i_m = tl.program_id(0), tl.program_id(1)
+    o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_n, m_m = o_n < N, o_m < M
+    acc = tl.full([BLOCK_N, BLOCK_M], 0.0, dtype=tl.float32)
+    for i_k in range(0, NK):
+        o_k = i_k * BLOCK_K + tl.arange(0, BLOCK_K)
+        m_k = o_k < K
+        b_w = tl.load(w + o_n[:, None] * K + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
+        b_xt = tl.load(x + o_m[None, :] * K + o_k[:, None], mask=m_k[:, None] & m_m[None, :], other=0.0)
+        acc = tl.dot(b_w, b_xt, acc, input_precision="ieee")
+    acc = settled(acc, INTERPRETED)
+    tl.store(y + o_m[None, :] * N + o_n[:, None], acc.to(y.dtype.element_ty), mask=m_n[:, None] & m_m[None, :])
+
+
+def swapped(x, w, block_n, block_m, block_k, num_warps, num_stages):
+    m, k = x.shape
+    n = w.shape[0]
+    y = x.new_empty((m, n))
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
+    swapped_kernel[grid](x, w, y, m, n, K=k, NK=triton.cdiv(k, block_k), BLOCK_N=block_n, BLOCK_M=block_m,
+                         BLOCK_K=block_k, INTERPRETED=x.device.type == "cpu", num_warps=num_warps, num_stages=num_stages)
+    return y
+
+
+def candidates(quick: bool):
+    for block_n in (64, 128, 256):
+        for block_m in (16, 64):
+            for block_k in (128, 256):
+                for num_stages in ((4,) if quick else (3, 4, 6)):
+                    smem = num_stages * (block_n + block_m) * block_k * 2
+                    if smem > 220 * 1024:
+                        continue
+                    yield dict(block_n=block_n, block_m=block_m, block_k=block_k, num_warps=8 if block_n == 256 else 4,
+                               num_stages=num_stages)
+
+
+def shapes(model: str):
+    spec = PRESETS[model]
+    p = spec.projections
+    one = lambda op: next(iter(p[op]))  # noqa: E731
+    (nq, k), (nk, _), (ng, _) = one("q_proj"), one("k_proj"), one("gate_proj")
+    return {"qkv (joined)": (nq + 2 * nk, k), "o_proj": one("o_proj"), "gate_up (joined)": (2 * ng, k),
+            "down_proj": one("down_proj"), "lm_head": one("lm_head")}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", action="append", default=[])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    ms = (1, 16, 64)
+    for model in args.model or ["qwen3-8b-random", "qwen3-0.6b-random"]:
+        print(f"== {model}: ms of a CUDA-graph replay at M = {', '.join(map(str, ms))}; GB/s = weight bytes / time at M = 1; "
+              "bits: equal to linear.triton's training tile at every M", flush=True)
+        for name, (n, k) in shapes(model).items():
+            torch.manual_seed(0)
+            w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * k**-0.5
+            xs = [torch.randn(m, k, device=device, dtype=torch.bfloat16) for m in ms]
+            train = linear_triton.hopper_constants(n, k)
+            train_tile = {key: train[key] for key in ("block_m", "block_n", "block_k", "num_warps", "num_stages")}
+            decode_tile = tuning.hopper_decode_tile(n, k)
+            wants = [linear_triton.linear_fwd(x, w, None, torch.bfloat16, **train_tile) for x in xs]
+            gbs = lambda t: n * k * 2 / t / 1e6  # noqa: E731
+            rows = [("cublas", [graphed_ms(lambda x=x: torch.nn.functional.linear(x, w), device) for x in xs], None)]
+            listed = [graphed_ms(lambda x=x: linear_triton.linear_fwd(x, w, None, torch.bfloat16, **decode_tile), device) for x in xs]
+            same = all(torch.equal(linear_triton.linear_fwd(x, w, None, torch.bfloat16, **decode_tile).view(torch.int16),
+                                   want.view(torch.int16)) for x, want in zip(xs, wants))
+            rows.append(("listed decode tile", listed, same))
+            for c in candidates(args.quick):
+                try:
+                    same = all(torch.equal(swapped(x, w, **c).view(torch.int16), want.view(torch.int16)) for x, want in zip(xs, wants))
+                    times = [graphed_ms(lambda x=x: swapped(x, w, **c), device) for x in xs]
+                except Exception as error:  # noqa: BLE001  (out of resources)
+                    print(f"  {c}: {type(error).__name__}", flush=True)
+                    continue
+                rows.append((f"swap {c['block_n']}x{c['block_m']}x{c['block_k']}/w{c['num_warps']}s{c['num_stages']}", times, same))
+            print(f"{name:<17} N={n:<6} K={k:<5}", flush=True)
+            head, rest = rows[:2], sorted(rows[2:], key=lambda r: r[1][0])
+            for label, times, same in head + rest[:8]:
+                bits = "" if same is None else ("bits equal" if same else "BITS DIFFER")
+                print(f"    {label:<26} {' / '.join(f'{t:.4f}' for t in times)}  ({gbs(times[0]):.0f} GB/s)  {bits}", flush=True)
+            print(f"    swapped candidates with bits equal: {sum(r[2] for r in rows[2:])}/{len(rows) - 2}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""linear.triton's swapped launch (`swapped_triton.py`: each tile computed transposed, for a few rows):
+its values against float64 with masks in every direction, its rows invariant to the batch, joined parts,
+and, on a GPU, the grid kernel's bits at every row count it takes, and `linear.triton` taking it there.
+
+The interpreter computes `tl.dot` through numpy, whose bits may depend on the operands' orientation, so
+the comparison with the grid kernel's bits is a GPU test; the comparison's power to see a regrouped sum
+is shown on the same inputs by a split-K control."""
+
+import pytest
+import torch
+
+from conftest import INTERPRETER_WARNINGS, ON_GPU, batch_dependent, bitwise_equal, randn, require_triton
+
+require_triton()
+
+from isoexec.ops.linear import swapped_triton, tuning  # noqa: E402
+from isoexec.ops.linear import triton as linear_triton  # noqa: E402
+
+pytestmark = [INTERPRETER_WARNINGS, pytest.mark.gpu]
+
+# K not a multiple of BLOCK_K, N not a multiple of SWAPPED_BLOCK_N: masked in every direction.
+N, K = 200, 300
+DTYPES = [torch.float32, torch.bfloat16] if ON_GPU else [torch.float32]
+LAUNCH = swapped_triton.linear_fwd_swapped  # kept from the test that counts calls of the module's
+
+
+def _swapped(x, w, b=None, block_k=64, num_stages=2, splits=(0, 0)):
+    y = torch.full((x.shape[0], w.shape[0]), float("nan"), dtype=x.dtype, device=x.device)
+    LAUNCH(x, w, b, y, block_k=block_k, num_stages=num_stages, splits=splits)
+    return y
+
+
+def _grid(x, w, b=None, **tile):
+    y = torch.full((x.shape[0], w.shape[0]), float("nan"), dtype=x.dtype, device=x.device)
+    linear_triton.launch(x, w, b, y[None], **tile)
+    return y
+
+
+def _inputs(dtype, rows=21):
+    return (randn(rows, K, seed=1, dtype=dtype), randn(N, K, seed=2, scale=K**-0.5, dtype=dtype),
+            randn(N, seed=3, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swapped_matches_float64(dtype):
+    x, w, b = _inputs(dtype)
+    want = x.double() @ w.double().T + b.double()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for rows in (1, 16, 21):  # 21: two row tiles, the second masked
+        torch.testing.assert_close(_swapped(x[:rows], w, b).double(), want[:rows], atol=tol, rtol=tol)
+    torch.testing.assert_close(_swapped(x[:, ::1].t().contiguous().t(), w).double(), want - b.double(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swapped_rows_are_batch_invariant(dtype):
+    x, w, b = _inputs(dtype, rows=33)
+    assert batch_dependent(lambda x, w, b: _swapped(x, w, b), [x], w, b) == []
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swapped_parts_are_bitwise_their_own_calls(dtype):
+    widths = [128, 64, 64]
+    x, w = randn(5, K, seed=4, dtype=dtype), randn(sum(widths), K, seed=5, scale=K**-0.5, dtype=dtype)
+    b = randn(sum(widths), seed=6, dtype=dtype)
+    y = _swapped(x, w, b, splits=(128, 192)).view(-1)
+    start = 0
+    for width, w_part, b_part in zip(widths, w.split(widths), b.split(widths)):
+        assert bitwise_equal(y[5 * start : 5 * (start + width)].view(5, width), _swapped(x, w_part, b_part))
+        start += width
+    with pytest.raises(ValueError, match="whole 64-column tiles"):
+        _swapped(x, w[:160], splits=(96, 128))
+
+
+def test_only_few_bfloat16_rows_on_a_gpu_take_it():
+    x = torch.zeros(16, 64, dtype=torch.bfloat16)
+    assert not swapped_triton.fits(x, 128)  # the CPU: the interpreter keeps one orientation
+    if ON_GPU:
+        assert swapped_triton.fits(x.cuda(), 128)
+        assert not swapped_triton.fits(x.cuda().float(), 128)
+        assert not swapped_triton.fits(torch.zeros(17, 64, dtype=torch.bfloat16, device="cuda"), 128)
+        assert not swapped_triton.fits(x.cuda(), 192, splits=(96, 128))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the interpreter's numpy dot may add a transposed tile otherwise (module doc)")
+@pytest.mark.parametrize("shape", [(N, K), (4096, 1024), (1024, 3072)])
+def test_swapped_gives_the_grid_kernels_bits(shape, monkeypatch):
+    """bf16 at every row count the launch takes, against the grid kernel under the Hopper training and
+    decode tiles; and `linear.triton` taking the swapped launch for those rows, not for 17."""
+    n, k = shape
+    x, w = randn(17, k, seed=7, dtype=torch.bfloat16), randn(n, k, seed=8, scale=k**-0.5, dtype=torch.bfloat16)
+    b = randn(n, seed=9, dtype=torch.bfloat16)
+    tiles = [tuning.hopper_tile(4096, 4096), tuning.hopper_decode_tile(4096, 4096)]
+    launched = []
+    monkeypatch.setattr(swapped_triton, "linear_fwd_swapped", lambda x, *a, **t: launched.append(x.shape[0]) or LAUNCH(x, *a, **t))
+    for tile in tiles:
+        for rows in (1, 2, 7, 16):
+            want = _grid(x[:rows], w, b, **tile)
+            assert bitwise_equal(_swapped(x[:rows], w, b, block_k=tile["block_k"], num_stages=tile["num_stages"]), want)
+            assert bitwise_equal(linear_triton.linear_fwd(x[:rows], w, b, torch.bfloat16, **tile), want)
+        linear_triton.linear_fwd(x, w, b, torch.bfloat16, **tile)
+    assert launched == [1, 2, 7, 16] * 2
+    # the control: the same rows with K in two halves, each rounded, then added, differ from the grid's
+    half = k // 2
+    split = (_grid(x[:, :half], w[:, :half], None, **tiles[0]).float() + _grid(x[:, half:], w[:, half:], b, **tiles[0]).float())
+    assert not bitwise_equal(split.to(torch.bfloat16), _grid(x, w, b, **tiles[0]))
