@@ -91,18 +91,22 @@ def test_the_persistent_launch_gives_the_grid_kernels_bits(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_narrow_tile_changes_launch_with_the_rows_and_keeps_its_bits(dtype, monkeypatch):
     """A tile narrower than PERSISTENT_MIN_BLOCK_N (the decode tile) runs one program per tile below
-    PERSISTENT_MIN_ROWS rows and persistently from there (moved to 7 here, so the batches cross it): every
-    row keeps the bits it has alone, and both launches were taken."""
-    from isoexec.ops.linear import persistent_triton
+    PERSISTENT_MIN_ROWS rows and persistently from there (moved to 7 here, so the batches cross it), and
+    bfloat16 on a GPU takes the swapped launch up to SWAPPED_MAX_ROWS (moved to 2): every row keeps the
+    bits it has alone, and every launch was taken."""
+    from isoexec.ops.linear import persistent_triton, swapped_triton
 
-    launched = []
-    persistent = persistent_triton.linear_fwd_persistent
+    launched, swapped_rows = [], []
+    persistent, swapped = persistent_triton.linear_fwd_persistent, swapped_triton.linear_fwd_swapped
     monkeypatch.setattr(linear_triton, "PERSISTENT_MIN_ROWS", 7)
+    monkeypatch.setattr(swapped_triton, "SWAPPED_MAX_ROWS", 2)
     monkeypatch.setattr(persistent_triton, "linear_fwd_persistent", lambda x, *a, **k: launched.append(x.shape[0]) or persistent(x, *a, **k))
+    monkeypatch.setattr(swapped_triton, "linear_fwd_swapped", lambda x, *a, **k: swapped_rows.append(x.shape[0]) or swapped(x, *a, **k))
     x, w, b = _linear_rows(dtype)
     op = linear({**boundary(LINEAR, dtype), "block_n": 16})
     assert batch_dependent(op, [x], w, b) == []
     assert sorted(set(launched)) == [7, 16, 33]
+    assert sorted(set(swapped_rows)) == ([1, 2] if ON_GPU and dtype == torch.bfloat16 else [])
     x, w, b = x.float(), w.float(), b.float()  # the control computes in float32
     assert batch_dependent(_split_k_when_batched, [x], w, b), "the invariance check missed a batch-dependent linear"
 
