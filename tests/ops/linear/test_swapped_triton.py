@@ -103,3 +103,43 @@ def test_swapped_gives_the_grid_kernels_bits(shape, monkeypatch):
     half = k // 2
     split = (_grid(x[:, :half], w[:, :half], None, **tiles[0]).float() + _grid(x[:, half:], w[:, half:], b, **tiles[0]).float())
     assert not bitwise_equal(split.to(torch.bfloat16), _grid(x, w, b, **tiles[0]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swapped_leaf_planes_are_each_leafs_product(dtype):
+    """num_leaves = G: plane g is x Wᵀ over leaf g's K / G columns, unrounded, every row alone or batched."""
+    x, w, _ = _inputs(dtype, rows=7)
+    planes = torch.full((4, 7, N), float("nan"), device=x.device)
+    LAUNCH(x, w, None, planes, block_k=32, num_stages=2, num_leaves=4)
+    leaf = K // 4
+    for g in range(4):
+        want = x[:, g * leaf : (g + 1) * leaf].double() @ w[:, g * leaf : (g + 1) * leaf].double().T
+        torch.testing.assert_close(planes[g].double(), want, atol=1e-5, rtol=1e-5)
+    alone = torch.full((4, 1, N), float("nan"), device=x.device)
+    LAUNCH(x[3:4], w, None, alone, block_k=32, num_stages=2, num_leaves=4)
+    assert bitwise_equal(alone, planes[:, 3:4])
+    with pytest.raises(ValueError, match="do not divide K"):
+        LAUNCH(x, w, None, planes[:3], block_k=32, num_stages=2, num_leaves=7)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the interpreter's numpy dot may add a transposed tile otherwise (module doc)")
+@pytest.mark.parametrize("shape", [(N, 320), (1024, 2048), (4096, 12288)])
+def test_the_row_parallel_fold_takes_it_with_the_fused_kernels_bits(shape, monkeypatch):
+    """linear.row_parallel.triton's sequential fold of 8 leaves, bf16: a few rows take the swapped leaf
+    partials and their fold, the bits of the one fused launch; 17 rows do not take it."""
+    from isoexec.ops.linear import row_parallel_triton
+
+    n, k = shape
+    x, w = randn(17, k, seed=10, dtype=torch.bfloat16), randn(n, k, seed=11, scale=k**-0.5, dtype=torch.bfloat16)
+    b = randn(n, seed=12, dtype=torch.bfloat16)
+    tile = tuning.hopper_decode_tile(4096, 4096)
+    fwd = lambda x: row_parallel_triton.fused_fwd(x, w, b, torch.bfloat16, num_leaves=8, **tile)  # noqa: E731
+    monkeypatch.setattr(swapped_triton, "SWAPPED_MAX_ROWS", 0)
+    wants = {rows: fwd(x[:rows]) for rows in (1, 2, 7, 16)}
+    monkeypatch.setattr(swapped_triton, "SWAPPED_MAX_ROWS", 16)
+    launched = []
+    monkeypatch.setattr(swapped_triton, "linear_fwd_swapped", lambda x, *a, **t: launched.append(x.shape[0]) or LAUNCH(x, *a, **t))
+    for rows, want in wants.items():
+        assert bitwise_equal(fwd(x[:rows]), want)
+    fwd(x)
+    assert launched == [1, 2, 7, 16]
