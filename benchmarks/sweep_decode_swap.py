@@ -14,14 +14,13 @@ case must give) at M = 1, 16 and 64.
 """
 
 import argparse
-import contextlib
 
 import torch
 import triton
 import triton.language as tl
 
 from isoexec.model import PRESETS
-from isoexec.ops.linear import row_parallel_triton, swapped_triton, triton as linear_triton, tuning
+from isoexec.ops.linear import triton as linear_triton, tuning
 from isoexec.ops.linear.tile_triton import settled
 from timing import graphed_ms
 
@@ -54,41 +53,6 @@ def swapped(x, w, block_n, block_m, block_k, num_warps, num_stages):
     return y
 
 
-@contextlib.contextmanager
-def without_swap():
-    """linear.triton's launches as they were before the swapped one (`swapped_triton.fits` never true)."""
-    saved = swapped_triton.SWAPPED_MAX_ROWS
-    swapped_triton.SWAPPED_MAX_ROWS = 0
-    try:
-        yield
-    finally:
-        swapped_triton.SWAPPED_MAX_ROWS = saved
-
-
-def row_parallel(model: str, ms, num_leaves: int = 8):
-    """o_proj and down_proj as the engine's decode runs them (the sequential fold of 8 leaves): the one
-    fused launch against the swapped leaf partials and their fold, bits compared."""
-    device = torch.device("cuda")
-    print(f"== {model} row-parallel (8 leaves, sequential fold), decode tile: ms at M = {', '.join(map(str, ms))}", flush=True)
-    for name in ("o_proj", "down_proj"):
-        n, k = shapes(model)[name]
-        w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * k**-0.5
-        xs = [torch.randn(m, k, device=device, dtype=torch.bfloat16) for m in ms]
-        tile = tuning.hopper_decode_tile(n, k)
-        fwd = lambda x: row_parallel_triton.fused_fwd(x, w, None, torch.bfloat16, num_leaves=num_leaves, **tile)  # noqa: E731
-        with without_swap():
-            fused = [graphed_ms(lambda x=x: fwd(x), device) for x in xs]
-            wants = [fwd(x) for x in xs]
-        swapped_times = [graphed_ms(lambda x=x: fwd(x), device) for x in xs]
-        same = all(torch.equal(fwd(x).view(torch.int16), want.view(torch.int16)) for x, want in zip(xs, wants))
-        cublas = [graphed_ms(lambda x=x: torch.nn.functional.linear(x, w), device) for x in xs]
-        gbs = lambda t: n * k * 2 / t / 1e6  # noqa: E731
-        print(f"{name:<10} N={n:<6} K={k:<5} cublas {' / '.join(f'{t:.4f}' for t in cublas)} ({gbs(cublas[0]):.0f} GB/s)  "
-              f"fused {' / '.join(f'{t:.4f}' for t in fused)} ({gbs(fused[0]):.0f} GB/s)  "
-              f"swapped+fold {' / '.join(f'{t:.4f}' for t in swapped_times)} ({gbs(swapped_times[0]):.0f} GB/s)  "
-              f"{'bits equal' if same else 'BITS DIFFER'}", flush=True)
-
-
 def candidates(quick: bool):
     for block_n in (64, 128, 256):
         for block_m in (16, 64):
@@ -114,16 +78,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", default=[])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--row-parallel", action="store_true", help="only the row-parallel fold: fused against swapped leaves")
     args = parser.parse_args()
     device = torch.device("cuda")
     ms = (1, 16, 64)
     for model in args.model or ["qwen3-8b-random", "qwen3-0.6b-random"]:
-        row_parallel(model, ms)
-        if args.row_parallel:
-            continue
         print(f"== {model}: ms of a CUDA-graph replay at M = {', '.join(map(str, ms))}; GB/s = weight bytes / time at M = 1; "
-              "bits: equal to linear.triton's training tile (grid or persistent launch) at every M", flush=True)
+              "bits: equal to linear.triton's training tile at every M", flush=True)
         for name, (n, k) in shapes(model).items():
             torch.manual_seed(0)
             w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * k**-0.5
@@ -131,14 +91,12 @@ def main():
             train = linear_triton.hopper_constants(n, k)
             train_tile = {key: train[key] for key in ("block_m", "block_n", "block_k", "num_warps", "num_stages")}
             decode_tile = tuning.hopper_decode_tile(n, k)
-            with without_swap():
-                wants = [linear_triton.linear_fwd(x, w, None, torch.bfloat16, **train_tile) for x in xs]
+            wants = [linear_triton.linear_fwd(x, w, None, torch.bfloat16, **train_tile) for x in xs]
             gbs = lambda t: n * k * 2 / t / 1e6  # noqa: E731
             rows = [("cublas", [graphed_ms(lambda x=x: torch.nn.functional.linear(x, w), device) for x in xs], None)]
-            with without_swap():
-                listed = [graphed_ms(lambda x=x: linear_triton.linear_fwd(x, w, None, torch.bfloat16, **decode_tile), device) for x in xs]
-                same = all(torch.equal(linear_triton.linear_fwd(x, w, None, torch.bfloat16, **decode_tile).view(torch.int16),
-                                       want.view(torch.int16)) for x, want in zip(xs, wants))
+            listed = [graphed_ms(lambda x=x: linear_triton.linear_fwd(x, w, None, torch.bfloat16, **decode_tile), device) for x in xs]
+            same = all(torch.equal(linear_triton.linear_fwd(x, w, None, torch.bfloat16, **decode_tile).view(torch.int16),
+                                   want.view(torch.int16)) for x, want in zip(xs, wants))
             rows.append(("listed decode tile", listed, same))
             for c in candidates(args.quick):
                 try:

@@ -39,7 +39,7 @@ SHARED_MEMORY_BYTES = 200 * 1024
 def linear_swapped_kernel(
     x, w, b, y,
     M, N,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_yg, stride_ym, stride_yn,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
     K: tl.constexpr,
     NK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -50,12 +50,8 @@ def linear_swapped_kernel(
     N1: tl.constexpr = 0,
     N2: tl.constexpr = 0,
 ):
-    """Output tile (i_m, i_n) of plane i_g, accumulated as its transpose [BLOCK_N, BLOCK_M]: x Wᵀ over
-    the K columns of leaf i_g (K is a leaf's width; one leaf: all of them)."""
-    i_n, i_m, i_g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    x += i_g.to(tl.int64) * K * stride_xk
-    w += i_g.to(tl.int64) * K * stride_wk
-    y += i_g.to(tl.int64) * stride_yg
+    """Output tile (i_m, i_n), accumulated as its transpose [BLOCK_N, BLOCK_M]."""
+    i_n, i_m = tl.program_id(0), tl.program_id(1)
     o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_n, m_m = o_n < N, o_m < M
@@ -86,30 +82,23 @@ def fits(x: Tensor, n: int, splits: tuple[int, int] = (0, 0)) -> bool:
 
 
 def linear_fwd_swapped(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, block_k: int, num_stages: int,
-                       splits: tuple[int, int] = (0, 0), num_leaves: int = 1, **_tile) -> None:
+                       splits: tuple[int, int] = (0, 0), **_tile) -> None:
     """x [M, K], weight [N, K], bias [N] -> y [M, N] (written), BLOCK_K and the stages (as many as fit
     in shared memory) from the contract's tile, its other dimensions this launch's. With `splits` =
-    (N1, N2), N1 > 0, y's elements are planar parts of whole SWAPPED_BLOCK_N tiles (`parts_fit`). With
-    `num_leaves` = G > 1 (dividing K), y is [G, M, N]: plane g is leaf g's unrounded partial, as
-    `row_parallel_triton.leaf_partials` computes it (its G leaves run in parallel, not folded in one
-    program, which at M = 1 leaves few programs for a narrow N)."""
+    (N1, N2), N1 > 0, y's elements are planar parts of whole SWAPPED_BLOCK_N tiles (`parts_fit`)."""
     m, k = x.shape
     n = weight.shape[0]
     if m == 0 or n == 0:
         return
     if not parts_fit(n, splits):
         raise ValueError(f"swapped launch: parts split at {splits} are not whole {SWAPPED_BLOCK_N}-column tiles")
-    if k % num_leaves:
-        raise ValueError(f"swapped launch: {num_leaves} leaves do not divide K = {k}")
-    planes = y if num_leaves > 1 else y[None]
     stage_bytes = (SWAPPED_BLOCK_N + SWAPPED_BLOCK_M) * block_k * x.element_size()
-    grid = (cdiv(n, SWAPPED_BLOCK_N), cdiv(m, SWAPPED_BLOCK_M), num_leaves)
-    leaf = k // num_leaves
+    grid = (cdiv(n, SWAPPED_BLOCK_N), cdiv(m, SWAPPED_BLOCK_M))
     linear_swapped_kernel[grid](
-        x, weight, x if bias is None else bias.contiguous(), planes,
+        x, weight, x if bias is None else bias.contiguous(), y,
         m, n,
-        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), planes.stride(0), planes.stride(1), planes.stride(2),
-        K=leaf, NK=cdiv(leaf, block_k), HAS_BIAS=bias is not None, DOT_IN_FP32=triton_support.interpreting(),
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
+        K=k, NK=cdiv(k, block_k), HAS_BIAS=bias is not None, DOT_IN_FP32=triton_support.interpreting(),
         BLOCK_M=SWAPPED_BLOCK_M, BLOCK_N=SWAPPED_BLOCK_N, BLOCK_K=block_k, N1=splits[0], N2=splits[1],
         num_warps=SWAPPED_NUM_WARPS, num_stages=max(1, min(num_stages, SHARED_MEMORY_BYTES // stage_bytes)),
     )
