@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from isoexec.model import PRESETS
-from isoexec.ops.linear import swapped_triton, triton as linear_triton, tuning
+from isoexec.ops.linear import row_parallel_triton, swapped_triton, triton as linear_triton, tuning
 from isoexec.ops.linear.tile_triton import settled
 from timing import graphed_ms
 
@@ -66,6 +66,27 @@ def without_swap():
         swapped_triton.SWAPPED_MAX_ROWS = saved
 
 
+def row_parallel(model: str, ms, num_leaves: int = 8):
+    """o_proj and down_proj as the engine's decode runs them (the sequential fold of 8 leaves, the decode
+    tile): the launch before the swapped one beside the swapped fold, bits compared."""
+    device = torch.device("cuda")
+    print(f"== {model} row-parallel (8 leaves, sequential fold): ms of a CUDA-graph replay at M = {', '.join(map(str, ms))}", flush=True)
+    for name in ("o_proj", "down_proj"):
+        n, k = shapes(model)[name]
+        w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * k**-0.5
+        xs = [torch.randn(m, k, device=device, dtype=torch.bfloat16) for m in ms]
+        fwd = lambda x: row_parallel_triton.fused_fwd(x, w, None, torch.bfloat16, num_leaves=num_leaves, **tuning.hopper_decode_tile(n, k))  # noqa: E731
+        with without_swap():
+            before = [graphed_ms(lambda x=x: fwd(x), device) for x in xs]
+            wants = [fwd(x) for x in xs]
+        after = [graphed_ms(lambda x=x: fwd(x), device) for x in xs]
+        same = all(torch.equal(fwd(x).view(torch.int16), want.view(torch.int16)) for x, want in zip(xs, wants))
+        cublas = [graphed_ms(lambda x=x: torch.nn.functional.linear(x, w), device) for x in xs]
+        gbs = lambda t: n * k * 2 / t / 1e6  # noqa: E731
+        print(f"{name:<10} N={n:<6} K={k:<5} " + "  ".join(f"{label} {' / '.join(f'{t:.4f}' for t in ts)} ({gbs(ts[0]):.0f} GB/s)"
+              for label, ts in (("cublas", cublas), ("fused", before), ("swapped", after))) + f"  {'bits equal' if same else 'BITS DIFFER'}", flush=True)
+
+
 def candidates(quick: bool):
     for block_n in (64, 128, 256):
         for block_m in (16, 64):
@@ -91,10 +112,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", default=[])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--row-parallel", action="store_true", help="only o_proj and down_proj's fold: before and with the swapped launch")
     args = parser.parse_args()
     device = torch.device("cuda")
     ms = (1, 16, 64)
     for model in args.model or ["qwen3-8b-random", "qwen3-0.6b-random"]:
+        row_parallel(model, ms)
+        if args.row_parallel:
+            continue
         print(f"== {model}: ms of a CUDA-graph replay at M = {', '.join(map(str, ms))}; GB/s = weight bytes / time at M = 1; "
               "bits: equal to linear.triton's training tile (grid or persistent launch) at every M", flush=True)
         for name, (n, k) in shapes(model).items():

@@ -24,9 +24,9 @@ DTYPES = [torch.float32, torch.bfloat16] if ON_GPU else [torch.float32]
 LAUNCH = swapped_triton.linear_fwd_swapped  # kept from the test that counts calls of the module's
 
 
-def _swapped(x, w, b=None, block_k=64, num_stages=2, splits=(0, 0)):
+def _swapped(x, w, b=None, block_k=64, num_stages=2, splits=(0, 0), num_leaves=1):
     y = torch.full((x.shape[0], w.shape[0]), float("nan"), dtype=x.dtype, device=x.device)
-    LAUNCH(x, w, b, y, block_k=block_k, num_stages=num_stages, splits=splits)
+    LAUNCH(x, w, b, y, block_k=block_k, num_stages=num_stages, splits=splits, num_leaves=num_leaves)
     return y
 
 
@@ -103,3 +103,38 @@ def test_swapped_gives_the_grid_kernels_bits(shape, monkeypatch):
     half = k // 2
     split = (_grid(x[:, :half], w[:, :half], None, **tiles[0]).float() + _grid(x[:, half:], w[:, half:], b, **tiles[0]).float())
     assert not bitwise_equal(split.to(torch.bfloat16), _grid(x, w, b, **tiles[0]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_leaves", [4, 7])  # 7 does not divide K = 300: leaves of 42 and 43 columns
+def test_swapped_fold_of_leaves(dtype, num_leaves):
+    """num_leaves = G: K's leaves folded in order (the row-parallel sequential tree): the product within
+    tolerance, every row's bits the same alone and batched."""
+    x, w, b = _inputs(dtype, rows=33)
+    fold = lambda x, w, b: _swapped(x, w, b, block_k=32, num_leaves=num_leaves)  # noqa: E731
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(fold(x, w, b).double(), x.double() @ w.double().T + b.double(), atol=tol, rtol=tol)
+    assert batch_dependent(fold, [x], w, b) == []
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the interpreter's numpy dot may add a transposed tile otherwise (module doc)")
+@pytest.mark.parametrize("shape", [(N, 320), (N, K), (1024, 2048), (4096, 12288)])
+def test_the_row_parallel_fold_takes_it_with_the_fused_kernels_bits(shape, monkeypatch):
+    """linear.row_parallel.triton's sequential fold of 8 leaves, bf16 (K = 300: leaves of two widths): a few
+    rows take the swapped launch, with the bits of the fused launch; 17 rows do not take it."""
+    from isoexec.ops.linear import row_parallel_triton
+
+    n, k = shape
+    x, w = randn(17, k, seed=10, dtype=torch.bfloat16), randn(n, k, seed=11, scale=k**-0.5, dtype=torch.bfloat16)
+    b = randn(n, seed=12, dtype=torch.bfloat16)
+    tile = tuning.hopper_decode_tile(4096, 4096)
+    fwd = lambda x: row_parallel_triton.fused_fwd(x, w, b, torch.bfloat16, num_leaves=8, **tile)  # noqa: E731
+    monkeypatch.setattr(swapped_triton, "SWAPPED_MAX_ROWS", 0)
+    wants = {rows: fwd(x[:rows]) for rows in (1, 2, 7, 16)}
+    monkeypatch.setattr(swapped_triton, "SWAPPED_MAX_ROWS", 16)
+    launched = []
+    monkeypatch.setattr(swapped_triton, "linear_fwd_swapped", lambda x, *a, **t: launched.append(x.shape[0]) or LAUNCH(x, *a, **t))
+    for rows, want in wants.items():
+        assert bitwise_equal(fwd(x[:rows]), want)
+    fwd(x)
+    assert launched == [1, 2, 7, 16]

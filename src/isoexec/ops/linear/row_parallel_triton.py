@@ -41,7 +41,7 @@ from ...runtime.registry import Impl
 from .. import reduce, triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from ..triton_support import cdiv, jit, require_device, tl, triton_available
-from . import persistent_triton, tile_triton
+from . import persistent_triton, swapped_triton, tile_triton
 from . import triton as linear_triton
 from . import tuning
 
@@ -176,13 +176,16 @@ def fused_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, out_dtype: torch.d
               block_n: int, block_k: int, num_warps: int, num_stages: int) -> Tensor:
     """x [M, K], weight [N, K], bias [N] -> [M, N]: the leaves folded in order (`sequential`), one launch:
     the persistent TMA kernel where `persistent_fits` (a property of the layer and its tile, never of
-    M), else `fused_kernel`; the same bits either way, so a decode tile with another BLOCK_K may take
-    the other launch."""
+    M), else `fused_kernel`, and for a few bfloat16 rows on a GPU `swapped_triton`'s launch (the same
+    fold, each tile computed transposed); the same bits each way, so a decode tile with another BLOCK_K
+    may take another launch."""
     m, k = x.shape
     y = x.new_empty((m, weight.shape[0]), dtype=out_dtype)
     tiles = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps,
                  num_stages=linear_triton.pipeline_stages(num_stages, block_m, block_n, block_k, x.element_size()))
-    if persistent_fits(k, x.dtype, num_leaves, block_k):
+    if swapped_triton.fits(x, weight.shape[0]):
+        swapped_triton.linear_fwd_swapped(x, weight, bias, y, num_leaves=num_leaves, **tiles)
+    elif persistent_fits(k, x.dtype, num_leaves, block_k):
         persistent_triton.linear_fwd_persistent(x, weight, bias, y, num_leaves=num_leaves, **tiles)
     else:
         fused_grid(x, weight, bias, y, num_leaves=num_leaves, **tiles)
@@ -283,4 +286,4 @@ def register(registry) -> None:
                                check_constants=check_constants, tune=tuning.fit_row_parallel,
                                leaf_parts=(row_parallel_partials, row_parallel_fold),
                                sources=(linear_triton.linear_fwd_kernel, linear_triton.linear_tile, tile_triton, combine_kernel, fused_kernel,
-                                        persistent_triton, linear_triton, reduce, triton_support)))
+                                        persistent_triton, swapped_triton, linear_triton, reduce, triton_support)))

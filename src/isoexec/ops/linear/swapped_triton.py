@@ -12,7 +12,10 @@ Qwen3-8B projection shape (`benchmarks/sweep_decode_swap.py`), 20-25% faster tha
 M = 1 on the larger shapes; `tests/ops/linear/test_swapped_triton.py` checks the bits on the GPU.
 
 So the launch is a speed choice, like the persistent one: `linear.triton` takes it for bfloat16 calls of
-at most SWAPPED_MAX_ROWS rows on a GPU (`fits`), with the contract's BLOCK_K and stages. Past 16 rows
+at most SWAPPED_MAX_ROWS rows on a GPU (`fits`), with the contract's BLOCK_K and stages, and so does
+`linear.row_parallel.triton`'s sequential fold (G leaves folded in order in one program, as its
+`fused_kernel` does; running the leaves in parallel and folding them after was slower at Qwen3-8B's
+o_proj and down_proj, docs/experiments.md). Past 16 rows
 a program would re-read its weight block for every 16 rows, so larger batches keep the grid and
 persistent launches. The interpreter computes `tl.dot` through numpy, whose bits may depend on the
 operands' orientation, so on the CPU the kernel is tested on its own (values, masks, parts), not
@@ -35,12 +38,21 @@ SWAPPED_NUM_WARPS = 4  # one warpgroup
 SHARED_MEMORY_BYTES = 200 * 1024
 
 
+@jit
+def _block(x, w, b_acc, o_m, o_n, o_k, m_m, m_n, m_k, stride_xm, stride_xk, stride_wn, stride_wk, DOT_IN_FP32: tl.constexpr):
+    """b_acc [BLOCK_N, BLOCK_M] plus the K block o_k of W's rows o_n times xᵀ's columns o_m."""
+    b_w = tl.load(w + o_n[:, None] * stride_wn + o_k[None, :] * stride_wk, mask=m_n[:, None] & m_k[None, :], other=0.0)
+    b_xt = tl.load(x + o_k[:, None] * stride_xk + o_m[None, :] * stride_xm, mask=m_k[:, None] & m_m[None, :], other=0.0)
+    return tile_triton.accumulate(b_w, b_xt, b_acc, DOT_IN_FP32)
+
+
 @jit(do_not_specialize=["M"])
 def linear_swapped_kernel(
     x, w, b, y,
     M, N,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
     K: tl.constexpr,
+    G: tl.constexpr,
     NK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
@@ -50,21 +62,36 @@ def linear_swapped_kernel(
     N1: tl.constexpr = 0,
     N2: tl.constexpr = 0,
 ):
-    """Output tile (i_m, i_n), accumulated as its transpose [BLOCK_N, BLOCK_M]."""
+    """Output tile (i_m, i_n), accumulated as its transpose [BLOCK_N, BLOCK_M]. G > 1: K is G leaves
+    (`reference.leaf_bounds`) folded in order, as `row_parallel_triton.fused_kernel` folds them: each
+    leaf's NK blocks into an accumulator from +0.0, masked at the leaf's end, each finished leaf added to
+    a running fp32 sum; one loop over every leaf's blocks, so loads pipeline across leaf ends."""
     i_n, i_m = tl.program_id(0), tl.program_id(1)
     o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_n, m_m = o_n < N, o_m < M
 
     b_acc = tl.full([BLOCK_N, BLOCK_M], 0.0, dtype=tl.float32)
-    for i_k in range(0, NK):
-        o_k = i_k * BLOCK_K + tl.arange(0, BLOCK_K)
-        m_k = o_k < K
-        p_w = w + o_n[:, None] * stride_wn + o_k[None, :] * stride_wk
-        p_x = x + o_k[:, None] * stride_xk + o_m[None, :] * stride_xm
-        b_w = tl.load(p_w, mask=m_n[:, None] & m_k[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
-        b_xt = tl.load(p_x, mask=m_k[:, None] & m_m[None, :], other=0.0)  # [BLOCK_K, BLOCK_M]
-        b_acc = tile_triton.accumulate(b_w, b_xt, b_acc, DOT_IN_FP32)
+    if G == 1:
+        for i_k in range(0, NK):
+            o_k = i_k * BLOCK_K + tl.arange(0, BLOCK_K)
+            b_acc = _block(x, w, b_acc, o_m, o_n, o_k, m_m, m_n, o_k < K, stride_xm, stride_xk, stride_wn, stride_wk, DOT_IN_FP32)
+    else:
+        b_total = tl.full([BLOCK_N, BLOCK_M], -0.0, dtype=tl.float32)  # -0.0 + l0 is l0, bit for bit
+        for i in range(0, G * NK):
+            o_k = (i % NK) * BLOCK_K + tl.arange(0, BLOCK_K)
+            if K % G == 0:
+                m_k = o_k < K // G
+                o_k += (i // NK) * (K // G)
+            else:  # reference.leaf_bounds: leaf i // NK starts at floor((i // NK) K / G)
+                o_first = (i // NK) * K // G
+                m_k = o_k < ((i // NK) + 1) * K // G - o_first
+                o_k += o_first
+            b_acc = _block(x, w, b_acc, o_m, o_n, o_k, m_m, m_n, m_k, stride_xm, stride_xk, stride_wn, stride_wk, DOT_IN_FP32)
+            if i % NK == NK - 1:
+                b_total = tile_triton.fold_leaf(b_total, b_acc, DOT_IN_FP32)
+                b_acc = tl.full([BLOCK_N, BLOCK_M], 0.0, dtype=tl.float32)
+        b_acc = b_total
     tile_triton.store_tile(tl.trans(b_acc), b, y, i_m, i_n, M, N, stride_ym, stride_yn, HAS_BIAS, BLOCK_M, BLOCK_N,
                            DOT_IN_FP32, N1, N2)
 
@@ -82,10 +109,11 @@ def fits(x: Tensor, n: int, splits: tuple[int, int] = (0, 0)) -> bool:
 
 
 def linear_fwd_swapped(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, *, block_k: int, num_stages: int,
-                       splits: tuple[int, int] = (0, 0), **_tile) -> None:
+                       splits: tuple[int, int] = (0, 0), num_leaves: int = 1, **_tile) -> None:
     """x [M, K], weight [N, K], bias [N] -> y [M, N] (written), BLOCK_K and the stages (as many as fit
     in shared memory) from the contract's tile, its other dimensions this launch's. With `splits` =
-    (N1, N2), N1 > 0, y's elements are planar parts of whole SWAPPED_BLOCK_N tiles (`parts_fit`)."""
+    (N1, N2), N1 > 0, y's elements are planar parts of whole SWAPPED_BLOCK_N tiles (`parts_fit`). With
+    `num_leaves` = G > 1, K's G leaves are folded in order (linear.row_parallel.triton's `sequential` tree)."""
     m, k = x.shape
     n = weight.shape[0]
     if m == 0 or n == 0:
@@ -98,7 +126,8 @@ def linear_fwd_swapped(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor
         x, weight, x if bias is None else bias.contiguous(), y,
         m, n,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
-        K=k, NK=cdiv(k, block_k), HAS_BIAS=bias is not None, DOT_IN_FP32=triton_support.interpreting(),
+        K=k, G=num_leaves, NK=max(1, cdiv(cdiv(k, num_leaves), block_k)), HAS_BIAS=bias is not None,
+        DOT_IN_FP32=triton_support.interpreting(),
         BLOCK_M=SWAPPED_BLOCK_M, BLOCK_N=SWAPPED_BLOCK_N, BLOCK_K=block_k, N1=splits[0], N2=splits[1],
         num_warps=SWAPPED_NUM_WARPS, num_stages=max(1, min(num_stages, SHARED_MEMORY_BYTES // stage_bytes)),
     )
