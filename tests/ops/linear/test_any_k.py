@@ -320,12 +320,13 @@ def _ptxas():
                     reason="compiled on a GPU by the tests above; needs Triton's ptxas otherwise")
 def test_the_uneven_leaf_kernels_compile_for_hopper(tmp_path):
     """The interpreter runs Python the compiler may refuse: compile the leaf-plane kernel (all leaves,
-    and a rank's from leaf 4) and the fused kernel at K = 150 in 8 leaves for sm_90."""
+    and a rank's from leaf 4), the fused kernel and the swapped launch's fold at K = 150 in 8 leaves for
+    sm_90 (and the swapped launch's joined parts)."""
     script = textwrap.dedent("""
         import triton
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
-        from isoexec.ops.linear import row_parallel_triton, triton as linear_triton
+        from isoexec.ops.linear import row_parallel_triton, swapped_triton, triton as linear_triton
         target = GPUTarget("cuda", 90, 32)
         def build(kernel, constexprs):
             types = {name: "constexpr" if name in constexprs else "*bf16" if name in ("x", "w", "b") else "*fp32" if name == "y"
@@ -335,6 +336,9 @@ def test_the_uneven_leaf_kernels_compile_for_hopper(tmp_path):
         for first in (0, 4):
             build(linear_triton.linear_fwd_kernel, dict(K=150, G=8, FIRST_LEAF=first, NK=1, **tile))
         build(row_parallel_triton.fused_kernel, dict(K=150, G=8, NK=1, GROUP=8, **tile))
+        swapped = dict(tile, BLOCK_M=16, BLOCK_N=64)
+        build(swapped_triton.linear_swapped_kernel, dict(K=150, G=8, NK=1, **swapped))
+        build(swapped_triton.linear_swapped_kernel, dict(K=150, G=1, NK=5, N1=128, N2=192, **swapped))
     """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)

@@ -155,14 +155,7 @@ def fused_kernel(
     total = tl.full([BLOCK_M, BLOCK_N], -0.0, dtype=tl.float32)
     acc = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
     for i in range(0, G * NK):
-        o_k = (i % NK) * BLOCK_K + tl.arange(0, BLOCK_K)
-        if K % G == 0:
-            m_k = o_k < K // G
-            o_k += (i // NK) * (K // G)
-        else:  # reference.leaf_bounds: leaf i // NK starts at floor((i // NK) K / G)
-            o_first = (i // NK) * K // G
-            m_k = o_k < ((i // NK) + 1) * K // G - o_first
-            o_k += o_first
+        o_k, m_k = tile_triton.leaf_block(i, K, G, NK, BLOCK_K)
         b_x = tl.load(x + o_m[:, None] * stride_xm + o_k[None, :] * stride_xk, mask=m_m[:, None] & m_k[None, :], other=0.0)
         b_w = tl.load(w + o_k[:, None] * stride_wk + o_n[None, :] * stride_wn, mask=m_k[:, None] & m_n[None, :], other=0.0)
         acc = tile_triton.accumulate(b_x, b_w, acc, DOT_IN_FP32)

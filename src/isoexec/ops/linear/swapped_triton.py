@@ -79,14 +79,7 @@ def linear_swapped_kernel(
     else:
         b_total = tl.full([BLOCK_N, BLOCK_M], -0.0, dtype=tl.float32)  # -0.0 + l0 is l0, bit for bit
         for i in range(0, G * NK):
-            o_k = (i % NK) * BLOCK_K + tl.arange(0, BLOCK_K)
-            if K % G == 0:
-                m_k = o_k < K // G
-                o_k += (i // NK) * (K // G)
-            else:  # reference.leaf_bounds: leaf i // NK starts at floor((i // NK) K / G)
-                o_first = (i // NK) * K // G
-                m_k = o_k < ((i // NK) + 1) * K // G - o_first
-                o_k += o_first
+            o_k, m_k = tile_triton.leaf_block(i, K, G, NK, BLOCK_K)
             b_acc = _block(x, w, b_acc, o_m, o_n, o_k, m_m, m_n, m_k, stride_xm, stride_xk, stride_wn, stride_wk, DOT_IN_FP32)
             if i % NK == NK - 1:
                 b_total = tile_triton.fold_leaf(b_total, b_acc, DOT_IN_FP32)

@@ -51,6 +51,22 @@ def fold_leaf(b_total, b_acc, INTERPRETED: tl.constexpr):
 
 
 @jit
+def leaf_block(i, K: tl.constexpr, G: tl.constexpr, NK: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(columns, mask) of block i of a row-parallel fold's one loop over G leaves of NK blocks each: block
+    i % NK of leaf i // NK, from the leaf's first column (`reference.leaf_bounds`: leaf g starts at
+    floor(g K / G)), masked at the leaf's end."""
+    o_k = (i % NK) * BLOCK_K + tl.arange(0, BLOCK_K)
+    if K % G == 0:
+        m_k = o_k < K // G
+        o_k += (i // NK) * (K // G)
+    else:
+        o_first = (i // NK) * K // G
+        m_k = o_k < ((i // NK) + 1) * K // G - o_first
+        o_k += o_first
+    return o_k, m_k
+
+
+@jit
 def output_part(y, b, i_n, M, N, N1: tl.constexpr, N2: tl.constexpr, BLOCK_N: tl.constexpr):
     """(y, bias, i_n, N) of the part holding column tile i_n, where y is planar: part p (columns
     [0, N1), [N1, N2), [N2, N)) as a contiguous [M, width] block from element M * start. N2 = N for
