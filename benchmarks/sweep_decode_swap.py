@@ -10,7 +10,9 @@ Swapped, a program owns BLOCK_N weight rows and BLOCK_M (>= 16, tl.dot's least) 
 Each output element is still the sum of the same bf16 products over K in ascending BLOCK_K blocks into
 one fp32 accumulator; whether the tensor core adds a block's products in the same order with the operands
 exchanged is what the `bits` column measures, against linear.triton's training tile (the bits every
-case must give) at M = 1, 16 and 64.
+case must give) at M = 1, 16 and 64. The kernel here takes every tile dimension as a parameter;
+`ops/linear/swapped_triton.py`, the launch this sweep chose, fixes them (64 x 16, 4 warps). `--row-parallel`
+times o_proj's and down_proj's fold before and with that launch.
 """
 
 import argparse
