@@ -377,9 +377,17 @@ def sweep_decode_gemm() -> None:
     vs candidate tiles with the listed block_k or twice it, and cuBLAS. Each candidate's output is
     compared bit for bit with the listed tile's: a tile that keeps the bits could be pinned for
     engine_decode alone (the battery then proves it). One tile serves every decode batch, so candidates
-    are ranked by their time summed over M."""
+    are ranked by their time summed over M. The swapped launch, which bf16 calls of up to 16 rows take
+    whatever the tile (`ops/linear/swapped_triton.py`; `sweep_decode_swap.py` sweeps it), is kept off so
+    every candidate runs its own tile."""
     from isoexec.ops.linear import triton as linear_triton, tuning
+    from sweep_decode_swap import without_swap
 
+    with without_swap():
+        _sweep_decode_gemm(linear_triton, tuning)
+
+
+def _sweep_decode_gemm(linear_triton, tuning) -> None:
     device = torch.device("cuda")
     ms_of = lambda fn: graphed_ms(fn, device)  # noqa: E731  (decode runs as CUDA graphs: device time, no host launch cost)
     print("== decode GEMM tiles, Qwen3-0.6B shapes, bf16: ms of a CUDA-graph replay at M = 1, 16, 64 and their sum "
