@@ -89,16 +89,18 @@ def row_parallel(model: str, ms, num_leaves: int = 8):
               for label, ts in (("cublas", cublas), ("fused", before), ("swapped", after))) + f"  {'bits equal' if same else 'BITS DIFFER'}", flush=True)
 
 
-def candidates(quick: bool):
-    for block_n in (64, 128, 256):
-        for block_m in (16, 64):
+def candidates(quick: bool, narrow: bool = False):
+    """Tiles to sweep. `narrow`: 16 and 32 weight rows a program (below wgmma's 64: Triton takes mma.sync,
+    whose bits are what the sweep checks), 1 or 2 warps, for shapes whose N / 64 programs leave SMs idle."""
+    for block_n in ((16, 32) if narrow else (64, 128, 256)):
+        for block_m in ((16,) if narrow else (16, 64)):
             for block_k in (128, 256):
                 for num_stages in ((4,) if quick else (3, 4, 6)):
                     smem = num_stages * (block_n + block_m) * block_k * 2
                     if smem > 220 * 1024:
                         continue
-                    yield dict(block_n=block_n, block_m=block_m, block_k=block_k, num_warps=8 if block_n == 256 else 4,
-                               num_stages=num_stages)
+                    for num_warps in ((1, 2) if narrow else (8 if block_n == 256 else 4,)):
+                        yield dict(block_n=block_n, block_m=block_m, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
 
 
 def shapes(model: str):
@@ -114,6 +116,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", default=[])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--narrow", action="store_true", help="sweep 16 and 32 weight rows a program instead")
     parser.add_argument("--row-parallel", action="store_true", help="only o_proj and down_proj's fold: before and with the swapped launch")
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -140,7 +143,7 @@ def main():
                 same = all(torch.equal(linear_triton.linear_fwd(x, w, None, torch.bfloat16, **decode_tile).view(torch.int16),
                                        want.view(torch.int16)) for x, want in zip(xs, wants))
             rows.append(("listed decode tile", listed, same))
-            for c in candidates(args.quick):
+            for c in candidates(args.quick, args.narrow):
                 try:
                     same = all(torch.equal(swapped(x, w, **c).view(torch.int16), want.view(torch.int16)) for x, want in zip(xs, wants))
                     times = [graphed_ms(lambda x=x: swapped(x, w, **c), device) for x in xs]
