@@ -15,11 +15,10 @@ So the launch is a speed choice, like the persistent one: `linear.triton` takes 
 at most SWAPPED_MAX_ROWS rows on a GPU (`fits`), with the contract's BLOCK_K and stages, and so does
 `linear.row_parallel.triton`'s sequential fold (G leaves folded in order in one program, as its
 `fused_kernel` does; running the leaves in parallel and folding them after was slower at Qwen3-8B's
-o_proj and down_proj, docs/experiments.md). Past 16 rows
-a program would re-read its weight block for every 16 rows, so larger batches keep the grid and
-persistent launches. The interpreter computes `tl.dot` through numpy, whose bits may depend on the
-operands' orientation, so on the CPU the kernel is tested on its own (values, masks, parts), not
-against the grid kernel's bits.
+o_proj and down_proj, docs/experiments.md). Past 16 rows a program would re-read its weight block for
+every 16 rows, so larger batches keep the grid and persistent launches. The interpreter computes
+`tl.dot` through numpy, whose bits may depend on the operands' orientation, so on the CPU the kernel is
+tested on its own (values, masks, parts, folds), not against the grid kernel's bits.
 """
 
 from __future__ import annotations
