@@ -36,6 +36,15 @@ def _grid(x, w, b=None, **tile):
     return y
 
 
+def _split_k_when_batched(x, w, b=None, **launch):
+    """The control: from 8 rows on, K in two halves, each rounded to x's dtype, then added (split-K)."""
+    if x.shape[0] < 8:
+        return _swapped(x, w, b, **launch)
+    half = x.shape[1] // 2
+    low, high = _swapped(x[:, :half], w[:, :half], None, **launch), _swapped(x[:, half:], w[:, half:], b, **launch)
+    return (low.float() + high.float()).to(x.dtype)
+
+
 def _inputs(dtype, rows=21):
     return (randn(rows, K, seed=1, dtype=dtype), randn(N, K, seed=2, scale=K**-0.5, dtype=dtype),
             randn(N, seed=3, dtype=dtype))
@@ -56,6 +65,7 @@ def test_swapped_matches_float64(dtype):
 def test_swapped_rows_are_batch_invariant(dtype):
     x, w, b = _inputs(dtype, rows=33)
     assert batch_dependent(lambda x, w, b: _swapped(x, w, b), [x], w, b) == []
+    assert batch_dependent(_split_k_when_batched, [x], w, b), "the invariance check missed a batch-dependent linear"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -68,6 +78,8 @@ def test_swapped_parts_are_bitwise_their_own_calls(dtype):
     for width, w_part, b_part in zip(widths, w.split(widths), b.split(widths)):
         assert bitwise_equal(y[5 * start : 5 * (start + width)].view(5, width), _swapped(x, w_part, b_part))
         start += width
+    # the control: a part whose own call regroups its K sum is not the joined call's
+    assert not bitwise_equal(y[: 5 * 128].view(5, 128), _split_k_when_batched(x.repeat(2, 1), w[:128], b[:128])[:5])
     with pytest.raises(ValueError, match="whole 64-column tiles"):
         _swapped(x, w[:160], splits=(96, 128))
 
@@ -116,6 +128,8 @@ def test_swapped_fold_of_leaves(dtype, num_leaves):
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(fold(x, w, b).double(), x.double() @ w.double().T + b.double(), atol=tol, rtol=tol)
     assert batch_dependent(fold, [x], w, b) == []
+    # the control: one sum over all of K is other arithmetic than the leaves folded
+    assert not bitwise_equal(fold(x, w, b), _swapped(x, w, b, block_k=32))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the interpreter's numpy dot may add a transposed tile otherwise (module doc)")
@@ -139,3 +153,5 @@ def test_the_row_parallel_fold_takes_it_with_the_fused_kernels_bits(shape, monke
         assert bitwise_equal(fwd(x[:rows]), want)
     fwd(x)
     assert launched == [1, 2, 7, 16]
+    # the control: the same rows as one sum over K (linear.triton) differ from the 8 leaves folded
+    assert not bitwise_equal(linear_triton.linear_fwd(x[:16], w, b, torch.bfloat16, **tile), wants[16])
