@@ -10,8 +10,10 @@ Swapped, a program owns BLOCK_N weight rows and BLOCK_M (>= 16, tl.dot's least) 
 Each output element is still the sum of the same bf16 products over K in ascending BLOCK_K blocks into
 one fp32 accumulator; whether the tensor core adds a block's products in the same order with the operands
 exchanged is what the `bits` column measures, against linear.triton's training tile (the bits every
-case must give) at M = 1, 16 and 64. The kernel here takes every tile dimension as a parameter;
-`ops/linear/swapped_triton.py`, the launch this sweep chose, fixes them (64 x 16, 4 warps). `--row-parallel`
+case must give) at M = 1, 16 and 64. The sweep launches `ops/linear/swapped_triton.py`'s kernel with
+every tile dimension given; that module's launch fixes them (64 x 16, 4 warps), as this sweep chose.
+(The first run, `results/2026-12-04_2fdcdee_swapped/sweep_decode_swap.txt`, launched a copy of the
+kernel written here before the module existed: the same loads, products and single rounding, no bias.) `--row-parallel`
 times o_proj's and down_proj's fold before and with that launch.
 """
 
@@ -20,39 +22,22 @@ import contextlib
 
 import torch
 import triton
-import triton.language as tl
 
 from isoexec.model import PRESETS
 from isoexec.ops.linear import row_parallel_triton, swapped_triton, triton as linear_triton, tuning
-from isoexec.ops.linear.tile_triton import settled
 from timing import graphed_ms
 
 
-@triton.jit(do_not_specialize=["M"])
-def swapped_kernel(x, w, y, M, N, K: tl.constexpr, NK: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRETED: tl.constexpr):
-    i_n, i_m = tl.program_id(0), tl.program_id(1)
-    o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_n, m_m = o_n < N, o_m < M
-    acc = tl.full([BLOCK_N, BLOCK_M], 0.0, dtype=tl.float32)
-    for i_k in range(0, NK):
-        o_k = i_k * BLOCK_K + tl.arange(0, BLOCK_K)
-        m_k = o_k < K
-        b_w = tl.load(w + o_n[:, None] * K + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
-        b_xt = tl.load(x + o_m[None, :] * K + o_k[:, None], mask=m_k[:, None] & m_m[None, :], other=0.0)
-        acc = tl.dot(b_w, b_xt, acc, input_precision="ieee")
-    acc = settled(acc, INTERPRETED)
-    tl.store(y + o_m[None, :] * N + o_n[:, None], acc.to(y.dtype.element_ty), mask=m_n[:, None] & m_m[None, :])
-
-
 def swapped(x, w, block_n, block_m, block_k, num_warps, num_stages):
+    """x Wᵀ by `swapped_triton.linear_swapped_kernel` with every tile dimension given (its launch fixes them)."""
     m, k = x.shape
     n = w.shape[0]
     y = x.new_empty((m, n))
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
-    swapped_kernel[grid](x, w, y, m, n, K=k, NK=triton.cdiv(k, block_k), BLOCK_N=block_n, BLOCK_M=block_m,
-                         BLOCK_K=block_k, INTERPRETED=x.device.type == "cpu", num_warps=num_warps, num_stages=num_stages)
+    swapped_triton.linear_swapped_kernel[grid](
+        x, w, x, y, m, n, x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
+        K=k, G=1, NK=triton.cdiv(k, block_k), HAS_BIAS=False, DOT_IN_FP32=x.device.type == "cpu",
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
     return y
 
 
