@@ -45,6 +45,19 @@ def _split_k_when_batched(x, w, b=None, **launch):
     return (low.float() + high.float()).to(x.dtype)
 
 
+def _leaves_reversed(x, w, b, num_leaves, launch=None):
+    """The fold's control: each leaf's product rounded to x's dtype, added last leaf first, in fp32."""
+    from isoexec.ops.linear.reference import leaf_bounds
+
+    launch = launch or (lambda x, w: _swapped(x, w))
+    bounds = leaf_bounds(x.shape[1], num_leaves)
+    leaves = [launch(x[:, lo:hi], w[:, lo:hi]).float() for lo, hi in zip(bounds, bounds[1:])]
+    total = leaves[-1]
+    for leaf in reversed(leaves[:-1]):
+        total = total + leaf
+    return (total + b.float()).to(x.dtype)
+
+
 def _inputs(dtype, rows=21):
     return (randn(rows, K, seed=1, dtype=dtype), randn(N, K, seed=2, scale=K**-0.5, dtype=dtype),
             randn(N, seed=3, dtype=dtype))
@@ -128,8 +141,8 @@ def test_swapped_fold_of_leaves(dtype, num_leaves):
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(fold(x, w, b).double(), x.double() @ w.double().T + b.double(), atol=tol, rtol=tol)
     assert batch_dependent(fold, [x], w, b) == []
-    # the control: one sum over all of K is other arithmetic than the leaves folded
-    assert not bitwise_equal(fold(x, w, b), _swapped(x, w, b, block_k=32))
+    # the control: the leaves rounded and added in the other order
+    assert not bitwise_equal(fold(x, w, b), _leaves_reversed(x, w, b, num_leaves))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the interpreter's numpy dot may add a transposed tile otherwise (module doc)")
@@ -153,5 +166,6 @@ def test_the_row_parallel_fold_takes_it_with_the_fused_kernels_bits(shape, monke
         assert bitwise_equal(fwd(x[:rows]), want)
     fwd(x)
     assert launched == [1, 2, 7, 16]
-    # the control: the same rows as one sum over K (linear.triton) differ from the 8 leaves folded
-    assert not bitwise_equal(linear_triton.linear_fwd(x[:16], w, b, torch.bfloat16, **tile), wants[16])
+    # the control: the leaves rounded to bf16 and added in the other order (grid launches)
+    grid = lambda x, w: _grid(x, w, **tile)  # noqa: E731
+    assert not bitwise_equal(_leaves_reversed(x[:16], w, b, 8, grid), wants[16])
