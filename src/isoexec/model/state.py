@@ -21,6 +21,10 @@ class PackedKV:
     def store(self, k: Tensor, v: Tensor, write_slots: Tensor | None) -> tuple[Tensor, Tensor]:
         return k, v
 
+    def cache(self, write_slots: Tensor | None) -> None:
+        """Where a fused launch writes k and v itself: nowhere, the keys are the batch's own."""
+        return None
+
     def store_latent(self, rows: Tensor, write_slots: Tensor | None) -> Tensor:
         return rows
 
@@ -39,6 +43,11 @@ class PagedKV:
         self.k.index_copy_(0, write_slots, k.to(self.k.dtype))
         self.v.index_copy_(0, write_slots, v.to(self.v.dtype))
         return self.k, self.v
+
+    def cache(self, write_slots: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(k, v, write_slots): what `store` writes to, for a launch that writes the rows itself
+        (`ops/rope/qk_triton.py`) exactly as `store` would."""
+        return self.k, self.v, write_slots
 
     def poison(self) -> None:
         self.k.fill_(float("nan"))

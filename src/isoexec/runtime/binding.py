@@ -59,6 +59,25 @@ def _joined_ops(cells: dict) -> dict[str, Callable]:
     return out
 
 
+# q_norm, k_norm and rotary_emb as one launch with each output's bits (`ops/rope/qk_triton.py`), offered where
+# the contract pins rotary_emb to rope.triton and q_norm and k_norm, if pinned, to rms_norm.triton with one set
+# of constants; the layer falls back to the separate ops where the launch declines.
+QK_NORM_ROPE = "q_norm+k_norm+rotary_emb"
+
+
+def _qk_norm_rope(cells: dict) -> dict[str, Callable]:
+    rope = cells.get("rotary_emb")
+    if rope is None or rope[0].id != "rope.triton":
+        return {}
+    norms = [cells[name] for name in ("q_norm", "k_norm") if name in cells]
+    norm = None
+    if len(norms) == 2 and all(impl.id == "rms_norm.triton" for impl, _ in norms) and dict(norms[0][1].constants) == dict(norms[1][1].constants):
+        norm = dict(norms[0][1].constants)
+    from ..ops.rope.qk_triton import qk_norm_rope
+
+    return {QK_NORM_ROPE: functools.partial(qk_norm_rope, norm=norm, rope=dict(rope[1].constants))}
+
+
 def composed_norms(contract: Contract, spec, cases) -> set[str]:
     """The norms after a residual add that `contract` pins in plain `rms_norm` in any of `cases`: `bind`
     composes each with the contract's `residual_add` op."""
@@ -91,5 +110,6 @@ def bind(contract: Contract, spec, cases, registry: Registry = REGISTRY) -> Bind
         for op in composed_norms(contract, spec, [case]):
             bound[op] = _add_then_norm(bound["residual_add"], bound[op])
         bound.update(_joined_ops(cells))
+        bound.update(_qk_norm_rope(cells))
         ops[case] = bound
     return Binding(contract, cases, installed, ops)

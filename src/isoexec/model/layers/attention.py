@@ -9,6 +9,7 @@ rows are a shard of the tokens (sequence parallelism), runs this code unchanged.
 import torch
 from torch import Tensor, nn
 
+from ...runtime.binding import QK_NORM_ROPE
 from ..context import current_step
 from ..spec import AttentionSpec
 from .params import Linear, Norm, join, project
@@ -39,6 +40,25 @@ class Attention(nn.Module):
         # q [T, H, D] ([T, 2H, D] gated), k and v [T, Hkv, D]
         if spec.output_gate:  # per head: query, then gate
             q, gate = q.unflatten(1, (-1, 2)).unbind(2)
+        q, k_store, v_store = self._rotate_and_store(q, k, v, positions)
+        out = ops["self_attn"](q, k_store, v_store, batch.slot_table, batch.seq_ids, positions, head_dim**-0.5,
+                               packed_len=batch.packed_len).flatten(1)  # [T, H D]
+        if spec.output_gate:
+            out = ops["attn_gate"](out, gate.flatten(1))
+        return ops["o_proj"](out, self.o_proj.weight, self.o_proj.bias)
+
+    def _rotate_and_store(self, q: Tensor, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q and k normalised (with qk_norm) and rotated, k and v written to the layer's store: one launch where
+        the binding offers it and it accepts the call (the same bits), else the separate ops."""
+        s = current_step()
+        ops, spec, store = s.ops, self.spec, s.state[self.layer]
+        fused = ops.get(QK_NORM_ROPE)
+        if fused is not None:
+            weights = (self.q_norm.weight, self.k_norm.weight) if spec.qk_norm else None
+            out = fused(q, k, v, positions, weights, self.eps, spec.zero_centered_qk_norm, spec.rope_theta, self.max_position, spec.rotary_dim,
+                        store.cache(s.batch.write_slots))
+            if out is not None:
+                return out
         if spec.qk_norm:
             centred = (True,) if spec.zero_centered_qk_norm else ()
             q = ops["q_norm"](q, self.q_norm.weight, self.eps, *centred)
@@ -46,9 +66,4 @@ class Attention(nn.Module):
         rotary = () if spec.rotary_dim is None else (spec.rotary_dim,)
         q = ops["rotary_emb"](q, positions, spec.rope_theta, self.max_position, *rotary)
         k = ops["rotary_emb"](k, positions, spec.rope_theta, self.max_position, *rotary)
-        k_store, v_store = s.state[self.layer].store(k, v, batch.write_slots)
-        out = ops["self_attn"](q, k_store, v_store, batch.slot_table, batch.seq_ids, positions, head_dim**-0.5,
-                               packed_len=batch.packed_len).flatten(1)  # [T, H D]
-        if spec.output_gate:
-            out = ops["attn_gate"](out, gate.flatten(1))
-        return ops["o_proj"](out, self.o_proj.weight, self.o_proj.bias)
+        return q, *store.store(k, v, s.batch.write_slots)

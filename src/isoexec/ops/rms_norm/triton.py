@@ -48,6 +48,33 @@ def row_chunk(p_x, p_r, p_s, o_h, m_h, stride_xh, stride_rh, HAS_RESIDUAL: tl.co
 
 
 @jit
+def inv_rms(p_x, p_r, p_s, stride_xh, stride_rh, stride_yh, eps, H: tl.constexpr, NH: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+            REDUCE_BLOCK: tl.constexpr):
+    """Pass 1 over one row: 1 / sqrt(sum of squares / H + eps), the squares summed chunk by chunk in
+    ascending order; with a residual, each chunk of s is stored on the way. Shared with the fused q/k
+    norm and rotary launch (`ops/rope/qk_triton.py`), which must give a norm's bits."""
+    b_sum = tl.full([], 0.0, dtype=tl.float32)
+    for i_h in range(0, NH):
+        o_h = i_h * REDUCE_BLOCK + tl.arange(0, REDUCE_BLOCK)
+        m_h = o_h < H
+        b_x = row_chunk(p_x, p_r, p_s, o_h, m_h, stride_xh, stride_rh, HAS_RESIDUAL)
+        if HAS_RESIDUAL:
+            tl.store(p_s + o_h * stride_yh, b_x, mask=m_h)
+        b_x = b_x.to(tl.float32)
+        b_sum += tl.sum(b_x * b_x, axis=0)
+    return tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(b_sum, H * 1.0) + eps))
+
+
+@jit
+def normed(b_x, b_w, b_r, ZERO_CENTERED: tl.constexpr):
+    """Pass 2, elementwise: x · r · w (or · (1 + w)) in fp32, x already fp32."""
+    b_w = b_w.to(tl.float32)
+    if ZERO_CENTERED:
+        b_w = 1.0 + b_w
+    return (b_x * b_r) * b_w
+
+
+@jit
 def rms_norm_fwd_kernel(
     x, r, w, y, s,
     stride_xr, stride_xh, stride_rr, stride_rh, stride_yr, stride_yh,
@@ -64,25 +91,12 @@ def rms_norm_fwd_kernel(
     p_y = y + i_r * stride_yr
     p_s = s + i_r * stride_yr  # s is laid out as y
 
-    b_sum = tl.full([], 0.0, dtype=tl.float32)
-    for i_h in range(0, NH):
-        o_h = i_h * REDUCE_BLOCK + tl.arange(0, REDUCE_BLOCK)
-        m_h = o_h < H
-        b_x = row_chunk(p_x, p_r, p_s, o_h, m_h, stride_xh, stride_rh, HAS_RESIDUAL)
-        if HAS_RESIDUAL:
-            tl.store(p_s + o_h * stride_yh, b_x, mask=m_h)
-        b_x = b_x.to(tl.float32)
-        b_sum += tl.sum(b_x * b_x, axis=0)
-    b_r = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(b_sum, H * 1.0) + eps))
-
+    b_r = inv_rms(p_x, p_r, p_s, stride_xh, stride_rh, stride_yh, eps, H, NH, HAS_RESIDUAL, REDUCE_BLOCK)
     for i_h in range(0, NH):
         o_h = i_h * REDUCE_BLOCK + tl.arange(0, REDUCE_BLOCK)
         m_h = o_h < H
         b_x = row_chunk(p_x, p_r, p_s, o_h, m_h, stride_xh, stride_rh, HAS_RESIDUAL).to(tl.float32)
-        b_w = tl.load(w + o_h, mask=m_h, other=0.0).to(tl.float32)
-        if ZERO_CENTERED:
-            b_w = 1.0 + b_w
-        b_y = (b_x * b_r) * b_w
+        b_y = normed(b_x, tl.load(w + o_h, mask=m_h, other=0.0), b_r, ZERO_CENTERED)
         tl.store(p_y + o_h * stride_yh, b_y.to(y.dtype.element_ty), mask=m_h)
 
 
@@ -248,7 +262,7 @@ def register(registry) -> None:
     """Register rms_norm.triton@1 and rms_norm.residual.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="rms_norm", cases=ALL_CASES, fn=rms_norm, check_constants=check_constants, tune=tuning.fit,
-                               sources=(rms_norm_fwd_kernel, row_chunk, triton_support)))
+                               sources=(rms_norm_fwd_kernel, inv_rms, normed, row_chunk, triton_support)))
         registry.register(Impl(gpu_kernels=True, id=RESIDUAL_ID, version=1, region="rms_norm.residual", cases=ALL_CASES, fn=rms_norm_residual,
                                check_constants=functools.partial(check_constants, impl_id=RESIDUAL_ID), tune=tuning.fit,
-                               sources=(rms_norm_fwd_kernel, row_chunk, triton_support)))
+                               sources=(rms_norm_fwd_kernel, inv_rms, normed, row_chunk, triton_support)))

@@ -169,7 +169,10 @@ def check_constants(constants: dict) -> None:
 
 
 def register(registry) -> None:
-    """Register rope.triton@1; without Triton installed, nothing is registered."""
+    """Register rope.triton@1; without Triton installed, nothing is registered. Its sources include the fused
+    q/k norm and rotary launch (`qk_triton.py`) the binding offers beside it, which must give its bits."""
     if triton_available():
+        from . import qk_triton
+
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="rope", cases=ALL_CASES, fn=rope, check_constants=check_constants,
-                               sources=(rope_fwd_kernel, reference, rope_scaling, triton_support)))
+                               sources=(rope_fwd_kernel, reference, rope_scaling, triton_support, qk_triton)))
