@@ -192,9 +192,16 @@ def profiled_kernels(fn, title: str, rows: int = 18) -> None:
 
 
 def kernel_table(graphs, batch: int) -> None:
-    """The padded decode forward run eagerly under torch.profiler."""
+    """The padded decode forward run eagerly under torch.profiler, without autograd as the engine runs it
+    (with autograd, ops that take another path for it, such as the fused q/k norm and rotary launch, would
+    be counted as the separate kernels)."""
     bucket = next(x for x in graphs.buckets if x >= batch)
-    profiled_kernels(lambda: graphs._forward(bucket), f"kernels of one eager decode forward, batch {batch}")
+
+    def forward():
+        with torch.no_grad():
+            graphs._forward(bucket)
+
+    profiled_kernels(forward, f"kernels of one eager decode forward, batch {batch}")
 
 
 def profile_trainer(model_name: str, contracts: list[str], num_seqs: int = 8, seq_len: int = 512) -> None:

@@ -8,7 +8,7 @@ autograd launches it once a layer instead of the separate kernels, with the rows
 import pytest
 import torch
 
-from conftest import DEVICE, INTERPRETER_WARNINGS, ON_GPU, CountingKernel, bitwise_equal, randn, require_triton
+from conftest import DEVICE, INTERPRETER_WARNINGS, ON_GPU, CountingKernel, bitwise_equal, int_view, randn, require_triton
 
 require_triton()
 
@@ -93,7 +93,9 @@ def test_one_launch_gives_the_separate_calls_bits(dtype, tokens, heads, kv_heads
 
     expected, fused_cache = separate(q, k, v, positions, weights, zero_centered, rotary_dim, cache(), norm, rope), cache()
     got = qk_triton.qk_norm_rope(q, k, v, positions, weights, EPS, zero_centered, THETA, MAX_POSITIONS, rotary_dim, fused_cache, norm=norm, rope=rope)
-    assert all(bitwise_equal(a, b) for a, b in zip(got, expected))  # the stores compared whole: other slots untouched
+    for name, a, b in zip(("q", "k", "v"), got, expected):  # the stores compared whole: other slots untouched
+        differ = (int_view(a) != int_view(b)).flatten()
+        assert bitwise_equal(a, b), f"{name}: {int(differ.sum())} of {a.numel()} values differ, first at {differ.nonzero()[:4].flatten().tolist()}"
     if with_cache:
         assert got[1] is fused_cache[0] and got[2] is fused_cache[1]
 

@@ -12,9 +12,9 @@ Program (t, h) takes token t's head h: a q head, a k head, or a v head (copied t
 A q or k row is normalised as `rms_norm.triton` does (`inv_rms`, `normed`: the same code, one row per
 program over the contract's chunks and warps), rounded to the norm's output dtype, then rotated as
 `rope.triton` does: x1·cos - x2·sin and x2·cos + x1·sin, each product and sum rounded by itself. The norm
-is compiled with floating-point contraction on, as its own kernel is (its sum of squares may fuse into
-FMAs), so the rotation's multiplies and adds are the explicitly rounded `mul_rn` / `add_rn` / `sub_rn`,
-which are never fused: `rope.triton`'s arithmetic under `enable_fp_fusion=False`. Partial rotary passes the
+is compiled with floating-point contraction on, as its own kernel is (its sum of squares fuses into FMAs),
+so the rotation's multiplies and adds are PTX's explicitly rounded `mul.rn` / `add.rn` / `sub.rn`, which are
+never fused: `rope.triton`'s arithmetic under `enable_fp_fusion=False`. Partial rotary passes the
 normalised dims past `rotary_dim` through. A k row and its v row go to the cache slot the token writes.
 """
 
@@ -28,29 +28,18 @@ from ..rms_norm.triton import inv_rms, normed
 from ..triton_support import cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
 from . import reference
 
-if triton_available():
-    from triton.language.extra import libdevice
-
-
 @jit
-def _mul(a, b, INTERPRETING: tl.constexpr):
-    if INTERPRETING:  # the interpreter has no libdevice, and numpy never fuses
-        return a * b
-    return libdevice.mul_rn(a, b)
-
-
-@jit
-def _add(a, b, INTERPRETING: tl.constexpr):
-    if INTERPRETING:
-        return a + b
-    return libdevice.add_rn(a, b)
-
-
-@jit
-def _sub(a, b, INTERPRETING: tl.constexpr):
-    if INTERPRETING:
-        return a - b
-    return libdevice.sub_rn(a, b)
+def _rounded(a, b, OP: tl.constexpr, INTERPRETING: tl.constexpr):
+    """a * b, a + b or a - b in fp32, rounded to nearest by itself: PTX's `.rn` never fuses into an FMA, and,
+    unlike libdevice's `mul_rn` here, does not flush subnormals to zero."""
+    if INTERPRETING:  # numpy never fuses
+        if OP == "mul":
+            return a * b
+        elif OP == "add":
+            return a + b
+        else:
+            return a - b
+    return tl.inline_asm_elementwise(OP + ".rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1)
 
 
 @jit
@@ -60,6 +49,35 @@ def _normed_half(p_x, p_w, o, m, b_r, HAS_NORM: tl.constexpr, ZERO_CENTERED: tl.
     if HAS_NORM:
         b_x = normed(b_x.to(tl.float32), tl.load(p_w + o, mask=m, other=0.0), b_r, ZERO_CENTERED).to(p_x.dtype.element_ty)
     return b_x
+
+
+@jit
+def _norm_rotate_row(
+    p_x, p_y, p_w, i_t, positions, table, max_positions, eps, stride_p, stride_ct, stride_ci, stride_cs,
+    D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, HAS_NORM: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr, NH: tl.constexpr, REDUCE_BLOCK: tl.constexpr, INTERPRETING: tl.constexpr,
+):
+    """One q or k row: normalised as rms_norm.triton, rotated as rope.triton, stored at p_y."""
+    b_r = 0.0
+    if HAS_NORM:
+        b_r = inv_rms(p_x, p_x, p_x, 1, 1, 1, eps, D, NH, False, REDUCE_BLOCK)
+    o_i = tl.arange(0, BLOCK_HALF)
+    m_i = o_i < HALF
+    b_pos = tl.load(positions + i_t * stride_p).to(tl.int64)
+    in_table = (b_pos >= 0) & (b_pos < max_positions)
+    p_c = table + b_pos * stride_ct + o_i * stride_ci
+    b_cos = tl.where(in_table, tl.load(p_c, mask=m_i & in_table, other=0.0).to(tl.float32), float("nan"))
+    b_sin = tl.where(in_table, tl.load(p_c + stride_cs, mask=m_i & in_table, other=0.0).to(tl.float32), float("nan"))
+    b_x1 = _normed_half(p_x, p_w, o_i, m_i, b_r, HAS_NORM, ZERO_CENTERED).to(tl.float32)
+    b_x2 = _normed_half(p_x, p_w, HALF + o_i, m_i, b_r, HAS_NORM, ZERO_CENTERED).to(tl.float32)
+    y1 = _rounded(_rounded(b_x1, b_cos, "mul", INTERPRETING), _rounded(b_x2, b_sin, "mul", INTERPRETING), "sub", INTERPRETING)
+    y2 = _rounded(_rounded(b_x2, b_cos, "mul", INTERPRETING), _rounded(b_x1, b_sin, "mul", INTERPRETING), "add", INTERPRETING)
+    tl.store(p_y + o_i, y1.to(p_y.dtype.element_ty), mask=m_i)
+    tl.store(p_y + HALF + o_i, y2.to(p_y.dtype.element_ty), mask=m_i)
+    if D > 2 * HALF:
+        o_d = 2 * HALF + tl.arange(0, BLOCK_PASS)
+        m_d = o_d < D
+        tl.store(p_y + o_d, _normed_half(p_x, p_w, o_d, m_d, b_r, HAS_NORM, ZERO_CENTERED).to(p_y.dtype.element_ty), mask=m_d)
 
 
 @jit(do_not_specialize=["num_tokens"])
@@ -87,36 +105,20 @@ def qk_norm_rope_kernel(
     row = i_t
     if HAS_SLOTS:
         row = tl.load(write_slots + i_t).to(tl.int64)
-    if i_h >= H + HKV:  # a v head: to the cache as it is
+    if i_h < H:
+        _norm_rotate_row(q + i_t * stride_qt + i_h * stride_qh, q_out + i_t * stride_qot + i_h * stride_qoh, q_w, i_t, positions, table,
+                         max_positions, eps, stride_p, stride_ct, stride_ci, stride_cs,
+                         D, HALF, BLOCK_HALF, BLOCK_PASS, HAS_NORM, ZERO_CENTERED, NH, REDUCE_BLOCK, INTERPRETING)
+    elif i_h < H + HKV:
+        i_k = i_h - H
+        _norm_rotate_row(k + i_t * stride_kt + i_k * stride_kh, k_out + row * stride_kot + i_k * stride_koh, k_w, i_t, positions, table,
+                         max_positions, eps, stride_p, stride_ct, stride_ci, stride_cs,
+                         D, HALF, BLOCK_HALF, BLOCK_PASS, HAS_NORM, ZERO_CENTERED, NH, REDUCE_BLOCK, INTERPRETING)
+    else:  # a v head: to the cache as it is
+        i_v = i_h - H - HKV
         o_d = tl.arange(0, BLOCK_D)
-        b_v = tl.load(v + i_t * stride_vt + (i_h - H - HKV) * stride_vh + o_d, mask=o_d < D)
-        tl.store(v_out + row * stride_vot + (i_h - H - HKV) * stride_voh + o_d, b_v.to(v_out.dtype.element_ty), mask=o_d < D)
-    else:
-        is_q = i_h < H
-        p_x = tl.where(is_q, q + i_t * stride_qt + i_h * stride_qh, k + i_t * stride_kt + (i_h - H) * stride_kh)
-        p_y = tl.where(is_q, q_out + i_t * stride_qot + i_h * stride_qoh, k_out + row * stride_kot + (i_h - H) * stride_koh)
-        p_w = tl.where(is_q, q_w, k_w)
-        b_r = 0.0
-        if HAS_NORM:
-            b_r = inv_rms(p_x, p_x, p_x, 1, 1, 1, eps, D, NH, False, REDUCE_BLOCK)
-
-        o_i = tl.arange(0, BLOCK_HALF)
-        m_i = o_i < HALF
-        b_pos = tl.load(positions + i_t * stride_p).to(tl.int64)
-        in_table = (b_pos >= 0) & (b_pos < max_positions)
-        p_c = table + b_pos * stride_ct + o_i * stride_ci
-        b_cos = tl.where(in_table, tl.load(p_c, mask=m_i & in_table, other=0.0).to(tl.float32), float("nan"))
-        b_sin = tl.where(in_table, tl.load(p_c + stride_cs, mask=m_i & in_table, other=0.0).to(tl.float32), float("nan"))
-        b_x1 = _normed_half(p_x, p_w, o_i, m_i, b_r, HAS_NORM, ZERO_CENTERED).to(tl.float32)
-        b_x2 = _normed_half(p_x, p_w, HALF + o_i, m_i, b_r, HAS_NORM, ZERO_CENTERED).to(tl.float32)
-        y1 = _sub(_mul(b_x1, b_cos, INTERPRETING), _mul(b_x2, b_sin, INTERPRETING), INTERPRETING)
-        y2 = _add(_mul(b_x2, b_cos, INTERPRETING), _mul(b_x1, b_sin, INTERPRETING), INTERPRETING)
-        tl.store(p_y + o_i, y1.to(p_y.dtype.element_ty), mask=m_i)
-        tl.store(p_y + HALF + o_i, y2.to(p_y.dtype.element_ty), mask=m_i)
-        if D > 2 * HALF:
-            o_d = 2 * HALF + tl.arange(0, BLOCK_PASS)
-            m_d = o_d < D
-            tl.store(p_y + o_d, _normed_half(p_x, p_w, o_d, m_d, b_r, HAS_NORM, ZERO_CENTERED).to(p_y.dtype.element_ty), mask=m_d)
+        b_v = tl.load(v + i_t * stride_vt + i_v * stride_vh + o_d, mask=o_d < D)
+        tl.store(v_out + row * stride_vot + i_v * stride_voh + o_d, b_v.to(v_out.dtype.element_ty), mask=o_d < D)
 
 
 def qk_norm_rope(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, norm_weights: tuple[Tensor, Tensor] | None, eps: float,
