@@ -1,8 +1,8 @@
 """Batch-invariant RMSNorm as one Triton program per row, optionally fused with the residual add before it.
 
 Row r, in fp32: the hidden dim is walked in ascending chunks of REDUCE_BLOCK; each chunk's squares are
-reduced by one `tl.sum` (its in-chunk tree is fixed by REDUCE_BLOCK and num_warps) and added to a
-running scalar; the sum divided by H, eps added, square root and reciprocal correctly rounded; then
+rounded and reduced by one `tl.sum` (its in-chunk tree is fixed by REDUCE_BLOCK and num_warps; compiled
+without FMA contraction, so every thread ends with the same sum) and added to a running scalar; the sum divided by H, eps added, square root and reciprocal correctly rounded; then
 x · r · w (or · (1 + w)) chunk by chunk, rounded once to the output dtype. Padding lanes of the last
 chunk load +0.0, which adds nothing. The row never meets another row, and the launch depends on the
 number of rows only through the grid. H is a compile-time constant (see `ops/linear/triton.py`).
@@ -117,6 +117,10 @@ def rms_norm_fwd(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float,
         H=hidden, NH=cdiv(hidden, reduce_block), HAS_RESIDUAL=residual is not None, ZERO_CENTERED=bool(zero_centered),
         REDUCE_BLOCK=reduce_block,
         num_warps=num_warps,
+        # No FMA contraction: contracted, a lane adds its own square unrounded to its partner's rounded one in the
+        # first shuffle of the sum, so lanes end with sums (and normalised elements) one ulp apart, and which
+        # element takes which lane's value would depend on the layout.
+        enable_fp_fusion=False,
     )
     return y, s
 

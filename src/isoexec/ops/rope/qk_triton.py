@@ -9,13 +9,12 @@ k_norm to `rms_norm.triton` (with one set of constants) and rotary_emb to `rope.
 calls it where it can (`model/layers/attention.py`), the separate ops elsewhere.
 
 Program (t, h) takes token t's head h: a q head, a k head, or a v head (copied to the cache unchanged).
-A q or k row is normalised as `rms_norm.triton` does (`inv_rms`, `normed`: the same code, one row per
-program over the contract's chunks and warps), rounded to the norm's output dtype, then rotated as
-`rope.triton` does: x1·cos - x2·sin and x2·cos + x1·sin, each product and sum rounded by itself. The norm
-is compiled with floating-point contraction on, as its own kernel is (its sum of squares fuses into FMAs),
-so the rotation's multiplies and adds are PTX's explicitly rounded `mul.rn` / `add.rn` / `sub.rn`, which are
-never fused: `rope.triton`'s arithmetic under `enable_fp_fusion=False`. Partial rotary passes the
-normalised dims past `rotary_dim` through. A k row and its v row go to the cache slot the token writes.
+A q or k row's sum of squares is `rms_norm.triton`'s (`inv_rms`: the same code, one row per program over
+the contract's chunks and warps, so the same reduction tree). Both are compiled without FMA contraction, so
+that sum ends the same in every thread and the elementwise rest may lay the row out otherwise: each element
+normalised (`normed`) and rounded to the norm's output dtype, then rotated as `rope.triton` does, x1·cos -
+x2·sin and x2·cos + x1·sin with each product and sum rounded by itself. Partial rotary passes the normalised
+dims past `rotary_dim` through. A k row and its v row go to the cache slot the token writes.
 """
 
 from __future__ import annotations
@@ -23,24 +22,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import triton_support
 from ..rms_norm.triton import inv_rms, normed
-from ..triton_support import cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
+from ..triton_support import cdiv, jit, needs_grad, next_power_of_2, require_device, tl
 from . import reference
-
-@jit
-def _rounded(a, b, OP: tl.constexpr, INTERPRETING: tl.constexpr):
-    """a * b, a + b or a - b in fp32, rounded to nearest by itself: PTX's `.rn` never fuses into an FMA, and,
-    unlike libdevice's `mul_rn` here, does not flush subnormals to zero."""
-    if INTERPRETING:  # numpy never fuses
-        if OP == "mul":
-            return a * b
-        elif OP == "add":
-            return a + b
-        else:
-            return a - b
-    return tl.inline_asm_elementwise(OP + ".rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1)
-
 
 @jit
 def _normed_half(p_x, p_w, o, m, b_r, HAS_NORM: tl.constexpr, ZERO_CENTERED: tl.constexpr):
@@ -55,7 +39,7 @@ def _normed_half(p_x, p_w, o, m, b_r, HAS_NORM: tl.constexpr, ZERO_CENTERED: tl.
 def _norm_rotate_row(
     p_x, p_y, p_w, i_t, positions, table, max_positions, eps, stride_p, stride_ct, stride_ci, stride_cs,
     D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, HAS_NORM: tl.constexpr,
-    ZERO_CENTERED: tl.constexpr, NH: tl.constexpr, REDUCE_BLOCK: tl.constexpr, INTERPRETING: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr, NH: tl.constexpr, REDUCE_BLOCK: tl.constexpr,
 ):
     """One q or k row: normalised as rms_norm.triton, rotated as rope.triton, stored at p_y."""
     b_r = 0.0
@@ -70,8 +54,8 @@ def _norm_rotate_row(
     b_sin = tl.where(in_table, tl.load(p_c + stride_cs, mask=m_i & in_table, other=0.0).to(tl.float32), float("nan"))
     b_x1 = _normed_half(p_x, p_w, o_i, m_i, b_r, HAS_NORM, ZERO_CENTERED).to(tl.float32)
     b_x2 = _normed_half(p_x, p_w, HALF + o_i, m_i, b_r, HAS_NORM, ZERO_CENTERED).to(tl.float32)
-    y1 = _rounded(_rounded(b_x1, b_cos, "mul", INTERPRETING), _rounded(b_x2, b_sin, "mul", INTERPRETING), "sub", INTERPRETING)
-    y2 = _rounded(_rounded(b_x2, b_cos, "mul", INTERPRETING), _rounded(b_x1, b_sin, "mul", INTERPRETING), "add", INTERPRETING)
+    y1 = b_x1 * b_cos - b_x2 * b_sin
+    y2 = b_x2 * b_cos + b_x1 * b_sin
     tl.store(p_y + o_i, y1.to(p_y.dtype.element_ty), mask=m_i)
     tl.store(p_y + HALF + o_i, y2.to(p_y.dtype.element_ty), mask=m_i)
     if D > 2 * HALF:
@@ -99,7 +83,6 @@ def qk_norm_rope_kernel(
     NH: tl.constexpr,
     REDUCE_BLOCK: tl.constexpr,
     HAS_SLOTS: tl.constexpr,
-    INTERPRETING: tl.constexpr,
 ):
     i_t, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     row = i_t
@@ -108,12 +91,12 @@ def qk_norm_rope_kernel(
     if i_h < H:
         _norm_rotate_row(q + i_t * stride_qt + i_h * stride_qh, q_out + i_t * stride_qot + i_h * stride_qoh, q_w, i_t, positions, table,
                          max_positions, eps, stride_p, stride_ct, stride_ci, stride_cs,
-                         D, HALF, BLOCK_HALF, BLOCK_PASS, HAS_NORM, ZERO_CENTERED, NH, REDUCE_BLOCK, INTERPRETING)
+                         D, HALF, BLOCK_HALF, BLOCK_PASS, HAS_NORM, ZERO_CENTERED, NH, REDUCE_BLOCK)
     elif i_h < H + HKV:
         i_k = i_h - H
         _norm_rotate_row(k + i_t * stride_kt + i_k * stride_kh, k_out + row * stride_kot + i_k * stride_koh, k_w, i_t, positions, table,
                          max_positions, eps, stride_p, stride_ct, stride_ci, stride_cs,
-                         D, HALF, BLOCK_HALF, BLOCK_PASS, HAS_NORM, ZERO_CENTERED, NH, REDUCE_BLOCK, INTERPRETING)
+                         D, HALF, BLOCK_HALF, BLOCK_PASS, HAS_NORM, ZERO_CENTERED, NH, REDUCE_BLOCK)
     else:  # a v head: to the cache as it is
         i_v = i_h - H - HKV
         o_d = tl.arange(0, BLOCK_D)
@@ -171,7 +154,7 @@ pinned to `rms_norm.triton`).
         H=heads, HKV=kv_heads, D=head_dim, BLOCK_D=next_power_of_2(head_dim), HALF=half, BLOCK_HALF=next_power_of_2(half),
         BLOCK_PASS=next_power_of_2(max(1, head_dim - 2 * half)), HAS_NORM=has_norm, ZERO_CENTERED=bool(zero_centered),
         NH=cdiv(head_dim, reduce_block), REDUCE_BLOCK=reduce_block, HAS_SLOTS=cache is not None,
-        INTERPRETING=triton_support.interpreting(),
         num_warps=norm["num_warps"] if has_norm else 1,
+        enable_fp_fusion=False,  # as rms_norm.triton and rope.triton are compiled
     )
     return q_out, k_out, v_out
