@@ -5,6 +5,12 @@ must differ. The binding offers the launch only where the contract pins those im
 autograd launches it once a layer instead of the separate kernels, with the rows of a forward under autograd
 (which runs the separate ops)."""
 
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -13,6 +19,7 @@ from conftest import DEVICE, INTERPRETER_WARNINGS, ON_GPU, CountingKernel, bitwi
 require_triton()
 
 from isoexec.contract import fit_contract, load_preset  # noqa: E402
+from isoexec.ops import triton_support  # noqa: E402
 from isoexec.model import PRESETS, init_random  # noqa: E402
 from isoexec.ops.rms_norm import triton as rms_norm_triton  # noqa: E402
 from isoexec.ops.rope import qk_triton, reference as rope_reference, triton as rope_triton  # noqa: E402
@@ -152,3 +159,78 @@ def test_a_forward_without_autograd_takes_the_launch_with_the_bits_of_one_with_a
     launch = qk_triton.qk_norm_rope
     monkeypatch.setattr(qk_triton, "qk_norm_rope", lambda *args, **kw: launch(*args[:5], args[5] + 1e-2, *args[6:], **kw))
     assert not all(bitwise_equal(a, b.detach()) for a, b in zip(sequence_logprobs(model, contract, seqs, case="trainer_score", device=DEVICE), trained))
+
+
+def test_the_norms_launch_without_fma_contraction(monkeypatch):
+    """Contracted, a row's sum of squares leaves the threads one ulp apart (docs/experiments.md): both launches
+    that normalise q/k rows ask the compiler for none."""
+    options = {}
+
+    class Recording:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: options.setdefault(len(options), kwargs)
+
+    monkeypatch.setattr(rms_norm_triton, "rms_norm_fwd_kernel", Recording())
+    monkeypatch.setattr(qk_triton, "qk_norm_rope_kernel", Recording())
+    norm, rope = constants("bfloat16", 16)
+    q, k, v = projected(2, 2, 1, 16, torch.bfloat16, seed=7)
+    rms_norm_triton.rms_norm(q, torch.ones(16, dtype=torch.bfloat16, device=DEVICE), EPS, **norm)
+    qk_triton.qk_norm_rope(q, k, v, torch.arange(2, device=DEVICE), None, EPS, False, THETA, MAX_POSITIONS, None, None, norm=norm, rope=rope)
+    assert [kwargs["enable_fp_fusion"] for kwargs in options.values()] == [False, False]
+
+
+PTXAS = pathlib.Path(triton_support.triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+@pytest.mark.skipif(ON_GPU or not PTXAS.exists(), reason="the GPU tests compare the bits themselves; needs Triton's ptxas otherwise")
+@pytest.mark.parametrize("head_dim,reduce_block", [(128, 128), (32, 16)])
+def test_for_hopper_the_fused_launch_sums_squares_as_rms_norm_does(head_dim, reduce_block, tmp_path):
+    """Compiled for sm_90 as the launches specialise them (aligned pointers and strides): the float
+    instructions up to each q/k row's square root in the fused launch (its sum of squares, shuffles included,
+    the mean and eps) are rms_norm.triton's one for one, with no FMA in either."""
+    script = textwrap.dedent(f"""
+        import re, triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from isoexec.ops.rms_norm import triton as norm
+        from isoexec.ops.rope import qk_triton
+        D, RB = {head_dim}, {reduce_block}
+
+        def ptx(kernel, pointers, aligned, ones, constexprs):
+            types, attrs = {{}}, {{}}
+            for i, name in enumerate(kernel.arg_names):
+                if name in constexprs or name in ones:
+                    types[name] = "constexpr"
+                    constexprs.setdefault(name, 1)
+                else:
+                    types[name] = pointers.get(name, "fp32" if name == "eps" else "i32")
+                    if name in pointers or name in aligned:
+                        attrs[(i,)] = [["tt.divisibility", 16]]
+            compiled = triton.compile(ASTSource(kernel, types, constexprs=constexprs, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                                      options={{"num_warps": 1, "enable_fp_fusion": False}})
+            return compiled.asm["ptx"]
+
+        def sums(text):
+            ops = re.findall(r"^\\s*(?:@%p\\d+\\s+)?((?:shfl|add|sub|mul|fma|div|sqrt)\\.[\\w.]+)", text, re.M)
+            ops = [op for op in ops if op.startswith("shfl") or op.endswith("f32")]
+            cuts = [i for i, op in enumerate(ops) if op.startswith("sqrt")]
+            return [ops[(cuts[j - 1] + 1 if j else 0) : cut] for j, cut in enumerate(cuts)]
+
+        plain = ptx(norm.rms_norm_fwd_kernel, {{n: "*bf16" for n in ("x", "r", "w", "y", "s")}}, {{"stride_xr", "stride_rr", "stride_yr"}},
+                    {{"stride_xh", "stride_rh", "stride_yh"}}, dict(H=D, NH=D // RB, HAS_RESIDUAL=False, ZERO_CENTERED=False, REDUCE_BLOCK=RB))
+        pointers = {{n: "*bf16" for n in ("q", "k", "v", "q_out", "k_out", "v_out", "q_w", "k_w")}} | {{"write_slots": "*i64", "positions": "*i64", "table": "*fp32"}}
+        strides = {{f"stride_{{a}}{{b}}" for a in ("q", "k", "v", "qo", "ko", "vo") for b in "th"}}
+        fused = ptx(qk_triton.qk_norm_rope_kernel, pointers, strides, {{"stride_p", "stride_ci"}},
+                    dict(H=16, HKV=8, D=D, BLOCK_D=D, HALF=D // 2, BLOCK_HALF=D // 2, BLOCK_PASS=1, HAS_NORM=True, ZERO_CENTERED=False,
+                         NH=D // RB, REDUCE_BLOCK=RB, HAS_SLOTS=True))
+        (one,), two = sums(plain), sums(fused)  # the k row's sum follows the q row's rotation
+        assert len(two) == 2 and all(s[-len(one):] == one for s in two), (one, two)
+        assert any(op.startswith("shfl") for op in one) and not any(op.startswith("fma") for op in one)
+        # The control: rms_norm.triton in chunks half as wide reduces otherwise, and the comparison sees it.
+        halves = ptx(norm.rms_norm_fwd_kernel, {{n: "*bf16" for n in ("x", "r", "w", "y", "s")}}, {{"stride_xr", "stride_rr", "stride_yr"}},
+                     {{"stride_xh", "stride_rh", "stride_yh"}}, dict(H=D, NH=2 * D // RB, HAS_RESIDUAL=False, ZERO_CENTERED=False, REDUCE_BLOCK=RB // 2))
+        assert sums(halves)[0] != one
+    """)
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
