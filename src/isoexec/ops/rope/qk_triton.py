@@ -26,6 +26,7 @@ from ..rms_norm.triton import inv_rms, normed
 from ..triton_support import cdiv, jit, needs_grad, next_power_of_2, require_device, tl
 from . import reference
 
+
 @jit
 def _normed_half(p_x, p_w, o, m, b_r, HAS_NORM: tl.constexpr, ZERO_CENTERED: tl.constexpr):
     """Elements o of the row, normalised and rounded as the norm's output (the x dtype), back in fp32."""
@@ -111,10 +112,10 @@ def qk_norm_rope(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, norm_weight
     None: no q/k norm) and rotated by `positions`; with `cache` = (k store, v store, write slots) k' and v
     are written to the store rows the tokens own and the stores come back in their place. `norm` and `rope`
     are the constants `rms_norm.triton` and `rope.triton` are bound with (`norm` None: q_norm and k_norm not
-pinned to `rms_norm.triton`).
+    pinned to `rms_norm.triton`).
 
-    None where this launch would not give those calls' bits or cannot run: autograd, a norm asked for
-    without `rms_norm.triton`'s constants, dtypes the calls would convert, heads not contiguous in their last dim. The
+    None where this launch would not give those calls' bits or cannot run: autograd, a norm asked for without
+    `rms_norm.triton`'s constants, dtypes the calls would convert, heads not contiguous in their last dim. The
     caller then runs the separate ops."""
     if norm_weights is not None and norm is None:
         return None
@@ -136,6 +137,7 @@ pinned to `rms_norm.triton`).
     table = reference.cos_sin_table(float(theta), rotary_dim, max_positions, rope["table_dtype"], str(q.device), None)
     q_out = torch.empty((tokens, heads, head_dim), dtype=dtype, device=q.device)
     if cache is None:
+        # no v programs run, and `slots` is never read (any pointer will do)
         k_out, v_out, slots = torch.empty((tokens, kv_heads, head_dim), dtype=dtype, device=q.device), v, positions
     else:
         k_out, v_out, slots = cache
