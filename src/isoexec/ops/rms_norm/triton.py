@@ -2,10 +2,11 @@
 
 Row r, in fp32: the hidden dim is walked in ascending chunks of REDUCE_BLOCK; each chunk's squares are
 rounded and reduced by one `tl.sum` (its in-chunk tree is fixed by REDUCE_BLOCK and num_warps; compiled
-without FMA contraction, so every thread ends with the same sum) and added to a running scalar; the sum divided by H, eps added, square root and reciprocal correctly rounded; then
-x · r · w (or · (1 + w)) chunk by chunk, rounded once to the output dtype. Padding lanes of the last
-chunk load +0.0, which adds nothing. The row never meets another row, and the launch depends on the
-number of rows only through the grid. H is a compile-time constant (see `ops/linear/triton.py`).
+without FMA contraction, so every thread ends with the same sum) and added to a running scalar; the sum
+divided by H, eps added, square root and reciprocal correctly rounded; then x · r · w (or · (1 + w))
+chunk by chunk, rounded once to the output dtype. Padding lanes of the last chunk load +0.0, which adds
+nothing. The row never meets another row, and the launch depends on the number of rows only through the
+grid. H is a compile-time constant (see `ops/linear/triton.py`).
 
 With HAS_RESIDUAL (`rms_norm.residual.triton`) the row normalised is s = x + residual: each chunk adds
 the two in fp32 and rounds once to the output dtype, as `residual.triton` does, then widens those bits
