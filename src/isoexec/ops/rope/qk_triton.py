@@ -12,8 +12,8 @@ Program (t, h) takes token t's head h: a q head, a k head, or a v head (copied t
 A q or k row's sum of squares is `rms_norm.triton`'s (`inv_rms`: the same code, one row per program over
 the contract's chunks and warps, so the same reduction tree). Both are compiled without FMA contraction, so
 that sum ends the same in every thread and the elementwise rest may lay the row out otherwise: each element
-normalised (`normed`) and rounded to the norm's output dtype, then rotated as `rope.triton` does, x1·cos -
-x2·sin and x2·cos + x1·sin with each product and sum rounded by itself. Partial rotary passes the normalised
+normalised (`normed`) and rounded to the norm's output dtype, then rotated by `rope.triton`'s own helpers
+(`cos_sin`, `rotate`: x1·cos - x2·sin and x2·cos + x1·sin, each product and sum rounded by itself). Partial rotary passes the normalised
 dims past `rotary_dim` through. A k row and its v row go to the cache slot the token writes.
 """
 
@@ -25,6 +25,7 @@ from torch import Tensor
 from ..rms_norm.triton import inv_rms, normed
 from ..triton_support import cdiv, jit, needs_grad, next_power_of_2, require_device, tl
 from . import reference
+from .triton import cos_sin, rotate
 
 
 @jit
@@ -49,14 +50,10 @@ def _norm_rotate_row(
     o_i = tl.arange(0, BLOCK_HALF)
     m_i = o_i < HALF
     b_pos = tl.load(positions + i_t * stride_p).to(tl.int64)
-    in_table = (b_pos >= 0) & (b_pos < max_positions)
-    p_c = table + b_pos * stride_ct + o_i * stride_ci
-    b_cos = tl.where(in_table, tl.load(p_c, mask=m_i & in_table, other=0.0).to(tl.float32), float("nan"))
-    b_sin = tl.where(in_table, tl.load(p_c + stride_cs, mask=m_i & in_table, other=0.0).to(tl.float32), float("nan"))
+    b_cos, b_sin = cos_sin(table, b_pos, o_i, m_i, max_positions, stride_ct, stride_ci, stride_cs)
     b_x1 = _normed_half(p_x, p_w, o_i, m_i, b_r, HAS_NORM, ZERO_CENTERED).to(tl.float32)
     b_x2 = _normed_half(p_x, p_w, HALF + o_i, m_i, b_r, HAS_NORM, ZERO_CENTERED).to(tl.float32)
-    y1 = b_x1 * b_cos - b_x2 * b_sin
-    y2 = b_x2 * b_cos + b_x1 * b_sin
+    y1, y2 = rotate(b_x1, b_x2, b_cos, b_sin)
     tl.store(p_y + o_i, y1.to(p_y.dtype.element_ty), mask=m_i)
     tl.store(p_y + HALF + o_i, y2.to(p_y.dtype.element_ty), mask=m_i)
     if D > 2 * HALF:

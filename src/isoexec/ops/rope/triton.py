@@ -40,6 +40,24 @@ TILE_PAIRS, NUM_WARPS = 1024, 4
 FP32_OR_NARROWER = (torch.bfloat16, torch.float16, torch.float32)  # what the kernel computes in fp32 exactly
 
 
+@jit
+def cos_sin(table, b_pos, o_i, m_i, max_positions, stride_ct, stride_ci, stride_cs):
+    """The table's fp32 (cos, sin) at positions b_pos and pair indices o_i (broadcast together), masked by m_i;
+    NaN for a position outside the table. Shared with the fused q/k launch (`qk_triton.py`)."""
+    m_pos = (b_pos >= 0) & (b_pos < max_positions)
+    p_c = table + b_pos * stride_ct + o_i * stride_ci
+    b_cos = tl.where(m_pos, tl.load(p_c, mask=m_i & m_pos, other=0.0).to(tl.float32), float("nan"))
+    b_sin = tl.where(m_pos, tl.load(p_c + stride_cs, mask=m_i & m_pos, other=0.0).to(tl.float32), float("nan"))
+    return b_cos, b_sin
+
+
+@jit
+def rotate(b_x1, b_x2, b_cos, b_sin):
+    """The rotate_half pair in fp32: x1·cos - x2·sin and x2·cos + x1·sin, each product and sum rounded by itself
+    (every launch of it disables FMA contraction)."""
+    return b_x1 * b_cos - b_x2 * b_sin, b_x2 * b_cos + b_x1 * b_sin
+
+
 # One compiled kernel for every number of tokens.
 @jit(do_not_specialize=["num_rows"])
 def rope_fwd_kernel(
@@ -60,17 +78,15 @@ def rope_fwd_kernel(
     m_x = m_r[:, None] & m_i[None, :]
 
     b_pos = tl.load(positions + o_t * stride_p, mask=m_r, other=0).to(tl.int64)  # [BLOCK_R]
-    m_pos = ((b_pos >= 0) & (b_pos < max_positions))[:, None]
-    p_c = table + b_pos[:, None] * stride_ct + o_i[None, :] * stride_ci
-    b_cos = tl.where(m_pos, tl.load(p_c, mask=m_x & m_pos, other=0.0).to(tl.float32), float("nan"))  # [BLOCK_R, BLOCK_HALF]
-    b_sin = tl.where(m_pos, tl.load(p_c + stride_cs, mask=m_x & m_pos, other=0.0).to(tl.float32), float("nan"))
+    b_cos, b_sin = cos_sin(table, b_pos[:, None], o_i[None, :], m_x, max_positions, stride_ct, stride_ci, stride_cs)  # [BLOCK_R, BLOCK_HALF]
 
     p_x = x + o_t[:, None] * stride_xt + o_h[:, None] * stride_xh
     p_y = y + o_r[:, None] * D
     b_x1 = tl.load(p_x + o_i[None, :] * stride_xd, mask=m_x, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_HALF]
     b_x2 = tl.load(p_x + (HALF + o_i[None, :]) * stride_xd, mask=m_x, other=0.0).to(tl.float32)
-    tl.store(p_y + o_i[None, :], (b_x1 * b_cos - b_x2 * b_sin).to(y.dtype.element_ty), mask=m_x)
-    tl.store(p_y + HALF + o_i[None, :], (b_x2 * b_cos + b_x1 * b_sin).to(y.dtype.element_ty), mask=m_x)
+    b_y1, b_y2 = rotate(b_x1, b_x2, b_cos, b_sin)
+    tl.store(p_y + o_i[None, :], b_y1.to(y.dtype.element_ty), mask=m_x)
+    tl.store(p_y + HALF + o_i[None, :], b_y2.to(y.dtype.element_ty), mask=m_x)
 
     if D > 2 * HALF:
         o_d = 2 * HALF + tl.arange(0, BLOCK_PASS)
@@ -175,4 +191,4 @@ def register(registry) -> None:
         from . import qk_triton
 
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="rope", cases=ALL_CASES, fn=rope, check_constants=check_constants,
-                               sources=(rope_fwd_kernel, reference, rope_scaling, triton_support, qk_triton)))
+                               sources=(rope_fwd_kernel, cos_sin, rotate, reference, rope_scaling, triton_support, qk_triton)))
