@@ -62,7 +62,7 @@ def _joined_ops(cells: dict) -> dict[str, Callable]:
 # q_norm, k_norm and rotary_emb as one launch with each output's bits (`ops/rope/qk_triton.py`), offered where
 # the contract pins rotary_emb to rope.triton and q_norm and k_norm, if pinned, to rms_norm.triton with one set
 # of constants; the layer falls back to the separate ops where the launch declines.
-QK_NORM_ROPE = "q_norm+k_norm+rotary_emb"
+QK_NORM_ROPE = joined_name(("q_norm", "k_norm", "rotary_emb"))
 
 
 def _qk_norm_rope(cells: dict) -> dict[str, Callable]:

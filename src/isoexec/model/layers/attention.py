@@ -9,7 +9,6 @@ rows are a shard of the tokens (sequence parallelism), runs this code unchanged.
 import torch
 from torch import Tensor, nn
 
-from ...runtime.binding import QK_NORM_ROPE
 from ..context import current_step
 from ..spec import AttentionSpec
 from .params import Linear, Norm, join, project
@@ -52,7 +51,7 @@ class Attention(nn.Module):
         the binding offers it and it accepts the call (the same bits), else the separate ops."""
         s = current_step()
         ops, spec, store = s.ops, self.spec, s.state[self.layer]
-        fused = ops.get(QK_NORM_ROPE)
+        fused = ops.get("q_norm+k_norm+rotary_emb")  # the ops' names joined, as `params.project` names a joined op
         if fused is not None:
             weights = (self.q_norm.weight, self.k_norm.weight) if spec.qk_norm else None
             out = fused(q, k, v, positions, weights, self.eps, spec.zero_centered_qk_norm, spec.rope_theta, self.max_position, spec.rotary_dim,
