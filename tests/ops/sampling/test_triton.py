@@ -302,6 +302,40 @@ def test_vocab_block_and_warps_never_change_a_token():
     assert batch_dependent(block_from_rows, batched, sizes=(3, 16)) == []
 
 
+def test_segments_never_change_a_token():
+    """A row's chunks split among 1 … 10 programs: the same tokens (every fold is a max or a first-index
+    argmax). Row 0 is greedy with every logit 0.0, so each segment offers a tie at its first index: a pick
+    that preferred a later segment's candidate would draw another token than 0, by construction."""
+    batched = mixed_batch(rows=20, width=150)
+    expected, flags = sampling_triton.draw_unfiltered(*batched, vocab_block=16, num_segments=1)
+    assert int(expected[0]) == 0 and float(batched[1][0]) == 0.0
+    for count in (2, 3, 4, 10):  # 150 tokens in chunks of 16: 10 chunks
+        tokens, same_flags = sampling_triton.draw_unfiltered(*batched, vocab_block=16, num_segments=count)
+        assert torch.equal(tokens, expected) and torch.equal(same_flags, flags), count
+    assert sampling_triton.segments(1, 38) == 38 and sampling_triton.segments(64, 38) == 8 and sampling_triton.segments(4096, 38) == 1
+
+
+
+@pytest.mark.skipif(not ON_GPU, reason="151,936-token rows in 4,096-wide chunks: minutes per row in the interpreter")
+def test_segments_never_change_a_token_at_qwen3_vocabulary():
+    """The same at the engine's size: 64 rows of Qwen3's vocabulary in the default 4,096-token chunks over 8
+    warps (38 chunks), split 1, 2, 8 (the default at 64 rows) and 38 ways, sampled at t = 1 and 0.7 and greedy.
+    The control: the rows drawn at another position (other noise) give other tokens under the same check."""
+    rows = 64
+    x = torch.randn(rows, 151_936, generator=torch.Generator().manual_seed(0)).log_softmax(-1).bfloat16().to(DEVICE)
+    top_k, top_p = torch.zeros(rows, dtype=torch.int64, device=DEVICE), torch.ones(rows, device=DEVICE)
+    seed, position = torch.arange(rows, device=DEVICE), torch.arange(rows, device=DEVICE) + 7
+    for t in (1.0, 0.7, 0.0):
+        temperature = torch.full((rows,), t, device=DEVICE)
+        expected, _ = sampling_triton.draw_unfiltered(x, temperature, top_k, top_p, seed, position, num_segments=1)
+        for count in (None, 2, 8, 38):
+            tokens, _ = sampling_triton.draw_unfiltered(x, temperature, top_k, top_p, seed, position, num_segments=count)
+            assert torch.equal(tokens, expected), (t, count)
+    ones = torch.ones(rows, device=DEVICE)
+    drawn, _ = sampling_triton.draw_unfiltered(x, ones, top_k, top_p, seed, position, num_segments=1)
+    moved, _ = sampling_triton.draw_unfiltered(x, ones, top_k, top_p, seed, position + 1)
+    assert int((moved != drawn).sum()) > rows // 2
+
 def _slot_as_position(x, temperature, top_k, top_p, seed, position):
     """The noise counter taken from the row's slot in the batch instead of its position."""
     return sample(x, temperature, top_k, top_p, seed, torch.arange(x.shape[0], device=x.device))
@@ -364,7 +398,7 @@ PTXAS = pathlib.Path(triton_support.triton.__file__).parent / "backends" / "nvid
 @pytest.mark.skipif(ON_GPU or not PTXAS.exists(), reason="compiled on a GPU by every other test; needs Triton's ptxas otherwise")
 def test_the_kernels_compile_for_hopper(tmp_path):
     """The interpreter runs Python the compiler refuses (a kernel reading a plain global, say): compile
-    both kernels for sm_90, and check that tl.log is libdevice's precise log, not lg2.approx (which
+    the kernels for sm_90, and check that tl.log is libdevice's precise log, not lg2.approx (which
     `test_gumbel_noise_is_finite_and_accurate_at_the_extreme_bits` would catch on a GPU)."""
     result = _run_python("""
         import triton
@@ -372,13 +406,16 @@ def test_the_kernels_compile_for_hopper(tmp_path):
         from triton.compiler import ASTSource
         from isoexec.ops.sampling import triton as sampling_triton
         target = GPUTarget("cuda", 90, 32)
-        names = ["x", "temperature", "top_k", "top_p", "seed", "position", "tokens", "flags", "stride_xr", "stride_xv",
-                 "stride_t", "stride_k", "stride_p", "stride_s", "stride_q", "V", "NV", "VOCAB_BLOCK"]
-        types = ["*bf16", "*fp32", "*i64", "*fp32", "*i64", "*i64", "*i64", "*i8"] + ["i64"] * 7 + ["constexpr"] * 3
-        constexprs = {"V": 151936, "NV": 38, "VOCAB_BLOCK": 4096}
-        ptx = triton.compile(ASTSource(sampling_triton.sample_kernel, dict(zip(names, types)), constexprs=constexprs),
-                             target=target, options={"num_warps": 8}).asm["ptx"]
+        sizes = {"V": 151936, "NV": 38, "NS": 38, "PER_SEGMENT": 1, "VOCAB_BLOCK": 4096}
+        def build(kernel, pointers, constexprs, num_warps=8):
+            types = {n: "constexpr" if n in constexprs else pointers.get(n, "i64") for n in kernel.arg_names}
+            return triton.compile(ASTSource(kernel, types, constexprs=constexprs), target=target, options={"num_warps": num_warps}).asm["ptx"]
+        build(sampling_triton.segment_max_kernel, {"x": "*bf16", "seg_max": "*fp32"}, sizes)
+        pointers = {"x": "*bf16", "temperature": "*fp32", "top_k": "*i64", "top_p": "*fp32", "seed": "*i64", "position": "*i64",
+                    "flags": "*i8", "seg_max": "*fp32", "seg_best": "*fp32", "seg_index": "*i32", "seg_nan": "*i32"}
+        ptx = build(sampling_triton.sample_kernel, pointers, {**sizes, "NS_PAD": 64})
         assert "lg2.approx" not in ptx and "div.rn.f32" in ptx
+        build(sampling_triton.pick_kernel, {**pointers, "tokens": "*i64"}, {"V": 151936, "NS": 38, "NS_PAD": 64}, num_warps=1)
         names = ["seed", "position", "bits", "stride_s", "stride_q", "V", "NV", "VOCAB_BLOCK"]
         types = ["*i64"] * 3 + ["i64"] * 2 + ["constexpr"] * 3
         constexprs = {"V": 300, "NV": 1, "VOCAB_BLOCK": 512}

@@ -1,29 +1,32 @@
-"""Batch-invariant sampling with one Triton program per row for the rows that do not filter.
+"""Batch-invariant sampling in Triton for the rows that do not filter, each row's vocabulary split among programs.
 
 A row whose top-k keeps every token (top_k ≤ 0 or ≥ V) and whose top-p is off (top_p ≥ 1), or that is
-greedy, is drawn by `sample_kernel`, in fp32, over ascending vocab chunks of the block below:
+greedy, is drawn in fp32 over ascending vocab chunks of the block below, the chunks of a row split into
+segments of consecutive chunks, one program each (`segments`: so that one row is not one program walking
+the whole vocabulary), in three launches: each segment's maximum (`segment_max_kernel`), each segment's
+candidate (`sample_kernel`), each row's pick among its segments' candidates (`pick_kernel`):
 
 1. greedy (temperature ≤ 0): the lowest index attaining the maximum of the row, a NaN counting as the
    maximum (the first NaN's index), as `reference.first_argmax`;
-2. otherwise pass 1 takes the row maximum M (NaNs left out) and m = M / t, which is the maximum of the
-   scaled row because correctly rounded division by t > 0 is monotone; pass 2 draws the lowest index
-   attaining the maximum of (x / t - m) - log(-log(u)), u from the same SplitMix64 bits of (seed,
-   position, token id) as `reference.noise_bits` and `reference.uniform` (64-bit unsigned arithmetic,
+2. otherwise pass 1 takes the row maximum M (NaNs left out; the maximum of the segments' maxima) and m =
+   M / t, which is the maximum of the scaled row because correctly rounded division by t > 0 is monotone;
+   pass 2 draws the lowest index attaining the maximum of (x / t - m) - log(-log(u)), u from the same
+   SplitMix64 bits of (seed, position, token id) as `reference.noise_bits` and `reference.uniform` (64-bit unsigned arithmetic,
    wrapping modulo 2^64 on the GPU and in the interpreter's numpy alike).
 
 The renormalisation's other term, log Σ exp(x / t - m), is a row constant: it cannot move the argmax
 in exact arithmetic, and it is left out so that no floating-point sum decides a token. What is left are
 elementwise operations (tl.log is libdevice's precise logf; u near 1 needs it) and exact reductions
-(a max, a first-index argmax), so neither the vocab block, the warp count nor the layout the compiler
-specialises for (strides, alignment) can change a row's bits: block and warps are pinned here, not in
-the contract. The tokens are this impl's own: they match `sampling.reference`'s wherever rounding
+(a max, a first-index argmax), so neither the vocab block, the segments, the warp count nor the layout the
+compiler specialises for (strides, alignment) can change a row's bits: they are chosen here, not in the
+contract. The tokens are this impl's own: they match `sampling.reference`'s wherever rounding
 leaves the same winner, and the contract admits each impl by its own id.
 
 A row that filters (0 < top_k < V or top_p < 1, not greedy) needs a sort: the kernel only flags it, and
 it is drawn with the reference's torch ops (`reference._filter` and the same noise), so its token is
 `sampling.reference`'s. Which path a row takes is a function of its own temperature, top-k and top-p,
 so the batch never changes a row's token. The flags are read on the host once per call, after the
-kernel, which is the op's only wait on the device: one launch and one readback when no row filters.
+kernels, which is the op's only wait on the device: three launches and one readback when no row filters.
 A caller that knows from the requests' parameters that no row filters says so (`may_filter=False`, as the
 engine does from `SamplingParams.filters`): then nothing is read back, and the call never waits.
 """
@@ -47,6 +50,9 @@ INPUT_DTYPES = ("bfloat16", "float16", "float32")
 # so these decide the speed only, never a token.
 VOCAB_BLOCK = 4096
 NUM_WARPS = 8
+# Programs a call aims for, split among its rows' vocab chunks (`segments`): at batch 1 a row's 38 chunks of
+# Qwen3's vocabulary go to 38 programs instead of one.
+SEGMENT_PROGRAMS = 512
 
 # The per-row flags the kernel writes, OR-ed (written out as 1 and 2 in the kernel, which reads no
 # Python globals); a row with either flag filters.
@@ -112,14 +118,34 @@ def _argmax_step(b_z, o_v, m_v, b_best, i_best, i_nan, V: tl.constexpr):
 
 
 @jit
+def segment_max_kernel(x, seg_max, stride_xr, stride_xv, V: tl.constexpr, NV: tl.constexpr, NS: tl.constexpr, PER_SEGMENT: tl.constexpr,
+                       VOCAB_BLOCK: tl.constexpr):
+    """Program (r, s): the maximum of row r's chunks [s PER_SEGMENT, (s + 1) PER_SEGMENT), NaNs left out."""
+    i_r, i_s = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    p_x = x + i_r * stride_xr
+    b_max = tl.full([], float("-inf"), dtype=tl.float32)
+    for i_v in range(0, PER_SEGMENT):  # chunks past the row (a last, short segment) are masked whole
+        o_v = (i_s * PER_SEGMENT + i_v) * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
+        m_v = o_v < V
+        b_x = tl.load(p_x + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)
+        b_max = tl.maximum(b_max, tl.max(tl.where(m_v & (b_x == b_x), b_x, float("-inf")), axis=0))
+    tl.store(seg_max + i_r * NS + i_s, b_max)
+
+
+@jit
 def sample_kernel(
-    x, temperature, top_k, top_p, seed, position, tokens, flags,
+    x, temperature, top_k, top_p, seed, position, flags, seg_max, seg_best, seg_index, seg_nan,
     stride_xr, stride_xv, stride_t, stride_k, stride_p, stride_s, stride_q,
     V: tl.constexpr,
     NV: tl.constexpr,
+    NS: tl.constexpr,
+    NS_PAD: tl.constexpr,
+    PER_SEGMENT: tl.constexpr,
     VOCAB_BLOCK: tl.constexpr,
 ):
-    i_r = tl.program_id(0).to(tl.int64)
+    """Program (r, s): row r's best candidate among its chunks [s PER_SEGMENT, (s + 1) PER_SEGMENT), as
+    (value, lowest index attaining it, lowest NaN index) into seg_best / seg_index / seg_nan [R, NS]."""
+    i_r, i_s = tl.program_id(0).to(tl.int64), tl.program_id(1)
     p_x = x + i_r * stride_xr
     b_t = tl.load(temperature + i_r * stride_t).to(tl.float32)
     b_k = tl.load(top_k + i_r * stride_k)
@@ -129,37 +155,53 @@ def sample_kernel(
     is_top_k = (b_k > 0) & (b_k < V) & ~is_greedy
     is_top_p = ((b_p < 1) | (b_p != b_p)) & ~is_greedy
     is_filtering = is_top_k | is_top_p
-    tl.store(flags + i_r, is_top_k.to(tl.int8) + is_top_p.to(tl.int8) * 2)
+    if i_s == 0:
+        tl.store(flags + i_r, is_top_k.to(tl.int8) + is_top_p.to(tl.int8) * 2)
 
     b_best = tl.full([], float("-inf"), dtype=tl.float32)
     i_best = tl.full([], 0, dtype=tl.int32)
     i_nan = tl.full([], V, dtype=tl.int32)
+    first = i_s * PER_SEGMENT  # chunks past the row (a last, short segment) are masked whole
     if is_greedy:
-        for i_v in range(0, NV):
-            o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
+        for i_v in range(0, PER_SEGMENT):
+            o_v = (first + i_v) * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
             m_v = o_v < V
             b_x = tl.load(p_x + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)  # [VOCAB_BLOCK]
             b_best, i_best, i_nan = _argmax_step(b_x, o_v, m_v, b_best, i_best, i_nan, V)
     elif not is_filtering:
-        b_max = tl.full([], float("-inf"), dtype=tl.float32)
-        for i_v in range(0, NV):
-            o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
-            m_v = o_v < V
-            b_x = tl.load(p_x + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)
-            b_max = tl.maximum(b_max, tl.max(tl.where(m_v & (b_x == b_x), b_x, float("-inf")), axis=0))
+        o_s = tl.arange(0, NS_PAD)
+        b_max = tl.max(tl.load(seg_max + i_r * NS + o_s, mask=o_s < NS, other=float("-inf")), axis=0)
         # An all -inf row keeps its -inf (and draws token 0); + 0.0 makes a -0.0 maximum +0.0.
         b_m = tl.math.div_rn(tl.where(b_max == float("-inf"), 0.0, b_max), b_t) + 0.0
 
         b_stream = _stream(seed + i_r * stride_s, position + i_r * stride_q)
-        for i_v in range(0, NV):
-            o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
+        for i_v in range(0, PER_SEGMENT):
+            o_v = (first + i_v) * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
             m_v = o_v < V
             b_x = tl.load(p_x + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)
             b_z = (tl.math.div_rn(b_x, b_t) - b_m) - _log_neg_log_uniform(_token_state(b_stream, o_v))
             b_best, i_best, i_nan = _argmax_step(b_z, o_v, m_v, b_best, i_best, i_nan, V)
+    tl.store(seg_best + i_r * NS + i_s, b_best)
+    tl.store(seg_index + i_r * NS + i_s, i_best)
+    tl.store(seg_nan + i_r * NS + i_s, i_nan)
+
+
+@jit
+def pick_kernel(flags, seg_best, seg_index, seg_nan, tokens, V: tl.constexpr, NS: tl.constexpr, NS_PAD: tl.constexpr):
+    """Row r's token from its segments' candidates, folded as `_argmax_step` folds chunks: the largest value
+    at the lowest index (segments cover ascending vocab ranges), unless some token is NaN."""
+    i_r = tl.program_id(0).to(tl.int64)
+    o_s = tl.arange(0, NS_PAD)
+    m_s = o_s < NS
+    b_best = tl.load(seg_best + i_r * NS + o_s, mask=m_s, other=float("-inf"))
+    i_seg = tl.load(seg_index + i_r * NS + o_s, mask=m_s, other=V)
+    b_max = tl.max(b_best, axis=0)
+    # A segment's -inf candidate carries index 0 (its fold's start); an all -inf row draws token 0.
+    i_best = tl.where(b_max == float("-inf"), 0, tl.min(tl.where(m_s & (b_best == b_max), i_seg, V), axis=0))
+    i_nan = tl.min(tl.load(seg_nan + i_r * NS + o_s, mask=m_s, other=V), axis=0)
     i_token = tl.where(i_nan < V, i_nan, i_best)
     # A filtering row's token stays -1 until the host draws it.
-    tl.store(tokens + i_r, tl.where(is_filtering, -1, i_token).to(tl.int64))
+    tl.store(tokens + i_r, tl.where(tl.load(flags + i_r) != 0, -1, i_token).to(tl.int64))
 
 
 @jit
@@ -204,21 +246,38 @@ def _draw_filtering(x: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor
         tokens[index] = reference.first_argmax(filtered - torch.log(-torch.log(noise)))
 
 
+def segments(rows: int, chunks: int) -> int:
+    """How many programs share one row's vocab chunks: enough for ~SEGMENT_PROGRAMS programs in all, so a
+    batch of one row is not one program walking the vocabulary alone. Every fold is exact, so the number
+    never changes a token."""
+    return max(1, min(chunks, SEGMENT_PROGRAMS // max(rows, 1)))
+
+
 def draw_unfiltered(x: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, position: Tensor, *,
-                    vocab_block: int = VOCAB_BLOCK, num_warps: int = NUM_WARPS) -> tuple[Tensor, Tensor]:
-    """The kernel alone: -> every row's token as if it did not filter [R] int64, and each row's flags [R] int8
-    (IS_TOP_K | IS_TOP_P where the row filters, 0 where its token is final)."""
+                    vocab_block: int = VOCAB_BLOCK, num_warps: int = NUM_WARPS, num_segments: int | None = None) -> tuple[Tensor, Tensor]:
+    """The kernels alone: -> every row's token as if it did not filter [R] int64, and each row's flags [R] int8
+    (IS_TOP_K | IS_TOP_P where the row filters, 0 where its token is final). Three launches: the segments'
+    maxima, their candidates, each row's pick."""
     rows, vocab_size = x.shape
     tokens = torch.empty(rows, dtype=torch.int64, device=x.device)
     flags = torch.empty(rows, dtype=torch.int8, device=x.device)
     if rows:
         block = min(vocab_block, next_power_of_2(vocab_size))
-        sample_kernel[(rows,)](
-            x, temperature, top_k, top_p, seed, position, tokens, flags,
+        chunks = cdiv(vocab_size, block)
+        count = num_segments or segments(rows, chunks)
+        per_segment = cdiv(chunks, count)
+        count = cdiv(chunks, per_segment)
+        seg_max, seg_best = (torch.empty((rows, count), dtype=torch.float32, device=x.device) for _ in range(2))
+        seg_index, seg_nan = (torch.empty((rows, count), dtype=torch.int32, device=x.device) for _ in range(2))
+        sizes = dict(V=vocab_size, NV=chunks, NS=count, PER_SEGMENT=per_segment, VOCAB_BLOCK=block)
+        segment_max_kernel[(rows, count)](x, seg_max, x.stride(0), x.stride(1), **sizes, num_warps=num_warps)
+        sample_kernel[(rows, count)](
+            x, temperature, top_k, top_p, seed, position, flags, seg_max, seg_best, seg_index, seg_nan,
             x.stride(0), x.stride(1), temperature.stride(0), top_k.stride(0), top_p.stride(0), seed.stride(0), position.stride(0),
-            V=vocab_size, NV=cdiv(vocab_size, block), VOCAB_BLOCK=block,
-            num_warps=num_warps,
+            **sizes, NS_PAD=next_power_of_2(count), num_warps=num_warps,
         )
+        pick_kernel[(rows,)](flags, seg_best, seg_index, seg_nan, tokens, V=vocab_size, NS=count, NS_PAD=next_power_of_2(count),
+                             num_warps=1)
     return tokens, flags
 
 
@@ -259,4 +318,4 @@ def register(registry, cases: frozenset) -> None:
     """Register sampling.triton@1 for `cases`; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="sampling", cases=cases, fn=sample, check_constants=check_constants,
-                               sources=(sample_kernel, triton_support, reference, reduce, logprobs_reference)))
+                               sources=(segment_max_kernel, sample_kernel, pick_kernel, triton_support, reference, reduce, logprobs_reference)))
