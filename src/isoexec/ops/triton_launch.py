@@ -82,10 +82,16 @@ class CachedLaunchJITFunction(JITFunction):
         named = tuple((name, arg_key(value) if name in self._runtime else value) for name, value in kwargs.items())
         return device, tuple(map(arg_key, args)), named
 
+    # For a kernel declared dependent (`triton_support.jit(dependent=True)`): device -> whether to launch it
+    # with programmatic dependent launch, passed as its PDL constexpr and as Triton's launch_pdl option.
+    dependent_launches = None
+
     def run(self, *args, grid, warmup, **kwargs):
+        device = driver.active.get_current_device()
+        if self.dependent_launches is not None:
+            kwargs["PDL"] = kwargs["launch_pdl"] = self.dependent_launches(device)
         if warmup or self.pre_run_hooks or callable(grid):
             return super().run(*args, grid=grid, warmup=warmup, **kwargs)
-        device = driver.active.get_current_device()
         try:
             key = self._key(device, args, kwargs)
             kernel = self.launches.get(key)

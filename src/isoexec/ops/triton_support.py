@@ -27,7 +27,12 @@ on every CPU.
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
 import math
+import os
+import textwrap
 
 import numpy as np
 import torch
@@ -38,6 +43,8 @@ try:
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
+
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     from .triton_launch import CachedLaunchJITFunction
 except ImportError as error:  # the Triton impls are then simply not registered
@@ -90,20 +97,80 @@ if interpreting():
     _install_fixed_order_dot()
 
 
-def jit(fn=None, **options):
+def jit(fn=None, *, dependent: bool = False, **options):
     """`@jit` or `@jit(do_not_specialize=[...])`: a Triton kernel in the mode of `triton.language`.
 
     Compiled kernels are `triton_launch.CachedLaunchJITFunction`s, whose repeat launches skip Triton's
     per-call specialization, where the installed Triton is the one that class was written against (3.6);
     otherwise, and in the interpreter, Triton's own classes. Without Triton installed the function is
-    returned undecorated; it is then never launched."""
+    returned undecorated; it is then never launched.
+
+    `dependent=True`: a kernel that may start before the kernel ahead of it in the stream has finished
+    (programmatic dependent launch, below). Its last parameter is `PDL: tl.constexpr = False` and its first
+    statement `after_upstream(PDL)`, checked here, so nothing it reads or writes is touched before the
+    kernel ahead is done."""
     if fn is None:
-        return lambda f: jit(f, **options)
+        return lambda f: jit(f, dependent=dependent, **options)
+    if dependent:
+        _check_dependent(fn)
     if triton is None:
         return fn
     if interpreting():
         return InterpretedFunction(fn, **options)
-    return (CachedLaunchJITFunction if triton.__version__.startswith("3.6.") else JITFunction)(fn, **options)
+    if not triton.__version__.startswith("3.6."):
+        return JITFunction(fn, **options)  # PDL stays False: launched as any kernel
+    kernel = CachedLaunchJITFunction(fn, **options)
+    if dependent:
+        kernel.dependent_launches = dependent_launches
+    return kernel
+
+
+# Programmatic dependent launch (Hopper and later). Inside a CUDA graph, as in a stream, a kernel's
+# programs start only once the kernel ahead has finished, and the launch itself, the programs' scheduling
+# and their first instructions then sit on the critical path: ~1 us a kernel, over a decode step of a few
+# hundred kernels. A kernel launched with `launch_pdl` may start while the kernel ahead still runs; it
+# waits (griddepcontrol.wait) until that kernel has finished and its writes are visible, and it lets the
+# kernel behind it start (griddepcontrol.launch_dependents) once it is past that wait, so at most two
+# kernels overlap. Since every dependent kernel waits before touching memory, and a kernel finishes only
+# after its own wait, a kernel never starts touching memory before every kernel ahead of it has finished:
+# what each computes, and so every bit, is as without it. `ISOEXEC_PDL=0` turns it off (to measure it).
+PDL_ENV = "ISOEXEC_PDL"
+
+
+@functools.cache
+def dependent_launches(device: int) -> bool:
+    """Whether kernels declared `dependent` are launched with PDL on CUDA device `device`: sm_90 or later,
+    compiled (not the interpreter), and not turned off by ISOEXEC_PDL=0."""
+    if triton is None or interpreting() or os.environ.get(PDL_ENV, "1") == "0" or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+if triton is not None:
+
+    @jit
+    def after_upstream(PDL: tl.constexpr):
+        """A dependent kernel's first statement: with PDL, wait until the kernel ahead has finished and its
+        writes are visible, then let the kernel behind start launching."""
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+
+else:
+    after_upstream = None
+
+
+def _check_dependent(fn) -> None:
+    """A dependent kernel's contract (see `jit`): the last parameter PDL, a constexpr defaulting to False,
+    and `after_upstream(PDL)` first, after the docstring."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    node = tree.body[0]
+    last = node.args.args[-1] if node.args.args else None
+    if last is None or last.arg != "PDL" or not node.args.defaults or ast.unparse(node.args.defaults[-1]) != "False":
+        raise TypeError(f"{fn.__name__}: a dependent kernel's last parameter is `PDL: tl.constexpr = False`")
+    body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+    if not body or ast.unparse(body[0]).strip() != "after_upstream(PDL)":
+        raise TypeError(f"{fn.__name__}: a dependent kernel's first statement is `after_upstream(PDL)`")
 
 
 # Host-side grid arithmetic. Triton's own `triton.cdiv` and `triton.next_power_of_2` are constexpr

@@ -23,7 +23,7 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from ..triton_support import (
-    ELEMENTWISE_WARPS, as_rows, check_fp32_elementwise, elementwise_tile, elementwise_tiles, from_rows,
+    ELEMENTWISE_WARPS, after_upstream, as_rows, check_fp32_elementwise, elementwise_tile, elementwise_tiles, from_rows,
     interpreting, jit, load_fp32, needs_grad, require_device, tl, triton_available,
 )
 
@@ -51,7 +51,7 @@ def silu_mul_fp32(b_g, b_u, USE_LIBDEVICE: tl.constexpr):
 
 
 # One compiled kernel for every number of rows.
-@jit(do_not_specialize=["num_rows"])
+@jit(do_not_specialize=["num_rows"], dependent=True)
 def silu_mul_fwd_kernel(
     gate, up, y,
     num_rows,
@@ -60,7 +60,9 @@ def silu_mul_fwd_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
     USE_LIBDEVICE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_upstream(PDL)
     o_r, o_n, m = elementwise_tile(num_rows, N, BLOCK_R, BLOCK_N)
     b_g = load_fp32(gate, o_r, o_n, m, stride_gr, stride_gn)  # [BLOCK_R, BLOCK_N]
     b_u = load_fp32(up, o_r, o_n, m, stride_ur, stride_un)

@@ -60,7 +60,7 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
-from ..triton_support import cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
+from ..triton_support import after_upstream, cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
 from . import native
 from .reference import _check_inputs
 
@@ -234,7 +234,7 @@ def _tile(
     tl.store(p_o, out.to(o.dtype.element_ty), mask=row_ok[:, None])
 
 
-@jit(do_not_specialize=["T", "L", "S", "window"])
+@jit(do_not_specialize=["T", "L", "S", "window"], dependent=True)
 def attention_fwd_kernel(
     q, k, v, o, slot_table, seq_ids, positions,
     T, L, S, scale, window,
@@ -249,7 +249,9 @@ def attention_fwd_kernel(
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
     QUERIES: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_upstream(PDL)
     # Program (r, kv_head) runs, in order, the tiles that start among queries [r * QUERIES, (r + 1) *
     # QUERIES): a tile is a run of queries of one sequence at consecutive positions inside one absolute
     # block of BLOCK_Q positions, and starts where a query's sequence or position breaks the run. The

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from .. import triton_support
-from ..triton_support import cdiv, jit, tl, triton_available
+from ..triton_support import after_upstream, cdiv, jit, tl, triton_available
 from . import tile_triton
 
 if triton_available():
@@ -91,7 +91,7 @@ def tma_tile(
 
 
 # One compiled kernel for every M, as for the grid kernel.
-@jit(do_not_specialize=["M", "num_programs"])
+@jit(do_not_specialize=["M", "num_programs"], dependent=True)
 def linear_persistent_kernel(
     x_desc, w_desc, b, y,
     M, N, num_programs,
@@ -107,7 +107,9 @@ def linear_persistent_kernel(
     GROUP: tl.constexpr,
     N1: tl.constexpr = 0,
     N2: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
+    after_upstream(PDL)
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     if INTERPRETED:  # the interpreter cannot take a runtime `range` bound; the same tiles in the same order
         tile = tl.program_id(0)

@@ -40,7 +40,7 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import reduce, triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
-from ..triton_support import cdiv, jit, require_device, tl, triton_available
+from ..triton_support import after_upstream, cdiv, jit, require_device, tl, triton_available
 from . import persistent_triton, swapped_triton, tile_triton
 from . import triton as linear_triton
 from . import tuning
@@ -126,7 +126,7 @@ def combine_partials(partials: Tensor, bias: Tensor | None, *, leaf_tree: str, o
 
 
 # One compiled kernel for every M, as linear.triton's.
-@jit(do_not_specialize=["M"])
+@jit(do_not_specialize=["M"], dependent=True)
 def fused_kernel(
     x, w, b, y,
     M, N,
@@ -140,6 +140,7 @@ def fused_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Output tile (i_m, i_n): leaf g's NK blocks from its first column (`reference.leaf_bounds`),
     masked at the leaf's end, into `acc` from +0.0 (as `linear_tile` computes a leaf), each finished
@@ -147,6 +148,7 @@ def fused_kernel(
     every leaf's blocks, so loads are pipelined across leaf boundaries. Programs take tiles in the
     persistent GEMM's grouped order (GROUP tile rows per band), so the tiles that share an x row block
     run close together and read it from L2; which program runs a tile never enters its arithmetic."""
+    after_upstream(PDL)
     i_m, i_n = persistent_triton.grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP)
     o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)

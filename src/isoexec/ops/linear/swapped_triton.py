@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from .. import triton_support
-from ..triton_support import cdiv, jit, tl
+from ..triton_support import after_upstream, cdiv, jit, tl
 from . import tile_triton
 
 SWAPPED_MAX_ROWS = 16
@@ -45,7 +45,7 @@ def _block(x, w, b_acc, o_m, o_n, o_k, m_m, m_n, m_k, stride_xm, stride_xk, stri
     return tile_triton.accumulate(b_w, b_xt, b_acc, DOT_IN_FP32)
 
 
-@jit(do_not_specialize=["M"])
+@jit(do_not_specialize=["M"], dependent=True)
 def linear_swapped_kernel(
     x, w, b, y,
     M, N,
@@ -60,11 +60,13 @@ def linear_swapped_kernel(
     BLOCK_K: tl.constexpr,
     N1: tl.constexpr = 0,
     N2: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     """Output tile (i_m, i_n), accumulated as its transpose [BLOCK_N, BLOCK_M]. G > 1: K is G leaves
     (`reference.leaf_bounds`) folded in order, as `row_parallel_triton.fused_kernel` folds them: each
     leaf's NK blocks into an accumulator from +0.0, masked at the leaf's end, each finished leaf added to
     a running fp32 sum; one loop over every leaf's blocks, so loads pipeline across leaf ends."""
+    after_upstream(PDL)
     i_n, i_m = tl.program_id(0), tl.program_id(1)
     o_n = i_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     o_m = i_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -29,19 +29,21 @@ from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from . import tuning
 from .tuning import HOPPER_CONSTANTS  # noqa: F401  (re-exported for benchmarks and tests)
-from ..triton_support import cdiv, jit, needs_grad, require_device, tl, triton_available
+from ..triton_support import after_upstream, cdiv, jit, needs_grad, require_device, tl, triton_available
 
 ID = "logprobs.triton"
 INPUT_DTYPES = ("bfloat16", "float16", "float32")
 
-@jit
+@jit(dependent=True)
 def logprobs_fwd_kernel(
     x, y,
     stride_xr, stride_xv, stride_yr, stride_yv,
     V: tl.constexpr,
     NV: tl.constexpr,
     VOCAB_BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_upstream(PDL)
     i_r = tl.program_id(0).to(tl.int64)
     p_x = x + i_r * stride_xr
     p_y = y + i_r * stride_yr

@@ -31,7 +31,7 @@ from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from . import tuning
 from .tuning import HOPPER_CONSTANTS  # noqa: F401  (re-exported for benchmarks and tests)
-from ..triton_support import as_rows, cdiv, from_rows, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
+from ..triton_support import after_upstream, as_rows, cdiv, from_rows, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
 
 ID = "rms_norm.triton"
 RESIDUAL_ID = "rms_norm.residual.triton"
@@ -75,7 +75,7 @@ def normed(b_x, b_w, b_r, ZERO_CENTERED: tl.constexpr):
     return (b_x * b_r) * b_w
 
 
-@jit
+@jit(dependent=True)
 def rms_norm_fwd_kernel(
     x, r, w, y, s,
     stride_xr, stride_xh, stride_rr, stride_rh, stride_yr, stride_yh,
@@ -85,7 +85,9 @@ def rms_norm_fwd_kernel(
     HAS_RESIDUAL: tl.constexpr,
     ZERO_CENTERED: tl.constexpr,
     REDUCE_BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_upstream(PDL)
     i_r = tl.program_id(0).to(tl.int64)
     p_x = x + i_r * stride_xr
     p_r = r + i_r * stride_rr

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from ..rms_norm.triton import inv_rms, normed
-from ..triton_support import cdiv, jit, needs_grad, next_power_of_2, require_device, tl
+from ..triton_support import after_upstream, cdiv, jit, needs_grad, next_power_of_2, require_device, tl
 from . import reference
 from .triton import cos_sin, rotate
 
@@ -62,7 +62,7 @@ def _norm_rotate_row(
         tl.store(p_y + o_d, _normed_half(p_x, p_w, o_d, m_d, b_r, HAS_NORM, ZERO_CENTERED).to(p_y.dtype.element_ty), mask=m_d)
 
 
-@jit(do_not_specialize=["num_tokens"])
+@jit(do_not_specialize=["num_tokens"], dependent=True)
 def qk_norm_rope_kernel(
     q, k, v, q_out, k_out, v_out, write_slots, positions, table, q_w, k_w,
     num_tokens, max_positions, eps,
@@ -81,7 +81,9 @@ def qk_norm_rope_kernel(
     NH: tl.constexpr,
     REDUCE_BLOCK: tl.constexpr,
     HAS_SLOTS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_upstream(PDL)
     i_t, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     row = i_t
     if HAS_SLOTS:

@@ -40,7 +40,7 @@ from ...runtime.registry import Impl
 from .. import reduce, triton_support
 from ..common import TILE_ELEMENTS, expect_dtype
 from ..logprobs import reference as logprobs_reference
-from ..triton_support import cdiv, jit, next_power_of_2, require_device, tl, triton_available
+from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, require_device, tl, triton_available
 from . import reference
 
 ID = "sampling.triton"
@@ -117,10 +117,11 @@ def _argmax_step(b_z, o_v, m_v, b_best, i_best, i_nan, V: tl.constexpr):
     return tl.where(is_better, b_max, b_best), tl.where(is_better, i_max, i_best), i_nan
 
 
-@jit
+@jit(dependent=True)
 def segment_max_kernel(x, seg_max, stride_xr, stride_xv, V: tl.constexpr, NV: tl.constexpr, NS: tl.constexpr, PER_SEGMENT: tl.constexpr,
-                       VOCAB_BLOCK: tl.constexpr):
+                       VOCAB_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Program (r, s): the maximum of row r's chunks [s PER_SEGMENT, (s + 1) PER_SEGMENT), NaNs left out."""
+    after_upstream(PDL)
     i_r, i_s = tl.program_id(0).to(tl.int64), tl.program_id(1)
     p_x = x + i_r * stride_xr
     b_max = tl.full([], float("-inf"), dtype=tl.float32)
@@ -132,7 +133,7 @@ def segment_max_kernel(x, seg_max, stride_xr, stride_xv, V: tl.constexpr, NV: tl
     tl.store(seg_max + i_r * NS + i_s, b_max)
 
 
-@jit
+@jit(dependent=True)
 def sample_kernel(
     x, temperature, top_k, top_p, seed, position, flags, seg_max, seg_best, seg_index, seg_nan,
     stride_xr, stride_xv, stride_t, stride_k, stride_p, stride_s, stride_q,
@@ -142,9 +143,11 @@ def sample_kernel(
     NS_PAD: tl.constexpr,
     PER_SEGMENT: tl.constexpr,
     VOCAB_BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Program (r, s): row r's best candidate among its chunks [s PER_SEGMENT, (s + 1) PER_SEGMENT), as
     (value, lowest index attaining it, lowest NaN index) into seg_best / seg_index / seg_nan [R, NS]."""
+    after_upstream(PDL)
     i_r, i_s = tl.program_id(0).to(tl.int64), tl.program_id(1)
     p_x = x + i_r * stride_xr
     b_t = tl.load(temperature + i_r * stride_t).to(tl.float32)
@@ -186,10 +189,11 @@ def sample_kernel(
     tl.store(seg_nan + i_r * NS + i_s, i_nan)
 
 
-@jit
-def pick_kernel(flags, seg_best, seg_index, seg_nan, tokens, V: tl.constexpr, NS: tl.constexpr, NS_PAD: tl.constexpr):
+@jit(dependent=True)
+def pick_kernel(flags, seg_best, seg_index, seg_nan, tokens, V: tl.constexpr, NS: tl.constexpr, NS_PAD: tl.constexpr, PDL: tl.constexpr = False):
     """Row r's token from its segments' candidates, folded as `_argmax_step` folds chunks: the largest value
     at the lowest index (segments cover ascending vocab ranges), unless some token is NaN."""
+    after_upstream(PDL)
     i_r = tl.program_id(0).to(tl.int64)
     o_s = tl.arange(0, NS_PAD)
     m_s = o_s < NS
