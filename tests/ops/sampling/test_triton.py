@@ -336,6 +336,28 @@ def test_segments_never_change_a_token_at_qwen3_vocabulary():
     moved, _ = sampling_triton.draw_unfiltered(x, ones, top_k, top_p, seed, position + 1)
     assert int((moved != drawn).sum()) > rows // 2
 
+
+@pytest.mark.skipif(not ON_GPU, reason="counts compiled kernels")
+def test_any_number_of_rows_takes_one_compiled_kernel():
+    """The split is a runtime argument: rows 1 … 64 (38, 36, 19, 10, 8 segments) run one compiled kernel each
+    of the three, so a prefill that samples a new number of rows never compiles in the middle of a run."""
+    x = torch.randn(64, 151_936, generator=torch.Generator().manual_seed(1)).log_softmax(-1).bfloat16().to(DEVICE)
+    kernels = (sampling_triton.segment_max_kernel, sampling_triton.sample_kernel, sampling_triton.pick_kernel)
+
+    def compiled():
+        return [{id(k) for k in kernel.launches.values()} for kernel in kernels]
+
+    def draw(rows):
+        ones, zeros = torch.ones(rows, device=DEVICE), torch.zeros(rows, dtype=torch.int64, device=DEVICE)
+        sampling_triton.draw_unfiltered(x[:rows], ones, zeros, ones, zeros, zeros)
+
+    draw(1)
+    first = compiled()
+    for rows in (5, 13, 14, 27, 50, 64):
+        draw(rows)
+    assert len({sampling_triton.segments(rows, 38) for rows in (1, 5, 13, 14, 27, 50, 64)}) >= 5
+    assert compiled() == first
+
 def _slot_as_position(x, temperature, top_k, top_p, seed, position):
     """The noise counter taken from the row's slot in the batch instead of its position."""
     return sample(x, temperature, top_k, top_p, seed, torch.arange(x.shape[0], device=x.device))
@@ -406,16 +428,16 @@ def test_the_kernels_compile_for_hopper(tmp_path):
         from triton.compiler import ASTSource
         from isoexec.ops.sampling import triton as sampling_triton
         target = GPUTarget("cuda", 90, 32)
-        sizes = {"V": 151936, "NV": 38, "NS": 38, "PER_SEGMENT": 1, "VOCAB_BLOCK": 4096}
+        sizes = {"V": 151936, "NV": 38, "VOCAB_BLOCK": 4096}
         def build(kernel, pointers, constexprs, num_warps=8):
-            types = {n: "constexpr" if n in constexprs else pointers.get(n, "i64") for n in kernel.arg_names}
+            types = {n: "constexpr" if n in constexprs else pointers.get(n, "i32" if n in ("NS", "PER_SEGMENT") else "i64") for n in kernel.arg_names}
             return triton.compile(ASTSource(kernel, types, constexprs=constexprs), target=target, options={"num_warps": num_warps}).asm["ptx"]
         build(sampling_triton.segment_max_kernel, {"x": "*bf16", "seg_max": "*fp32"}, sizes)
         pointers = {"x": "*bf16", "temperature": "*fp32", "top_k": "*i64", "top_p": "*fp32", "seed": "*i64", "position": "*i64",
                     "flags": "*i8", "seg_max": "*fp32", "seg_best": "*fp32", "seg_index": "*i32", "seg_nan": "*i32"}
         ptx = build(sampling_triton.sample_kernel, pointers, {**sizes, "NS_PAD": 64})
         assert "lg2.approx" not in ptx and "div.rn.f32" in ptx
-        build(sampling_triton.pick_kernel, {**pointers, "tokens": "*i64"}, {"V": 151936, "NS": 38, "NS_PAD": 64}, num_warps=1)
+        build(sampling_triton.pick_kernel, {**pointers, "tokens": "*i64"}, {"V": 151936, "NS_PAD": 64}, num_warps=1)
         names = ["seed", "position", "bits", "stride_s", "stride_q", "V", "NV", "VOCAB_BLOCK"]
         types = ["*i64"] * 3 + ["i64"] * 2 + ["constexpr"] * 3
         constexprs = {"V": 300, "NV": 1, "VOCAB_BLOCK": 512}

@@ -117,31 +117,34 @@ def _argmax_step(b_z, o_v, m_v, b_best, i_best, i_nan, V: tl.constexpr):
     return tl.where(is_better, b_max, b_best), tl.where(is_better, i_max, i_best), i_nan
 
 
-@jit(dependent=True)
-def segment_max_kernel(x, seg_max, stride_xr, stride_xv, V: tl.constexpr, NV: tl.constexpr, NS: tl.constexpr, PER_SEGMENT: tl.constexpr,
-                       VOCAB_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+@jit(do_not_specialize=["NS", "PER_SEGMENT"], dependent=True)
+def segment_max_kernel(x, seg_max, NS, PER_SEGMENT, stride_xr, stride_xv, V: tl.constexpr, NV: tl.constexpr, VOCAB_BLOCK: tl.constexpr,
+                       PDL: tl.constexpr = False):
     """Program (r, s): the maximum of row r's chunks [s PER_SEGMENT, (s + 1) PER_SEGMENT), NaNs left out."""
     after_upstream(PDL)
     i_r, i_s = tl.program_id(0).to(tl.int64), tl.program_id(1)
     p_x = x + i_r * stride_xr
     b_max = tl.full([], float("-inf"), dtype=tl.float32)
-    for i_v in range(0, PER_SEGMENT):  # chunks past the row (a last, short segment) are masked whole
-        o_v = (i_s * PER_SEGMENT + i_v) * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
+    # `while`, not `for`: the interpreter takes no runtime `range` bound. Chunks past the row (a last,
+    # short segment) are masked whole.
+    i_v = i_s * PER_SEGMENT
+    while i_v < (i_s + 1) * PER_SEGMENT:
+        o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
         m_v = o_v < V
         b_x = tl.load(p_x + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)
         b_max = tl.maximum(b_max, tl.max(tl.where(m_v & (b_x == b_x), b_x, float("-inf")), axis=0))
+        i_v += 1
     tl.store(seg_max + i_r * NS + i_s, b_max)
 
 
-@jit(dependent=True)
+@jit(do_not_specialize=["NS", "PER_SEGMENT"], dependent=True)
 def sample_kernel(
     x, temperature, top_k, top_p, seed, position, flags, seg_max, seg_best, seg_index, seg_nan,
+    NS, PER_SEGMENT,
     stride_xr, stride_xv, stride_t, stride_k, stride_p, stride_s, stride_q,
     V: tl.constexpr,
     NV: tl.constexpr,
-    NS: tl.constexpr,
     NS_PAD: tl.constexpr,
-    PER_SEGMENT: tl.constexpr,
     VOCAB_BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
@@ -164,13 +167,15 @@ def sample_kernel(
     b_best = tl.full([], float("-inf"), dtype=tl.float32)
     i_best = tl.full([], 0, dtype=tl.int32)
     i_nan = tl.full([], V, dtype=tl.int32)
-    first = i_s * PER_SEGMENT  # chunks past the row (a last, short segment) are masked whole
+    first, end = i_s * PER_SEGMENT, (i_s + 1) * PER_SEGMENT  # as in segment_max_kernel
+    i_v = first
     if is_greedy:
-        for i_v in range(0, PER_SEGMENT):
-            o_v = (first + i_v) * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
+        while i_v < end:
+            o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
             m_v = o_v < V
             b_x = tl.load(p_x + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)  # [VOCAB_BLOCK]
             b_best, i_best, i_nan = _argmax_step(b_x, o_v, m_v, b_best, i_best, i_nan, V)
+            i_v += 1
     elif not is_filtering:
         o_s = tl.arange(0, NS_PAD)
         b_max = tl.max(tl.load(seg_max + i_r * NS + o_s, mask=o_s < NS, other=float("-inf")), axis=0)
@@ -178,19 +183,20 @@ def sample_kernel(
         b_m = tl.math.div_rn(tl.where(b_max == float("-inf"), 0.0, b_max), b_t) + 0.0
 
         b_stream = _stream(seed + i_r * stride_s, position + i_r * stride_q)
-        for i_v in range(0, PER_SEGMENT):
-            o_v = (first + i_v) * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
+        while i_v < end:
+            o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
             m_v = o_v < V
             b_x = tl.load(p_x + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)
             b_z = (tl.math.div_rn(b_x, b_t) - b_m) - _log_neg_log_uniform(_token_state(b_stream, o_v))
             b_best, i_best, i_nan = _argmax_step(b_z, o_v, m_v, b_best, i_best, i_nan, V)
+            i_v += 1
     tl.store(seg_best + i_r * NS + i_s, b_best)
     tl.store(seg_index + i_r * NS + i_s, i_best)
     tl.store(seg_nan + i_r * NS + i_s, i_nan)
 
 
-@jit(dependent=True)
-def pick_kernel(flags, seg_best, seg_index, seg_nan, tokens, V: tl.constexpr, NS: tl.constexpr, NS_PAD: tl.constexpr, PDL: tl.constexpr = False):
+@jit(do_not_specialize=["NS"], dependent=True)
+def pick_kernel(flags, seg_best, seg_index, seg_nan, tokens, NS, V: tl.constexpr, NS_PAD: tl.constexpr, PDL: tl.constexpr = False):
     """Row r's token from its segments' candidates, folded as `_argmax_step` folds chunks: the largest value
     at the lowest index (segments cover ascending vocab ranges), unless some token is NaN."""
     after_upstream(PDL)
@@ -273,15 +279,16 @@ def draw_unfiltered(x: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor
         count = cdiv(chunks, per_segment)
         seg_max, seg_best = (torch.empty((rows, count), dtype=torch.float32, device=x.device) for _ in range(2))
         seg_index, seg_nan = (torch.empty((rows, count), dtype=torch.int32, device=x.device) for _ in range(2))
-        sizes = dict(V=vocab_size, NV=chunks, NS=count, PER_SEGMENT=per_segment, VOCAB_BLOCK=block)
-        segment_max_kernel[(rows, count)](x, seg_max, x.stride(0), x.stride(1), **sizes, num_warps=num_warps)
+        # The split is a runtime argument and NS_PAD the row's chunks (any split's segments fit), so a
+        # new number of rows (prefill samples a varying few) never compiles another kernel.
+        segment_max_kernel[(rows, count)](x, seg_max, count, per_segment, x.stride(0), x.stride(1), V=vocab_size, NV=chunks, VOCAB_BLOCK=block,
+                                          num_warps=num_warps)
         sample_kernel[(rows, count)](
-            x, temperature, top_k, top_p, seed, position, flags, seg_max, seg_best, seg_index, seg_nan,
+            x, temperature, top_k, top_p, seed, position, flags, seg_max, seg_best, seg_index, seg_nan, count, per_segment,
             x.stride(0), x.stride(1), temperature.stride(0), top_k.stride(0), top_p.stride(0), seed.stride(0), position.stride(0),
-            **sizes, NS_PAD=next_power_of_2(count), num_warps=num_warps,
+            V=vocab_size, NV=chunks, NS_PAD=next_power_of_2(chunks), VOCAB_BLOCK=block, num_warps=num_warps,
         )
-        pick_kernel[(rows,)](flags, seg_best, seg_index, seg_nan, tokens, V=vocab_size, NS=count, NS_PAD=next_power_of_2(count),
-                             num_warps=1)
+        pick_kernel[(rows,)](flags, seg_best, seg_index, seg_nan, tokens, count, V=vocab_size, NS_PAD=next_power_of_2(chunks), num_warps=1)
     return tokens, flags
 
 
