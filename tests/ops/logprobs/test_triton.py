@@ -11,7 +11,7 @@ tests/ops/kernels_triton.py.
 import pytest
 import torch
 
-from conftest import INTERPRETER_WARNINGS, batch_dependent, bitwise_equal, boundary, hazards, randn, require_triton
+from conftest import DEVICE, INTERPRETER_WARNINGS, batch_dependent, bitwise_equal, boundary, hazards, randn, require_triton
 
 require_triton()
 
@@ -141,6 +141,38 @@ def test_vocab_parallel_ranks_give_the_whole_rows_bits(dtype):
     live = slice(2, 9)
     control = torch.cat(_tensor_parallel(per_rank_sums, x[live], shards), dim=-1)
     assert not bitwise_equal(control, whole[live])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_split_among_programs_give_the_whole_row_kernels_bits(dtype, monkeypatch):
+    """A call of few rows splits each row's chunks among programs (`segments`): at 2, 3 and 5 segments of a
+    row of 5 chunks, masked and poisoned rows included, the output is the whole-row kernel's bit for bit.
+    The last row is built so that the order of the chunk sums' fold shows: chunk 0 holds one 0 (sum 1), each
+    other chunk one logit whose exp e lies in (2^-25, 2^-24), the rest -inf. Folded in chunk order, 1 + e
+    rounds back to 1 every time, and the 0 logit's log-prob is exactly 0; a split that summed each segment
+    first (as a split log-sum-exp would) adds e + e = 2e, more than half an ulp of 1, and ends one ulp
+    above, so that log-prob would be -2^-23: the control, by construction."""
+    from isoexec.ops.logprobs import triton as logprobs_triton
+
+    constants = boundary(LOGPROBS, dtype) | {"output_dtype": "float32"}
+    built = torch.full((1, 320), -INF)
+    built[0, 0] = 0.0
+    built[0, 64::64] = -16.875  # exp: 4.7e-8
+    x = torch.cat([randn(9, 320, seed=28, scale=4.0), hazards(320), built.to(DEVICE)]).to(dtype)  # chunks of 64: 5
+    x[0, ::3] = -INF
+    x[1] = -INF
+    assert logprobs_triton.segments(len(x), 5) == 5 and logprobs_triton.segments(4096, 297) == 1
+    monkeypatch.setattr(logprobs_triton, "SEGMENT_PROGRAMS", 1)  # one program per row
+    whole = logprobs(constants)(x)
+    monkeypatch.undo()
+    for count in (2, 3, 5):
+        split = logprobs_triton.logprobs_chunked(x, torch.float32, vocab_block=64, num_warps=4, num_segments=count)
+        assert bitwise_equal(split, whole), count
+
+    assert float(whole[-1, 0]) == 0.0
+    e = torch.exp(x[-1, 64].float())
+    one = torch.ones((), device=DEVICE)
+    assert float((((one + e) + e) + e) + e) == 1.0 and float(((one + e) + e) + (e + e)) == 1.0 + 2**-23
 
 
 def test_logprobs_with_its_vocab_block_chosen_from_the_batch_is_caught():

@@ -1,4 +1,5 @@
-"""Batch-invariant full-vocabulary log-softmax as one Triton program per row, in three passes.
+"""Batch-invariant full-vocabulary log-softmax in three passes over each row, one Triton program per row (a
+call of few rows splits each row among programs with the same bits, below).
 
 Row r, in fp32, over ascending vocab chunks of VOCAB_BLOCK: pass 1 folds each chunk's `tl.max` into a
 running max m; pass 2 folds each chunk's `tl.sum` of exp(x - m) into a running sum S; pass 3 writes
@@ -76,6 +77,9 @@ def logprobs_fwd_kernel(
 def logprobs_fwd(logits: Tensor, out_dtype: torch.dtype, *, vocab_block: int, num_warps: int) -> Tensor:
     """logits [R, V] -> [R, V] in `out_dtype`."""
     rows, vocab = logits.shape
+    if rows and vocab and segments(rows, cdiv(vocab, vocab_block)) > 1:
+        return logprobs_chunked(logits, out_dtype, vocab_block=vocab_block, num_warps=num_warps,
+                                num_segments=segments(rows, cdiv(vocab, vocab_block)))
     y = logits.new_empty((rows, vocab), dtype=out_dtype)
     if rows == 0 or vocab == 0:
         return y
@@ -88,61 +92,105 @@ def logprobs_fwd(logits: Tensor, out_dtype: torch.dtype, *, vocab_block: int, nu
     return y
 
 
-# A tensor-parallel rank's form (`vocab_parallel`): its logits are whole VOCAB_BLOCK chunks of the row, and the
-# three passes above are cut where a chunk's value leaves its program. `shard_max_kernel` writes each chunk's
-# `tl.max`; every rank gathers them (bytes) into the row's chunk order, and `shard_sum_kernel` folds them into
-# the running max exactly as pass 1 does before writing each own chunk's `tl.sum` of exp(x - m); those are
-# gathered too, and `shard_write_kernel` folds both rows of leaves as passes 1 and 2 do (the sum from +0.0, in
-# chunk order) and writes pass 3 for its own chunks. Each chunk meets the whole-row kernel's operations.
+# The same passes cut where a chunk's value leaves its program, for two callers. A tensor-parallel rank
+# (`vocab_parallel`) holds whole VOCAB_BLOCK chunks of the row: `chunk_max_kernel` writes each chunk's `tl.max`;
+# every rank gathers them (bytes) into the row's chunk order, and `chunk_sum_kernel` folds them into the running
+# max exactly as pass 1 does before writing each own chunk's `tl.sum` of exp(x - m); those are gathered too, and
+# `chunk_write_kernel` folds both rows of leaves as passes 1 and 2 do (the sum from +0.0, in chunk order) and
+# writes pass 3 for its own chunks. A call of few rows (`segments`) splits each row's chunks among programs the
+# same way, so that a decode batch of one row is not one program walking the vocabulary three times. Either
+# way each chunk meets the whole-row kernel's operations: the same bits.
+SEGMENT_PROGRAMS = 512  # programs a call of few rows aims for, as sampling.triton's
+
+
+def segments(rows: int, chunks: int) -> int:
+    """How many programs share one row's chunks: 1 (the whole-row kernel) from SEGMENT_PROGRAMS rows up. Any
+    number gives the same bits."""
+    return max(1, min(chunks, SEGMENT_PROGRAMS // max(rows, 1)))
 
 
 @jit
 def _folded_max(p_m, NB: tl.constexpr):
-    """Pass 1's running max over the gathered chunk maxima, and whether the row is empty."""
+    """Pass 1's running max over the gathered chunk maxima, and whether the row is empty. Unrolled: the
+    loads issue together, and the fold keeps pass 1's order."""
     b_max = tl.full([], float("-inf"), dtype=tl.float32)
-    for i_b in range(0, NB):
+    for i_b in tl.static_range(NB):
         b_max = tl.maximum(b_max, tl.load(p_m + i_b))
     is_empty = b_max == float("-inf")
     return tl.where(is_empty, 0.0, b_max), is_empty
 
 
 @jit
-def shard_max_kernel(x, mx, stride_xr, stride_xv, V: tl.constexpr, NV: tl.constexpr, VOCAB_BLOCK: tl.constexpr):
-    i_r = tl.program_id(0).to(tl.int64)
-    for i_v in range(0, NV):
+def _folded_sum(p_s, NB: tl.constexpr):
+    """Pass 2's running sum over the gathered chunk sums, from +0.0 in chunk order (unrolled likewise)."""
+    b_sum = tl.full([], 0.0, dtype=tl.float32)
+    for i_b in tl.static_range(NB):
+        b_sum += tl.load(p_s + i_b)
+    return b_sum
+
+
+# Program (r, s) of the three kernels below takes row r's chunks [s PER_SEGMENT, (s + 1) PER_SEGMENT) (`while`:
+# the interpreter takes no runtime `range` bound); a rank's form launches one segment of all its chunks.
+@jit(do_not_specialize=["PER_SEGMENT"], dependent=True)
+def chunk_max_kernel(x, mx, PER_SEGMENT, stride_xr, stride_xv, V: tl.constexpr, NV: tl.constexpr, VOCAB_BLOCK: tl.constexpr,
+                     PDL: tl.constexpr = False):
+    after_upstream(PDL)
+    i_r, i_s = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    i_v = i_s * PER_SEGMENT
+    while i_v < tl.minimum((i_s + 1) * PER_SEGMENT, NV):
         o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
         m_v = o_v < V
         b_x = tl.load(x + i_r * stride_xr + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)
         tl.store(mx + i_r * NV + i_v, tl.max(tl.where(m_v, b_x, float("-inf")), axis=0))
+        i_v += 1
 
 
-@jit
-def shard_sum_kernel(x, maxima, sums, stride_xr, stride_xv, V: tl.constexpr, NV: tl.constexpr, NB: tl.constexpr,
-                     VOCAB_BLOCK: tl.constexpr):
-    i_r = tl.program_id(0).to(tl.int64)
+@jit(do_not_specialize=["PER_SEGMENT"], dependent=True)
+def chunk_sum_kernel(x, maxima, sums, PER_SEGMENT, stride_xr, stride_xv, V: tl.constexpr, NV: tl.constexpr, NB: tl.constexpr,
+                     VOCAB_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    after_upstream(PDL)
+    i_r, i_s = tl.program_id(0).to(tl.int64), tl.program_id(1)
     b_max, _ = _folded_max(maxima + i_r * NB, NB)
-    for i_v in range(0, NV):
+    i_v = i_s * PER_SEGMENT
+    while i_v < tl.minimum((i_s + 1) * PER_SEGMENT, NV):
         o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
         m_v = o_v < V
         b_x = tl.load(x + i_r * stride_xr + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)
         tl.store(sums + i_r * NV + i_v, tl.sum(tl.where(m_v, tl.exp(b_x - b_max), 0.0), axis=0))
+        i_v += 1
 
 
-@jit
-def shard_write_kernel(x, maxima, sums, y, stride_xr, stride_xv, stride_yr, stride_yv, V: tl.constexpr, NV: tl.constexpr,
-                       NB: tl.constexpr, VOCAB_BLOCK: tl.constexpr):
-    i_r = tl.program_id(0).to(tl.int64)
+@jit(do_not_specialize=["PER_SEGMENT"], dependent=True)
+def chunk_write_kernel(x, maxima, sums, y, PER_SEGMENT, stride_xr, stride_xv, stride_yr, stride_yv, V: tl.constexpr, NV: tl.constexpr,
+                       NB: tl.constexpr, VOCAB_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    after_upstream(PDL)
+    i_r, i_s = tl.program_id(0).to(tl.int64), tl.program_id(1)
     b_max, is_empty = _folded_max(maxima + i_r * NB, NB)
-    b_sum = tl.full([], 0.0, dtype=tl.float32)
-    for i_b in range(0, NB):
-        b_sum += tl.load(sums + i_r * NB + i_b)
-    b_log_sum = tl.log(tl.where(is_empty, 1.0, b_sum))
-    for i_v in range(0, NV):
+    b_log_sum = tl.log(tl.where(is_empty, 1.0, _folded_sum(sums + i_r * NB, NB)))
+    i_v = i_s * PER_SEGMENT
+    while i_v < tl.minimum((i_s + 1) * PER_SEGMENT, NV):
         o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
         m_v = o_v < V
         b_x = tl.load(x + i_r * stride_xr + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)
         b_y = (b_x - b_max) - b_log_sum
         tl.store(y + i_r * stride_yr + o_v * stride_yv, b_y.to(y.dtype.element_ty), mask=m_v)
+        i_v += 1
+
+
+def logprobs_chunked(logits: Tensor, out_dtype: torch.dtype, *, vocab_block: int, num_warps: int, num_segments: int) -> Tensor:
+    """logits [R, V] -> [R, V] in `out_dtype`, each row's chunks split among `num_segments` programs."""
+    rows, vocab = logits.shape
+    chunks = cdiv(vocab, vocab_block)
+    per_segment = cdiv(chunks, num_segments)
+    grid = (rows, cdiv(chunks, per_segment))
+    sizes = dict(V=vocab, NV=chunks, VOCAB_BLOCK=vocab_block, num_warps=num_warps)
+    maxima, sums = (logits.new_empty((rows, chunks), dtype=torch.float32) for _ in range(2))
+    y = logits.new_empty((rows, vocab), dtype=out_dtype)
+    chunk_max_kernel[grid](logits, maxima, per_segment, logits.stride(0), logits.stride(1), **sizes)
+    chunk_sum_kernel[grid](logits, maxima, sums, per_segment, logits.stride(0), logits.stride(1), NB=chunks, **sizes)
+    chunk_write_kernel[grid](logits, maxima, sums, y, per_segment, logits.stride(0), logits.stride(1), y.stride(0), y.stride(1),
+                             NB=chunks, **sizes)
+    return y
 
 
 def vocab_parallel(logits: Tensor, gather, *, input_dtype: str, output_dtype: str, accum_dtype: str, vocab_block: int,
@@ -156,19 +204,20 @@ def vocab_parallel(logits: Tensor, gather, *, input_dtype: str, output_dtype: st
     chunks = cdiv(vocab, vocab_block)
     sizes = dict(V=vocab, NV=chunks, VOCAB_BLOCK=vocab_block)
     launch = rows > 0 and chunks > 0
+    grid = (rows, 1)  # one segment of all the rank's chunks
     mine = logits.new_empty((rows, chunks), dtype=torch.float32)
     if launch:
-        shard_max_kernel[(rows,)](logits, mine, logits.stride(0), logits.stride(1), **sizes, num_warps=num_warps)
+        chunk_max_kernel[grid](logits, mine, chunks, logits.stride(0), logits.stride(1), **sizes, num_warps=num_warps)
     maxima = gather(mine).contiguous()
     every = maxima.shape[-1]
     mine = logits.new_empty((rows, chunks), dtype=torch.float32)
     if launch:
-        shard_sum_kernel[(rows,)](logits, maxima, mine, logits.stride(0), logits.stride(1), NB=every, **sizes, num_warps=num_warps)
+        chunk_sum_kernel[grid](logits, maxima, mine, chunks, logits.stride(0), logits.stride(1), NB=every, **sizes, num_warps=num_warps)
     sums = gather(mine).contiguous()
     y = logits.new_empty((rows, vocab), dtype=torch_dtype(output_dtype))
     if launch:
-        shard_write_kernel[(rows,)](logits, maxima, sums, y, logits.stride(0), logits.stride(1), y.stride(0), y.stride(1),
-                                    NB=every, **sizes, num_warps=num_warps)
+        chunk_write_kernel[grid](logits, maxima, sums, y, chunks, logits.stride(0), logits.stride(1), y.stride(0), y.stride(1),
+                                 NB=every, **sizes, num_warps=num_warps)
     return y
 
 
@@ -257,4 +306,4 @@ def register(registry) -> None:
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="logprobs", cases=ALL_CASES, fn=logprobs, check_constants=check_constants, tune=tuning.fit,
                                vocab_parallel=vocab_parallel,
-                               sources=(logprobs_fwd_kernel, shard_max_kernel, shard_sum_kernel, shard_write_kernel, triton_support)))
+                               sources=(logprobs_fwd_kernel, chunk_max_kernel, chunk_sum_kernel, chunk_write_kernel, triton_support)))
