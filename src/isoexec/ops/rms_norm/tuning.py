@@ -9,7 +9,7 @@ contract's portable constants.
 # or the head dim for an entry of q_norm/k_norm alone.
 # A chunk of 1024 over 4 warps gives each thread 8 contiguous elements (16-byte bf16 loads). Wider rows
 # take one chunk over more warps instead of several chunks walked in turn: on one H200 (graph replays of
-# the residual form, benchmarks/results/2026-12-04_*_pdl_sampler/norm_tiles.txt) a 4096-wide row took
+# the residual form, benchmarks/results/2026-12-04_6b39078_pdl_sampler/norm_tiles.txt) a 4096-wide row took
 # 1.7 us in one 4096-chunk over 8 warps against 3.2 in four 1024-chunks over 4 at batch 1, 1.9 against
 # 3.4 at 64 rows, 36 against 46 at 4096 rows; 2048-wide, 1.4 against 2.0 at batch 1.
 HOPPER_CONSTANTS = {

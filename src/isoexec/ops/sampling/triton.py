@@ -8,18 +8,19 @@ candidate (`sample_kernel`), each row's pick among its segments' candidates (`pi
 
 1. greedy (temperature ≤ 0): the lowest index attaining the maximum of the row, a NaN counting as the
    maximum (the first NaN's index), as `reference.first_argmax`;
-2. otherwise pass 1 takes the row maximum M (NaNs left out; the maximum of the segments' maxima) and m =
-   M / t, which is the maximum of the scaled row because correctly rounded division by t > 0 is monotone;
-   pass 2 draws the lowest index attaining the maximum of (x / t - m) - log(-log(u)), u from the same
-   SplitMix64 bits of (seed, position, token id) as `reference.noise_bits` and `reference.uniform` (64-bit unsigned arithmetic,
-   wrapping modulo 2^64 on the GPU and in the interpreter's numpy alike).
+2. otherwise pass 1 takes the row maximum M (NaNs left out; the maximum of the segments' maxima) and
+   m = M / t, which is the maximum of the scaled row because correctly rounded division by t > 0 is
+   monotone; pass 2 draws the lowest index attaining the maximum of (x / t - m) - log(-log(u)), u from
+   the same SplitMix64 bits of (seed, position, token id) as `reference.noise_bits` and
+   `reference.uniform` (64-bit unsigned arithmetic, wrapping modulo 2^64 on the GPU and in the
+   interpreter's numpy alike).
 
 The renormalisation's other term, log Σ exp(x / t - m), is a row constant: it cannot move the argmax
 in exact arithmetic, and it is left out so that no floating-point sum decides a token. What is left are
 elementwise operations (tl.log is libdevice's precise logf; u near 1 needs it) and exact reductions
-(a max, a first-index argmax), so neither the vocab block, the segments, the warp count nor the layout the
-compiler specialises for (strides, alignment) can change a row's bits: they are chosen here, not in the
-contract. The tokens are this impl's own: they match `sampling.reference`'s wherever rounding
+(a max, a first-index argmax), so neither the vocab block, the segments, the warp count nor the layout
+the compiler specialises for (strides, alignment) can change a row's bits: they are chosen here, not in
+the contract. The tokens are this impl's own: they match `sampling.reference`'s wherever rounding
 leaves the same winner, and the contract admits each impl by its own id.
 
 A row that filters (0 < top_k < V or top_p < 1, not greedy) needs a sort: the kernel only flags it, and
