@@ -8,7 +8,7 @@ decode:    wall time per engine step and per phase of it, async scheduling on an
 attention: attention.triton in prefill, training (packed) and decode forms over a grid of block_m /
            num_warps / num_stages, as graph replays beside flash SDPA, each output compared bit for bit
            with the listed constants'.
-gemm:      decode-sized linear.triton GEMMs (M = 1 … 64, Qwen3-0.6B shapes) as CUDA-graph replays: candidate
+gemm:      decode-sized linear.triton GEMMs (M = 1 … 64, --model's projection shapes) as CUDA-graph replays: candidate
            tiles with the listed block_k or twice it, timed beside cuBLAS and compared bit for bit with
            the listed tile.
 trainer:   one trainer_fwd forward + backward (bench.py's trainer workload, --seqs x --seq-len tokens) under
@@ -363,7 +363,7 @@ def main():
     if "attention" in args.what:
         sweep_attention()
     if "gemm" in args.what:
-        sweep_decode_gemm()
+        sweep_decode_gemm(args.model)
     if "decode-kernels" in args.what:
         decode_kernels(args.model, [args.contract, FAST_BASELINE])
     if "decode-launch" in args.what:

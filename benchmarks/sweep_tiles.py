@@ -63,17 +63,15 @@ def sweep_attention() -> None:
                   flush=True)
 
 
-QWEN3_06B = {"q_proj": (2048, 1024), "kv_proj": (1024, 1024), "o_proj": (1024, 2048), "gate_up": (3072, 1024),
-             "down_proj": (1024, 3072), "lm_head": (151936, 1024)}
 # block_k is the listed one or twice it: whether a tile with another block_k keeps the bits is measured, not assumed.
 DECODE_TILES = [dict(block_m=m, block_n=n, num_warps=w, num_stages=st, k_factor=kf) for m in (16, 32, 64) for n in (32, 64, 128)
                 for w in (4, 8) for st in (3, 4) for kf in (1, 2) if w == 4 or m == 64]
 
 
-def sweep_decode_gemm() -> None:
-    """Decode-sized GEMMs (M = 1 … 64) of the 0.6B model, each call a CUDA-graph replay as in the engine's
-    decode: linear.triton with the decode tile `tuning.hopper_decode_tile` gives
-    vs candidate tiles with the listed block_k or twice it, and cuBLAS. Each candidate's output is
+def sweep_decode_gemm(model_name: str = "qwen3-0.6b-random") -> None:
+    """Decode-sized GEMMs (M = 1 … 64) of `model_name`'s projections, each call a CUDA-graph replay as in the engine's
+    decode (and the joined qkv and gate_up launches): linear.triton with the decode tile
+    (`tuning.hopper_decode_tile`) against candidate tiles with the listed block_k or twice it, and cuBLAS. Each candidate's output is
     compared bit for bit with the listed tile's: a tile that keeps the bits could be pinned for
     engine_decode alone (the battery then proves it). One tile serves every decode batch, so candidates
     are ranked by their time summed over M. The swapped launch, which bf16 calls of up to 16 rows take
@@ -83,15 +81,23 @@ def sweep_decode_gemm() -> None:
     from sweep_decode_swap import without_swap
 
     with without_swap():
-        _sweep_decode_gemm(linear_triton, tuning)
+        _sweep_decode_gemm(linear_triton, tuning, model_name)
 
 
-def _sweep_decode_gemm(linear_triton, tuning) -> None:
+def _sweep_decode_gemm(linear_triton, tuning, model_name: str) -> None:
     device = torch.device("cuda")
     ms_of = lambda fn: graphed_ms(fn, device)  # noqa: E731  (decode runs as CUDA graphs: device time, no host launch cost)
-    print("== decode GEMM tiles, Qwen3-0.6B shapes, bf16: ms of a CUDA-graph replay at M = 1, 16, 64 and their sum "
+    print(f"== decode GEMM tiles, {model_name}'s shapes, bf16: ms of a CUDA-graph replay at M = 1, 16, 64 and their sum "
           "(* = bits differ from the listed tile)")
-    for name, (n, k) in QWEN3_06B.items():
+    shapes = {}
+    for op, sizes in PRESETS[model_name].projections.items():
+        for n, k in sizes:
+            shapes.setdefault((n, k), op)
+    projections = {op: next(iter(sizes)) for op, sizes in PRESETS[model_name].projections.items()}
+    for joined, parts in (("qkv (joined)", ("q_proj", "k_proj", "v_proj")), ("gate_up (joined)", ("gate_proj", "up_proj"))):
+        if all(part in projections for part in parts):  # the engine runs these as one launch (linear/joined.py)
+            shapes.setdefault((sum(projections[part][0] for part in parts), projections[parts[0]][1]), joined)
+    for (n, k), name in shapes.items():
         listed = dict(tuning.hopper_decode_tile(n, k) or linear_triton.hopper_constants(n, k))
         tiles = {key: listed[key] for key in ("block_m", "block_n", "block_k", "num_warps", "num_stages")}
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * k**-0.5
