@@ -184,6 +184,17 @@ def next_power_of_2(n: int) -> int:
     return 0 if n == 0 else 1 << (n - 1).bit_length()  # 0 for 0, as Triton's
 
 
+# A row-wise kernel over a long row (a vocabulary) splits each row's chunks among programs when the call has
+# few rows, so that a decode batch of one row is not one program walking the row alone: about this many
+# programs a call. Kernels that do so fold their chunks' values in chunk order, so no split changes a bit.
+SEGMENT_PROGRAMS = 512
+
+
+def segments(rows: int, chunks: int) -> int:
+    """How many programs share one row's `chunks`: 1 from SEGMENT_PROGRAMS rows up."""
+    return max(1, min(chunks, SEGMENT_PROGRAMS // max(rows, 1)))
+
+
 BOUNDARY_DTYPES = ("bfloat16", "float16", "float32")
 
 

@@ -119,7 +119,7 @@ def _tensor_parallel(form, x, shards):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_vocab_parallel_ranks_give_the_whole_rows_bits(dtype):
     """The impl's vocab_parallel form on ranks of whole 64-column chunks (widths 128, 0, 64 and the last 8) is the
-    whole-row kernel's output bit for bit, masked and poisoned rows included. The control: ranks that each
+    single-process op's output bit for bit, masked and poisoned rows included. The control: ranks that each
     log-softmax their own columns and fold the per-rank sums instead of the chunks' give other bits."""
     from isoexec.ops.logprobs import triton as logprobs_triton
 
@@ -144,9 +144,9 @@ def test_vocab_parallel_ranks_give_the_whole_rows_bits(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rows_split_among_programs_give_the_whole_row_kernels_bits(dtype, monkeypatch):
+def test_rows_split_among_programs_give_one_programs_bits(dtype):
     """A call of few rows splits each row's chunks among programs (`segments`): at 2, 3 and 5 segments of a
-    row of 5 chunks, masked and poisoned rows included, the output is the whole-row kernel's bit for bit.
+    row of 5 chunks, masked and poisoned rows included, the output is that of one program a row bit for bit.
     The last row is built so that the order of the chunk sums' fold shows: chunk 0 holds one 0 (sum 1), each
     other chunk one logit whose exp e lies in (2^-25, 2^-24), the rest -inf. Folded in chunk order, 1 + e
     rounds back to 1 every time, and the 0 logit's log-prob is exactly 0; a split that summed each segment
@@ -162,11 +162,10 @@ def test_rows_split_among_programs_give_the_whole_row_kernels_bits(dtype, monkey
     x[0, ::3] = -INF
     x[1] = -INF
     assert logprobs_triton.segments(len(x), 5) == 5 and logprobs_triton.segments(4096, 297) == 1
-    monkeypatch.setattr(logprobs_triton, "SEGMENT_PROGRAMS", 1)  # one program per row
-    whole = logprobs(constants)(x)
-    monkeypatch.undo()
+    whole = logprobs_triton.logprobs_fwd(x, torch.float32, vocab_block=64, num_warps=4, num_segments=1)  # one program a row
+    assert bitwise_equal(logprobs(constants)(x), whole)  # the op's own split: 5 segments at these 15 rows
     for count in (2, 3, 5):
-        split = logprobs_triton.logprobs_chunked(x, torch.float32, vocab_block=64, num_warps=4, num_segments=count)
+        split = logprobs_triton.logprobs_fwd(x, torch.float32, vocab_block=64, num_warps=4, num_segments=count)
         assert bitwise_equal(split, whole), count
 
     assert float(whole[-1, 0]) == 0.0

@@ -428,7 +428,7 @@ def test_the_kernels_compile_for_hopper(tmp_path):
         from triton.compiler import ASTSource
         from isoexec.ops.sampling import triton as sampling_triton
         target = GPUTarget("cuda", 90, 32)
-        sizes = {"V": 151936, "NV": 38, "VOCAB_BLOCK": 4096}
+        sizes = {"V": 151936, "VOCAB_BLOCK": 4096}
         def build(kernel, pointers, constexprs, num_warps=8):
             types = {n: "constexpr" if n in constexprs else pointers.get(n, "i32" if n in ("NS", "PER_SEGMENT") else "i64") for n in kernel.arg_names}
             return triton.compile(ASTSource(kernel, types, constexprs=constexprs), target=target, options={"num_warps": num_warps}).asm["ptx"]

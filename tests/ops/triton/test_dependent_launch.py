@@ -38,7 +38,7 @@ HOPPER = ON_GPU and torch.cuda.get_device_capability() >= (9, 0)
 DECODE_KERNELS = [
     swapped_triton.linear_swapped_kernel, persistent_triton.linear_persistent_kernel, row_parallel_triton.fused_kernel,
     attention_triton.attention_fwd_kernel, rms_norm_triton.rms_norm_fwd_kernel, qk_triton.qk_norm_rope_kernel,
-    activation_triton.silu_mul_fwd_kernel, logprobs_triton.logprobs_fwd_kernel, logprobs_triton.chunk_max_kernel,
+    activation_triton.silu_mul_fwd_kernel, logprobs_triton.chunk_max_kernel,
     logprobs_triton.chunk_sum_kernel, logprobs_triton.chunk_write_kernel,
     sampling_triton.segment_max_kernel, sampling_triton.sample_kernel, sampling_triton.pick_kernel,
 ]

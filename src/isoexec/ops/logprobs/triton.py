@@ -1,11 +1,11 @@
-"""Batch-invariant full-vocabulary log-softmax in three passes over each row, one Triton program per row (a
-call of few rows splits each row among programs with the same bits, below).
+"""Batch-invariant full-vocabulary log-softmax in three passes over each row.
 
 Row r, in fp32, over ascending vocab chunks of VOCAB_BLOCK: pass 1 folds each chunk's `tl.max` into a
 running max m; pass 2 folds each chunk's `tl.sum` of exp(x - m) into a running sum S; pass 3 writes
 (x - m) - log(S), rounded once to the output dtype. Padding lanes of the last chunk are removed with
 `where` (-inf for the max, +0.0 for the sum), never by arithmetic on what they loaded. Each chunk's
-in-chunk tree is fixed by VOCAB_BLOCK and num_warps; nothing depends on how many rows share the call.
+in-chunk tree is fixed by VOCAB_BLOCK and num_warps, and the folds run in chunk order whichever program
+computed a chunk's value, so nothing depends on how many rows share the call or how a row is split (below).
 V is a compile-time constant (see `ops/linear/triton.py`).
 
 Rows that are not ordinary probability rows behave as in the reference: -inf entries give -inf; an
@@ -16,8 +16,7 @@ The backward pass, grad - exp(log-probs) · Σ grad, is one more Triton program 
 (`logprobs_bwd_kernel`: Σ grad over the row, then the difference, rounded once to the logits' dtype).
 Gradients must be correct, not batch-invariant. The same formula in torch ops made four passes over
 [T, V] fp32 tensors (exp, product, difference, cast) after the row sum, where this reads the gradient
-twice and the log-probs once and writes the result once (docs/experiments.md, bb94c8d / ab91c28).
-"""
+twice and the log-probs once and writes the result once (docs/experiments.md, bb94c8d / ab91c28)."""
 
 from __future__ import annotations
 
@@ -30,83 +29,18 @@ from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from . import tuning
 from .tuning import HOPPER_CONSTANTS  # noqa: F401  (re-exported for benchmarks and tests)
-from ..triton_support import after_upstream, cdiv, jit, needs_grad, require_device, tl, triton_available
+from ..triton_support import after_upstream, cdiv, jit, needs_grad, require_device, segments, tl, triton_available
 
 ID = "logprobs.triton"
 INPUT_DTYPES = ("bfloat16", "float16", "float32")
 
-@jit(dependent=True)
-def logprobs_fwd_kernel(
-    x, y,
-    stride_xr, stride_xv, stride_yr, stride_yv,
-    V: tl.constexpr,
-    NV: tl.constexpr,
-    VOCAB_BLOCK: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
-    after_upstream(PDL)
-    i_r = tl.program_id(0).to(tl.int64)
-    p_x = x + i_r * stride_xr
-    p_y = y + i_r * stride_yr
-
-    b_max = tl.full([], float("-inf"), dtype=tl.float32)
-    for i_v in range(0, NV):
-        o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
-        m_v = o_v < V
-        b_x = tl.load(p_x + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)  # [VOCAB_BLOCK]
-        b_max = tl.maximum(b_max, tl.max(tl.where(m_v, b_x, float("-inf")), axis=0))
-    is_empty = b_max == float("-inf")
-    b_max = tl.where(is_empty, 0.0, b_max)
-
-    b_sum = tl.full([], 0.0, dtype=tl.float32)
-    for i_v in range(0, NV):
-        o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
-        m_v = o_v < V
-        b_x = tl.load(p_x + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)
-        b_sum += tl.sum(tl.where(m_v, tl.exp(b_x - b_max), 0.0), axis=0)
-    b_log_sum = tl.log(tl.where(is_empty, 1.0, b_sum))
-
-    for i_v in range(0, NV):
-        o_v = i_v * VOCAB_BLOCK + tl.arange(0, VOCAB_BLOCK)
-        m_v = o_v < V
-        b_x = tl.load(p_x + o_v * stride_xv, mask=m_v, other=0.0).to(tl.float32)
-        b_y = (b_x - b_max) - b_log_sum
-        tl.store(p_y + o_v * stride_yv, b_y.to(y.dtype.element_ty), mask=m_v)
-
-
-def logprobs_fwd(logits: Tensor, out_dtype: torch.dtype, *, vocab_block: int, num_warps: int) -> Tensor:
-    """logits [R, V] -> [R, V] in `out_dtype`."""
-    rows, vocab = logits.shape
-    if rows and vocab and segments(rows, cdiv(vocab, vocab_block)) > 1:
-        return logprobs_chunked(logits, out_dtype, vocab_block=vocab_block, num_warps=num_warps,
-                                num_segments=segments(rows, cdiv(vocab, vocab_block)))
-    y = logits.new_empty((rows, vocab), dtype=out_dtype)
-    if rows == 0 or vocab == 0:
-        return y
-    logprobs_fwd_kernel[(rows,)](
-        logits, y,
-        logits.stride(0), logits.stride(1), y.stride(0), y.stride(1),
-        V=vocab, NV=cdiv(vocab, vocab_block), VOCAB_BLOCK=vocab_block,
-        num_warps=num_warps,
-    )
-    return y
-
-
-# The same passes cut where a chunk's value leaves its program, for two callers. A tensor-parallel rank
-# (`vocab_parallel`) holds whole VOCAB_BLOCK chunks of the row: `chunk_max_kernel` writes each chunk's `tl.max`;
-# every rank gathers them (bytes) into the row's chunk order, and `chunk_sum_kernel` folds them into the running
-# max exactly as pass 1 does before writing each own chunk's `tl.sum` of exp(x - m); those are gathered too, and
-# `chunk_write_kernel` folds both rows of leaves as passes 1 and 2 do (the sum from +0.0, in chunk order) and
-# writes pass 3 for its own chunks. A call of few rows (`segments`) splits each row's chunks among programs the
-# same way, so that a decode batch of one row is not one program walking the vocabulary three times. Either
-# way each chunk meets the whole-row kernel's operations: the same bits.
-SEGMENT_PROGRAMS = 512  # programs a call of few rows aims for, as sampling.triton's
-
-
-def segments(rows: int, chunks: int) -> int:
-    """How many programs share one row's chunks: 1 (the whole-row kernel) from SEGMENT_PROGRAMS rows up. Any
-    number gives the same bits."""
-    return max(1, min(chunks, SEGMENT_PROGRAMS // max(rows, 1)))
+# The three passes are cut where a chunk's value leaves its program: `chunk_max_kernel` writes each chunk's
+# `tl.max`, `chunk_sum_kernel` folds those maxima in chunk order (pass 1) and writes each chunk's `tl.sum` of
+# exp(x - m), `chunk_write_kernel` folds both (the sum from +0.0, in chunk order; pass 2) and writes pass 3. Program
+# (r, s) takes segment s of row r's chunks (`triton_support.segments`: a call of few rows splits each row among
+# programs, from 512 rows up one program takes a row). A tensor-parallel rank (`vocab_parallel`) holds whole
+# chunks of the row and runs the same kernels, its chunks as one segment, with every rank's maxima and sums
+# gathered (bytes) into the row's chunk order between them. Each chunk meets the same operations every way.
 
 
 @jit
@@ -129,8 +63,8 @@ def _folded_sum(p_s, NB: tl.constexpr):
     return b_sum
 
 
-# Program (r, s) of the three kernels below takes row r's chunks [s PER_SEGMENT, (s + 1) PER_SEGMENT) (`while`:
-# the interpreter takes no runtime `range` bound); a rank's form launches one segment of all its chunks.
+# Program (r, s) below takes row r's chunks [s PER_SEGMENT, (s + 1) PER_SEGMENT) (`while`: the interpreter
+# takes no runtime `range` bound).
 @jit(do_not_specialize=["PER_SEGMENT"], dependent=True)
 def chunk_max_kernel(x, mx, PER_SEGMENT, stride_xr, stride_xv, V: tl.constexpr, NV: tl.constexpr, VOCAB_BLOCK: tl.constexpr,
                      PDL: tl.constexpr = False):
@@ -177,15 +111,18 @@ def chunk_write_kernel(x, maxima, sums, y, PER_SEGMENT, stride_xr, stride_xv, st
         i_v += 1
 
 
-def logprobs_chunked(logits: Tensor, out_dtype: torch.dtype, *, vocab_block: int, num_warps: int, num_segments: int) -> Tensor:
-    """logits [R, V] -> [R, V] in `out_dtype`, each row's chunks split among `num_segments` programs."""
+def logprobs_fwd(logits: Tensor, out_dtype: torch.dtype, *, vocab_block: int, num_warps: int, num_segments: int | None = None) -> Tensor:
+    """logits [R, V] -> [R, V] in `out_dtype`, each row's chunks split among `num_segments` programs (by default
+    `segments`' rule; any number gives the same bits)."""
     rows, vocab = logits.shape
+    y = logits.new_empty((rows, vocab), dtype=out_dtype)
+    if rows == 0 or vocab == 0:
+        return y
     chunks = cdiv(vocab, vocab_block)
-    per_segment = cdiv(chunks, num_segments)
+    per_segment = cdiv(chunks, num_segments or segments(rows, chunks))
     grid = (rows, cdiv(chunks, per_segment))
     sizes = dict(V=vocab, NV=chunks, VOCAB_BLOCK=vocab_block, num_warps=num_warps)
     maxima, sums = (logits.new_empty((rows, chunks), dtype=torch.float32) for _ in range(2))
-    y = logits.new_empty((rows, vocab), dtype=out_dtype)
     chunk_max_kernel[grid](logits, maxima, per_segment, logits.stride(0), logits.stride(1), **sizes)
     chunk_sum_kernel[grid](logits, maxima, sums, per_segment, logits.stride(0), logits.stride(1), NB=chunks, **sizes)
     chunk_write_kernel[grid](logits, maxima, sums, y, per_segment, logits.stride(0), logits.stride(1), y.stride(0), y.stride(1),
@@ -306,4 +243,4 @@ def register(registry) -> None:
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="logprobs", cases=ALL_CASES, fn=logprobs, check_constants=check_constants, tune=tuning.fit,
                                vocab_parallel=vocab_parallel,
-                               sources=(logprobs_fwd_kernel, chunk_max_kernel, chunk_sum_kernel, chunk_write_kernel, triton_support)))
+                               sources=(chunk_max_kernel, chunk_sum_kernel, chunk_write_kernel, _folded_max, _folded_sum, triton_support)))

@@ -41,7 +41,7 @@ from ...runtime.registry import Impl
 from .. import reduce, triton_support
 from ..common import TILE_ELEMENTS, expect_dtype
 from ..logprobs import reference as logprobs_reference
-from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, require_device, tl, triton_available
+from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, require_device, segments, tl, triton_available
 from . import reference
 
 ID = "sampling.triton"
@@ -51,9 +51,6 @@ INPUT_DTYPES = ("bfloat16", "float16", "float32")
 # so these decide the speed only, never a token.
 VOCAB_BLOCK = 4096
 NUM_WARPS = 8
-# Programs a call aims for, split among its rows' vocab chunks (`segments`): at batch 1 a row's 38 chunks of
-# Qwen3's vocabulary go to 38 programs instead of one.
-SEGMENT_PROGRAMS = 512
 
 # The per-row flags the kernel writes, OR-ed (written out as 1 and 2 in the kernel, which reads no
 # Python globals); a row with either flag filters.
@@ -119,8 +116,7 @@ def _argmax_step(b_z, o_v, m_v, b_best, i_best, i_nan, V: tl.constexpr):
 
 
 @jit(do_not_specialize=["NS", "PER_SEGMENT"], dependent=True)
-def segment_max_kernel(x, seg_max, NS, PER_SEGMENT, stride_xr, stride_xv, V: tl.constexpr, NV: tl.constexpr, VOCAB_BLOCK: tl.constexpr,
-                       PDL: tl.constexpr = False):
+def segment_max_kernel(x, seg_max, NS, PER_SEGMENT, stride_xr, stride_xv, V: tl.constexpr, VOCAB_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Program (r, s): the maximum of row r's chunks [s PER_SEGMENT, (s + 1) PER_SEGMENT), NaNs left out."""
     after_upstream(PDL)
     i_r, i_s = tl.program_id(0).to(tl.int64), tl.program_id(1)
@@ -144,7 +140,6 @@ def sample_kernel(
     NS, PER_SEGMENT,
     stride_xr, stride_xv, stride_t, stride_k, stride_p, stride_s, stride_q,
     V: tl.constexpr,
-    NV: tl.constexpr,
     NS_PAD: tl.constexpr,
     VOCAB_BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,
@@ -257,13 +252,6 @@ def _draw_filtering(x: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor
         tokens[index] = reference.first_argmax(filtered - torch.log(-torch.log(noise)))
 
 
-def segments(rows: int, chunks: int) -> int:
-    """How many programs share one row's vocab chunks: enough for ~SEGMENT_PROGRAMS programs in all, so a
-    batch of one row is not one program walking the vocabulary alone. Every fold is exact, so the number
-    never changes a token."""
-    return max(1, min(chunks, SEGMENT_PROGRAMS // max(rows, 1)))
-
-
 def draw_unfiltered(x: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, position: Tensor, *,
                     vocab_block: int = VOCAB_BLOCK, num_warps: int = NUM_WARPS, num_segments: int | None = None) -> tuple[Tensor, Tensor]:
     """The kernels alone: -> every row's token as if it did not filter [R] int64, and each row's flags [R] int8
@@ -282,12 +270,12 @@ def draw_unfiltered(x: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor
         seg_index, seg_nan = (torch.empty((rows, count), dtype=torch.int32, device=x.device) for _ in range(2))
         # The split is a runtime argument and NS_PAD the row's chunks (any split's segments fit), so a
         # new number of rows (prefill samples a varying few) never compiles another kernel.
-        segment_max_kernel[(rows, count)](x, seg_max, count, per_segment, x.stride(0), x.stride(1), V=vocab_size, NV=chunks, VOCAB_BLOCK=block,
+        segment_max_kernel[(rows, count)](x, seg_max, count, per_segment, x.stride(0), x.stride(1), V=vocab_size, VOCAB_BLOCK=block,
                                           num_warps=num_warps)
         sample_kernel[(rows, count)](
             x, temperature, top_k, top_p, seed, position, flags, seg_max, seg_best, seg_index, seg_nan, count, per_segment,
             x.stride(0), x.stride(1), temperature.stride(0), top_k.stride(0), top_p.stride(0), seed.stride(0), position.stride(0),
-            V=vocab_size, NV=chunks, NS_PAD=next_power_of_2(chunks), VOCAB_BLOCK=block, num_warps=num_warps,
+            V=vocab_size, NS_PAD=next_power_of_2(chunks), VOCAB_BLOCK=block, num_warps=num_warps,
         )
         pick_kernel[(rows,)](flags, seg_best, seg_index, seg_nan, tokens, count, V=vocab_size, NS_PAD=next_power_of_2(chunks), num_warps=1)
     return tokens, flags
