@@ -71,7 +71,7 @@ DECODE_TILES = [dict(block_m=m, block_n=n, num_warps=w, num_stages=st, k_factor=
 def sweep_decode_gemm(model_name: str = "qwen3-0.6b-random") -> None:
     """Decode-sized GEMMs (M = 1 … 64) of `model_name`'s projections, each call a CUDA-graph replay as in the engine's
     decode (and the joined qkv and gate_up launches): linear.triton with the decode tile
-    (`tuning.hopper_decode_tile`) against candidate tiles with the listed block_k or twice it, and cuBLAS. Each candidate's output is
+    (`tuning.hopper_decode_tile`: the launch's own; an entry's is `hopper_decode_fit` over all its launches) against candidate tiles with the listed block_k or twice it, and cuBLAS. Each candidate's output is
     compared bit for bit with the listed tile's: a tile that keeps the bits could be pinned for
     engine_decode alone (the battery then proves it). One tile serves every decode batch, so candidates
     are ranked by their time summed over M. The swapped launch, which bf16 calls of up to 16 rows take

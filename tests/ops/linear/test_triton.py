@@ -174,7 +174,7 @@ def test_a_decode_tile_is_pinned_for_engine_decode_alone_and_proven_against_trai
     if ON_GPU and not admitted:
         pytest.skip("on sm_90 no tile constant, block_k included, was seen to change bits: the rejection is the interpreter's")
     decode = dict(block_m=16, block_n=16, block_k=block_k, num_warps=4, num_stages=2)
-    monkeypatch.setitem(tuning.DECODE_TILES, "sm_90", lambda n, k: decode)
+    monkeypatch.setitem(tuning.DECODE_TILES, "sm_90", lambda launches: decode)
     contract = fit_contract(load_preset("tiny-dense-triton"), PRESETS["tiny-dense"], arch="sm_90")
     entry = contract.entry("linear", "engine_decode")
     assert entry.cases == ("engine_decode",) and entry.constants["block_m"] == 16

@@ -13,6 +13,7 @@ NARROW = dict(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=4)
 WAVES = dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4)
 TINY = dict(block_m=64, block_n=32, block_k=32, num_warps=4, num_stages=2)
 DECODE = dict(block_m=64, block_n=32, block_k=256, num_warps=4, num_stages=4)
+DECODE_64 = {**DECODE, "block_n": 64}
 FUSED = dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)
 PERSISTENT = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
 
@@ -25,8 +26,8 @@ LISTED = {
     (4096, 2048): BIG, (512, 2048): NARROW, (2048, 4096): BIG, (151936, 2048): BIG,
     (768, 2048): NARROW, (5120, 768): BIG, (576, 2048): NARROW, (10240, 2048): BIG, (1536, 2048): NARROW, (154880, 2048): BIG,
 }
-LISTED_DECODE = [(2048, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (1024, 3072), (151936, 1024), (4096, 2048), (512, 2048),
-                 (2048, 4096), (151936, 2048), (768, 2048), (5120, 768), (576, 2048), (10240, 2048), (1536, 2048), (154880, 2048)]
+LISTED_DECODE = [(2048, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (1024, 3072), (4096, 2048), (512, 2048),
+                 (2048, 4096), (768, 2048), (576, 2048), (10240, 2048), (1536, 2048)]
 LISTED_ROW_PARALLEL = {(64, 64): TINY, (64, 128): TINY, (4096, 4096): PERSISTENT, (4096, 12288): PERSISTENT, (1024, 2048): FUSED,
                        (1024, 3072): FUSED, (2048, 4096): FUSED, (2048, 5120): FUSED, (2048, 10240): FUSED, (2048, 1536): FUSED}
 
@@ -56,10 +57,28 @@ def test_any_shape_gets_tiles_the_kernels_accept(n, k):
     assert tile in (BIG, NARROW, WAVES, TINY) and row_parallel in (PERSISTENT, FUSED, TINY)
 
 
+def test_the_decode_width_streams_the_fewest_bytes_then_the_fewest_rounds():
+    """32 columns a program where they fit the SMs in fewer bytes per SM, 64 where 64 halves the rounds at
+    the same bytes (the joined qkv and gate/up and lm_head of Qwen3-8B, as the H200 sweep ranked them)."""
+    for n, width in ((1024, 32), (4096, 32), (12288, 32), (6144, 64), (24576, 64), (151936, 64)):
+        assert tuning.hopper_decode_tile(n, 4096) == {**DECODE, "block_n": width}, n
+    # Over an entry the bytes of every launch add up: one 64-wide launch does not outweigh many at 32.
+    assert tuning.hopper_decode_fit({(4096, 1024): 28, (6144, 1024): 28, (151936, 1024): 1}) == DECODE
+    assert tuning.hopper_decode_fit({(64, 64): 3}) is None
+
+
+def test_decode_launches_join_the_siblings_an_entry_holds():
+    spec = PRESETS["qwen3-8b-random"]
+    dense = ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "lm_head"]
+    assert tuning.decode_launches(dense, spec) == {(6144, 4096): 36, (24576, 4096): 36, (151936, 4096): 1}
+    # Siblings split between entries run one by one.
+    assert tuning.decode_launches(["q_proj", "k_proj", "gate_proj", "up_proj"], spec) == {(4096, 4096): 36, (1024, 4096): 36, (24576, 4096): 36}
+
+
 def test_qwen3_8b_fits_the_big_tiles_and_the_decode_tile():
     """The 8B preset's shapes were never all listed (no decode tile at all): the rule fits every entry."""
     spec, cases = PRESETS["qwen3-8b-random"], ["trainer_fwd", "trainer_score", "engine_prefill", "engine_decode"]
     dense = ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "lm_head"]
-    assert tuning.fit(dense, cases, spec, "sm_90") == [(cases[:3], BIG), (["engine_decode"], {**BIG, **DECODE})]
+    assert tuning.fit(dense, cases, spec, "sm_90") == [(cases[:3], BIG), (["engine_decode"], {**BIG, **DECODE_64})]
     assert tuning.fit_row_parallel(["o_proj", "down_proj"], cases, spec, "sm_90") == [(cases[:3], PERSISTENT), (["engine_decode"], {**PERSISTENT, **DECODE})]
     assert tuning.fit(dense, cases, spec, "sm_80") is None and tuning.fit(dense, ["engine_decode"], spec, "sm_90") == [(["engine_decode"], BIG)]
