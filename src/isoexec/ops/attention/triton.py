@@ -102,19 +102,45 @@ def _gather_kv(slots, keep, kv_head, k, v, stride_ks, stride_kh, stride_vs, stri
 
 
 @jit
-def _update(m, l, acc, b_q, b_k, b_v, vis, scale, SUM_BY_DOT: tl.constexpr):
-    """The online-softmax step over one key block, for every row; `vis` (broadcast to [ROWS, BLOCK_N])
-    marks the keys each row sees. The one copy of this arithmetic: both walks call it."""
-    s = tl.dot(b_q, b_k, input_precision="ieee") * scale  # [ROWS, BLOCK_N] fp32
-    s = tl.where(vis, s, float("-inf"))
+def _scores(b_q, b_k, vis, scale):
+    """One key block's scores for every row [ROWS, BLOCK_N] fp32, -inf where `vis` hides a key."""
+    s = tl.dot(b_q, b_k, input_precision="ieee") * scale
+    return tl.where(vis, s, float("-inf"))
+
+
+@jit
+def _running_max(m, s):
+    """The running max after a block of scores, the max a row subtracts (0 for a row with no finite score
+    yet), and the factor the state before it is rescaled by."""
     m_new = tl.maximum(m, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m - m_safe)
+    return m_new, m_safe, tl.exp(m - m_safe)
+
+
+@jit
+def _probs_times_v(s, vis, m_safe, b_v):
+    """p = exp(s - m) where visible, and p · V [ROWS, D] fp32 (+0.0 for a zero sum)."""
     p = tl.where(vis, tl.exp(s - m_safe[:, None]), 0.0)
-    l_new = l * alpha + _row_sum(p, SUM_BY_DOT)
-    pv = tl.dot(p.to(b_v.dtype), b_v, input_precision="ieee")  # [ROWS, D] fp32; ieee: fp32 is never tf32
-    pv = tl.where(pv == 0.0, 0.0, pv)  # +0.0: the sign of a zero sum would depend on the neighbours' keys
-    return m_new, l_new, acc * alpha[:, None] + pv
+    pv = tl.dot(p.to(b_v.dtype), b_v, input_precision="ieee")  # ieee: fp32 is never tf32
+    return p, tl.where(pv == 0.0, 0.0, pv)  # +0.0: the sign of a zero sum would depend on the neighbours' keys
+
+
+@jit
+def _fold(l, acc, alpha, p, pv, SUM_BY_DOT: tl.constexpr):
+    """The state after a block: l · alpha + Σ p, acc · alpha + p · V."""
+    return l * alpha + _row_sum(p, SUM_BY_DOT), acc * alpha[:, None] + pv
+
+
+@jit
+def _update(m, l, acc, b_q, b_k, b_v, vis, scale, SUM_BY_DOT: tl.constexpr):
+    """The online-softmax step over one key block, for every row; `vis` (broadcast to [ROWS, BLOCK_N])
+    marks the keys each row sees. Its pieces are the one copy of this arithmetic: every walk calls them
+    in this order for each block."""
+    s = _scores(b_q, b_k, vis, scale)
+    m_new, m_safe, alpha = _running_max(m, s)
+    p, pv = _probs_times_v(s, vis, m_safe, b_v)
+    l_new, acc_new = _fold(l, acc, alpha, p, pv, SUM_BY_DOT)
+    return m_new, l_new, acc_new
 
 
 @jit
@@ -165,6 +191,34 @@ def _full_block(
 
 
 @jit
+def _full_block_pair(
+    m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
+    stride_ks, stride_kh, stride_vs, stride_vh,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
+):
+    """`_full_block` over blocks i_blk and i_blk + 1, the same operations on the same values in the same
+    fold order, written so that what does not wait on the first block's state does not wait for it: both
+    blocks' loads and scores, then the running max through both (a max, exact), both blocks' p and p · V,
+    and last the two folds of l and acc in block order. Only the dependency chain between two blocks is
+    shorter (the second block's dots no longer wait for the first block's softmax)."""
+    o_n = tl.arange(0, BLOCK_N)
+    slots0 = tl.load(seq_row + i_blk * BLOCK_N + o_n).to(tl.int64)
+    slots1 = tl.load(seq_row + (i_blk + 1) * BLOCK_N + o_n).to(tl.int64)
+    ok0, ok1 = (slots0 >= 0) & (slots0 < S), (slots1 >= 0) & (slots1 < S)
+    b_k0, b_v0 = _gather_kv(slots0, ok0, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
+    b_k1, b_v1 = _gather_kv(slots1, ok1, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
+    s0 = _scores(b_q, b_k0, ok0[None, :], scale)
+    s1 = _scores(b_q, b_k1, ok1[None, :], scale)
+    m0, m0_safe, alpha0 = _running_max(m, s0)
+    m1, m1_safe, alpha1 = _running_max(m0, s1)
+    p0, pv0 = _probs_times_v(s0, ok0[None, :], m0_safe, b_v0)
+    p1, pv1 = _probs_times_v(s1, ok1[None, :], m1_safe, b_v1)
+    l, acc = _fold(l, acc, alpha0, p0, pv0, SUM_BY_DOT)
+    l, acc = _fold(l, acc, alpha1, p1, pv1, SUM_BY_DOT)
+    return m1, l, acc
+
+
+@jit
 def _tile(
     i, q, k, v, o, slot_table, seq_ids, positions, kv_head,
     T, L, S, scale, window,
@@ -212,6 +266,10 @@ def _tile(
     seq_row = slot_table + seq.to(tl.int64) * stride_sb
     if DOT_IN_FP32:  # the interpreter cannot take a loaded scalar as a `range` bound
         i_blk = lo_blk
+        while i_blk + 1 < full_blk:
+            m, l, acc = _full_block_pair(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
+                                         stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+            i_blk += 2
         while i_blk < full_blk:
             m, l, acc = _full_block(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
                                     stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
@@ -221,7 +279,11 @@ def _tile(
                                stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
             i_blk += 1
     else:
-        for i_blk in range(lo_blk, full_blk):
+        paired = lo_blk + (full_blk - lo_blk) // 2 * 2
+        for i_blk in range(lo_blk, paired, 2):
+            m, l, acc = _full_block_pair(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
+                                         stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+        for i_blk in range(paired, full_blk):
             m, l, acc = _full_block(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
                                     stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
         for i_blk in range(full_blk, hi_blk):
@@ -386,4 +448,5 @@ def register(registry) -> None:
     """Register attention.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="attention", cases=ALL_CASES, fn=attention, check_constants=check_constants, check_geometry=check_geometry,
-                               sources=(attention_fwd_kernel, _tile, _full_block, _block, _update, _gather_kv, _row_sum, triton_support)))
+                               sources=(attention_fwd_kernel, _tile, _full_block, _full_block_pair, _block, _update, _scores, _running_max, _probs_times_v,
+                                        _fold, _gather_kv, _row_sum, triton_support)))
