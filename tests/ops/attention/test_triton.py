@@ -161,6 +161,55 @@ def test_gradients_match_float64():
         assert (got.grad.cpu().double() - want.grad).abs().max() < 1e-4
 
 
+def _float64_packed(q, k, v, slot_table, seq_ids, positions, scale):
+    """Output and per-row log-sum-exp [H, T] of a packed causal batch in float64, on the CPU (differentiable)."""
+    group = q.shape[1] // k.shape[1]
+    outs, lses = [], []
+    for t in range(q.shape[0]):
+        keys = slot_table[seq_ids[t], : int(positions[t]) + 1].cpu()
+        kk, vv = k[keys].repeat_interleave(group, 1), v[keys].repeat_interleave(group, 1)
+        scores = torch.einsum("hd,nhd->hn", q[t], kk) * scale
+        outs.append(torch.einsum("hn,nhd->hd", scores.softmax(-1), vv))
+        lses.append(scores.logsumexp(-1))
+    return torch.stack(outs), torch.stack(lses, 1)
+
+
+def test_the_log_sum_exp_output_is_the_rows_and_moves_no_bit():
+    """What flash's backward takes from the forward: each row's log-sum-exp of its scaled scores. Asking
+    for it leaves the output's bits; the control, another key block, moves them."""
+    q, k, v, slot_table, seq_ids, positions = packed([40, 9, 1])
+    config = dict(block_m=8, block_n=16, num_warps=4, num_stages=1)
+    plain = attention_triton.attention_fwd(q, k, v, slot_table, seq_ids, positions, 0.25, None, torch.float32, **config)
+    lse = torch.full((q.shape[1], q.shape[0]), float("nan"), device=DEVICE)
+    out = attention_triton.attention_fwd(q, k, v, slot_table, seq_ids, positions, 0.25, None, torch.float32, **config, lse=lse)
+    assert bitwise_equal(out, plain)
+    control = attention_triton.attention_fwd(q, k, v, slot_table, seq_ids, positions, 0.25, None, torch.float32, **{**config, "block_n": 32})
+    assert not bitwise_equal(control, plain)
+    _, want = _float64_packed(*(t.cpu().double() for t in (q, k, v)), slot_table.cpu(), seq_ids.cpu(), positions.cpu(), 0.25)
+    assert (lse.cpu().double() - want).abs().max() < 1e-5
+
+
+@pytest.mark.skipif(not ON_GPU, reason="flash's backward needs a GPU")
+def test_packed_bfloat16_gradients_from_flash_backward_match_float64():
+    """The trainer's case: a packed bf16 batch at a model's head size takes flash's backward over the Triton
+    forward's output and log-sum-exp (no second forward); its gradients against float64's."""
+    from isoexec.ops.attention import flash_backward
+
+    lengths, scale = [300, 77, 128], 128**-0.5
+    q, k, v, slot_table, seq_ids, positions = packed(lengths, heads=8, kv_heads=2, head_dim=128, dtype=torch.bfloat16)
+    assert flash_backward.fits(q, k, torch.bfloat16, None, max(lengths))
+    inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = attention(*inputs, slot_table, seq_ids, positions, scale, packed_len=max(lengths), constants=attention_triton.HOPPER_CONSTANTS)
+    weights = randn(*out.shape, seed=7)
+    (out.float() * weights).sum().backward()
+    doubles = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    want, _ = _float64_packed(*doubles, slot_table.cpu(), seq_ids.cpu(), positions.cpu(), scale)
+    (want * weights.cpu().double()).sum().backward()
+    for got, expected in zip(inputs, doubles):
+        error = (got.grad.cpu().double() - expected.grad).abs().max() / expected.grad.abs().max()
+        assert error < 0.02, error
+
+
 def test_rows_see_nothing_and_empty_batches():
     q, k, v, slot_table, seq_ids, positions = packed([5])
     slot_table[0, :] = -1  # no key of the sequence is in the store
