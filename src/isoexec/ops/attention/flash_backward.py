@@ -34,7 +34,8 @@ def fits(q: Tensor, k_store: Tensor, out_dtype: torch.dtype, window: int | None,
     """Whether a packed batch's backward can run on flash: a non-empty batch of whole causal sequences (no
     window), fp16 or bf16 throughout, a head size flash takes, an sm_80+ GPU with torch's flash kernels."""
     return (packed_len is not None and window is None and q.shape[0] > 0 and q.is_cuda
-            and q.dtype in (torch.float16, torch.bfloat16) and k_store.dtype == q.dtype and out_dtype == q.dtype and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
+            and q.dtype in (torch.float16, torch.bfloat16) and k_store.dtype == q.dtype and out_dtype == q.dtype
+            and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
             and torch.cuda.get_device_capability(q.device) >= (8, 0) and _flash(q.device) is not None)
 
 

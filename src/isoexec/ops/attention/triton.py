@@ -388,7 +388,8 @@ class _TritonAttention(torch.autograd.Function):
         out_dtype = torch_dtype(dtypes["output_dtype"])
         # A packed batch (the trainer's) keeps each row's log-sum-exp for flash's backward
         # (`flash_backward.py`); any other batch's backward recomputes with attention.native.
-        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32) if flash_backward.fits(q, k_store, out_dtype, window, packed_len) else None
+        kept = flash_backward.fits(q, k_store, out_dtype, window, packed_len)
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32) if kept else None
         out = attention_fwd(q, k_store, v_store, slot_table, seq_ids, positions, scale, window, out_dtype, **config, lse=lse)
         ctx.save_for_backward(q, k_store, v_store, slot_table, seq_ids, positions, *((out, lse) if lse is not None else ()))
         ctx.scale, ctx.window, ctx.dtypes = scale, window, dtypes
@@ -472,5 +473,5 @@ def register(registry) -> None:
     """Register attention.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="attention", cases=ALL_CASES, fn=attention, check_constants=check_constants, check_geometry=check_geometry,
-                               sources=(attention_fwd_kernel, _tile, _full_block, _full_block_pair, _block, _update, _scores, _running_max, _probs_times_v,
-                                        _fold, _gather_kv, _row_sum, triton_support)))
+                               sources=(attention_fwd_kernel, _tile, _full_block, _full_block_pair, _block, _update, _scores,
+                                        _running_max, _probs_times_v, _fold, _gather_kv, _row_sum, triton_support)))
