@@ -19,16 +19,18 @@ fp32:
     m' = max(m, max_j s)             a row that has seen no key yet uses 0 in place of -inf below
     p = exp(s - m'),  alpha = exp(m - m')
     l' = l * alpha + sum_j p
-    acc' = acc * alpha + (p · v)     p rounded to kv_cache_dtype; a zero sum is +0.0
+    acc' = acc * alpha + (p · v)     p rounded to kv_cache_dtype
     (m, l, acc) <- (m', l', acc') only for rows that see a key of this block
 
-and finally out = acc / l (0 for a row that saw no key), rounded once. What a row computes depends
+and finally out = acc / l (0 for a row that saw no key; a zero acc taken as +0.0), rounded once. What a row computes depends
 only on its query, its visible keys and values, and its absolute position: which other rows share
 its tile, where in the tile it sits (every row of the MMA tile is reduced the same way; the battery
 checks it), how the keys are laid out in the store, and which blocks the other rows needed do not
-enter. A block the row does not see leaves its state untouched (selected, not added), and a p · v
-sum that is zero is canonicalised to +0.0, since keys the row does not see but a neighbour does add
-0 * v terms whose sign would otherwise depend on the neighbours. One limit: a key visible to a
+enter. A block the row does not see leaves its state untouched (selected, not added), and a zero
+accumulator is read as +0.0, since keys the row does not see but a neighbour does add 0 * v terms whose
+sign would otherwise depend on the neighbours. That select runs once, before the division: a sum of two
+floats depends on a zero's sign only when both are zero, so acc carries the same values whether zeros
+are made +0.0 after every block or only at the end, up to the sign of a zero acc. One limit: a key visible to a
 neighbour whose value is inf or NaN gives 0 * inf = NaN in this row too; the engine and trainer only
 ever expose written (finite) keys to any row.
 
@@ -61,6 +63,7 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
 from ..triton_support import after_upstream, cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
+from ..linear.tile_triton import settled
 from . import flash_backward, native
 from .reference import _check_inputs
 
@@ -118,11 +121,12 @@ def _running_max(m, s):
 
 
 @jit
-def _probs_times_v(s, vis, m_safe, b_v):
-    """p = exp(s - m) where visible, and p · V [ROWS, D] fp32 (+0.0 for a zero sum)."""
-    p = tl.where(vis, tl.exp(s - m_safe[:, None]), 0.0)
+def _probs_times_v(s, m_safe, b_v, DOT_IN_FP32: tl.constexpr):
+    """p = exp(s - m) (0 where s is -inf: hidden), and p · V [ROWS, D] fp32. The product is `settled`: left
+    as a separate sum, Triton would fold the add that follows into the dot's accumulator (other bits)."""
+    p = tl.exp(s - m_safe[:, None])
     pv = tl.dot(p.to(b_v.dtype), b_v, input_precision="ieee")  # ieee: fp32 is never tf32
-    return p, tl.where(pv == 0.0, 0.0, pv)  # +0.0: the sign of a zero sum would depend on the neighbours' keys
+    return p, settled(pv, DOT_IN_FP32)
 
 
 @jit
@@ -132,13 +136,13 @@ def _fold(l, acc, alpha, p, pv, SUM_BY_DOT: tl.constexpr):
 
 
 @jit
-def _update(m, l, acc, b_q, b_k, b_v, vis, scale, SUM_BY_DOT: tl.constexpr):
+def _update(m, l, acc, b_q, b_k, b_v, vis, scale, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr):
     """The online-softmax step over one key block, for every row; `vis` (broadcast to [ROWS, BLOCK_N])
     marks the keys each row sees. Its pieces are the one copy of this arithmetic: every walk calls them
     in this order for each block."""
     s = _scores(b_q, b_k, vis, scale)
     m_new, m_safe, alpha = _running_max(m, s)
-    p, pv = _probs_times_v(s, vis, m_safe, b_v)
+    p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
     l_new, acc_new = _fold(l, acc, alpha, p, pv, SUM_BY_DOT)
     return m_new, l_new, acc_new
 
@@ -161,7 +165,7 @@ def _block(
     key_ok = tl.max(vis.to(tl.int32), 0) > 0  # [BLOCK_N] seen by some row: written, finite
     row_active = tl.max(vis.to(tl.int32), 1) > 0  # [ROWS]
     b_k, b_v = _gather_kv(slots, key_ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
-    m_new, l_new, acc_new = _update(m, l, acc, b_q, b_k, b_v, vis, scale, SUM_BY_DOT)
+    m_new, l_new, acc_new = _update(m, l, acc, b_q, b_k, b_v, vis, scale, DOT_IN_FP32, SUM_BY_DOT)
     m = tl.where(row_active, m_new, m)
     l = tl.where(row_active, l_new, l)
     acc = tl.where(row_active[:, None], acc_new, acc)
@@ -179,15 +183,15 @@ def _full_block(
     per-row masks and their reductions drop out and `_update` gets the same values.
 
     `_block` keeps a row's state where the row sees no key of the block; here that case (every slot
-    outside the store) needs no select, because the update leaves the state's bits as they are: the
-    maximum stays m, so alpha = exp(m - m) = exp(+0) = 1 exactly (ex2 of +0 is +1 in PTX; -inf rows
-    get alpha = 0 with l = 0 and acc = +0), p = 0, l * 1 + 0 = l, and acc * 1 + (+0) = acc since an
-    accumulator is never -0.0 (it starts at +0.0 and each p · v added is non-zero or +0.0)."""
+    outside the store) needs no select, because the update leaves the state as it is: the maximum stays
+    m, so alpha = exp(m - m) = exp(+0) = 1 exactly (ex2 of +0 is +1 in PTX; -inf rows get alpha = 0 with
+    l = 0 and acc = +0), p = 0, l * 1 + 0 = l, and acc * 1 + (+0) = acc up to the sign of a zero, which
+    the end's select discards."""
     keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)
     slots = tl.load(seq_row + keys).to(tl.int64)
     ok = (slots >= 0) & (slots < S)  # [BLOCK_N]
     b_k, b_v = _gather_kv(slots, ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
-    return _update(m, l, acc, b_q, b_k, b_v, ok[None, :], scale, SUM_BY_DOT)
+    return _update(m, l, acc, b_q, b_k, b_v, ok[None, :], scale, DOT_IN_FP32, SUM_BY_DOT)
 
 
 @jit
@@ -211,8 +215,8 @@ def _full_block_pair(
     s1 = _scores(b_q, b_k1, ok1[None, :], scale)
     m0, m0_safe, alpha0 = _running_max(m, s0)
     m1, m1_safe, alpha1 = _running_max(m0, s1)
-    p0, pv0 = _probs_times_v(s0, ok0[None, :], m0_safe, b_v0)
-    p1, pv1 = _probs_times_v(s1, ok1[None, :], m1_safe, b_v1)
+    p0, pv0 = _probs_times_v(s0, m0_safe, b_v0, DOT_IN_FP32)
+    p1, pv1 = _probs_times_v(s1, m1_safe, b_v1, DOT_IN_FP32)
     l, acc = _fold(l, acc, alpha0, p0, pv0, SUM_BY_DOT)
     l, acc = _fold(l, acc, alpha1, p1, pv1, SUM_BY_DOT)
     return m1, l, acc
@@ -294,6 +298,7 @@ def _tile(
                                stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
 
     has_keys = l > 0.0
+    acc = tl.where(acc == 0.0, 0.0, acc)  # +0.0 for a zero sum (module doc)
     out = tl.where(has_keys[:, None], acc / tl.where(has_keys, l, 1.0)[:, None], 0.0)
     p_o = o + tok[:, None] * stride_ot + head[:, None] * stride_oh + o_d[None, :]
     tl.store(p_o, out.to(o.dtype.element_ty), mask=row_ok[:, None])
