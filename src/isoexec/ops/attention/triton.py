@@ -47,14 +47,18 @@ head, last queries first (they see the most keys). A program finds the tiles tha
 queries (the first query, or one whose sequence differs from the previous query's, whose position does
 not follow it, or that opens an absolute block of BLOCK_Q positions), reads each tile's extent from the
 metadata itself and runs them in turn, so there is no host sync and no separate tiling kernel, and decode steps can be captured in
-a CUDA graph. A visible key whose slot lies outside the store is skipped rather than reported (the
-kernel cannot raise); `reference.attention` raises there.
+a CUDA graph. On Hopper a batch of many queries runs two 64-row tiles stacked in one program of two
+warpgroups (`attention_fwd`): rows keep their MMA and so their bits. A visible key whose slot lies
+outside the store is skipped rather than reported (the kernel cannot raise); `reference.attention`
+raises there.
 
 The backward pass recomputes the forward with `native.attention` (SDPA) under autograd, batches the
 caller declares packed (`packed_len`, the trainer's) with one padded flash call (`native.packed`): gradients are correct, not batch-invariant.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import Tensor
@@ -367,11 +371,21 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
     # (decode) gets one program per query: in a range of several, each query would be its own tile, run
     # one after another.
     queries = 1 if num_tokens <= slot_table.shape[0] else tile_positions
+    rows = max(16, tile_positions * g_pad)
+    # A batch of many queries (training, prefill) runs two of the contract's tiles per program where that
+    # tile is one Hopper warpgroup (64 rows, 4 warps, 16-bit operands) at head_dim <= 128: 128 rows over 8
+    # warps, each warpgroup on its own 64 rows with the same wgmma, so every row keeps its bits (on an
+    # H200, by sha-256 against the lone tile, docs/experiments.md), and each key block's loads serve twice
+    # the rows.
+    stacked = (queries > 1 and rows == 64 and num_warps == 4 and head_dim <= 128 and q.dtype != torch.float32
+               and _warpgroup_mma(q.device))
+    if stacked:
+        tile_positions, rows, num_warps = 2 * tile_positions, 128, 8
+        queries = tile_positions
     # Whole key blocks are walked two at a time (`_full_block_pair`, the same operations in the same order)
-    # in the one-query form only: its tile is a handful of rows, so both blocks' scores stay in registers.
-    # With a prefill tile's 64 rows they spill: on one H200 pairs ran 0.86x as fast for 300- and 512-token
-    # sequences and 1.00-1.08x for 2,048-8,192, against 1.07-1.34x in decode.
-    paired = queries == 1
+    # in the one-query form and in stacked tiles. A lone 64-row tile of many queries spills with both
+    # blocks' scores at 4 warps: on one H200 pairs ran 0.86x as fast there for 300- and 512-token sequences.
+    paired = queries == 1 or stacked
     q, k_store, v_store = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_store, v_store))
     slot_table = slot_table.contiguous()
     attention_fwd_kernel[(cdiv(num_tokens, queries), num_kv_heads)](
@@ -381,10 +395,16 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
         slot_table.stride(0), 0 if lse is None else lse.stride(0),
         G=group, G_PAD=g_pad, D=head_dim, HAS_WINDOW=window is not None,
         DOT_IN_FP32=triton_support.interpreting(), SUM_BY_DOT=q.dtype == torch.float32 and not triton_support.interpreting(),
-        BLOCK_Q=tile_positions, BLOCK_N=block_n, ROWS=max(16, tile_positions * g_pad), QUERIES=queries, PAIRED=paired,
+        BLOCK_Q=tile_positions, BLOCK_N=block_n, ROWS=rows, QUERIES=queries, PAIRED=paired,
         WITH_LSE=lse is not None, num_warps=num_warps, num_stages=num_stages,
     )
     return o
+
+
+@functools.cache
+def _warpgroup_mma(device: torch.device) -> bool:
+    """Whether tl.dot runs as wgmma (Hopper) on this device."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
 class _TritonAttention(torch.autograd.Function):
