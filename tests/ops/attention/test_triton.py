@@ -258,12 +258,12 @@ def test_the_battery_admits_attention_triton():
     assert result.dtypes == BATTERY_DTYPES and result.trials >= 50
 
 
-def _decode_rows_vs_training_rows(op, dtype, lengths=(70, 33), steps=((69, 32), (50, 20), (31, 0), (32, 31))):
-    """Qwen3-0.6B's head shape (head_dim 128, 2 query heads per KV head) over two of its 8 KV heads, as the
-    probe takes them (more KV heads only add programs): the trainer's packed forward, and decode steps
-    (one query per sequence) at the listed positions over the same keys. -> (training rows, decode rows),
-    same order."""
-    q, k, v, slot_table, seq_ids, positions = packed(list(lengths), heads=4, kv_heads=2, head_dim=128, dtype=dtype)
+def _decode_rows_vs_training_rows(op, dtype, heads=4, lengths=(70, 33), steps=((69, 32), (50, 20), (31, 0), (32, 31))):
+    """A real model's head shape (head_dim 128; heads = 4: Qwen3-0.6B's 2 query heads per KV head, 8:
+    Qwen3-8B's 4) over two KV heads, as the probe takes them (more KV heads only add programs): the
+    trainer's packed forward, and decode steps (one query per sequence) at the listed positions over the
+    same keys. -> (training rows, decode rows), same order."""
+    q, k, v, slot_table, seq_ids, positions = packed(list(lengths), heads=heads, kv_heads=2, head_dim=128, dtype=dtype)
     scale = 128**-0.5
     trained = op(q, k, v, slot_table, seq_ids, positions, scale)
     starts = [0, lengths[0]]
@@ -275,11 +275,13 @@ def _decode_rows_vs_training_rows(op, dtype, lengths=(70, 33), steps=((69, 32), 
     return torch.cat(want), torch.cat(got)
 
 
-def test_decode_rows_equal_training_rows_at_model_head_sizes():
+@pytest.mark.parametrize("heads", [4, 8])
+def test_decode_rows_equal_training_rows_at_model_head_sizes(heads):
     """The preset's constants at a real model's head sizes. The battery's small probe (head_dim 16) did
     not show it, but on an H200 16-row decode tiles gave other bits than 64-row training tiles at
-    head_dim 128 (the 0.6B audit matched 98 of 256 tokens). The control, a variant with a smaller key
-    block for decode batches, must fail the same comparison. It runs with fp32 boundaries, as the
+    head_dim 128 (the 0.6B audit matched 98 of 256 tokens). With 4 query heads per KV head a Hopper
+    GPU runs the bf16 training tiles two per program (`attention_fwd`'s stacked tiles). The control, a
+    variant with a smaller key block for decode batches, must fail the same comparison. It runs with fp32 boundaries, as the
     battery's fp32 pass does: a re-blocked online softmax moves fp32 results by an ulp or so, which a
     bf16 output hides for most elements. (attention.native cannot serve: on these shapes it gave both
     forms the same bits, on a CPU and on the H200.)"""
@@ -288,13 +290,13 @@ def test_decode_rows_equal_training_rows_at_model_head_sizes():
     assert constants == preset.entry("attention", "trainer_fwd").constants
     fp32 = {**constants, "input_dtype": "float32", "output_dtype": "float32", "kv_cache_dtype": "float32"}
     for tile, dtype in ((constants, torch.bfloat16), (fp32, torch.float32)):
-        want, got = _decode_rows_vs_training_rows(functools.partial(attention_triton.attention, **tile), dtype)
+        want, got = _decode_rows_vs_training_rows(functools.partial(attention_triton.attention, **tile), dtype, heads)
         assert bitwise_equal(got, want), dtype
 
     def control(q, *args):
         return attention_triton.attention(q, *args, **{**fp32, "block_n": 16 if q.shape[0] <= 2 else 32})
 
-    want, got = _decode_rows_vs_training_rows(control, torch.float32)
+    want, got = _decode_rows_vs_training_rows(control, torch.float32, heads)
     assert (int_view(got) != int_view(want)).sum() > 100
 
 

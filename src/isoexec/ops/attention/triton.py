@@ -22,17 +22,17 @@ fp32:
     acc' = acc * alpha + (p · v)     p rounded to kv_cache_dtype
     (m, l, acc) <- (m', l', acc') only for rows that see a key of this block
 
-and finally out = acc / l (0 for a row that saw no key; a zero acc taken as +0.0), rounded once. What a row computes depends
-only on its query, its visible keys and values, and its absolute position: which other rows share
-its tile, where in the tile it sits (every row of the MMA tile is reduced the same way; the battery
-checks it), how the keys are laid out in the store, and which blocks the other rows needed do not
-enter. A block the row does not see leaves its state untouched (selected, not added), and a zero
-accumulator is read as +0.0, since keys the row does not see but a neighbour does add 0 * v terms whose
-sign would otherwise depend on the neighbours. That select runs once, before the division: a sum of two
-floats depends on a zero's sign only when both are zero, so acc carries the same values whether zeros
-are made +0.0 after every block or only at the end, up to the sign of a zero acc. One limit: a key visible to a
-neighbour whose value is inf or NaN gives 0 * inf = NaN in this row too; the engine and trainer only
-ever expose written (finite) keys to any row.
+and finally out = acc / l (0 for a row that saw no key; a zero acc taken as +0.0), rounded once. What
+a row computes depends only on its query, its visible keys and values, and its absolute position:
+which other rows share its tile, where in the tile it sits (every row of the MMA tile is reduced the
+same way; the battery checks it), how the keys are laid out in the store, and which blocks the other
+rows needed do not enter. A block the row does not see leaves its state untouched (selected, not
+added), and a zero accumulator is read as +0.0, since keys the row does not see but a neighbour does
+add 0 * v terms whose sign would otherwise depend on the neighbours. That select runs once, before the
+division: a sum of two floats depends on a zero's sign only when both are zero, so acc carries the same
+values whether zeros are made +0.0 after every block or only at the end, up to the sign of a zero acc.
+One limit: a key visible to a neighbour whose value is inf or NaN gives 0 * inf = NaN in this row too;
+the engine and trainer only ever expose written (finite) keys to any row.
 
 Blocks wholly below the tile's first position (most of a long row's walk) are visible to every row
 alike, so `_full_block` runs them without the per-row masks and their reductions. Both walks gather
