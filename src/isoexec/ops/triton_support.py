@@ -232,6 +232,17 @@ def elementwise_tile(num_rows, N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: 
 
 
 @jit
+def settled(b_acc, INTERPRETED: tl.constexpr):
+    """fp32 b_acc unchanged, as an opaque register copy: Triton rewrites `dot(a, b, 0) + c` into `dot(a, b,
+    c)`, which starts the dot's accumulation from c (other arithmetic); a dot's result passed through this
+    before anything is added to it keeps its own sum. The interpreter has no inline assembly and no such
+    rewrite."""
+    if INTERPRETED:
+        return b_acc
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [b_acc], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@jit
 def load_fp32(p, o_r, o_n, m, stride_r, stride_n):
     """The [BLOCK_R, BLOCK_N] tile of p at rows o_r and columns o_n, widened to fp32 (masked lanes +0.0)."""
     return tl.load(p + o_r[:, None] * stride_r + o_n[None, :] * stride_n, mask=m, other=0.0).to(tl.float32)

@@ -52,8 +52,10 @@ warpgroups (`attention_fwd`): rows keep their MMA and so their bits. A visible k
 outside the store is skipped rather than reported (the kernel cannot raise); `reference.attention`
 raises there.
 
-The backward pass recomputes the forward with `native.attention` (SDPA) under autograd, batches the
-caller declares packed (`packed_len`, the trainer's) with one padded flash call (`native.packed`): gradients are correct, not batch-invariant.
+The backward pass of a packed batch (`packed_len`, the trainer's) takes flash's varlen backward over the
+Triton output and each row's log-sum-exp, which the forward writes for it (`flash_backward.py`); any
+other batch recomputes the forward with `native.attention` (SDPA) under autograd. Gradients are correct,
+not batch-invariant.
 """
 
 from __future__ import annotations
@@ -66,8 +68,8 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
-from ..triton_support import after_upstream, cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
-from ..linear.tile_triton import settled
+from ..triton_support import (after_upstream, cdiv, jit, needs_grad, next_power_of_2, require_device, settled, tl,
+                              triton_available)
 from . import flash_backward, native
 from .reference import _check_inputs
 

@@ -10,8 +10,8 @@ Triton rewrites `dot(a, b, 0) + c` into `dot(a, b, c)`: where a tile's K loop ha
 unrolled), it would start that dot's accumulator from the bias (or, in the fused row-parallel kernel,
 from the running sum of the earlier leaves), which is other arithmetic than the same block in a longer
 loop. Compiled for sm_90 it does (`triton.compile`, TTIR inspected; on an H200 it changed the fused
-kernel's bits at one block per leaf). So a finished accumulator passes through `settled`, an opaque
-register copy, before anything is added to it.
+kernel's bits at one block per leaf). So a finished accumulator passes through `settled`
+(`triton_support`), an opaque register copy, before anything is added to it.
 
 A call may write its columns as several outputs (`output_part`): sibling projections of one input
 (q, k and v; gate and up) whose weights lie one after the other in memory run as one GEMM over the
@@ -22,7 +22,7 @@ in that part's own call: only the store address moves, never the arithmetic.
 
 from __future__ import annotations
 
-from ..triton_support import jit, tl
+from ..triton_support import jit, settled, tl
 
 
 @jit
@@ -32,15 +32,6 @@ def accumulate(b_x, b_w, b_acc, DOT_IN_FP32: tl.constexpr):
         b_x, b_w = b_x.to(tl.float32), b_w.to(tl.float32)
     # ieee: fp32 operands are multiplied in full fp32, never silently in tf32.
     return tl.dot(b_x, b_w, b_acc, input_precision="ieee")
-
-
-@jit
-def settled(b_acc, INTERPRETED: tl.constexpr):
-    """b_acc unchanged, as an opaque copy that the compiler cannot fold into the `tl.dot` producing it
-    (module doc). The interpreter has no inline assembly and no such rewrite."""
-    if INTERPRETED:
-        return b_acc
-    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [b_acc], dtype=tl.float32, is_pure=True, pack=1)
 
 
 @jit
