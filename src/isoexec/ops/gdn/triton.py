@@ -24,10 +24,19 @@ fp32 accumulation either way; the inverse's take tf32 where the others take bf16
 function of its own row and column, and the rows a row does not see are zero or multiplied by an exact
 zero, so a row's bits do not depend on the rows after it (a zero's sign may: the output takes +0.0).
 
-One compiled kernel serves every case: nothing that differs between a trainer call and an engine call
+A call can also run in two launches (`TWO_LAUNCH_MIN_RUN`): `gdn_chunks_kernel` does every chunk piece's
+chunk-local work at once (steps 1, 2 and W, U, the queries, the scores, the decayed keys, by chunk row into
+buffers), `gdn_walk_kernel` walks each run with the state alone (δ, o and the next S₀ from those buffers) and
+leaves the slot as the one kernel does. Both call the one kernel's helpers on the same tiles; what a launch
+boundary could change is a reduction's layout (its summation order), and compiled for sm_90 the l2 norms' sums
+and the cumsum take the one kernel's layouts; buffers read back only as operands hold operands (bf16 with bf16
+products), so the stores round nothing the products would not.
+
+Each kernel compiles once for every case: nothing that differs between a trainer call and an engine call
 is a constexpr or a specialised integer (has_cache, T and the strides are runtime values; the wrapper
-hands the kernel 16-byte aligned pointers and strides that are multiples of 16 elements only), because
-two compiled variants may lay a tile out differently and reduce it in another order. The backward pass
+hands the kernels 16-byte aligned pointers and strides that are multiples of 16 elements only), because
+two compiled variants may lay a tile out differently and reduce it in another order (which is why the
+two-launch path's layouts were read, and its bits are tested, rather than assumed). The backward pass
 (`triton_bwd.py`) is Triton kernels of its own: correct gradients, not invariant ones.
 """
 from __future__ import annotations
@@ -138,6 +147,89 @@ def _rows_mask(rows_in, m_cols, WHOLE: tl.constexpr):
     return m
 
 
+@jit
+def _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, neg_a, bias, stride_kt, stride_kh, stride_at,
+                DK: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
+                INTERPRET: tl.constexpr):
+    """Steps 1 and 2 of a chunk piece and W: the rows' keys and gates (the `cached` rows from the slot, the
+    `piece` rows from the call, zeros past them), the l2-normalised keys kn, the decay cumsum c, the inverse T
+    and W = T (β e^c k). Returns kf, g and β as the slot keeps them, then kn, c, T and W (operands)."""
+    rows = tl.arange(0, C)
+    below = rows[:, None] > rows[None, :]
+    # Every stride is a multiple of 16 elements (gdn_fwd pads where not), so loads are 16-byte vectors.
+    k_rows = tl.multiple_of(tok64 * stride_kt + i_kh * stride_kh, 16)
+    m_ck, m_pk = _rows_mask(cached, m_k, DK == DK_PAD), _rows_mask(piece, m_k, DK == DK_PAD)
+    kf = tl.where(m_ck, tl.load(p_cached[:, None] + o_k[None, :], mask=m_ck, other=0.0),
+                  tl.load(k + k_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32))
+    g, beta = _gates(tl.load(a + tok64 * stride_at + i_h, mask=piece, other=0.0),
+                     tl.load(b + tok64 * stride_at + i_h, mask=piece, other=0.0), neg_a, bias)
+    g = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD, mask=cached, other=0.0), tl.where(piece, g, 0.0))
+    beta = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD + 1, mask=cached, other=0.0), tl.where(piece, beta, 0.0))
+    kn = _operand(kf * (1.0 / tl.sqrt(tl.sum(kf * kf, 1) + L2_EPS))[:, None], PRECISION, INTERPRET)  # [C, DK_PAD]
+    c = tl.cumsum(g, 0)
+    gram = _mm(kn, tl.trans(kn), PRECISION, INTERPRET)  # [C, C]
+    system = tl.where(below, beta[:, None] * gram * tl.exp(tl.where(below, c[:, None] - c[None, :], 0.0)), 0.0)
+    inverse = _operand(_inverse(system, C, SUB, PRECISION, INTERPRET), PRECISION, INTERPRET)
+    w = _operand(_mm(inverse, _operand((beta * tl.exp(c))[:, None] * kn.to(tl.float32), PRECISION, INTERPRET), PRECISION, INTERPRET),
+                 PRECISION, INTERPRET)  # [C, DK_PAD]
+    return kf, g, beta, kn, c, inverse, w
+
+
+@jit
+def _piece_values(v, p_cached, tok64, piece, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD: tl.constexpr, DV: tl.constexpr,
+                  BV: tl.constexpr):
+    """The rows' values in columns o_v: the `cached` rows from the slot, the `piece` rows from the call, zeros past them."""
+    v_rows = tl.multiple_of(tok64 * stride_vt + i_h * stride_vh, 16)
+    m_cv, m_pv = _rows_mask(cached, m_v, DV % BV == 0), _rows_mask(piece, m_v, DV % BV == 0)
+    return tl.where(m_cv, tl.load(p_cached[:, None] + DK_PAD + o_v[None, :], mask=m_cv, other=0.0),
+                    tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_pv, other=0.0).to(tl.float32))
+
+
+@jit
+def _values(inverse, beta, vf, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """U = T (β v), fp32."""
+    return _mm(inverse, _operand(beta[:, None] * vf, PRECISION, INTERPRET), PRECISION, INTERPRET)
+
+
+@jit
+def _delta(u, w, s_op, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """δ = U - W S₀, as an operand."""
+    return _operand(u - _mm(w, s_op, PRECISION, INTERPRET), PRECISION, INTERPRET)
+
+
+@jit
+def _piece_queries(q, tok64, piece, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK: tl.constexpr, DK_PAD: tl.constexpr,
+                   C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The l2-normalised, scaled queries and the scores (q kᵀ ∘ decay, j <= i), both as operands."""
+    rows = tl.arange(0, C)
+    upto = rows[:, None] >= rows[None, :]
+    q_rows = tl.multiple_of(tok64 * stride_qt + i_kh * stride_qh, 16)
+    qf = tl.load(q + q_rows[:, None] + o_k[None, :], mask=_rows_mask(piece, m_k, DK == DK_PAD), other=0.0).to(tl.float32)
+    qn = _operand(qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) + L2_EPS))[:, None] * q_scale, PRECISION, INTERPRET)
+    scores = tl.where(upto, _mm(qn, tl.trans(kn), PRECISION, INTERPRET) * tl.exp(tl.where(upto, c[:, None] - c[None, :], 0.0)), 0.0)
+    return qn, _operand(scores, PRECISION, INTERPRET)
+
+
+@jit
+def _outputs(qn, scores, c, s_op, delta, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """o = e^c (q S₀) + scores δ, with one zero whichever rows shared the products (their exact zeros carry signs)."""
+    o = tl.exp(c)[:, None] * _mm(qn, s_op, PRECISION, INTERPRET) + _mm(scores, delta, PRECISION, INTERPRET)
+    return tl.where(o == 0.0, 0.0, o)
+
+
+@jit
+def _decayed(kn, c, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """c at the chunk's last row, and the keys decayed to it, e^{c_last - c} k (an operand)."""
+    c_last = tl.sum(tl.where(tl.arange(0, C) == C - 1, c, 0.0), 0)
+    return c_last, _operand(kn.to(tl.float32) * tl.exp(c_last - c)[:, None], PRECISION, INTERPRET)
+
+
+@jit
+def _advanced(s0, c_last, decayed, delta, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The next chunk's start state e^{c_last} S₀ + decayedᵀ δ."""
+    return tl.exp(c_last) * s0 + _mm(tl.trans(decayed), delta, PRECISION, INTERPRET)
+
+
 # T, has_cache and the strides are not specialised: one compiled kernel serves every case (the module doc).
 @jit(do_not_specialize=["T", "has_cache", "every_token", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
                         "stride_at", "stride_ot", "stride_oh"])
@@ -184,8 +276,6 @@ def _run(
     i_kh = i_h // GROUP
     neg_a = -tl.exp(tl.load(a_log + i_h).to(tl.float32))
     bias = tl.load(dt_bias + i_h).to(tl.float32)
-    below = rows[:, None] > rows[None, :]
-    upto = rows[:, None] >= rows[None, :]
     # The run's start state: the slot's open chunk's, or zeros at position 0 (this program's value columns).
     s0 = tl.load(state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :],
                  mask=m_state & (pos0 > 0) & caching, other=0.0)  # [DK_PAD, BV]
@@ -211,42 +301,16 @@ def _run(
         # does not hoist the cache's [C, D] address tiles out of the loop and keep them live.
         p_slot = rows_cache + tl.load(state_ids + t, mask=caching, other=0).to(tl.int64) * (C * HV * width) + i_h * width
         p_cached = p_slot + rows * (HV * width)  # [C]
-        # Row offsets: every stride is a multiple of 16 elements (gdn_fwd pads where not), so loads are 16-byte vectors.
-        k_rows = tl.multiple_of(tok64 * stride_kt + i_kh * stride_kh, 16)
-        v_rows = tl.multiple_of(tok64 * stride_vt + i_h * stride_vh, 16)
 
-        # 1. The rows' inputs: the earlier rows as the slot holds them, the piece's from the call, zero past it.
-        m_ck, m_cv = _rows_mask(cached, m_k, DK == DK_PAD), _rows_mask(cached, m_v, DV % BV == 0)
-        m_pk, m_pv = _rows_mask(piece, m_k, DK == DK_PAD), _rows_mask(piece, m_v, DV % BV == 0)
-        kf = tl.where(m_ck, tl.load(p_cached[:, None] + o_k[None, :], mask=m_ck, other=0.0),
-                      tl.load(k + k_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32))
-        vf = tl.where(m_cv, tl.load(p_cached[:, None] + DK_PAD + o_v[None, :], mask=m_cv, other=0.0),
-                      tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_pv, other=0.0).to(tl.float32))
-        g, beta = _gates(tl.load(a + tok64 * stride_at + i_h, mask=piece, other=0.0),
-                         tl.load(b + tok64 * stride_at + i_h, mask=piece, other=0.0), neg_a, bias)
-        g = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD, mask=cached, other=0.0), tl.where(piece, g, 0.0))
-        beta = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD + 1, mask=cached, other=0.0), tl.where(piece, beta, 0.0))
-        kn = _operand(kf * (1.0 / tl.sqrt(tl.sum(kf * kf, 1) + L2_EPS))[:, None], PRECISION, INTERPRET)  # [C, DK_PAD]
-        c = tl.cumsum(g, 0)
-
-        # 2. The UT system and its inverse.
-        gram = _mm(kn, tl.trans(kn), PRECISION, INTERPRET)  # [C, C]
-        system = tl.where(below, beta[:, None] * gram * tl.exp(tl.where(below, c[:, None] - c[None, :], 0.0)), 0.0)
-        inverse = _operand(_inverse(system, C, SUB, PRECISION, INTERPRET), PRECISION, INTERPRET)
-
-        # 3. The rows' values and outputs, and the next chunk's start state.
-        w = _operand(_mm(inverse, _operand((beta * tl.exp(c))[:, None] * kn.to(tl.float32), PRECISION, INTERPRET), PRECISION, INTERPRET),
-                     PRECISION, INTERPRET)  # [C, DK_PAD]
+        kf, g, beta, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, neg_a, bias,
+                                                     stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C, SUB, PRECISION, INTERPRET)
+        vf = _piece_values(v, p_cached, tok64, piece, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
         s_op = _operand(s0, PRECISION, INTERPRET)
-        delta = _mm(inverse, _operand(beta[:, None] * vf, PRECISION, INTERPRET), PRECISION, INTERPRET) - _mm(w, s_op, PRECISION, INTERPRET)
-        delta = _operand(delta, PRECISION, INTERPRET)  # [C, BV]
-        q_rows = tl.multiple_of(tok64 * stride_qt + i_kh * stride_qh, 16)
-        qf = tl.load(q + q_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32)
-        qn = _operand(qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) + L2_EPS))[:, None] * q_scale, PRECISION, INTERPRET)
-        scores = tl.where(upto, _mm(qn, tl.trans(kn), PRECISION, INTERPRET) * tl.exp(tl.where(upto, c[:, None] - c[None, :], 0.0)), 0.0)
-        o = tl.exp(c)[:, None] * _mm(qn, s_op, PRECISION, INTERPRET) \
-            + _mm(_operand(scores, PRECISION, INTERPRET), delta, PRECISION, INTERPRET)
-        o = tl.where(o == 0.0, 0.0, o)  # one zero whichever rows shared the products (their exact zeros carry signs)
+        delta = _delta(_values(inverse, beta, vf, PRECISION, INTERPRET), w, s_op, PRECISION, INTERPRET)  # [C, BV]
+        qn, scores = _piece_queries(q, tok64, piece, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK, DK_PAD, C, PRECISION,
+                                    INTERPRET)
+        o = _outputs(qn, scores, c, s_op, delta, PRECISION, INTERPRET)
+        m_pv = _rows_mask(piece, m_v, DV % BV == 0)
         o_rows = tl.multiple_of(tok64 * stride_ot + i_h * stride_oh, 16)
         tl.store(out + o_rows[:, None] + o_v[None, :], o.to(out.dtype.element_ty), mask=m_pv)
         # A piece that leaves its chunk open: its rows' inputs into the slot for the next call (this block's v
@@ -258,9 +322,8 @@ def _run(
         tl.store(p_cached + DK_PAD + DV_PAD, g, mask=keep)
         tl.store(p_cached + DK_PAD + DV_PAD + 1, beta, mask=keep)
         if stop == C:
-            c_last = tl.sum(tl.where(rows == C - 1, c, 0.0), 0)
-            decayed = _operand(kn.to(tl.float32) * tl.exp(c_last - c)[:, None], PRECISION, INTERPRET)
-            s0 = tl.exp(c_last) * s0 + _mm(tl.trans(decayed), delta, PRECISION, INTERPRET)
+            c_last, decayed = _decayed(kn, c, C, PRECISION, INTERPRET)
+            s0 = _advanced(s0, c_last, decayed, delta, PRECISION, INTERPRET)
             closed = pos0 >= 0
         t += stop - off
         pos += stop - off
@@ -271,6 +334,179 @@ def _run(
     if caching & (closed | (pos0 == 0)):  # the state changed (a chunk closed), or the slot never held this sequence's
         p_state = state + tl.load(state_ids + i_t).to(tl.int64) * (HV * DK * DV) + i_h * (DK * DV)  # reread: see p_slot
         tl.store(p_state + o_k[:, None] * DV + o_v[None, :], s0, mask=m_state)
+
+
+@jit
+def _stored(x, INTERPRET: tl.constexpr):
+    """A tile loaded from a buffer of products' operands (bf16 with bf16 products): as loaded, or as fp32 in the
+    interpreter, which holds bf16 as raw bits (triton_support's doc)."""
+    if INTERPRET:
+        x = x.to(tl.float32)
+    return x
+
+
+# A call in two launches (`TWO_LAUNCH_MIN_RUN`), the rows' bits those of `gdn_fwd_kernel` (the same helpers, the same
+# tiles): every chunk piece's chunk-local work at once, then a walk per run that carries the state alone.
+@jit(do_not_specialize=["has_cache", "q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_at"])
+def gdn_chunks_kernel(
+    q, k, v, a, b, a_log, dt_bias, rows_cache, state_ids, run_first, chunk_run, chunk_tok0, chunk_off, chunk_stop,
+    w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf,
+    has_cache, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at,
+    GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """Chunk piece i_n (offsets [off, stop) from the call, [0, off) from its run's cache slot), value head i_h:
+    W, U, the queries, the scores, the decayed keys, c, g and β of every row below `stop`, by chunk row."""
+    NV: tl.constexpr = (DV + BV - 1) // BV
+    width: tl.constexpr = DK_PAD + DV_PAD + 16
+    i_n, i_h = tl.program_id(0), tl.program_id(1)
+    stop = tl.load(chunk_stop + i_n)
+    if stop > 0:  # chunk ids past the call's pieces have stop 0 (_pieces)
+        rows = tl.arange(0, C)
+        o_k = tl.arange(0, DK_PAD)
+        m_k = o_k < DK
+        i_kh = i_h // GROUP
+        off = tl.load(chunk_off + i_n)
+        caching = has_cache != 0
+        slot = tl.load(state_ids + tl.load(run_first + tl.load(chunk_run + i_n)), mask=caching, other=0).to(tl.int64)
+        tok64 = tl.load(chunk_tok0 + i_n).to(tl.int64) + rows  # the token at each offset (below `off`: none of this call's)
+        piece = (rows >= off) & (rows < stop)
+        cached = rows < off
+        p_cached = rows_cache + slot * (C * HV * width) + i_h * width + rows * (HV * width)
+        neg_a = -tl.exp(tl.load(a_log + i_h).to(tl.float32))
+        bias = tl.load(dt_bias + i_h).to(tl.float32)
+        kf, g, beta, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, neg_a, bias,
+                                                     stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C, SUB, PRECISION, INTERPRET)
+        below = rows < stop
+        p = (i_n.to(tl.int64) * C + rows) * HV + i_h  # by chunk row
+        m_kout = _rows_mask(below, m_k, DK == DK_PAD)
+        tl.store(w_buf + p[:, None] * DK + o_k[None, :], w.to(w_buf.dtype.element_ty), mask=m_kout)
+        for i_v in range(NV):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_v = o_v < DV
+            vf = _piece_values(v, p_cached, tok64, piece, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
+            tl.store(u_buf + p[:, None] * DV + o_v[None, :], _values(inverse, beta, vf, PRECISION, INTERPRET),
+                     mask=_rows_mask(below, m_v, DV % BV == 0))
+        qn, scores = _piece_queries(q, tok64, piece, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK, DK_PAD, C, PRECISION,
+                                    INTERPRET)
+        tl.store(qn_buf + p[:, None] * DK + o_k[None, :], qn.to(qn_buf.dtype.element_ty), mask=m_kout)
+        tl.store(scores_buf + (i_n.to(tl.int64) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :], scores.to(scores_buf.dtype.element_ty))
+        c_last, decayed = _decayed(kn, c, C, PRECISION, INTERPRET)
+        tl.store(decayed_buf + p[:, None] * DK + o_k[None, :], decayed.to(decayed_buf.dtype.element_ty), mask=m_kout)
+        tl.store(c_buf + p, c)
+        tl.store(g_buf + p, g, mask=piece)
+        tl.store(beta_buf + p, beta, mask=piece)
+
+
+@jit(do_not_specialize=["has_cache", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_ot", "stride_oh"])
+def gdn_walk_kernel(
+    k, v, out, state, rows_cache, state_ids, positions, run_first, run_len, run_chunk0,
+    w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf,
+    has_cache, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """Run i_r, value head i_h, value columns [i_v BV, (i_v + 1) BV): from the slot's state (or zeros), δ = U - W S₀
+    and the rows' outputs piece by piece from `gdn_chunks_kernel`'s buffers, S₀ from one chunk to the next; then
+    the slot as `gdn_fwd_kernel` leaves it (the state, and an open chunk's inputs)."""
+    NV: tl.constexpr = (DV + BV - 1) // BV
+    width: tl.constexpr = DK_PAD + DV_PAD + 16
+    i_r, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t0, n, chunk0 = tl.load(run_first + i_r), tl.load(run_len + i_r), tl.load(run_chunk0 + i_r).to(tl.int64)
+    caching = has_cache != 0
+    pos0 = tl.load(positions + t0).to(tl.int32)
+    slot = tl.load(state_ids + t0, mask=caching, other=0).to(tl.int64)
+    rows = tl.arange(0, C)
+    o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < DK, o_v < DV
+    m_state = m_k[:, None] & m_v[None, :]
+    s0 = tl.load(state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :],
+                 mask=m_state & (pos0 > 0) & caching, other=0.0)  # [DK_PAD, BV]
+    off = pos0 % C
+    done = 0  # the run's tokens before this piece
+    j = 0
+    closed = pos0 < 0  # whether a chunk closed in this call
+    while done < n:
+        stop = tl.minimum(off + n - done, C)
+        below = rows < stop
+        piece = (rows >= off) & below
+        p = ((chunk0 + j) * C + rows) * HV + i_h
+        m_bk, m_bv = _rows_mask(below, m_k, DK == DK_PAD), _rows_mask(below, m_v, DV % BV == 0)
+        w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
+        s_op = _operand(s0, PRECISION, INTERPRET)
+        delta = _delta(tl.load(u_buf + p[:, None] * DV + o_v[None, :], mask=m_bv, other=0.0), w, s_op, PRECISION, INTERPRET)
+        qn = _stored(tl.load(qn_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
+        scores = _stored(tl.load(scores_buf + ((chunk0 + j) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :]), INTERPRET)
+        c = tl.load(c_buf + p)
+        o = _outputs(qn, scores, c, s_op, delta, PRECISION, INTERPRET)
+        tok64 = (t0 + done + rows - off).to(tl.int64)
+        m_pv = _rows_mask(piece, m_v, DV % BV == 0)
+        o_rows = tl.multiple_of(tok64 * stride_ot + i_h * stride_oh, 16)
+        tl.store(out + o_rows[:, None] + o_v[None, :], o.to(out.dtype.element_ty), mask=m_pv)
+        if stop == C:
+            decayed = _stored(tl.load(decayed_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
+            s0 = _advanced(s0, tl.sum(tl.where(rows == C - 1, c, 0.0), 0), decayed, delta, PRECISION, INTERPRET)
+            closed = pos0 >= 0
+        elif caching:  # the run's last piece leaves its chunk open: its rows' inputs into the slot (k, g, β from the last block)
+            p_cached = rows_cache + slot * (C * HV * width) + i_h * width + rows * (HV * width)
+            v_rows = tl.multiple_of(tok64 * stride_vt + i_h * stride_vh, 16)
+            vf = tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_pv, other=0.0).to(tl.float32)
+            tl.store(p_cached[:, None] + DK_PAD + o_v[None, :], vf, mask=m_pv)
+            keep = piece & (i_v == NV - 1)
+            m_pk = _rows_mask(keep, m_k, DK == DK_PAD)
+            k_rows = tl.multiple_of(tok64 * stride_kt + (i_h // GROUP) * stride_kh, 16)
+            kf = tl.load(k + k_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32)
+            tl.store(p_cached[:, None] + o_k[None, :], kf, mask=m_pk)
+            tl.store(p_cached + DK_PAD + DV_PAD, tl.load(g_buf + p, mask=keep, other=0.0), mask=keep)
+            tl.store(p_cached + DK_PAD + DV_PAD + 1, tl.load(beta_buf + p, mask=keep, other=0.0), mask=keep)
+        done += stop - off
+        off -= off
+        j += 1
+    if caching & (closed | (pos0 == 0)):  # the state changed (a chunk closed), or the slot never held this sequence's
+        tl.store(state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :], s0, mask=m_state)
+
+
+def _pieces(first: Tensor, positions: Tensor, num_tokens: int, chunk_size: int) -> tuple[tuple[Tensor, ...], int]:
+    """A call's runs (from their first tokens) and chunk pieces, without a host sync: per run (first token, length,
+    first piece id), per piece (its run, the token at its chunk's offset 0, the offsets [off, stop) it computes),
+    int32 each, and the number of piece ids: a bound, floor(T / C) + 2 runs (a run starting mid-chunk adds a
+    piece at each end), whose ids past the call's pieces have stop 0."""
+    num_runs = first.shape[0]
+    first = first.long()
+    length = torch.diff(first, append=torch.full((1,), num_tokens, device=first.device))
+    off = positions[first].long() % chunk_size
+    pieces = (off + length + chunk_size - 1) // chunk_size
+    ends = torch.cumsum(pieces, 0)
+    chunk0 = ends - pieces
+    bound = num_tokens // chunk_size + 2 * num_runs
+    ids = torch.arange(bound, device=first.device)
+    run = torch.searchsorted(ends, ids, right=True).clamp_(max=num_runs - 1)
+    index = ids - chunk0[run]  # the piece's place in its run
+    tok0 = first[run] - off[run] + index * chunk_size
+    piece_off = torch.where(index == 0, off[run], 0)
+    stop = (off[run] + length[run] - index * chunk_size).clamp_(0, chunk_size)
+    stop = torch.where(index < pieces[run], stop, 0)
+    return tuple(t.to(torch.int32) for t in (first, length, chunk0, run, tok0, piece_off, stop)), bound
+
+
+def _runs(first: Tensor, num_tokens: int, chunk_size: int) -> tuple[tuple[Tensor, ...], int]:
+    """A trainer call's runs (from their first tokens) and chunks, without a host sync: per run (first token,
+    length, first chunk id), per chunk (first token, length), int32 each, and the number of chunk ids. That
+    number is a bound, floor(T / C) + runs, so the host need not read the real count: the ids past it are
+    chunks of length 0, which every kernel skips."""
+    num_runs = first.shape[0]
+    first = first.long()
+    length = torch.diff(first, append=torch.full((1,), num_tokens, device=first.device))  # no host-to-device copy
+    chunks = (length + chunk_size - 1) // chunk_size
+    ends = torch.cumsum(chunks, 0)
+    chunk0 = ends - chunks
+    bound = num_tokens // chunk_size + num_runs
+    ids = torch.arange(bound, device=first.device)
+    run_of_chunk = torch.searchsorted(ends, ids, right=True).clamp_(max=num_runs - 1)
+    index = ids - chunk0[run_of_chunk]  # the chunk's place in its run
+    chunk_first = first[run_of_chunk] + index * chunk_size
+    chunk_len = (length[run_of_chunk] - index * chunk_size).clamp_(0, chunk_size)
+    return tuple(t.to(torch.int32) for t in (first, length, chunk0, chunk_first, chunk_len)), bound
 
 
 def _run_starts(positions: Tensor, state_ids: Tensor | None) -> Tensor | None:
@@ -319,6 +555,10 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
     if not has_cache:  # pointers the kernel never reads; a decode step (a CUDA graph) launches nothing else
         state = rows = v.new_zeros(4, dtype=torch.float32)
     every_token = candidates is None
+    if not every_token and TWO_LAUNCH_MIN_RUN is not None and num_tokens >= TWO_LAUNCH_MIN_RUN * candidates.shape[0]:
+        _fwd_in_two_launches(q, k, v, a, b, a_log, dt_bias, out, state, rows, ids, positions, candidates, has_cache, chunk_size, precision,
+                             block_v, num_warps)
+        return out if out.is_contiguous() else out.contiguous()
     if every_token:
         candidates = positions.new_empty(1, dtype=torch.int32)
     dims = dict(GROUP=num_v_heads // num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, DK_PAD=k_pad, DV_PAD=v_pad, C=chunk_size)
@@ -329,6 +569,50 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
         num_warps=num_warps, **dims,
     )
     return out if out.is_contiguous() else out.contiguous()
+
+
+# The calls whose runs average at least TWO_LAUNCH_MIN_RUN tokens run in two launches, `gdn_chunks_kernel` (every
+# chunk piece's chunk-local work at once) and `gdn_walk_kernel` (a walk per run and block of value columns that
+# carries the state alone); the others, and every call captured in a CUDA graph, in one, `gdn_fwd_kernel`. The
+# rows' bits are the same either way: the same helpers and tiles, and compiled for sm_90 the reductions take the
+# one kernel's layouts; tests/ops/gdn/test_triton.py compares them. None (one launch always) until the two launches
+# are timed on a GPU (docs/gdn.md).
+TWO_LAUNCH_MIN_RUN: int | None = None
+# The walk's block of value columns, None for the contract's `block_v`: an output element's products run over
+# the head dim whatever the block's width (tl.dot's tiles are 8 columns wide), so the bits do not depend on it,
+# and a narrower block keeps the walk's state tile in fewer registers (sm_90, heads of 128: 255 registers and
+# spills at 128 columns, 244 and none at 64, 166 at 32).
+WALK_BLOCK_V: int | None = None
+
+
+def _fwd_in_two_launches(q, k, v, a, b, a_log, dt_bias, out, state, rows, state_ids, positions, starts, has_cache, chunk_size, precision,
+                         block_v, num_warps) -> None:
+    """`out` (and the cache) of a call in two launches; the tensors as gdn_fwd pads them."""
+    num_tokens, num_k_heads, k_dim = q.shape
+    num_v_heads, v_dim = v.shape[1:]
+    k_pad, v_pad = _padded(k_dim), _padded(v_dim)
+    (first, length, chunk0, chunk_run, tok0, chunk_off, chunk_stop), num_chunks = _pieces(starts, positions, num_tokens, chunk_size)
+    device = v.device
+    # The buffers read back only as products' operands hold them as the operands do (bf16 with bf16 products).
+    ops = dict(dtype=torch.bfloat16 if precision == "bf16" else torch.float32, device=device)
+    f32 = dict(dtype=torch.float32, device=device)
+    chunk_rows = num_chunks * chunk_size
+    w_buf, qn_buf, decayed_buf = (torch.empty(chunk_rows, num_v_heads, k_dim, **ops) for _ in range(3))
+    u_buf = torch.empty(chunk_rows, num_v_heads, v_dim, **f32)
+    scores_buf = torch.empty(num_chunks, num_v_heads, chunk_size, chunk_size, **ops)
+    c_buf, g_buf, beta_buf = (torch.empty(chunk_rows, num_v_heads, **f32) for _ in range(3))
+    dims = dict(GROUP=num_v_heads // num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, DK_PAD=k_pad, DV_PAD=v_pad, BV=block_v, C=chunk_size,
+                PRECISION=PRECISIONS[precision], INTERPRET=triton_support.interpreting(), num_warps=num_warps)
+    buffers = (w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf)
+    gdn_chunks_kernel[(num_chunks, num_v_heads)](
+        q, k, v, a, b, a_log, dt_bias, rows, state_ids, first, chunk_run, tok0, chunk_off, chunk_stop, *buffers, int(has_cache),
+        float(k_dim**-0.5), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), SUB=SUB, **dims,
+    )
+    walk_block = min(WALK_BLOCK_V or block_v, v_pad)
+    gdn_walk_kernel[(first.shape[0], num_v_heads, triton_support.cdiv(v_dim, walk_block))](
+        k, v, out, state, rows, state_ids, positions, first, length, chunk0, *buffers, int(has_cache), k.stride(0), k.stride(1), v.stride(0),
+        v.stride(1), out.stride(0), out.stride(1), **{**dims, "BV": walk_block},
+    )
 
 
 class _TritonGDN(torch.autograd.Function):
@@ -393,7 +677,8 @@ def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tenso
     return gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, torch_dtype(output_dtype), **tiles)
 
 
-SOURCES = (gdn_fwd_kernel, _run, _gates, _inverse, _mm, _operand, _rows_mask, triton_support)
+SOURCES = (gdn_fwd_kernel, _run, gdn_chunks_kernel, gdn_walk_kernel, _piece_keys, _piece_values, _values, _delta, _piece_queries, _outputs,
+           _decayed, _advanced, _stored, _gates, _inverse, _mm, _operand, _rows_mask, triton_support)
 
 
 def register(registry) -> None:
