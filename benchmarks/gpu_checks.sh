@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -121,6 +121,25 @@ if [ "$PART" = gdn-bench ]; then
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py gdn --json "$OUT/bench_gdn.json" 2>&1 | grep -v Warning | tail -30 | tee "$OUT/bench_gdn.txt")
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py engine trainer --model qwen3.5-9b-4l-random \
     --contracts tiny-hybrid-triton,native --json "$OUT/bench_9b.json" 2>&1 | tail -12 | tee "$OUT/bench_9b.txt")
+fi
+
+# gdn.core.triton's two-launch path (docs/gdn.md; carry fla-core's wheel as for gdn-bench): the bits of every form by
+# each path and their times beside FLA's (gdn_bits.py), the GPU tests, the audits and the 9B preset's engine and
+# trainer with calls whose runs average 32 tokens or more in two launches (the walk in blocks of WALK columns).
+if [ "$PART" = gdn-two-launch ]; then
+WALK=${WALK:-64}
+(cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 gdn_bits.py --json "$OUT/gdn_bits.json" 2>&1 | grep -v Warning | tee "$OUT/gdn_bits.txt")
+python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/gdn/test_triton.py 2>&1 | tail -8 | tee "$OUT/pytest_gdn_triton.txt"
+for model in qwen3.5-9b-4l-random qwen3.5-35b-a3b-4l-random; do
+ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=32 ISOEXEC_GDN_WALK_BLOCK_V=$WALK python3 -m isoexec audit --device cuda --quiet --model "$model" \
+    --contract tiny-hybrid-triton --requests 8 --max-new-tokens 140 --json "$OUT/audit_two_launch_$model.json" 2>&1 | tail -8 \
+    | tee "$OUT/audit_two_launch_$model.txt"
+done
+for min_run in "" 32; do
+(cd benchmarks && ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=$min_run ISOEXEC_GDN_WALK_BLOCK_V=$WALK PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py \
+    engine trainer --model qwen3.5-9b-4l-random --contracts tiny-hybrid-triton --json "$OUT/bench_9b_min_run_${min_run:-none}.json" 2>&1 \
+    | tail -8 | tee "$OUT/bench_9b_min_run_${min_run:-none}.txt")
+done
 fi
 
 # Parallel layouts with every rank on the one GPU (issue 20 item 7): which collectives gloo and NCCL carry with CUDA

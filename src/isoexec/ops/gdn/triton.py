@@ -41,6 +41,8 @@ two-launch path's layouts were read, and its bits are tested, rather than assume
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -571,18 +573,31 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
     return out if out.is_contiguous() else out.contiguous()
 
 
+def _env_int(name: str, least: int) -> int | None:
+    """A whole number >= least from the environment variable `name`, or None where it is unset or empty."""
+    value = os.environ.get(name, "")
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < least:
+        raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+    return int(value)
+
+
 # The calls whose runs average at least TWO_LAUNCH_MIN_RUN tokens run in two launches, `gdn_chunks_kernel` (every
 # chunk piece's chunk-local work at once) and `gdn_walk_kernel` (a walk per run and block of value columns that
 # carries the state alone); the others, and every call captured in a CUDA graph, in one, `gdn_fwd_kernel`. The
 # rows' bits are the same either way: the same helpers and tiles, and compiled for sm_90 the reductions take the
 # one kernel's layouts; tests/ops/gdn/test_triton.py compares them. None (one launch always) until the two launches
-# are timed on a GPU (docs/gdn.md).
-TWO_LAUNCH_MIN_RUN: int | None = None
-# The walk's block of value columns, None for the contract's `block_v`: an output element's products run over
-# the head dim whatever the block's width (tl.dot's tiles are 8 columns wide), so the bits do not depend on it,
-# and a narrower block keeps the walk's state tile in fewer registers (sm_90, heads of 128: 255 registers and
-# spills at 128 columns, 244 and none at 64, 166 at 32).
-WALK_BLOCK_V: int | None = None
+# are timed on a GPU (docs/gdn.md); ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=n sets it for a process, to measure it.
+TWO_LAUNCH_MIN_RUN: int | None = _env_int("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", 1)
+# The walk's block of value columns, None for the contract's `block_v` (ISOEXEC_GDN_WALK_BLOCK_V=n, a power of
+# two >= 16, sets it for a process): an output element's products run over the head dim whatever the block's
+# width, so its bits should not depend on it (on the CPU they do not; the GPU test with a walk of 32 columns is the
+# check there), and a narrower block keeps the walk's state tile in fewer registers (sm_90, heads of 128: 255
+# registers and spills at 128 columns, 244 and none at 64, 166 at 32).
+WALK_BLOCK_V: int | None = _env_int("ISOEXEC_GDN_WALK_BLOCK_V", 16)
+if WALK_BLOCK_V is not None and WALK_BLOCK_V & (WALK_BLOCK_V - 1):
+    raise ValueError(f"ISOEXEC_GDN_WALK_BLOCK_V must be a power of two >= 16, got {WALK_BLOCK_V}")
 
 
 def _fwd_in_two_launches(q, k, v, a, b, a_log, dt_bias, out, state, rows, state_ids, positions, starts, has_cache, chunk_size, precision,
