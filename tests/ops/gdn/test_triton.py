@@ -85,23 +85,25 @@ def test_every_form_gives_the_trainers_bits(chunks_of_16):
     assert torch.isfinite(first).all()
 
 
-def test_two_launches_give_one_launchs_bits_and_cache(chunks_of_16, monkeypatch):
+@pytest.mark.parametrize("precision", ["ieee", "bf16"], ids=["fp32 products", "bf16 operands and buffers"])
+def test_two_launches_give_one_launchs_bits_and_cache(chunks_of_16, monkeypatch, precision):
     """Four sequences packed (lengths 1 to 3C + 5) as a trainer call, and the same through a NaN-poisoned cache in
     calls of 7 tokens a sequence (pieces that start and end mid-chunk, close chunks, continue open ones), in
     one launch and in two (TWO_LAUNCH_MIN_RUN; the walk over the value columns in one block where the one launch
     takes two, WALK_BLOCK_V): the same output bits, and the same state and open rows left in every slot after
-    each call."""
+    each call; with bf16 operands the walk's buffers are bf16)."""
     monkeypatch.setattr(test_core, "DV", 32)  # two blocks of 16 value columns in the one launch, and in the walk
     seqs, params = [make_seq(n, seed=n) for n in (3 * C + 5, 1, 2 * C, C + 9)], make_params()
     results = {}
     for min_run, walk_block in ((None, None), (1, 32)):
         monkeypatch.setattr(gdn_triton, "TWO_LAUNCH_MIN_RUN", min_run)
         monkeypatch.setattr(gdn_triton, "WALK_BLOCK_V", walk_block)
-        trainer = torch.cat(test_core.packed(triton_op(), seqs, params))
+        op = triton_op(dot_precision=precision)
+        trainer = torch.cat(test_core.packed(op, seqs, params))
         cache, outputs, caches = test_core.Cache(slots=len(seqs)), [], []
         for start in range(0, 3 * C + 5, 7):
             spans = [(slot, seq, start, min(start + 7, seq["q"].shape[0])) for slot, seq in enumerate(seqs) if start < seq["q"].shape[0]]
-            outputs.extend(cache.step(triton_op(), params, spans))
+            outputs.extend(cache.step(op, params, spans))
             caches += [cache.state.cpu().clone(), cache.rows.cpu().clone()]
         results[min_run] = (trainer, torch.cat(outputs), caches)
     (trainer, engine, caches), (trainer2, engine2, caches2) = results[None], results[1]
