@@ -2,7 +2,7 @@
 batch of sequences as a trainer call computes them, as one prefill through the engine's cache, as prefill
 chunks of 37 tokens and as prefill then one-token decode steps, each form's sha-256 (of the bf16 bits) and
 whether it equals the first form's bit for bit, by each path of gdn.core.triton (one launch, or two:
-`TWO_LAUNCH_MIN_RUN`, `WALK_BLOCK_V`); then the training forward's and a prefill's time by each path and by
+`TWO_LAUNCH_MIN_RUN`, `WALK_BLOCK_V`, `WALK_PREFETCH`); then the training forward's and a prefill's time by each path and by
 flash-linear-attention where it imports.
 
     cd benchmarks && PYTHONPATH=../src:. python3 gdn_bits.py [--json FILE] [--small]
@@ -45,17 +45,18 @@ def _engine(op, x, shape, chunk, width, lengths, calls, device) -> torch.Tensor:
     return out
 
 
-# gdn.core.triton's paths: (TWO_LAUNCH_MIN_RUN, WALK_BLOCK_V); a tree without them has the one launch alone.
-SETTINGS = {"one launch": (None, None), "two launches": (1, None), "two launches, walk of 64": (1, 64), "two launches, walk of 32": (1, 32)}
+# gdn.core.triton's paths: (TWO_LAUNCH_MIN_RUN, WALK_BLOCK_V, WALK_PREFETCH); a tree without them has the one launch alone.
+SETTINGS = {"one launch": (None, None, False), "two launches": (1, None, False), "two launches, walk of 64": (1, 64, False),
+            "two launches, walk of 64, prefetched": (1, 64, True), "two launches, walk of 32, prefetched": (1, 32, True)}
 
 
 def _settings(module) -> dict:
-    return SETTINGS if hasattr(module, "TWO_LAUNCH_MIN_RUN") else {"one launch": (None, None)}
+    return SETTINGS if hasattr(module, "TWO_LAUNCH_MIN_RUN") else {"one launch": SETTINGS["one launch"]}
 
 
 def _set(module, setting) -> None:
     if hasattr(module, "TWO_LAUNCH_MIN_RUN"):
-        module.TWO_LAUNCH_MIN_RUN, module.WALK_BLOCK_V = setting
+        module.TWO_LAUNCH_MIN_RUN, module.WALK_BLOCK_V, module.WALK_PREFETCH = setting
 
 
 def main() -> None:

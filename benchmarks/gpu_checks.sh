@@ -125,9 +125,11 @@ fi
 
 # gdn.core.triton's two-launch path (docs/gdn.md; carry fla-core's wheel as for gdn-bench): the bits of every form by
 # each path and their times beside FLA's (gdn_bits.py), the GPU tests, the audits and the 9B preset's engine and
-# trainer with calls whose runs average 32 tokens or more in two launches (the walk in blocks of WALK columns).
+# trainer with calls whose runs average 32 tokens or more in two launches (the walk in blocks of WALK columns, its
+# tiles prefetched unless PREFETCH=0).
 if [ "$PART" = gdn-two-launch ]; then
 WALK=${WALK:-64}
+export ISOEXEC_GDN_WALK_PREFETCH=${PREFETCH:-1}
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 gdn_bits.py --json "$OUT/gdn_bits.json" 2>&1 | grep -v Warning | tee "$OUT/gdn_bits.txt")
 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/gdn/test_triton.py 2>&1 | tail -8 | tee "$OUT/pytest_gdn_triton.txt"
 for model in qwen3.5-9b-4l-random qwen3.5-35b-a3b-4l-random; do

@@ -90,14 +90,15 @@ def test_two_launches_give_one_launchs_bits_and_cache(chunks_of_16, monkeypatch,
     """Four sequences packed (lengths 1 to 3C + 5) as a trainer call, and the same through a NaN-poisoned cache in
     calls of 7 tokens a sequence (pieces that start and end mid-chunk, close chunks, continue open ones), in
     one launch and in two (TWO_LAUNCH_MIN_RUN; the walk over the value columns in one block where the one launch
-    takes two, WALK_BLOCK_V): the same output bits, and the same state and open rows left in every slot after
-    each call; with bf16 operands the walk's buffers are bf16)."""
+    takes two, WALK_BLOCK_V; its tiles loaded a piece ahead or not, WALK_PREFETCH): the same output bits, and the
+    same state and open rows left in every slot after each call; with bf16 operands the walk's buffers are bf16)."""
     monkeypatch.setattr(test_core, "DV", 32)  # two blocks of 16 value columns in the one launch, and in the walk
     seqs, params = [make_seq(n, seed=n) for n in (3 * C + 5, 1, 2 * C, C + 9)], make_params()
     results = {}
-    for min_run, walk_block in ((None, None), (1, 32)):
+    for min_run, walk_block, prefetch in ((None, None, False), (1, 32, False), (1, 32, True)):
         monkeypatch.setattr(gdn_triton, "TWO_LAUNCH_MIN_RUN", min_run)
         monkeypatch.setattr(gdn_triton, "WALK_BLOCK_V", walk_block)
+        monkeypatch.setattr(gdn_triton, "WALK_PREFETCH", prefetch)
         op = triton_op(dot_precision=precision)
         trainer = torch.cat(test_core.packed(op, seqs, params))
         cache, outputs, caches = test_core.Cache(slots=len(seqs)), [], []
@@ -105,10 +106,11 @@ def test_two_launches_give_one_launchs_bits_and_cache(chunks_of_16, monkeypatch,
             spans = [(slot, seq, start, min(start + 7, seq["q"].shape[0])) for slot, seq in enumerate(seqs) if start < seq["q"].shape[0]]
             outputs.extend(cache.step(op, params, spans))
             caches += [cache.state.cpu().clone(), cache.rows.cpu().clone()]
-        results[min_run] = (trainer, torch.cat(outputs), caches)
-    (trainer, engine, caches), (trainer2, engine2, caches2) = results[None], results[1]
-    assert bitwise_equal(trainer2, trainer) and bitwise_equal(engine2, engine)
-    assert all(torch.equal(int_view(a), int_view(b)) for a, b in zip(caches, caches2))  # NaN where no call wrote
+        results[prefetch if min_run else None] = (trainer, torch.cat(outputs), caches)
+    trainer, engine, caches = results.pop(None)
+    for trainer2, engine2, caches2 in results.values():
+        assert bitwise_equal(trainer2, trainer) and bitwise_equal(engine2, engine)
+        assert all(torch.equal(int_view(a), int_view(b)) for a, b in zip(caches, caches2))  # NaN where no call wrote
     assert torch.isfinite(trainer).all() and torch.isfinite(engine).all()
 
 
@@ -150,15 +152,17 @@ def test_several_blocks_of_value_columns_give_the_same_rows(chunks_of_16, monkey
 @pytest.mark.skipif(not ON_GPU, reason="the contract's tile at Qwen3.5's head sizes: compiled for the GPU (the interpreter takes minutes)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("chunk, block_v, num_warps", [(16, 128, 4), (32, 128, 8), (64, 64, 8)], ids=["contract", "chunks of 32", "chunks of 64"])
-@pytest.mark.parametrize("min_run, walk_block", [(None, None), (2, None), (2, 32)],
-                         ids=["one launch", "runs of two tokens or more in two launches", "two launches, a walk of 32 columns"])
-def test_at_qwen_head_sizes_every_form_gives_the_trainers_bits(monkeypatch, dtype, chunk, block_v, num_warps, min_run, walk_block):
+@pytest.mark.parametrize("min_run, walk_block, prefetch", [(None, None, False), (2, None, False), (2, 32, True)],
+                         ids=["one launch", "runs of two tokens or more in two launches", "two launches, a walk of 32 columns, prefetched"])
+def test_at_qwen_head_sizes_every_form_gives_the_trainers_bits(monkeypatch, dtype, chunk, block_v, num_warps, min_run, walk_block, prefetch):
     """Heads of 128 and bf16 tensor-core products (tiny-hybrid-triton's constants, and chunks of 32 and 64): a
     sequence over three chunks packed, in prefill chunks and decoded from every offset, bit for bit (every
     call in one launch, or the calls of runs longer than a token in two, beside the decode steps' one, the
-    walk in the contract's blocks of value columns or narrower); close to float64."""
+    walk in the contract's blocks of value columns or narrower, its tiles loaded a piece ahead); close to
+    float64."""
     monkeypatch.setattr(gdn_triton, "TWO_LAUNCH_MIN_RUN", min_run)
     monkeypatch.setattr(gdn_triton, "WALK_BLOCK_V", walk_block)
+    monkeypatch.setattr(gdn_triton, "WALK_PREFETCH", prefetch)
     monkeypatch.setattr(test_core, "C", chunk)
     monkeypatch.setattr(test_core, "DK", 128)
     monkeypatch.setattr(test_core, "DV", 128)

@@ -347,6 +347,23 @@ def _stored(x, INTERPRET: tl.constexpr):
     return x
 
 
+@jit
+def _walk_tiles(w_buf, u_buf, qn_buf, scores_buf, c_buf, chunk, stop, i_h, o_k, o_v, m_k, m_v, HV: tl.constexpr, DK: tl.constexpr,
+                DV: tl.constexpr, DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, INTERPRET: tl.constexpr):
+    """Chunk piece `chunk`'s rows below `stop` from `gdn_chunks_kernel`'s buffers (zeros past them; none for stop 0):
+    W, U (columns o_v), the queries, the scores and c."""
+    rows = tl.arange(0, C)
+    below = rows < stop
+    p = (chunk * C + rows) * HV + i_h
+    m_bk = _rows_mask(below, m_k, DK == DK_PAD)
+    w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
+    u = tl.load(u_buf + p[:, None] * DV + o_v[None, :], mask=_rows_mask(below, m_v, DV % BV == 0), other=0.0)
+    qn = _stored(tl.load(qn_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
+    scores = _stored(tl.load(scores_buf + (chunk * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :], mask=below[:, None], other=0.0),
+                     INTERPRET)
+    return w, u, qn, scores, tl.load(c_buf + p, mask=below, other=0.0)
+
+
 # A call in two launches (`TWO_LAUNCH_MIN_RUN`), the rows' bits those of `gdn_fwd_kernel` (the same helpers, the same
 # tiles): every chunk piece's chunk-local work at once, then a walk per run that carries the state alone.
 @jit(do_not_specialize=["has_cache", "q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_at"])
@@ -406,11 +423,12 @@ def gdn_walk_kernel(
     w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf,
     has_cache, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+    BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Run i_r, value head i_h, value columns [i_v BV, (i_v + 1) BV): from the slot's state (or zeros), δ = U - W S₀
     and the rows' outputs piece by piece from `gdn_chunks_kernel`'s buffers, S₀ from one chunk to the next; then
-    the slot as `gdn_fwd_kernel` leaves it (the state, and an open chunk's inputs)."""
+    the slot as `gdn_fwd_kernel` leaves it (the state, and an open chunk's inputs). PREFETCH: a piece's tiles are
+    loaded while the piece before it computes (their latency off the state's chain, for more registers)."""
     NV: tl.constexpr = (DV + BV - 1) // BV
     width: tl.constexpr = DK_PAD + DV_PAD + 16
     i_r, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -428,25 +446,27 @@ def gdn_walk_kernel(
     done = 0  # the run's tokens before this piece
     j = 0
     closed = pos0 < 0  # whether a chunk closed in this call
+    stop = tl.minimum(off + n, C)
+    w, u, qn, scores, c = _walk_tiles(w_buf, u_buf, qn_buf, scores_buf, c_buf, chunk0, stop, i_h, o_k, o_v, m_k, m_v, HV, DK, DV, DK_PAD,
+                                      BV, C, INTERPRET)
     while done < n:
-        stop = tl.minimum(off + n - done, C)
-        below = rows < stop
-        piece = (rows >= off) & below
+        piece = (rows >= off) & (rows < stop)
         p = ((chunk0 + j) * C + rows) * HV + i_h
-        m_bk, m_bv = _rows_mask(below, m_k, DK == DK_PAD), _rows_mask(below, m_v, DV % BV == 0)
-        w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
+        # The next piece: whole chunks from offset 0 after this one (stop 0 past the run).
+        next_stop = tl.minimum(tl.maximum(n - done - (stop - off), 0), C)
+        if PREFETCH:
+            w_next, u_next, qn_next, scores_next, c_next = _walk_tiles(w_buf, u_buf, qn_buf, scores_buf, c_buf, chunk0 + j + 1, next_stop, i_h, o_k,
+                                                                       o_v, m_k, m_v, HV, DK, DV, DK_PAD, BV, C, INTERPRET)
         s_op = _operand(s0, PRECISION, INTERPRET)
-        delta = _delta(tl.load(u_buf + p[:, None] * DV + o_v[None, :], mask=m_bv, other=0.0), w, s_op, PRECISION, INTERPRET)
-        qn = _stored(tl.load(qn_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
-        scores = _stored(tl.load(scores_buf + ((chunk0 + j) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :]), INTERPRET)
-        c = tl.load(c_buf + p)
+        delta = _delta(u, w, s_op, PRECISION, INTERPRET)
         o = _outputs(qn, scores, c, s_op, delta, PRECISION, INTERPRET)
         tok64 = (t0 + done + rows - off).to(tl.int64)
         m_pv = _rows_mask(piece, m_v, DV % BV == 0)
         o_rows = tl.multiple_of(tok64 * stride_ot + i_h * stride_oh, 16)
         tl.store(out + o_rows[:, None] + o_v[None, :], o.to(out.dtype.element_ty), mask=m_pv)
         if stop == C:
-            decayed = _stored(tl.load(decayed_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
+            decayed = _stored(tl.load(decayed_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(rows < stop, m_k, DK == DK_PAD), other=0.0),
+                              INTERPRET)
             s0 = _advanced(s0, tl.sum(tl.where(rows == C - 1, c, 0.0), 0), decayed, delta, PRECISION, INTERPRET)
             closed = pos0 >= 0
         elif caching:  # the run's last piece leaves its chunk open: its rows' inputs into the slot (k, g, β from the last block)
@@ -464,6 +484,12 @@ def gdn_walk_kernel(
         done += stop - off
         off -= off
         j += 1
+        stop = next_stop
+        if PREFETCH:
+            w, u, qn, scores, c = w_next, u_next, qn_next, scores_next, c_next
+        else:
+            w, u, qn, scores, c = _walk_tiles(w_buf, u_buf, qn_buf, scores_buf, c_buf, chunk0 + j, stop, i_h, o_k, o_v, m_k, m_v, HV, DK, DV,
+                                              DK_PAD, BV, C, INTERPRET)
     if caching & (closed | (pos0 == 0)):  # the state changed (a chunk closed), or the slot never held this sequence's
         tl.store(state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :], s0, mask=m_state)
 
@@ -593,11 +619,15 @@ TWO_LAUNCH_MIN_RUN: int | None = _env_int("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", 1)
 # The walk's block of value columns, None for the contract's `block_v` (ISOEXEC_GDN_WALK_BLOCK_V=n, a power of
 # two >= 16, sets it for a process): an output element's products run over the head dim whatever the block's
 # width, so its bits should not depend on it (on the CPU they do not; the GPU test with a walk of 32 columns is the
-# check there), and a narrower block keeps the walk's state tile in fewer registers (sm_90, heads of 128: 255
-# registers and spills at 128 columns, 244 and none at 64, 166 at 32).
+# check there), and a narrower block keeps the walk's state tile in fewer registers (ptxas for sm_90, heads of 128:
+# 255 registers and 248 bytes of spills at 128 columns, 204 and none at 64, 174 at 32).
 WALK_BLOCK_V: int | None = _env_int("ISOEXEC_GDN_WALK_BLOCK_V", 16)
 if WALK_BLOCK_V is not None and WALK_BLOCK_V & (WALK_BLOCK_V - 1):
     raise ValueError(f"ISOEXEC_GDN_WALK_BLOCK_V must be a power of two >= 16, got {WALK_BLOCK_V}")
+# Whether the walk loads a piece's tiles while the piece before it computes (ISOEXEC_GDN_WALK_PREFETCH=1): the
+# loads' latency leaves the state's chain, for the registers of a second set of tiles (225 at 64 columns, 194 at
+# 32; at 128 the spills grow to 368 bytes). Off until timed.
+WALK_PREFETCH: bool = bool(_env_int("ISOEXEC_GDN_WALK_PREFETCH", 0))
 
 
 def _fwd_in_two_launches(q, k, v, a, b, a_log, dt_bias, out, state, rows, state_ids, positions, starts, has_cache, chunk_size, precision,
@@ -626,7 +656,7 @@ def _fwd_in_two_launches(q, k, v, a, b, a_log, dt_bias, out, state, rows, state_
     walk_block = min(WALK_BLOCK_V or block_v, v_pad)
     gdn_walk_kernel[(first.shape[0], num_v_heads, triton_support.cdiv(v_dim, walk_block))](
         k, v, out, state, rows, state_ids, positions, first, length, chunk0, *buffers, int(has_cache), k.stride(0), k.stride(1), v.stride(0),
-        v.stride(1), out.stride(0), out.stride(1), **{**dims, "BV": walk_block},
+        v.stride(1), out.stride(0), out.stride(1), PREFETCH=WALK_PREFETCH, **{**dims, "BV": walk_block},
     )
 
 
@@ -692,7 +722,7 @@ def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tenso
     return gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, torch_dtype(output_dtype), **tiles)
 
 
-SOURCES = (gdn_fwd_kernel, _run, gdn_chunks_kernel, gdn_walk_kernel, _piece_keys, _piece_values, _values, _delta, _piece_queries, _outputs,
+SOURCES = (gdn_fwd_kernel, _run, gdn_chunks_kernel, gdn_walk_kernel, _walk_tiles, _piece_keys, _piece_values, _values, _delta, _piece_queries, _outputs,
            _decayed, _advanced, _stored, _gates, _inverse, _mm, _operand, _rows_mask, triton_support)
 
 
