@@ -92,7 +92,7 @@ def test_two_launches_give_one_launchs_bits_and_cache(chunks_of_16, monkeypatch,
     one launch and in two (TWO_LAUNCH_MIN_RUN; the walk over the value columns in one block where the one launch
     takes two, WALK_BLOCK_V; its tiles loaded a piece ahead or not, WALK_PREFETCH): the same output bits, and the
     same state and open rows left in every slot after each call; with bf16 operands the walk's buffers are bf16)."""
-    monkeypatch.setattr(test_core, "DV", 32)  # two blocks of 16 value columns in the one launch, and in the walk
+    monkeypatch.setattr(test_core, "DV", 32)  # two blocks of 16 value columns in the one launch, one of 32 in the walk
     seqs, params = [make_seq(n, seed=n) for n in (3 * C + 5, 1, 2 * C, C + 9)], make_params()
     results = {}
     for min_run, walk_block, prefetch in ((None, None, False), (1, 32, False), (1, 32, True)):
