@@ -517,26 +517,6 @@ def _pieces(first: Tensor, positions: Tensor, num_tokens: int, chunk_size: int) 
     return tuple(t.to(torch.int32) for t in (first, length, chunk0, run, tok0, piece_off, stop)), bound
 
 
-def _runs(first: Tensor, num_tokens: int, chunk_size: int) -> tuple[tuple[Tensor, ...], int]:
-    """A trainer call's runs (from their first tokens) and chunks, without a host sync: per run (first token,
-    length, first chunk id), per chunk (first token, length), int32 each, and the number of chunk ids. That
-    number is a bound, floor(T / C) + runs, so the host need not read the real count: the ids past it are
-    chunks of length 0, which every kernel skips."""
-    num_runs = first.shape[0]
-    first = first.long()
-    length = torch.diff(first, append=torch.full((1,), num_tokens, device=first.device))  # no host-to-device copy
-    chunks = (length + chunk_size - 1) // chunk_size
-    ends = torch.cumsum(chunks, 0)
-    chunk0 = ends - chunks
-    bound = num_tokens // chunk_size + num_runs
-    ids = torch.arange(bound, device=first.device)
-    run_of_chunk = torch.searchsorted(ends, ids, right=True).clamp_(max=num_runs - 1)
-    index = ids - chunk0[run_of_chunk]  # the chunk's place in its run
-    chunk_first = first[run_of_chunk] + index * chunk_size
-    chunk_len = (length[run_of_chunk] - index * chunk_size).clamp_(0, chunk_size)
-    return tuple(t.to(torch.int32) for t in (first, length, chunk0, chunk_first, chunk_len)), bound
-
-
 def _run_starts(positions: Tensor, state_ids: Tensor | None) -> Tensor | None:
     """The tokens a program checks for a run start: each run's first token, or None for every token while a
     CUDA graph is captured (no host sync then; the kernel's own check is the same either way)."""

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from .. import triton_support
 from ..triton_support import cdiv, jit, tl
-from .triton import (L2_EPS, PRECISIONS, SOFTPLUS_THRESHOLD, SUB, _gates, _inverse, _mm, _operand, _padded, _rows_mask, _run_starts, _runs,
+from .triton import (L2_EPS, PRECISIONS, SOFTPLUS_THRESHOLD, SUB, _gates, _inverse, _mm, _operand, _padded, _rows_mask, _run_starts,
                      _stored, _strided16)
 
 
@@ -362,6 +362,26 @@ def gdn_bwd_norms_kernel(x, d_xn, dx, num_tokens, scale, stride_xt, stride_xh, G
     r = 1.0 / tl.sqrt(tl.sum(xf * xf, 1) + L2_EPS)
     out = scale * (r[:, None] * d - (r * r * r * tl.sum(xf * d, 1))[:, None] * xf)
     tl.store(dx + (tok[:, None] * HK + i_kh) * DK + o_k[None, :], out.to(dx.dtype.element_ty), mask=m)
+
+
+def _runs(first: Tensor, num_tokens: int, chunk_size: int) -> tuple[tuple[Tensor, ...], int]:
+    """A trainer call's runs (from their first tokens) and chunks, without a host sync: per run (first token,
+    length, first chunk id), per chunk (first token, length), int32 each, and the number of chunk ids. That
+    number is a bound, floor(T / C) + runs, so the host need not read the real count: the ids past it are
+    chunks of length 0, which every kernel skips."""
+    num_runs = first.shape[0]
+    first = first.long()
+    length = torch.diff(first, append=torch.full((1,), num_tokens, device=first.device))  # no host-to-device copy
+    chunks = (length + chunk_size - 1) // chunk_size
+    ends = torch.cumsum(chunks, 0)
+    chunk0 = ends - chunks
+    bound = num_tokens // chunk_size + num_runs
+    ids = torch.arange(bound, device=first.device)
+    run_of_chunk = torch.searchsorted(ends, ids, right=True).clamp_(max=num_runs - 1)
+    index = ids - chunk0[run_of_chunk]  # the chunk's place in its run
+    chunk_first = first[run_of_chunk] + index * chunk_size
+    chunk_len = (length[run_of_chunk] - index * chunk_size).clamp_(0, chunk_size)
+    return tuple(t.to(torch.int32) for t in (first, length, chunk0, chunk_first, chunk_len)), bound
 
 
 # The backward's own tiles (its bits are nobody's contract), chosen by benchmarks/profile_gdn_bwd.py --sweep on
