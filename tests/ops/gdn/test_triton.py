@@ -15,6 +15,7 @@ from conftest import DEVICE, INTERPRETER_WARNINGS, ON_GPU, bitwise_equal, int_vi
 require_triton()
 
 from isoexec.contract import Contract  # noqa: E402
+from isoexec.ops.gdn import native as gdn_native  # noqa: E402
 from isoexec.ops.gdn import reference  # noqa: E402
 from isoexec.ops.gdn import triton as gdn_triton  # noqa: E402
 from isoexec.ops.gdn import triton_bwd as gdn_triton_bwd  # noqa: E402
@@ -92,7 +93,8 @@ def test_two_launches_give_one_launchs_bits_and_cache(chunks_of_16, monkeypatch,
     one launch and in two (TWO_LAUNCH_MIN_RUN; the walk over the value columns in one block where the one launch
     takes two, WALK_BLOCK_V; its tiles loaded a piece ahead or not, WALK_PREFETCH): the same output bits, and the
     same state and open rows left in every slot after each call; with bf16 operands the walk's buffers are bf16
-    (the prefetched walk alone: the loads are the same helper's either way)."""
+    (the prefetched walk alone: the loads are the same helper's either way). Control: native's token-by-token
+    decode differs from its packed rows."""
     monkeypatch.setattr(test_core, "DV", 32)  # two blocks of 16 value columns in the one launch, one of 32 in the walk
     seqs, params = [make_seq(n, seed=n) for n in (3 * C + 5, 1, 2 * C, C + 9)], make_params()
     results = {}
@@ -114,6 +116,13 @@ def test_two_launches_give_one_launchs_bits_and_cache(chunks_of_16, monkeypatch,
         assert bitwise_equal(trainer2, trainer) and bitwise_equal(engine2, engine)
         assert all(torch.equal(int_view(a), int_view(b)) for a, b in zip(caches, caches2))  # NaN where no call wrote
     assert torch.isfinite(trainer).all() and torch.isfinite(engine).all()
+    # The control: native's decode (the recurrent step) is another op sequence than its packed chunk form.
+    native_op, seq = test_core.op("native"), seqs[0]
+    native_cache = test_core.Cache.__new__(test_core.Cache)
+    native_cache.state = torch.full((1, HV, DK, test_core.DV), float("nan"))
+    native_cache.rows = torch.full((1, C, HV, gdn_native.row_width(HV, DK, test_core.DV)), float("nan"))
+    decoded = torch.cat([native_cache.step(native_op, params, [(0, seq, t, t + 1)])[0] for t in range(seq["q"].shape[0])])
+    assert torch.isfinite(decoded).all() and not bitwise_equal(decoded, test_core.packed(native_op, [seq], params)[0])
 
 
 def test_the_cache_holds_the_open_chunks_inputs(chunks_of_16):
