@@ -84,6 +84,32 @@ def _install_fixed_order_dot() -> None:
     builder.create_dot = create_dot
 
 
+def _install_builtin_names_once() -> None:
+    """Triton's interpreter patches `triton.language`'s builtins (kernel, tensor and math functions) to its
+    numpy builder at every launch and again at every call of a nested `@jit` function (our helpers, and its
+    own `tl.sum`, `tl.zeros`…), each time finding them by `inspect.getmembers` over the whole module: a few
+    milliseconds a call, about a third of an interpreted kernel's time where helpers are called per tile.
+    Which names hold builtins never changes, so they are listed once per module; each call then patches
+    those names whose value is still the builtin, as Triton's own loop does."""
+    from triton.runtime import interpreter
+
+    patch_builtin = interpreter._patch_builtin
+    if getattr(patch_builtin, "names_once", False):
+        return
+    names: dict[int, tuple[object, list[str]]] = {}
+
+    def _patch_builtin(pkg, builder, scope):
+        if id(pkg) not in names:  # the first call comes before any patch: every builtin still in place
+            names[id(pkg)] = (pkg, [name for name, member in inspect.getmembers(pkg) if tl.core.is_builtin(member)])
+        for name in names[id(pkg)][1]:
+            member = getattr(pkg, name)
+            if tl.core.is_builtin(member):
+                interpreter._patch_attr(pkg, name, member, builder, scope)
+
+    _patch_builtin.names_once = True
+    interpreter._patch_builtin = _patch_builtin
+
+
 def triton_available() -> bool:
     return triton is not None
 
@@ -95,6 +121,7 @@ def interpreting() -> bool:
 
 if interpreting():
     _install_fixed_order_dot()
+    _install_builtin_names_once()
 
 
 def jit(fn=None, *, dependent: bool = False, **options):

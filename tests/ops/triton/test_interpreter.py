@@ -15,10 +15,13 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import ON_GPU, require_triton
 
 require_triton()
+
+import triton.language as tl  # noqa: E402
 
 from isoexec.ops import triton_support  # noqa: E402
 
@@ -65,6 +68,33 @@ def test_the_interpreter_runs_tl_dot_through_it():
     from triton.runtime import interpreter
 
     assert getattr(interpreter.InterpreterBuilder.create_dot, "fixed_order", False)
+
+
+@triton_support.jit
+def _twice(x):
+    return x + x
+
+
+@triton_support.jit
+def _sum_of_exp_twice(x_ptr, out_ptr, N: tl.constexpr):
+    x = _twice(tl.load(x_ptr + tl.arange(0, N)))
+    tl.store(out_ptr + tl.program_id(0), tl.sum(tl.exp(x), axis=0))
+
+
+def test_builtins_are_patched_by_names_listed_once_and_restored_after_a_launch():
+    """`_install_builtin_names_once`: a kernel that calls a nested helper (whose call patches again) and
+    Triton's own `tl.sum` computes what numpy does, and after the launch every builtin is Triton's again."""
+    from triton.runtime import interpreter
+
+    assert getattr(interpreter._patch_builtin, "names_once", False)
+    x = torch.linspace(-1, 1, 8)
+    out = torch.empty(3)
+    _sum_of_exp_twice[(3,)](x, out, N=8)
+    assert torch.allclose(out, torch.exp(2 * x).sum().expand(3))
+    # tl.core is left out: a nested call from Triton's own helpers (standard.py sees `core`) patches it for
+    # the rest of the process, with or without this change.
+    for pkg, name in ((tl, "program_id"), (tl, "load"), (tl, "arange"), (tl.tensor, "__add__"), (tl.math, "exp")):
+        assert tl.core.is_builtin(getattr(pkg, name)), (pkg, name)
 
 
 def _openblas_core_types() -> list[str]:
