@@ -84,30 +84,61 @@ def _install_fixed_order_dot() -> None:
     builder.create_dot = create_dot
 
 
-def _install_builtin_names_once() -> None:
-    """Triton's interpreter patches `triton.language`'s builtins (kernel, tensor and math functions) to its
-    numpy builder at every launch and again at every call of a nested `@jit` function (our helpers, and its
-    own `tl.sum`, `tl.zeros`…), each time finding them by `inspect.getmembers` over the whole module: a few
-    milliseconds a call, about a third of an interpreted kernel's time where helpers are called per tile.
-    Which names hold builtins never changes, so they are listed once per module; each call then patches
-    those names whose value is still the builtin, as Triton's own loop does."""
+def _install_faster_interpreter() -> None:
+    """Two of Triton 3.6's interpreter costs that are pure overhead, removed without changing what runs.
+
+    It patches `triton.language`'s builtins (kernel, tensor and math functions) to its numpy builder at every
+    launch and again at every call of a nested `@jit` function (our helpers, and its own `tl.sum`,
+    `tl.zeros`…), each time finding them by `inspect.getmembers` over the whole module: a few milliseconds a
+    call, about a third of an interpreted kernel's time where helpers are called per tile. A nested call
+    finds every builtin of the modules it sees patched already (by the launch, or for good by an earlier
+    nested call: Triton never restores those), so it patches nothing: here it returns at once when that is
+    so, and otherwise patches as Triton does, by the names of the module's builtins, listed once.
+
+    It also builds its table from Triton to numpy dtypes anew at every tensor it makes; here the table is
+    built once, from Triton's own function."""
     from triton.runtime import interpreter
 
-    patch_builtin = interpreter._patch_builtin
-    if getattr(patch_builtin, "names_once", False):
-        return
-    names: dict[int, tuple[object, list[str]]] = {}
+    needed = ("_patch_lang", "_patch_builtin", "_patch_attr", "_LangPatchScope", "_get_np_dtype")
+    if not all(hasattr(interpreter, name) for name in needed) or getattr(interpreter._patch_lang, "faster", False):
+        return  # another Triton than 3.6 keeps its own; or installed already
+    patch_lang, np_dtype = interpreter._patch_lang, interpreter._get_np_dtype
+    builtin_names: dict[int, list[str]] = {}
+    langs_of: dict[object, list] = {}
 
     def _patch_builtin(pkg, builder, scope):
-        if id(pkg) not in names:  # the first call comes before any patch: every builtin still in place
-            names[id(pkg)] = (pkg, [name for name, member in inspect.getmembers(pkg) if tl.core.is_builtin(member)])
-        for name in names[id(pkg)][1]:
+        if id(pkg) not in builtin_names:  # the first call comes before any patch: every builtin in place
+            builtin_names[id(pkg)] = [name for name, member in inspect.getmembers(pkg) if tl.core.is_builtin(member)]
+        for name in builtin_names[id(pkg)]:
             member = getattr(pkg, name)
             if tl.core.is_builtin(member):
                 interpreter._patch_attr(pkg, name, member, builder, scope)
 
-    _patch_builtin.names_once = True
-    interpreter._patch_builtin = _patch_builtin
+    def _patch_lang(fn):
+        if fn not in langs_of:
+            langs_of[fn] = [value for value in fn.__globals__.values() if value is tl or value is tl.core]
+        if langs_of[fn] and not any(tl.core.is_builtin(lang.program_id) for lang in langs_of[fn]):
+            return interpreter._LangPatchScope()  # all patched (one patch covers a module's builtins together)
+        return patch_lang(fn)
+
+    scalar_dtypes = [value for value in vars(tl).values() if isinstance(value, tl.dtype) and not isinstance(value, tl.pointer_type)]
+    numpy_of = {dtype: np_dtype(dtype) for dtype in scalar_dtypes if _has_np_dtype(np_dtype, dtype)}
+
+    def _get_np_dtype(tt_dtype):
+        element = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        found = numpy_of.get(element) if not isinstance(element, tl.pointer_type) else None
+        return found if found is not None else np_dtype(tt_dtype)
+
+    _patch_lang.faster = True
+    interpreter._patch_builtin, interpreter._patch_lang, interpreter._get_np_dtype = _patch_builtin, _patch_lang, _get_np_dtype
+
+
+def _has_np_dtype(np_dtype, dtype) -> bool:
+    try:
+        np_dtype(dtype)
+        return True
+    except KeyError:
+        return False
 
 
 def triton_available() -> bool:
@@ -121,7 +152,7 @@ def interpreting() -> bool:
 
 if interpreting():
     _install_fixed_order_dot()
-    _install_builtin_names_once()
+    _install_faster_interpreter()
 
 
 def jit(fn=None, *, dependent: bool = False, **options):

@@ -81,12 +81,12 @@ def _sum_of_exp_twice(x_ptr, out_ptr, N: tl.constexpr):
     tl.store(out_ptr + tl.program_id(0), tl.sum(tl.exp(x), axis=0))
 
 
-def test_builtins_are_patched_by_names_listed_once_and_restored_after_a_launch():
-    """`_install_builtin_names_once`: a kernel that calls a nested helper (whose call patches again) and
-    Triton's own `tl.sum` computes what numpy does, and after the launch every builtin is Triton's again."""
+def test_the_faster_interpreter_runs_nested_helpers_and_restores_the_builtins_after_a_launch():
+    """`_install_faster_interpreter`: a kernel that calls a nested helper and Triton's own `tl.sum` computes
+    what torch does, and after the launch every builtin is Triton's again."""
     from triton.runtime import interpreter
 
-    assert getattr(interpreter._patch_builtin, "names_once", False)
+    assert getattr(interpreter._patch_lang, "faster", False)
     x = torch.linspace(-1, 1, 8)
     out = torch.empty(3)
     _sum_of_exp_twice[(3,)](x, out, N=8)
