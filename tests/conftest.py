@@ -1,5 +1,6 @@
 import copy
 import os
+import subprocess
 import tomllib
 from importlib import resources
 
@@ -190,3 +191,17 @@ def default_sigint():
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def isoexec_here(capsys, *args: str) -> subprocess.CompletedProcess:
+    """`isoexec args` through the console entry's `main`, in this process: for refusals, which `main` catches
+    and prints, where a process would spend its seconds on imports. (Tests of the process itself, its exit
+    on a signal, its environment, run `python -m isoexec`.)"""
+    from isoexec.cli import main
+
+    try:
+        returncode = main(list(args))
+    except SystemExit as exit:  # argparse's own refusals
+        returncode = exit.code
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), returncode, captured.out, captured.err)

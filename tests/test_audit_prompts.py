@@ -4,11 +4,11 @@ under the contract and still seen to differ under a batch-dependent control; bad
 without a tokenizer are one line and exit 2. The checkpoint is built by the test (`checkpoints.py`)."""
 
 import json
-import subprocess
 import sys
 
 import pytest
 
+from conftest import isoexec_here
 from checkpoints import MAX_POSITION_EMBEDDINGS, build_tokenizer, write_checkpoint
 from controls import control_contract
 from isoexec.audit import all_equal, run_audit
@@ -94,15 +94,14 @@ ERRORS = {
 
 
 @pytest.mark.parametrize("name", ERRORS)
-def test_bad_prompts_are_one_line_and_exit_2(made, name):
+def test_bad_prompts_are_one_line_and_exit_2(made, capsys, name):
     root = made["root"]
     places = {**made, "long": _write(root, "long.jsonl", ['{"prompt": "1+1="}', json.dumps({"prompt": "1" * 49}), '{"prompt": ""}',
                                                           json.dumps({"prompt": "2" * 60})]),
               "bad": _write(root, "bad.jsonl", ['{"prompt": "1+1="}', '{"answer": "2"}']),
               "bare": str(write_checkpoint(root / "bare", tokenizer_files=False))}
     args, message = ERRORS[name]
-    result = subprocess.run([sys.executable, "-m", "isoexec", "audit", "--quiet", *[a.format(**places) for a in args]],
-                            capture_output=True, text=True, timeout=300)
+    result = isoexec_here(capsys, "audit", "--quiet", *[a.format(**places) for a in args])
     assert result.returncode == EXIT_INPUT_ERROR, result.stdout + result.stderr
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("isoexec: error: ") and message.format(**places) in line, line

@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+from conftest import isoexec_here
+
 
 def test_demo_runs_both_paths_learns_and_writes_its_outputs(tmp_path):
     """The README's main command with its defaults (40 steps per path)."""
@@ -27,10 +29,12 @@ def test_demo_runs_both_paths_learns_and_writes_its_outputs(tmp_path):
     assert "contract: 0 of" in result.stdout and "overhead:" in result.stdout
 
 
-def test_demo_refuses_a_bad_config_before_any_work():
+def test_demo_refuses_a_bad_config_before_any_work(capsys):
+    """Through the console entry's `main`, in this process (tests/test_errors.py runs such a refusal as a
+    user's process)."""
     for args, message in ((["--group-size", "1"], "group_size must be at least 2"), (["--task", "chess"], 'unknown task "chess"'),
                           (["--learning-rate", "0"], "learning_rate must be a positive number"),
                           (["--task", "jsonl", "--data", "/nonexistent.jsonl"], "does not exist")):
-        result = subprocess.run([sys.executable, "-m", "isoexec", "demo", *args], capture_output=True, text=True, timeout=120)
+        result = isoexec_here(capsys, "demo", *args)
         assert result.returncode == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert "warm-up" not in result.stdout
