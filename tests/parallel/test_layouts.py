@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import bitwise_equal, int_view
+from conftest import bitwise_equal, int_view, isoexec_here
 from isoexec.audit import all_equal, run_audit
 from isoexec.contract import fit_contract, load_preset
 from isoexec.model import PRESETS, init_random
@@ -282,8 +282,8 @@ def test_fingerprints_carry_each_sides_sizes_and_the_handshake_holds_them_to_the
     assert [(p.scope, p.field, p.b) for p in check_fingerprints(trainer, engine).problems] == [("parallel", "tp", 4)]
 
 
-def test_the_audit_command_refuses_a_bad_layout_in_one_line():
-    result = subprocess.run([sys.executable, "-m", "isoexec", "audit", "--engine-tp", "3", "--quiet"], capture_output=True, text=True)
+def test_the_audit_command_refuses_a_bad_layout_in_one_line(capsys):
+    result = isoexec_here(capsys, "audit", "--engine-tp", "3", "--quiet")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["isoexec: error: --engine-tp 3 --engine-ep 1: TP = 3 does not divide contract "
                                                   "tiny-dense's 8 row-parallel leaves"]
