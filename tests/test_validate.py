@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import isoexec_here
 from controls import control_contract
 from isoexec.cli import main
 from isoexec.contract import dump_json, load_preset
@@ -133,13 +134,13 @@ def test_records_count_only_at_the_model_geometry_they_were_proven_at():
     assert not fingerprint(contract, installed, role="trainer", geometry=big)["installed"]["linear"]["trainer_fwd"]["admitted"]
 
 
-def test_validate_command_writes_the_json_report(tmp_path):
+def test_validate_command_writes_the_json_report(tmp_path, capsys):
     out = tmp_path / "report.json"
-    result = subprocess.run([sys.executable, "-m", "isoexec", "validate", "--contract", "native", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    result = isoexec_here(capsys, "validate", "--contract", "native", "--json", str(out))
     report = json.loads(out.read_text())
     assert result.returncode == (1 if report["rejected"] else 0), result.stderr
     assert report["admitted"] + report["rejected"] == len(report["kernels"]) == result.stdout.count(" trials")
-    bad = subprocess.run([sys.executable, "-m", "isoexec", "validate", "--contract", "nope.toml"], capture_output=True, text=True, timeout=120)
+    bad = isoexec_here(capsys, "validate", "--contract", "nope.toml")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such file" in bad.stderr
 
 
@@ -152,17 +153,16 @@ def test_validate_command_exits_1_on_a_rejection_and_names_it(tmp_path, capsys):
     assert "REJECTED  linear" in out and "1 rejected" in out
 
 
-def test_validate_fits_the_contract_to_a_model_first(tmp_path):
+def test_validate_fits_the_contract_to_a_model_first(tmp_path, capsys):
     """--model validates the contract as that model runs it (here: float32 boundaries; the attention probe
     at its head sizes and the GEMM probes at its projections' K, recorded in the report), and names a
     bad model."""
     out = tmp_path / "report.json"
-    result = subprocess.run([sys.executable, "-m", "isoexec", "validate", "--contract", "tiny-dense", "--model", "tiny-dense",
-                             "--no-record", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    result = isoexec_here(capsys, "validate", "--contract", "tiny-dense", "--model", "tiny-dense", "--no-record", "--json", str(out))
     assert result.returncode == 0, result.stderr
     assert "10 admitted, 0 rejected" in result.stdout
     assert json.loads(out.read_text())["geometry"] == {"num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "linear_k": [64, 128]}
-    bad = subprocess.run([sys.executable, "-m", "isoexec", "validate", "--model", "no-such-model"], capture_output=True, text=True, timeout=120)
+    bad = isoexec_here(capsys, "validate", "--model", "no-such-model")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no-such-model" in bad.stderr
 
 
@@ -181,10 +181,10 @@ def test_validate_region_runs_only_the_named_regions_and_names_an_unknown_one(ca
     assert err.count("\n") == 1 and "--region moe.router" in err and "rms_norm" in err
 
 
-def test_validate_refuses_cuda_without_a_gpu():
+def test_validate_refuses_cuda_without_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    bad = subprocess.run([sys.executable, "-m", "isoexec", "validate", "--device", "cuda"], capture_output=True, text=True, timeout=120)
+    bad = isoexec_here(capsys, "validate", "--device", "cuda")
     assert bad.returncode == 2 and "no CUDA device" in bad.stderr
 
 
