@@ -114,11 +114,18 @@ def _install_faster_interpreter() -> None:
             if tl.core.is_builtin(member):
                 interpreter._patch_attr(pkg, name, member, builder, scope)
 
+    def _patched(lang) -> bool:
+        """Whether a patch of `lang` would find nothing to patch: its own builtins (patched together, and
+        with its `range`, reductions…) and those of the classes a patch of it also covers, which the launch's
+        scope restores apart from a nested call's leftovers."""
+        probes = [lang.program_id, lang.tensor.__add__, tl.core.tensor_descriptor_base.load] + ([tl.math.exp] if lang is tl else [])
+        return not any(tl.core.is_builtin(probe) for probe in probes)
+
     def _patch_lang(fn):
         if fn not in langs_of:
             langs_of[fn] = [value for value in fn.__globals__.values() if value is tl or value is tl.core]
-        if langs_of[fn] and not any(tl.core.is_builtin(lang.program_id) for lang in langs_of[fn]):
-            return interpreter._LangPatchScope()  # all patched (one patch covers a module's builtins together)
+        if langs_of[fn] and all(_patched(lang) for lang in langs_of[fn]):
+            return interpreter._LangPatchScope()
         return patch_lang(fn)
 
     scalar_dtypes = [value for value in vars(tl).values() if isinstance(value, tl.dtype) and not isinstance(value, tl.pointer_type)]
