@@ -22,7 +22,7 @@ is therefore `fixed_order_dot` (installed when this module is imported): each el
 in the accumulator's dtype, summed in ascending k by elementwise IEEE adds (numpy never contracts
 separate ufuncs into an FMA), then added to the accumulator as the interpreter's own dot does. Each
 output element is then a function of its own row and column alone, as an MMA's is, with the same bits
-on every CPU.
+on every CPU. Two of the interpreter's pure overheads are also removed there (`_install_faster_interpreter`).
 """
 
 from __future__ import annotations
