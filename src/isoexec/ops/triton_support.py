@@ -14,15 +14,8 @@ convert bfloat16 tiles to float32 before any arithmetic, and before `tl.dot` whe
 float32 -> bfloat16 conversion truncates instead of rounding to nearest. Bits admitted under the
 interpreter are therefore the interpreter's own, never the GPU's: admission records key on the device.
 
-The interpreter computes `tl.dot` with `np.matmul`, that is with numpy's BLAS, which picks its kernels
-by CPU model (OpenBLAS DYNAMIC_ARCH): with the Haswell/Zen kernels a row's products are summed in
-another order depending on which row of the tile it occupies, so a kernel invariant on every GPU
-looked batch-dependent on AMD AVX2 machines and invariant on AVX-512 ones. In the interpreter, `tl.dot`
-is therefore `fixed_order_dot` (installed when this module is imported): each element's products,
-in the accumulator's dtype, summed in ascending k by elementwise IEEE adds (numpy never contracts
-separate ufuncs into an FMA), then added to the accumulator as the interpreter's own dot does. Each
-output element is then a function of its own row and column alone, as an MMA's is, with the same bits
-on every CPU. Two of the interpreter's pure overheads are also removed there (`_install_faster_interpreter`).
+In the interpreter, `tl.dot` runs in a fixed order, the same bits on every CPU, and some of the
+interpreter's pure overheads are gone: `triton_interpreter`, installed when this module is imported.
 """
 
 from __future__ import annotations
@@ -34,7 +27,6 @@ import math
 import os
 import textwrap
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -56,98 +48,6 @@ except ImportError as error:  # the Triton impls are then simply not registered
     triton = tl = None
 
 
-def fixed_order_dot(a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
-    """acc + a [..., M, K] @ b [..., K, N] for floating operands, in a fixed order (module doc)."""
-    a, b = a.astype(acc.dtype), b.astype(acc.dtype)
-    with np.errstate(over="ignore", invalid="ignore"):  # the battery's hazard rows overflow on purpose
-        total = a[..., :, 0, None] * b[..., None, 0, :]
-        for k in range(1, a.shape[-1]):
-            total = total + a[..., :, k, None] * b[..., None, k, :]
-        return total + acc
-
-
-def _install_fixed_order_dot() -> None:
-    from triton.runtime import interpreter
-
-    builder = interpreter.InterpreterBuilder
-    if getattr(builder.create_dot, "fixed_order", False):
-        return
-    blas_dot = builder.create_dot
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        # Integer dots (exact sums) and operands the interpreter stores as raw bits (bf16, fp8) keep its own.
-        if not all(np.issubdtype(t.data.dtype, np.floating) for t in (a, b, d)):
-            return blas_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
-        return interpreter.TensorHandle(fixed_order_dot(a.data, b.data, d.data), d.dtype.scalar)
-
-    create_dot.fixed_order = True
-    builder.create_dot = create_dot
-
-
-def _install_faster_interpreter() -> None:
-    """Two of Triton 3.6's interpreter costs that are pure overhead, removed without changing what runs.
-
-    It patches `triton.language`'s builtins (kernel, tensor and math functions) to its numpy builder at every
-    launch and again at every call of a nested `@jit` function (our helpers, and its own `tl.sum`,
-    `tl.zeros`…), each time finding them by `inspect.getmembers` over the whole module: a few milliseconds a
-    call, about a third of an interpreted kernel's time where helpers are called per tile. A nested call
-    finds every builtin of the modules it sees patched already (by the launch, or for good by an earlier
-    nested call: Triton never restores those), so it patches nothing: here it returns at once when that is
-    so, and otherwise patches as Triton does, by the names of the module's builtins, listed once.
-
-    It also builds its table from Triton to numpy dtypes anew at every tensor it makes; here the table is
-    built once, from Triton's own function."""
-    from triton.runtime import interpreter
-
-    needed = ("_patch_lang", "_patch_builtin", "_patch_attr", "_LangPatchScope", "_get_np_dtype")
-    if not all(hasattr(interpreter, name) for name in needed) or getattr(interpreter._patch_lang, "faster", False):
-        return  # another Triton than 3.6 keeps its own; or installed already
-    patch_lang, np_dtype = interpreter._patch_lang, interpreter._get_np_dtype
-    builtin_names: dict[int, list[str]] = {}
-    langs_of: dict[object, list] = {}
-
-    def _patch_builtin(pkg, builder, scope):
-        if id(pkg) not in builtin_names:  # the first call comes before any patch: every builtin in place
-            builtin_names[id(pkg)] = [name for name, member in inspect.getmembers(pkg) if tl.core.is_builtin(member)]
-        for name in builtin_names[id(pkg)]:
-            member = getattr(pkg, name)
-            if tl.core.is_builtin(member):
-                interpreter._patch_attr(pkg, name, member, builder, scope)
-
-    def _patched(lang) -> bool:
-        """Whether a patch of `lang` would find nothing to patch: its own builtins (patched together, and
-        with its `range`, reductions…) and those of the classes a patch of it also covers, which the launch's
-        scope restores apart from a nested call's leftovers."""
-        probes = [lang.program_id, lang.tensor.__add__, tl.core.tensor_descriptor_base.load] + ([tl.math.exp] if lang is tl else [])
-        return not any(tl.core.is_builtin(probe) for probe in probes)
-
-    def _patch_lang(fn):
-        if fn not in langs_of:
-            langs_of[fn] = [value for value in fn.__globals__.values() if value is tl or value is tl.core]
-        if langs_of[fn] and all(_patched(lang) for lang in langs_of[fn]):
-            return interpreter._LangPatchScope()
-        return patch_lang(fn)
-
-    scalar_dtypes = [value for value in vars(tl).values() if isinstance(value, tl.dtype) and not isinstance(value, tl.pointer_type)]
-    numpy_of = {dtype: np_dtype(dtype) for dtype in scalar_dtypes if _has_np_dtype(np_dtype, dtype)}
-
-    def _get_np_dtype(tt_dtype):
-        element = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
-        found = numpy_of.get(element) if not isinstance(element, tl.pointer_type) else None
-        return found if found is not None else np_dtype(tt_dtype)
-
-    _patch_lang.faster = True
-    interpreter._patch_builtin, interpreter._patch_lang, interpreter._get_np_dtype = _patch_builtin, _patch_lang, _get_np_dtype
-
-
-def _has_np_dtype(np_dtype, dtype) -> bool:
-    try:
-        np_dtype(dtype)
-        return True
-    except KeyError:
-        return False
-
-
 def triton_available() -> bool:
     return triton is not None
 
@@ -158,8 +58,9 @@ def interpreting() -> bool:
 
 
 if interpreting():
-    _install_fixed_order_dot()
-    _install_faster_interpreter()
+    from . import triton_interpreter
+
+    triton_interpreter.install()
 
 
 def jit(fn=None, *, dependent: bool = False, **options):

@@ -1,4 +1,4 @@
-"""Triton's interpreter computes `tl.dot` with a fixed order on every CPU (`triton_support.fixed_order_dot`).
+"""Triton's interpreter computes `tl.dot` with a fixed order on every CPU (`triton_interpreter.fixed_order_dot`).
 
 Its own `tl.dot` is numpy's matmul, so the bits of an interpreted kernel were those of numpy's BLAS,
 which OpenBLAS picks by CPU model: with its Haswell/Zen kernels (what an AMD AVX2 machine gets) a row's
@@ -23,7 +23,7 @@ require_triton()
 
 import triton.language as tl  # noqa: E402
 
-from isoexec.ops import triton_support  # noqa: E402
+from isoexec.ops import triton_interpreter, triton_support  # noqa: E402
 
 pytestmark = pytest.mark.skipif(ON_GPU, reason="about the interpreter, which runs without a GPU")
 
@@ -49,12 +49,12 @@ def _rows_in_every_place(dot) -> int:
 
 
 def test_the_fixed_order_dot_gives_a_row_the_same_bits_in_any_place_of_the_tile():
-    assert _rows_in_every_place(triton_support.fixed_order_dot) == 0
+    assert _rows_in_every_place(triton_interpreter.fixed_order_dot) == 0
 
 
 def test_the_fixed_order_dot_is_close_to_float64_and_adds_the_accumulator_last():
     a, b, acc = _tile(2, (16, 64)), _tile(3, (64, 16)), _tile(4, (16, 16))
-    got = triton_support.fixed_order_dot(a, b, acc)
+    got = triton_interpreter.fixed_order_dot(a, b, acc)
     exact = a.astype(np.float64) @ b.astype(np.float64) + acc
     assert got.dtype == np.float32 and np.abs(got - exact).max() < 1e-4
     products = a[:, :, None] * b[None, :, :]  # [M, K, N], the same fp32 products
@@ -82,7 +82,7 @@ def _sum_of_exp_twice(x_ptr, out_ptr, N: tl.constexpr):
 
 
 def test_the_faster_interpreter_runs_nested_helpers_and_restores_the_builtins_after_a_launch():
-    """`_install_faster_interpreter`: a kernel that calls a nested helper and Triton's own `tl.sum` computes
+    """`triton_interpreter._install_faster_patching`: a kernel that calls a nested helper and Triton's own `tl.sum` computes
     what torch does, and after the launch every builtin is Triton's again."""
     from triton.runtime import interpreter
 
@@ -95,6 +95,36 @@ def test_the_faster_interpreter_runs_nested_helpers_and_restores_the_builtins_af
     # the rest of the process, with or without this change.
     for pkg, name in ((tl, "program_id"), (tl, "load"), (tl, "arange"), (tl.tensor, "__add__"), (tl.math, "exp")):
         assert tl.core.is_builtin(getattr(pkg, name)), (pkg, name)
+
+
+@triton_support.jit
+def _offsets_and_products(x_ptr, out_ptr, big, M: tl.constexpr, N: tl.constexpr):
+    rows, cols = tl.arange(0, M)[:, None], tl.arange(0, N)[None, :]
+    wrapped = (rows * big + cols * 3 - 7).to(tl.float32)  # int32 products that overflow wrap as two's complement
+    x = tl.load(x_ptr + rows * N + cols)
+    tl.store(out_ptr + rows * N + cols, x * 2.0 + wrapped)
+
+
+def test_the_lighter_front_end_keeps_every_value_and_every_shape_check():
+    """`triton_interpreter._install_lighter_front_end`: integer offsets and products (overflowing ones too) and
+    broadcasts compute what torch does; a block type made again from a shape has Triton's shape, numel and
+    name; a shape Triton refuses is refused every time; a tuple's type, made when first read, is Triton's."""
+    assert getattr(tl.block_type.__init__, "lighter", False)
+    x = torch.randn(4, 8)
+    out = torch.empty(4, 8)
+    big = 2**30
+    _offsets_and_products[(1,)](x, out, big, M=4, N=8)
+    rows, cols = torch.arange(4)[:, None], torch.arange(8)[None, :]
+    wrapped = (rows * big + cols * 3 - 7).to(torch.int32).to(torch.float32)  # int64, then wrapped to int32
+    assert torch.equal(out.view(torch.int32), (x * 2.0 + wrapped).view(torch.int32))
+
+    first, again = tl.block_type(tl.float32, [4, 8]), tl.block_type(tl.float32, [tl.constexpr(4), tl.constexpr(8)])
+    assert first == again and list(again.shape) == [4, 8] and again.numel == 32 and again.name == first.name == "<['4', '8'], fp32>"
+    for _ in range(2):
+        with pytest.raises(ValueError, match="power of 2"):
+            tl.block_type(tl.float32, [3, 8])
+    pair = tl.tuple([tl.constexpr(2), tl.constexpr(5)])
+    assert pair.type == tl.core._type_for_tuple_values(pair.values) and str(pair.type) == "[:constexpr_type[2],:constexpr_type[5]]"
 
 
 def _openblas_core_types() -> list[str]:
