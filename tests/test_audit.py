@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from conftest import isoexec_here
 from controls import control_contract, control_dict, tie_gate_rows
 from isoexec.audit import Tracer, all_equal, render, run_audit
 from isoexec.contract import Contract, dump_json, load_preset
@@ -89,20 +90,21 @@ def test_trace_digests_both_outputs_of_a_norm_after_a_residual_add(fused, region
     assert explained["op"] == "norm.residual" and explained["region"] == region
 
 
-def test_audit_command_json_and_exit_codes(tmp_path):
+def test_audit_command_json_and_exit_codes(tmp_path, capsys):
+    """The command as a user's process once; native's measurement and the refusals through `main` in this one."""
     out = tmp_path / "audit.json"
-    run = lambda *a: subprocess.run([sys.executable, "-m", "isoexec", "audit", "--quiet", *a], capture_output=True, text=True, timeout=300)  # noqa: E731
-    ok = run("--requests", "6", "--max-new-tokens", "5", "--json", str(out))
+    ok = subprocess.run([sys.executable, "-m", "isoexec", "audit", "--quiet", "--requests", "6", "--max-new-tokens", "5", "--json", str(out)],
+                        capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     report = json.loads(out.read_text())
     assert set(KEYS) <= set(report) and set(report["contract"]) >= {"semantic", "numerical_policy", "deployment"}
     assert report["routing_mismatch_tokens"] is None  # a dense model: the key is there, null
     assert "bitwise equal" in ok.stdout
-    native = run("--contract", "native", "--requests", "4", "--max-new-tokens", "4")
+    native = isoexec_here(capsys, "audit", "--quiet", "--contract", "native", "--requests", "4", "--max-new-tokens", "4")
     assert native.returncode == 0 and "trainer_score" in native.stdout  # claims nothing: a measurement, whatever it finds
     for args, message in ((["--model", "tiny-sparse"], "neither a model preset"), (["--model", str(tmp_path)], "no config.json"),
                           (["--requests", "0"], "at least 1"), (["--contract", "nope.toml"], "no such file")):
-        bad = run(*args)
+        bad = isoexec_here(capsys, "audit", "--quiet", *args)
         assert bad.returncode == 2 and message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
@@ -119,10 +121,9 @@ def test_a_mismatch_under_a_contract_claiming_nothing_is_reported_and_exits_0(tm
 
 
 @pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen2ForCausalLM"])
-def test_audit_runs_on_a_checkpoint_directory(tmp_path, architecture):
+def test_audit_runs_on_a_checkpoint_directory(tmp_path, architecture, capsys):
     spec = dense_spec(**{**dense_fields(PRESETS["tiny-dense"]), "architecture": architecture, "hidden_size": 80, "num_key_value_heads": 1, "head_dim": 24, "tie_word_embeddings": False})
     save(init_random(spec, seed=7), tmp_path / "ckpt")
-    result = subprocess.run([sys.executable, "-m", "isoexec", "audit", "--quiet", "--model", str(tmp_path / "ckpt"), "--requests", "6",
-                             "--max-new-tokens", "4"], capture_output=True, text=True, timeout=300)
+    result = isoexec_here(capsys, "audit", "--quiet", "--model", str(tmp_path / "ckpt"), "--requests", "6", "--max-new-tokens", "4")
     assert result.returncode == 0, result.stdout + result.stderr
     assert architecture in result.stdout and "bitwise equal" in result.stdout

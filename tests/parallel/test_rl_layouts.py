@@ -4,11 +4,10 @@ the engine's every step, the SHA-256 of the whole weights equal on both sides, t
 the contract and measuring a mismatch under native; layouts that cannot run refused in one line."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
+from conftest import isoexec_here
 from isoexec.rl.config import RLConfig
 from isoexec.rl.loop import RLRun
 from isoexec.rl.parallel_mode import start_run
@@ -74,8 +73,9 @@ def test_native_at_a_parallel_layout_is_measured_not_equal():
     (["--engine-ep", "2"], "engine layout: EP = 2 needs routed experts, and Qwen3ForCausalLM has no MoE layer"),
     (["--trainer-tp", "2", "--checkpoint-dir", "run"], "checkpoint_dir with a parallel side is not built yet"),
 ])
-def test_bad_layouts_are_refused_in_one_line(flags, message, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "isoexec", "train", "--quiet", *flags], capture_output=True, text=True, cwd=tmp_path)
+def test_bad_layouts_are_refused_in_one_line(flags, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # where a refused run would have written its checkpoints
+    result = isoexec_here(capsys, "train", "--quiet", *flags)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"isoexec: error: {message}"), lines
