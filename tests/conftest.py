@@ -111,9 +111,15 @@ def entry_index(data: dict, region: str) -> int:
 
 
 @pytest.fixture(autouse=True)
-def _private_isoexec_home(tmp_path_factory, monkeypatch):
-    """Admission records written by a test go to a temporary folder, never the user's cache."""
-    monkeypatch.setenv("ISOEXEC_HOME", str(tmp_path_factory.mktemp("isoexec_home")))
+def _isoexec_home(request, tmp_path_factory, monkeypatch):
+    """Admission records written by a test go to a temporary folder, never the user's cache: one per xdist worker,
+    which its tests share as a user's runs share theirs (each contract's battery runs once per worker, not in every
+    test that starts a run), or the test's own where it is marked `fresh_isoexec_home` (tests of the records, the
+    fingerprint's lookups, the battery's first run). A record is keyed by the impl's source and constants, so a
+    shared one never admits code the battery has not run."""
+    own = request.node.get_closest_marker("fresh_isoexec_home") is not None
+    home = tmp_path_factory.mktemp("isoexec_home") if own else tmp_path_factory.getbasetemp() / "isoexec_home"
+    monkeypatch.setenv("ISOEXEC_HOME", str(home))
 
 
 def int_view(t):

@@ -14,6 +14,8 @@ from conftest import default_sigint, isoexec_here, preset_dict
 from isoexec.cli import EXIT_INPUT_ERROR, EXIT_INTERRUPTED
 from isoexec.contract import Contract, dump_json
 
+pytestmark = pytest.mark.fresh_isoexec_home  # about admission records and the battery's first run
+
 TINY = ["--steps", "1", "--warmup-steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--quiet"]
 
 

@@ -14,6 +14,8 @@ from isoexec.contract import dump_json, load_preset
 from isoexec.contract.schema import Contract
 from isoexec.runtime import Impl, Registry, check, fingerprint
 
+pytestmark = pytest.mark.fresh_isoexec_home  # about admission records and the battery's first run
+
 PEER = Path(__file__).with_name("handshake_peer.py")
 
 

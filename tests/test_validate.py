@@ -20,6 +20,8 @@ from isoexec.model import PRESETS
 from isoexec.validate import geometry_of, records, validate
 from isoexec.validate.battery import validate_entry
 
+pytestmark = pytest.mark.fresh_isoexec_home  # about admission records and the battery's first run
+
 CPU = torch.device("cpu")
 
 

@@ -51,7 +51,7 @@ def made(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _admitted_home(_private_isoexec_home, made, monkeypatch):
+def _admitted_home(_isoexec_home, made, monkeypatch):
     monkeypatch.setenv("ISOEXEC_HOME", made["home"])
 
 

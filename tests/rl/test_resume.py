@@ -55,7 +55,7 @@ def admitted_home(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _shared_home_one_thread(_private_isoexec_home, admitted_home, monkeypatch):
+def _shared_home_one_thread(_isoexec_home, admitted_home, monkeypatch):
     monkeypatch.setenv("ISOEXEC_HOME", str(admitted_home))
     threads = torch.get_num_threads()
     torch.set_num_threads(NUM_THREADS)
