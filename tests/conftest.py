@@ -115,8 +115,9 @@ def _isoexec_home(request, tmp_path_factory, monkeypatch):
     """Admission records written by a test go to a temporary folder, never the user's cache: one per xdist worker,
     which its tests share as a user's runs share theirs (each contract's battery runs once per worker, not in every
     test that starts a run), or the test's own where it is marked `fresh_isoexec_home` (tests of the records, the
-    fingerprint's lookups, the battery's first run). A record is keyed by the impl's source and constants, so a
-    shared one never admits code the battery has not run."""
+    fingerprint's lookups, the battery's first run). A record is keyed by the impl's source files, constants,
+    libraries and the model's geometry: a test that patches code an impl calls outside those files, and then needs
+    the battery to run on it, takes the mark too."""
     own = request.node.get_closest_marker("fresh_isoexec_home") is not None
     home = tmp_path_factory.mktemp("isoexec_home") if own else tmp_path_factory.getbasetemp() / "isoexec_home"
     monkeypatch.setenv("ISOEXEC_HOME", str(home))
