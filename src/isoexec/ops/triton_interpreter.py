@@ -182,7 +182,7 @@ def _install_lighter_front_end() -> None:
             if numel is not None:
                 self.element_ty, self.shape, self.numel = element_ty, core.tuple(dims), numel
                 return
-        block_type_init(self, element_ty, shape)  # its checks and errors, then the name set below is dropped
+        block_type_init(self, element_ty, shape)  # its checks and errors; the name it sets goes to the property below
         numel_of[builtins.tuple(self.shape)] = self.numel
 
     def block_type_name(self):
