@@ -563,7 +563,7 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
     if not has_cache:  # pointers the kernel never reads; a decode step (a CUDA graph) launches nothing else
         state = rows = v.new_zeros(4, dtype=torch.float32)
     every_token = candidates is None
-    if not every_token and TWO_LAUNCH_MIN_RUN is not None and num_tokens >= TWO_LAUNCH_MIN_RUN * candidates.shape[0]:
+    if not every_token and _in_two_launches(num_tokens, candidates.shape[0], num_v_heads, v.device):
         _fwd_in_two_launches(q, k, v, a, b, a_log, dt_bias, out, state, rows, ids, positions, candidates, has_cache, chunk_size, precision,
                              block_v, num_warps)
         return out if out.is_contiguous() else out.contiguous()
@@ -579,35 +579,51 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
     return out if out.is_contiguous() else out.contiguous()
 
 
-def _env_int(name: str, least: int) -> int | None:
-    """A whole number >= least from the environment variable `name`, or None where it is unset or empty."""
+def _env_int(name: str, default: int | None, least: int) -> int | None:
+    """A whole number >= least from the environment variable `name`; `default` where it is unset or empty, None
+    where it is `off`."""
     value = os.environ.get(name, "")
     if not value:
+        return default
+    if value == "off":
         return None
     if not value.isdigit() or int(value) < least:
-        raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+        raise ValueError(f"{name} must be a whole number >= {least} or 'off', got {value!r}")
     return int(value)
 
 
-# The calls whose runs average at least TWO_LAUNCH_MIN_RUN tokens run in two launches, `gdn_chunks_kernel` (every
-# chunk piece's chunk-local work at once) and `gdn_walk_kernel` (a walk per run and block of value columns that
-# carries the state alone); the others, and every call captured in a CUDA graph, in one, `gdn_fwd_kernel`. The
-# rows' bits are the same either way: the same helpers and tiles, and compiled for sm_90 the reductions take the
-# one kernel's layouts; tests/ops/gdn/test_triton.py compares them. None (one launch always) until the two launches
-# are timed on a GPU (docs/gdn.md); ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=n sets it for a process, to measure it.
-TWO_LAUNCH_MIN_RUN: int | None = _env_int("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", 1)
+# The calls whose runs average at least TWO_LAUNCH_MIN_RUN tokens, and whose one launch would have at most
+# TWO_LAUNCH_MAX_FILL programs (runs x value heads) an SM, run in two launches, `gdn_chunks_kernel` (every chunk
+# piece's chunk-local work at once) and `gdn_walk_kernel` (a walk per run and block of value columns that carries the
+# state alone); the others, and every call captured in a CUDA graph, in one, `gdn_fwd_kernel`. The rows' bits are the
+# same either way: the same helpers and tiles, and compiled for sm_90 the reductions take the one kernel's layouts;
+# tests/ops/gdn/test_triton.py and benchmarks/gdn_bits.py compare them. The thresholds are from an H200 at Qwen3.5's
+# heads (docs/gdn.md, "Two launches"): two launches took 2 x 4096 tokens from 2.8 ms to 1.9 (64 and 32 programs on
+# 132 SMs), were even at one run of 2048, and slower with 8 x 2048 (128 and 256 programs: 2.0 against 1.8) or one
+# run of 512 (0.9 against 0.7). ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=n (or `off`: one launch always) sets the run length
+# for a process; off a GPU (the interpreter) the run length alone decides.
+TWO_LAUNCH_MIN_RUN: int | None = _env_int("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", 2048, least=1)
+TWO_LAUNCH_MAX_FILL: float | None = 0.5
 # The walk's block of value columns, None for the contract's `block_v` (ISOEXEC_GDN_WALK_BLOCK_V=n, a power of
-# two >= 16, sets it for a process): an output element's products run over the head dim whatever the block's
-# width, so its bits should not depend on it (on the CPU they do not; the GPU test with a walk of 32 columns is the
-# check there), and a narrower block keeps the walk's state tile in fewer registers (ptxas for sm_90, heads of 128:
-# 255 registers and 248 bytes of spills at 128 columns, 204 and none at 64, 174 at 32).
-WALK_BLOCK_V: int | None = _env_int("ISOEXEC_GDN_WALK_BLOCK_V", 16)
+# two >= 16, or `off`, sets it for a process): an output element's products run over the head dim whatever the block's
+# width, so its bits do not depend on it (equal on the CPU and, at heads of 128, on an H200), and a narrower block
+# keeps the walk's state tile in fewer registers (ptxas for sm_90, heads of 128: 255 registers and 248 bytes of
+# spills at 128 columns, 204 and none at 64, 174 at 32). 64 columns prefetched were the fastest at 32 value heads.
+WALK_BLOCK_V: int | None = _env_int("ISOEXEC_GDN_WALK_BLOCK_V", 64, least=16)
 if WALK_BLOCK_V is not None and WALK_BLOCK_V & (WALK_BLOCK_V - 1):
     raise ValueError(f"ISOEXEC_GDN_WALK_BLOCK_V must be a power of two >= 16, got {WALK_BLOCK_V}")
-# Whether the walk loads a piece's tiles while the piece before it computes (ISOEXEC_GDN_WALK_PREFETCH=1): the
-# loads' latency leaves the state's chain, for the registers of a second set of tiles (225 at 64 columns, 194 at
-# 32; at 128 the spills grow to 368 bytes). Off until timed.
-WALK_PREFETCH: bool = bool(_env_int("ISOEXEC_GDN_WALK_PREFETCH", 0))
+# Whether the walk loads a piece's tiles while the piece before it computes (ISOEXEC_GDN_WALK_PREFETCH=0 turns it
+# off): the loads' latency leaves the state's chain, for the registers of a second set of tiles (225 at 64 columns,
+# 194 at 32; at 128 the spills grow to 368 bytes); 0.91 ms against 1.47 for one run of 512 tokens on an H200.
+WALK_PREFETCH: bool = bool(_env_int("ISOEXEC_GDN_WALK_PREFETCH", 1, least=0))
+
+
+def _in_two_launches(num_tokens: int, runs: int, num_v_heads: int, device: torch.device) -> bool:
+    if TWO_LAUNCH_MIN_RUN is None or num_tokens < TWO_LAUNCH_MIN_RUN * runs:
+        return False
+    if TWO_LAUNCH_MAX_FILL is None or device.type != "cuda":
+        return True
+    return runs * num_v_heads <= TWO_LAUNCH_MAX_FILL * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _fwd_in_two_launches(q, k, v, a, b, a_log, dt_bias, out, state, rows, state_ids, positions, starts, has_cache, chunk_size, precision,
