@@ -24,6 +24,8 @@
 # /tmp/site` it and run with PYTHONPATH=/tmp/site) and the engine and trainer on the 9B-shaped preset against native.
 #
 # Files worth keeping go in benchmarks/results/<date>_<commit>_checks/ (index: benchmarks/results/README.md).
+# The device tool brings back at most 8 files from $OUT: a part that writes more (gdn-two-launch) is best followed by
+# `tar cf $OUT/out.tar -C $OUT --exclude out.tar .` in the same call.
 set -u
 OUT=${OUT:-gpu_out}
 PART=${1:-all}
@@ -124,23 +126,22 @@ if [ "$PART" = gdn-bench ]; then
 fi
 
 # gdn.core.triton's two-launch path (docs/gdn.md; carry fla-core's wheel as for gdn-bench): the bits of every form by
-# each path and their times beside FLA's (gdn_bits.py), the GPU tests, the audits and the 9B preset's engine and
-# trainer with calls whose runs average 32 tokens or more in two launches (the walk in blocks of WALK columns, its
-# tiles prefetched unless PREFETCH=0).
+# each path and their times beside FLA's (gdn_bits.py), the forward's kernels in one launch and in two
+# (profile_gdn_fwd.py), the GPU tests, the audits with calls whose runs average 32 tokens or more in two launches, and
+# the 9B preset's engine and trainer with two launches off and at their default.
 if [ "$PART" = gdn-two-launch ]; then
-WALK=${WALK:-64}
-export ISOEXEC_GDN_WALK_PREFETCH=${PREFETCH:-1}
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 gdn_bits.py --json "$OUT/gdn_bits.json" 2>&1 | grep -v Warning | tee "$OUT/gdn_bits.txt")
+(cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 profile_gdn_fwd.py 2>&1 | grep -v Warning | tee "$OUT/profile_gdn_fwd.txt")
 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/gdn/test_triton.py 2>&1 | tail -8 | tee "$OUT/pytest_gdn_triton.txt"
 for model in qwen3.5-9b-4l-random qwen3.5-35b-a3b-4l-random; do
-ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=32 ISOEXEC_GDN_WALK_BLOCK_V=$WALK python3 -m isoexec audit --device cuda --quiet --model "$model" \
+ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=32 python3 -m isoexec audit --device cuda --quiet --model "$model" \
     --contract tiny-hybrid-triton --requests 8 --max-new-tokens 140 --json "$OUT/audit_two_launch_$model.json" 2>&1 | tail -8 \
     | tee "$OUT/audit_two_launch_$model.txt"
 done
-for min_run in "" 32; do
-(cd benchmarks && ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=$min_run ISOEXEC_GDN_WALK_BLOCK_V=$WALK PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py \
-    engine trainer --model qwen3.5-9b-4l-random --contracts tiny-hybrid-triton --json "$OUT/bench_9b_min_run_${min_run:-none}.json" 2>&1 \
-    | tail -8 | tee "$OUT/bench_9b_min_run_${min_run:-none}.txt")
+for min_run in off ""; do
+(cd benchmarks && ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=$min_run PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py \
+    engine trainer --model qwen3.5-9b-4l-random --contracts tiny-hybrid-triton --json "$OUT/bench_9b_min_run_${min_run:-default}.json" 2>&1 \
+    | tail -8 | tee "$OUT/bench_9b_min_run_${min_run:-default}.txt")
 done
 fi
 
