@@ -494,19 +494,20 @@ def gdn_walk_kernel(
         tl.store(state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :], s0, mask=m_state)
 
 
-def _pieces(first: Tensor, positions: Tensor, num_tokens: int, chunk_size: int) -> tuple[tuple[Tensor, ...], int]:
-    """A call's runs (from their first tokens) and chunk pieces, without a host sync: per run (first token, length,
-    first piece id), per piece (its run, the token at its chunk's offset 0, the offsets [off, stop) it computes),
-    int32 each, and the number of piece ids: a bound, floor(T / C) + 2 runs (a run starting mid-chunk adds a
-    piece at each end), whose ids past the call's pieces have stop 0."""
+def _pieces(first: Tensor, offsets: Tensor | None, num_tokens: int, chunk_size: int) -> tuple[tuple[Tensor, ...], int]:
+    """A call's runs (from their first tokens, each starting at its chunk offset in `offsets`, or at offset 0 where
+    None) and chunk pieces, without a host sync: per run (first token, length, first piece id), per piece (its run,
+    the token at its chunk's offset 0, the offsets [off, stop) it computes), int32 each, and the number of piece ids:
+    a bound, floor(T / C) + runs, or + 2 runs with offsets (a run starting mid-chunk adds a piece at each end),
+    whose ids past the call's pieces have stop 0."""
     num_runs = first.shape[0]
     first = first.long()
-    length = torch.diff(first, append=torch.full((1,), num_tokens, device=first.device))
-    off = positions[first].long() % chunk_size
+    length = torch.diff(first, append=torch.full((1,), num_tokens, device=first.device))  # no host-to-device copy
+    off = torch.zeros_like(first) if offsets is None else offsets.long()
     pieces = (off + length + chunk_size - 1) // chunk_size
     ends = torch.cumsum(pieces, 0)
     chunk0 = ends - pieces
-    bound = num_tokens // chunk_size + 2 * num_runs
+    bound = num_tokens // chunk_size + (1 if offsets is None else 2) * num_runs
     ids = torch.arange(bound, device=first.device)
     run = torch.searchsorted(ends, ids, right=True).clamp_(max=num_runs - 1)
     index = ids - chunk0[run]  # the piece's place in its run
@@ -632,7 +633,7 @@ def _fwd_in_two_launches(q, k, v, a, b, a_log, dt_bias, out, state, rows, state_
     num_tokens, num_k_heads, k_dim = q.shape
     num_v_heads, v_dim = v.shape[1:]
     k_pad, v_pad = _padded(k_dim), _padded(v_dim)
-    (first, length, chunk0, chunk_run, tok0, chunk_off, chunk_stop), num_chunks = _pieces(starts, positions, num_tokens, chunk_size)
+    (first, length, chunk0, chunk_run, tok0, chunk_off, chunk_stop), num_chunks = _pieces(starts, positions[starts.long()] % chunk_size, num_tokens, chunk_size)
     device = v.device
     # The buffers read back only as products' operands hold them as the operands do (bf16 with bf16 products).
     ops = dict(dtype=torch.bfloat16 if precision == "bf16" else torch.float32, device=device)

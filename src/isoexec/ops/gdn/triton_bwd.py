@@ -37,8 +37,8 @@ from torch import Tensor
 
 from .. import triton_support
 from ..triton_support import cdiv, jit, tl
-from .triton import (L2_EPS, PRECISIONS, SOFTPLUS_THRESHOLD, SUB, _gates, _inverse, _mm, _operand, _padded, _rows_mask, _run_starts,
-                     _stored, _strided16)
+from .triton import (L2_EPS, PRECISIONS, SOFTPLUS_THRESHOLD, SUB, _gates, _inverse, _mm, _operand, _padded, _pieces, _rows_mask,
+                     _run_starts, _stored, _strided16)
 
 
 @jit
@@ -89,7 +89,7 @@ def gdn_bwd_wy_kernel(k, v, a, b, a_log, dt_bias, t_buf, w_buf, u_buf, chunk_fir
                       DV_PAD: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """A chunk's T = (I + A)^-1, W = T (β e^c k) and U = T (β v), by the forward's arithmetic (fp32 out)."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
-    if tl.load(chunk_len + i_n) > 0:  # chunk ids past the call's chunks have length 0 (_runs)
+    if tl.load(chunk_len + i_n) > 0:  # chunk ids past the call's chunks have length 0 (_pieces)
         rows = tl.arange(0, C)
         o_k, o_v = tl.arange(0, DK_PAD), tl.arange(0, DV_PAD)
         m_row = rows < tl.load(chunk_len + i_n)
@@ -297,7 +297,7 @@ def gdn_bwd_chunk_kernel(q, k, v, a, b, a_log, dt_bias, d_out, t_buf, states, ds
                          DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """One chunk's gradients from its S, dS', δ and dδ: every chunk in parallel, the value blocks in a loop."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
-    if tl.load(chunk_len + i_n) > 0:  # chunk ids past the call's chunks have length 0 (_runs)
+    if tl.load(chunk_len + i_n) > 0:  # chunk ids past the call's chunks have length 0 (_pieces)
         tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
                                                  GROUP, HV, DK, DK_PAD, C)
         d_w, d_kn, d_c = _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq, tok, m_row, p, kn, c, i_n, i_h, q_scale,
@@ -314,7 +314,7 @@ def gdn_bwd_outputs_kernel(q, k, a, b, a_log, dt_bias, d_out, states, dstates, d
                            BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """`gdn_bwd_chunk_kernel`'s first half as a kernel of its own (SPLIT): its dW and shares of dk and dc stored."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
-    if tl.load(chunk_len + i_n) > 0:  # chunk ids past the call's chunks have length 0 (_runs)
+    if tl.load(chunk_len + i_n) > 0:  # chunk ids past the call's chunks have length 0 (_pieces)
         tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
                                                  GROUP, HV, DK, DK_PAD, C)
         d_w, d_kn, d_c = _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq, tok, m_row, p, kn, c, i_n, i_h, q_scale,
@@ -335,7 +335,7 @@ def gdn_bwd_wy_grads_kernel(k, v, a, b, a_log, dt_bias, t_buf, d_delta_buf, d_w_
                             PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """`gdn_bwd_chunk_kernel`'s second half as a kernel of its own (SPLIT)."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
-    if tl.load(chunk_len + i_n) > 0:  # chunk ids past the call's chunks have length 0 (_runs)
+    if tl.load(chunk_len + i_n) > 0:  # chunk ids past the call's chunks have length 0 (_pieces)
         tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
                                                  GROUP, HV, DK, DK_PAD, C)
         o_k = tl.arange(0, DK_PAD)
@@ -362,26 +362,6 @@ def gdn_bwd_norms_kernel(x, d_xn, dx, num_tokens, scale, stride_xt, stride_xh, G
     r = 1.0 / tl.sqrt(tl.sum(xf * xf, 1) + L2_EPS)
     out = scale * (r[:, None] * d - (r * r * r * tl.sum(xf * d, 1))[:, None] * xf)
     tl.store(dx + (tok[:, None] * HK + i_kh) * DK + o_k[None, :], out.to(dx.dtype.element_ty), mask=m)
-
-
-def _runs(first: Tensor, num_tokens: int, chunk_size: int) -> tuple[tuple[Tensor, ...], int]:
-    """A trainer call's runs (from their first tokens) and chunks, without a host sync: per run (first token,
-    length, first chunk id), per chunk (first token, length), int32 each, and the number of chunk ids. That
-    number is a bound, floor(T / C) + runs, so the host need not read the real count: the ids past it are
-    chunks of length 0, which every kernel skips."""
-    num_runs = first.shape[0]
-    first = first.long()
-    length = torch.diff(first, append=torch.full((1,), num_tokens, device=first.device))  # no host-to-device copy
-    chunks = (length + chunk_size - 1) // chunk_size
-    ends = torch.cumsum(chunks, 0)
-    chunk0 = ends - chunks
-    bound = num_tokens // chunk_size + num_runs
-    ids = torch.arange(bound, device=first.device)
-    run_of_chunk = torch.searchsorted(ends, ids, right=True).clamp_(max=num_runs - 1)
-    index = ids - chunk0[run_of_chunk]  # the chunk's place in its run
-    chunk_first = first[run_of_chunk] + index * chunk_size
-    chunk_len = (length[run_of_chunk] - index * chunk_size).clamp_(0, chunk_size)
-    return tuple(t.to(torch.int32) for t in (first, length, chunk0, chunk_first, chunk_len)), bound
 
 
 # The backward's own tiles (its bits are nobody's contract), chosen by benchmarks/profile_gdn_bwd.py --sweep on
@@ -417,7 +397,8 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
         raise ValueError(f"gdn.core.triton's backward: chunks of 64 need BLOCK_V >= 64, got {BLOCK_V}")
     if starts is None:
         starts = _run_starts(positions, None)
-    (first, length, chunk0, chunk_first, chunk_len), num_chunks = _runs(starts, num_tokens, chunk)
+    # Chunks from each run's first token (this pass's own chunks: any chunk size computes the same function).
+    (first, length, chunk0, _, chunk_first, _, chunk_len), num_chunks = _pieces(starts, None, num_tokens, chunk)
     block_v = min(BLOCK_V, v_pad)
     runs = (first.shape[0], num_v_heads, cdiv(v_dim, block_v))
     chunks = (num_chunks, num_v_heads)
