@@ -348,10 +348,11 @@ def _stored(x, INTERPRET: tl.constexpr):
 
 
 @jit
-def _walk_tiles(w_buf, u_buf, qn_buf, scores_buf, c_buf, chunk, stop, i_h, o_k, o_v, m_k, m_v, HV: tl.constexpr, DK: tl.constexpr,
-                DV: tl.constexpr, DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, INTERPRET: tl.constexpr):
+def _walk_tiles(w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, chunk, stop, i_h, o_k, o_v, m_k, m_v, HV: tl.constexpr,
+                DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, INTERPRET: tl.constexpr):
     """Chunk piece `chunk`'s rows below `stop` from `gdn_chunks_kernel`'s buffers (zeros past them; none for stop 0):
-    W, U (columns o_v), the queries, the scores and c."""
+    W, U (columns o_v), the queries, the scores, c and the decayed keys (read where the piece closes its chunk,
+    loaded with the rest so that their latency is off the state's chain too)."""
     rows = tl.arange(0, C)
     below = rows < stop
     p = (chunk * C + rows) * HV + i_h
@@ -361,7 +362,8 @@ def _walk_tiles(w_buf, u_buf, qn_buf, scores_buf, c_buf, chunk, stop, i_h, o_k, 
     qn = _stored(tl.load(qn_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
     scores = _stored(tl.load(scores_buf + (chunk * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :], mask=below[:, None], other=0.0),
                      INTERPRET)
-    return w, u, qn, scores, tl.load(c_buf + p, mask=below, other=0.0)
+    decayed = _stored(tl.load(decayed_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
+    return w, u, qn, scores, tl.load(c_buf + p, mask=below, other=0.0), decayed
 
 
 # A call in two launches (`TWO_LAUNCH_MIN_RUN`), the rows' bits those of `gdn_fwd_kernel` (the same helpers, the same
@@ -447,16 +449,17 @@ def gdn_walk_kernel(
     j = 0
     closed = pos0 < 0  # whether a chunk closed in this call
     stop = tl.minimum(off + n, C)
-    w, u, qn, scores, c = _walk_tiles(w_buf, u_buf, qn_buf, scores_buf, c_buf, chunk0, stop, i_h, o_k, o_v, m_k, m_v, HV, DK, DV, DK_PAD,
-                                      BV, C, INTERPRET)
+    w, u, qn, scores, c, decayed = _walk_tiles(w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, chunk0, stop, i_h, o_k, o_v, m_k,
+                                               m_v, HV, DK, DV, DK_PAD, BV, C, INTERPRET)
     while done < n:
         piece = (rows >= off) & (rows < stop)
         p = ((chunk0 + j) * C + rows) * HV + i_h
         # The next piece: whole chunks from offset 0 after this one (stop 0 past the run).
         next_stop = tl.minimum(tl.maximum(n - done - (stop - off), 0), C)
         if PREFETCH:
-            w_next, u_next, qn_next, scores_next, c_next = _walk_tiles(w_buf, u_buf, qn_buf, scores_buf, c_buf, chunk0 + j + 1, next_stop, i_h, o_k,
-                                                                       o_v, m_k, m_v, HV, DK, DV, DK_PAD, BV, C, INTERPRET)
+            w_next, u_next, qn_next, scores_next, c_next, decayed_next = _walk_tiles(
+                w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, chunk0 + j + 1, next_stop, i_h, o_k, o_v, m_k, m_v, HV, DK, DV, DK_PAD,
+                BV, C, INTERPRET)
         s_op = _operand(s0, PRECISION, INTERPRET)
         delta = _delta(u, w, s_op, PRECISION, INTERPRET)
         o = _outputs(qn, scores, c, s_op, delta, PRECISION, INTERPRET)
@@ -465,8 +468,6 @@ def gdn_walk_kernel(
         o_rows = tl.multiple_of(tok64 * stride_ot + i_h * stride_oh, 16)
         tl.store(out + o_rows[:, None] + o_v[None, :], o.to(out.dtype.element_ty), mask=m_pv)
         if stop == C:
-            decayed = _stored(tl.load(decayed_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(rows < stop, m_k, DK == DK_PAD), other=0.0),
-                              INTERPRET)
             s0 = _advanced(s0, tl.sum(tl.where(rows == C - 1, c, 0.0), 0), decayed, delta, PRECISION, INTERPRET)
             closed = pos0 >= 0
         elif caching:  # the run's last piece leaves its chunk open: its rows' inputs into the slot (k, g, β from the last block)
@@ -486,10 +487,10 @@ def gdn_walk_kernel(
         j += 1
         stop = next_stop
         if PREFETCH:
-            w, u, qn, scores, c = w_next, u_next, qn_next, scores_next, c_next
+            w, u, qn, scores, c, decayed = w_next, u_next, qn_next, scores_next, c_next, decayed_next
         else:
-            w, u, qn, scores, c = _walk_tiles(w_buf, u_buf, qn_buf, scores_buf, c_buf, chunk0 + j, stop, i_h, o_k, o_v, m_k, m_v, HV, DK, DV,
-                                              DK_PAD, BV, C, INTERPRET)
+            w, u, qn, scores, c, decayed = _walk_tiles(w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, chunk0 + j, stop, i_h, o_k, o_v,
+                                                       m_k, m_v, HV, DK, DV, DK_PAD, BV, C, INTERPRET)
     if caching & (closed | (pos0 == 0)):  # the state changed (a chunk closed), or the slot never held this sequence's
         tl.store(state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :], s0, mask=m_state)
 
