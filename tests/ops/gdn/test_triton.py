@@ -64,6 +64,31 @@ def chunks_of_16(monkeypatch):
     monkeypatch.setattr(test_core, "Cache", DeviceCache)
 
 
+@pytest.mark.parametrize("offsets", [None, [0, 5, 15, 3]], ids=["runs from a chunk boundary", "runs from mid-chunk offsets"])
+def test_the_piece_tables_list_every_chunk_piece_once(offsets):
+    """_pieces (built on the host) against an enumeration token by token: per piece its run, the token at its
+    chunk's offset 0 and the offsets [off, stop) it computes; per run its length and first piece; every table on
+    the device 16-byte aligned (the kernels' pointers keep one specialisation)."""
+    lengths, chunk = [1, 40, 16, 7], 16
+    first = torch.tensor([0, 1, 41, 57], dtype=torch.int32, device=DEVICE)
+    offs = torch.tensor(offsets, dtype=torch.int32, device=DEVICE) if offsets else None
+    (run_first, length, chunk0, run, tok0, off, stop), count = gdn_triton._pieces(first, offs, sum(lengths), chunk)
+    want = []  # (run, token at offset 0, off, stop) per piece, in order
+    for r, (start, n) in enumerate(zip(first.tolist(), lengths)):
+        pos0 = offsets[r] if offsets else 0
+        for t in range(n):
+            position = pos0 + t
+            if t == 0 or position % chunk == 0:
+                want.append([r, start + t - position % chunk, position % chunk, position % chunk])
+            want[-1][3] += 1
+    got = [list(row) for row in zip(run.tolist(), tok0.tolist(), off.tolist(), stop.tolist())]
+    assert count == len(want) and got == want
+    assert length.tolist() == lengths and run_first.tolist() == first.tolist()
+    assert chunk0.tolist() == [[w[0] for w in want].index(r) for r in range(len(lengths))]
+    assert all(t.device == first.device and t.dtype == torch.int32 and t.data_ptr() % 16 == 0
+               for t in (run_first, length, chunk0, run, tok0, off, stop))
+
+
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("min_run", [None, 1], ids=["one launch", "two launches"])
 def test_rows_match_the_float64_recurrence(chunks_of_16, monkeypatch, dtype, tol, min_run):

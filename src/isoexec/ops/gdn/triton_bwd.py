@@ -89,7 +89,7 @@ def gdn_bwd_wy_kernel(k, v, a, b, a_log, dt_bias, t_buf, w_buf, u_buf, chunk_fir
                       DV_PAD: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """A chunk's T = (I + A)^-1, W = T (β e^c k) and U = T (β v), by the forward's arithmetic (fp32 out)."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
-    if tl.load(chunk_len + i_n) > 0:  # chunk ids past the call's chunks have length 0 (_pieces)
+    if tl.load(chunk_len + i_n) > 0:  # a chunk of no rows (_pieces makes none) computes nothing
         rows = tl.arange(0, C)
         o_k, o_v = tl.arange(0, DK_PAD), tl.arange(0, DV_PAD)
         m_row = rows < tl.load(chunk_len + i_n)
@@ -297,7 +297,7 @@ def gdn_bwd_chunk_kernel(q, k, v, a, b, a_log, dt_bias, d_out, t_buf, states, ds
                          DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """One chunk's gradients from its S, dS', δ and dδ: every chunk in parallel, the value blocks in a loop."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
-    if tl.load(chunk_len + i_n) > 0:  # chunk ids past the call's chunks have length 0 (_pieces)
+    if tl.load(chunk_len + i_n) > 0:  # a chunk of no rows (_pieces makes none) computes nothing
         tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
                                                  GROUP, HV, DK, DK_PAD, C)
         d_w, d_kn, d_c = _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq, tok, m_row, p, kn, c, i_n, i_h, q_scale,
@@ -314,7 +314,7 @@ def gdn_bwd_outputs_kernel(q, k, a, b, a_log, dt_bias, d_out, states, dstates, d
                            BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """`gdn_bwd_chunk_kernel`'s first half as a kernel of its own (SPLIT): its dW and shares of dk and dc stored."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
-    if tl.load(chunk_len + i_n) > 0:  # chunk ids past the call's chunks have length 0 (_pieces)
+    if tl.load(chunk_len + i_n) > 0:  # a chunk of no rows (_pieces makes none) computes nothing
         tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
                                                  GROUP, HV, DK, DK_PAD, C)
         d_w, d_kn, d_c = _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq, tok, m_row, p, kn, c, i_n, i_h, q_scale,
@@ -335,7 +335,7 @@ def gdn_bwd_wy_grads_kernel(k, v, a, b, a_log, dt_bias, t_buf, d_delta_buf, d_w_
                             PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """`gdn_bwd_chunk_kernel`'s second half as a kernel of its own (SPLIT)."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
-    if tl.load(chunk_len + i_n) > 0:  # chunk ids past the call's chunks have length 0 (_pieces)
+    if tl.load(chunk_len + i_n) > 0:  # a chunk of no rows (_pieces makes none) computes nothing
         tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
                                                  GROUP, HV, DK, DK_PAD, C)
         o_k = tl.arange(0, DK_PAD)
