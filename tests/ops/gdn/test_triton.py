@@ -64,29 +64,38 @@ def chunks_of_16(monkeypatch):
     monkeypatch.setattr(test_core, "Cache", DeviceCache)
 
 
-@pytest.mark.parametrize("offsets", [None, [0, 5, 15, 3]], ids=["runs from a chunk boundary", "runs from mid-chunk offsets"])
-def test_the_piece_tables_list_every_chunk_piece_once(offsets):
-    """_pieces (built on the host) against an enumeration token by token: per piece its run, the token at its
-    chunk's offset 0 and the offsets [off, stop) it computes; per run its length and first piece; every table on
-    the device 16-byte aligned (the kernels' pointers keep one specialisation)."""
-    lengths, chunk = [1, 40, 16, 7], 16
-    first = torch.tensor([0, 1, 41, 57], dtype=torch.int32, device=DEVICE)
-    offs = torch.tensor(offsets, dtype=torch.int32, device=DEVICE) if offsets else None
-    (run_first, length, chunk0, run, tok0, off, stop), count = gdn_triton._pieces(first, offs, sum(lengths), chunk)
-    want = []  # (run, token at offset 0, off, stop) per piece, in order
-    for r, (start, n) in enumerate(zip(first.tolist(), lengths)):
-        pos0 = offsets[r] if offsets else 0
-        for t in range(n):
-            position = pos0 + t
-            if t == 0 or position % chunk == 0:
-                want.append([r, start + t - position % chunk, position % chunk, position % chunk])
-            want[-1][3] += 1
-    got = [list(row) for row in zip(run.tolist(), tok0.tolist(), off.tolist(), stop.tolist())]
-    assert count == len(want) and got == want
-    assert length.tolist() == lengths and run_first.tolist() == first.tolist()
-    assert chunk0.tolist() == [[w[0] for w in want].index(r) for r in range(len(lengths))]
-    assert all(t.device == first.device and t.dtype == torch.int32 and t.data_ptr() % 16 == 0
-               for t in (run_first, length, chunk0, run, tok0, off, stop))
+@pytest.mark.parametrize("pos0", [[0, 0, 0, 0], [0, 5, 15, 3]], ids=["runs from a chunk boundary", "runs from mid-chunk offsets"])
+def test_the_piece_tables_list_every_chunk_piece_once(pos0):
+    """_run_starts and _pieces (built on the host) against an enumeration token by token: per piece its run, the
+    token at its chunk's offset 0 and the offsets [off, stop) it computes (from each run's position, or from
+    offset 0 as the backward takes them); per run its length and first piece; every table on the device 16-byte
+    aligned (the kernels' pointers keep one specialisation). The same positions object, unchanged, gives the same
+    runs; changed in place, new ones."""
+    lengths, chunk, state_ids = [1, 40, 16, 7], 16, [3, 3, 0, 1]  # the first two runs one sequence, positions apart
+    positions = torch.cat([torch.arange(p, p + n) for p, n in zip(pos0, lengths)]).to(DEVICE)
+    ids = torch.cat([torch.full((n,), s) for s, n in zip(state_ids, lengths)]).to(DEVICE)
+    runs = gdn_triton._run_starts(positions, ids)
+    assert runs.starts.tolist() == runs.first.tolist() == [0, 1, 41, 57]
+    for from_offsets in (True, False):
+        (run_first, length, chunk0, run, tok0, off, stop), count = gdn_triton._pieces(runs, chunk, sum(lengths), from_offsets)
+        want = []  # (run, token at offset 0, off, stop) per piece, in order
+        for r, (start, n) in enumerate(zip(runs.first.tolist(), lengths)):
+            for t in range(n):
+                at = (pos0[r] if from_offsets else 0) + t
+                if t == 0 or at % chunk == 0:
+                    want.append([r, start + t - at % chunk, at % chunk, at % chunk])
+                want[-1][3] += 1
+        got = [list(row) for row in zip(run.tolist(), tok0.tolist(), off.tolist(), stop.tolist())]
+        assert count == len(want) and got == want
+        assert length.tolist() == lengths and run_first.tolist() == [0, 1, 41, 57]
+        assert chunk0.tolist() == [[w[0] for w in want].index(r) for r in range(len(lengths))]
+        assert all(t.device == positions.device and t.dtype == torch.int32 and t.data_ptr() % 16 == 0
+                   for t in (run_first, length, chunk0, run, tok0, off, stop))
+    assert gdn_triton._run_starts(positions, ids) is runs
+    ids[41:] = 3  # runs 2 and 3 now one sequence's, with positions apart: still four runs, found again
+    assert gdn_triton._run_starts(positions, ids) is not runs
+    positions[41:] = positions[40] + 1 + torch.arange(23, device=DEVICE)  # one run from token 1 on
+    assert gdn_triton._run_starts(positions, ids).first.tolist() == [0, 1]
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.bfloat16, 3e-2)])

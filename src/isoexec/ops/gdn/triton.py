@@ -42,6 +42,8 @@ two-launch path's layouts were read, and its bits are tested, rather than assume
 from __future__ import annotations
 
 import os
+import weakref
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -496,45 +498,83 @@ def gdn_walk_kernel(
         tl.store(state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :], s0, mask=m_state)
 
 
-def _pieces(first: Tensor, offsets: Tensor | None, num_tokens: int, chunk_size: int) -> tuple[tuple[Tensor, ...], int]:
-    """A call's runs (from their first tokens, each starting at its chunk offset in `offsets`, or at offset 0 where
-    None) and chunk pieces: per run (first token, length, first piece id), per piece (its run, the token at its
-    chunk's offset 0, the offsets [off, stop) it computes), int32 each on first's device, and the number of pieces.
-    Built on the host: the runs' first tokens come from a host sync already (`_run_starts`), and a table of some
-    twenty small torch ops cost more host time than the kernels it feeds took on the GPU (a call in two launches
-    at 2 x 4096 tokens: 0.7 ms of kernels). One read and one copy to the device, each table 16-byte aligned in it
-    (the kernels' pointer arguments keep one specialisation)."""
-    host = (first if offsets is None else torch.stack([first.int(), offsets.int()])).cpu().numpy().astype(np.int64)
-    first_h, off = (host, np.zeros_like(host)) if offsets is None else (host[0], host[1])
-    length = np.diff(first_h, append=num_tokens)
+class _Runs(NamedTuple):
+    """A call's runs (tokens with consecutive positions in one sequence): each run's first token on the device (the
+    one kernel's `candidates`) and on the host, the position there, and the chunk-piece tables built from them."""
+
+    starts: Tensor
+    first: np.ndarray
+    first_positions: np.ndarray
+    tables: dict
+
+
+# The last call's runs, kept while it is the same positions (and state ids) object, unchanged: every GDN layer of a
+# model's forward (and its backward) gets the one positions tensor, so the host reads it once a forward, not once a
+# layer (each read is a host sync: the GPU drains, then idles while the host enqueues the layer's work).
+_last_runs: tuple | None = None
+
+
+def _same(t: Tensor | None, ref, version: int) -> bool:
+    return (t is None and ref is None) or (t is not None and ref is not None and ref() is t and t._version == version)
+
+
+def _run_starts(positions: Tensor, state_ids: Tensor | None) -> _Runs | None:
+    """The call's runs, or None for every token a candidate while a CUDA graph is captured (no host read then; the
+    kernel's own check is the same either way). One read of the positions (and state ids) to the host, one copy
+    of the starts to the device; the last call's runs again for the same, unchanged tensors."""
+    global _last_runs
+    if positions.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    if _last_runs is not None and _same(positions, *_last_runs[0:2]) and _same(state_ids, *_last_runs[2:4]):
+        return _last_runs[4]
+    both = positions if state_ids is None else torch.stack((positions, state_ids.to(positions.dtype)))
+    host = both.cpu().numpy()
+    pos = host if state_ids is None else host[0]
+    breaks = pos[1:] != pos[:-1] + 1
+    if state_ids is not None:
+        breaks |= host[1][1:] != host[1][:-1]
+    first = np.flatnonzero(np.concatenate(([True], breaks)))
+    runs = _Runs(_to_device(first.astype(np.int32), positions.device), first, pos[first] if pos.shape[0] else first, {})
+    _last_runs = (weakref.ref(positions), positions._version, None if state_ids is None else weakref.ref(state_ids),
+                  None if state_ids is None else state_ids._version, runs)
+    return runs
+
+
+def _to_device(array: np.ndarray, device: torch.device) -> Tensor:
+    """A host array on `device`: from pinned memory without waiting on the device."""
+    t = torch.from_numpy(array)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+
+
+def _pieces(runs: _Runs, chunk_size: int, num_tokens: int, from_offsets: bool = True) -> tuple[tuple[Tensor, ...], int]:
+    """The call's chunk pieces, each run starting at its position's chunk offset (from_offsets), or at offset 0: per
+    run (first token, length, first piece id), per piece (its run, the token at its chunk's offset 0, the offsets
+    [off, stop) it computes), int32 each on the device, and the number of pieces. Built on the host once for the
+    runs (a table of some twenty small torch ops a call cost more host time than the two launches' kernels took on
+    the GPU, 0.7 ms at 2 x 4096 tokens) and copied in one transfer, each table 16-byte aligned in it (the kernels'
+    pointer arguments keep one specialisation)."""
+    key = (chunk_size, num_tokens, from_offsets)
+    if key in runs.tables:
+        return runs.tables[key]
+    first = runs.first.astype(np.int64)
+    off = runs.first_positions.astype(np.int64) % chunk_size if from_offsets else np.zeros_like(first)
+    length = np.diff(first, append=num_tokens)
     pieces = (off + length + chunk_size - 1) // chunk_size
     chunk0 = np.cumsum(pieces) - pieces
     count = int(pieces.sum())
-    run = np.repeat(np.arange(first_h.shape[0]), pieces)
+    run = np.repeat(np.arange(first.shape[0]), pieces)
     index = np.arange(count) - chunk0[run]  # the piece's place in its run
-    tok0 = first_h[run] - off[run] + index * chunk_size
+    tok0 = first[run] - off[run] + index * chunk_size
     piece_off = np.where(index == 0, off[run], 0)
     stop = np.minimum(off[run] + length[run] - index * chunk_size, chunk_size)
-    tables = (first_h, length, chunk0, run, tok0, piece_off, stop)
-    sizes = [-(-t.shape[0] // 4) * 4 for t in tables]
-    packed = np.zeros(sum(sizes), dtype=np.int32)
-    at = np.cumsum([0] + sizes)
+    tables = (first, length, chunk0, run, tok0, piece_off, stop)
+    at = np.cumsum([0] + [-(-t.shape[0] // 4) * 4 for t in tables])
+    packed = np.zeros(at[-1], dtype=np.int32)
     for table, start in zip(tables, at):
         packed[start : start + table.shape[0]] = table
-    on_device = torch.from_numpy(packed).to(first.device)
-    return tuple(on_device[start : start + table.shape[0]] for table, start in zip(tables, at)), count
-
-
-def _run_starts(positions: Tensor, state_ids: Tensor | None) -> Tensor | None:
-    """The tokens a program checks for a run start: each run's first token, or None for every token while a
-    CUDA graph is captured (no host sync then; the kernel's own check is the same either way)."""
-    if positions.is_cuda and torch.cuda.is_current_stream_capturing():
-        return None
-    breaks = positions[1:] != positions[:-1] + 1
-    if state_ids is not None:
-        breaks = breaks | (state_ids[1:] != state_ids[:-1])
-    starts = torch.cat([breaks.new_ones(1), breaks])
-    return torch.nonzero(starts).flatten().to(torch.int32)
+    on_device = _to_device(packed, runs.starts.device)
+    runs.tables[key] = tuple(on_device[start : start + table.shape[0]] for table, start in zip(tables, at)), count
+    return runs.tables[key]
 
 
 def _strided16(t: Tensor, dim_pad: int) -> Tensor:
@@ -548,9 +588,22 @@ def _strided16(t: Tensor, dim_pad: int) -> Tensor:
     return padded[..., : t.shape[2]]
 
 
+_UNREAD: dict = {}
+
+
+def _unread(device: torch.device, dtype: torch.dtype) -> Tensor:
+    """A small tensor for a pointer argument the kernel never reads (no cache), made once per device and dtype."""
+    key = (device, dtype)
+    if key not in _UNREAD:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():  # not from a graph's private pool
+            return torch.zeros(4, dtype=dtype, device=device)
+        _UNREAD[key] = torch.zeros(4, dtype=dtype, device=device)
+    return _UNREAD[key]
+
+
 def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size: int, out_dtype: torch.dtype,
-            precision: str, block_v: int, num_warps: int, starts: Tensor | None = None) -> Tensor:
-    """`starts`: `_run_starts(positions, state_ids)` where the caller has it already."""
+            precision: str, block_v: int, num_warps: int, runs: _Runs | None = None) -> Tensor:
+    """`runs`: `_run_starts(positions, state_ids)` where the caller has it already."""
     num_tokens, num_k_heads, k_dim = q.shape
     num_v_heads, v_dim = v.shape[1:]
     k_pad, v_pad = _padded(k_dim), _padded(v_dim)
@@ -562,21 +615,20 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
         a, b = a.contiguous(), b.contiguous()
     a_log, dt_bias = a_log.contiguous(), dt_bias.contiguous()
     positions = positions.contiguous()
-    candidates = starts if starts is not None else _run_starts(positions, state_ids)
+    runs = runs if runs is not None else _run_starts(positions, state_ids)
     has_cache = state is not None
     if has_cache and (state.data_ptr() % 16 or rows.data_ptr() % 16 or not state.is_contiguous() or not rows.is_contiguous()):
         raise ValueError("gdn.core.triton: the cache's state and rows must be contiguous and 16-byte aligned")
     block_v = min(block_v, v_pad)
-    ids = state_ids.contiguous() if has_cache else positions.new_zeros(1)
+    ids = state_ids.contiguous() if has_cache else _unread(positions.device, positions.dtype)
     if not has_cache:  # pointers the kernel never reads; a decode step (a CUDA graph) launches nothing else
-        state = rows = v.new_zeros(4, dtype=torch.float32)
-    every_token = candidates is None
-    if not every_token and _in_two_launches(num_tokens, candidates.shape[0], num_v_heads, v.device):
-        _fwd_in_two_launches(q, k, v, a, b, a_log, dt_bias, out, state, rows, ids, positions, candidates, has_cache, chunk_size, precision,
+        state = rows = _unread(v.device, torch.float32)
+    every_token = runs is None
+    if not every_token and _in_two_launches(num_tokens, runs.first.shape[0], num_v_heads, v.device):
+        _fwd_in_two_launches(q, k, v, a, b, a_log, dt_bias, out, state, rows, ids, positions, runs, has_cache, chunk_size, precision,
                              block_v, num_warps)
         return out if out.is_contiguous() else out.contiguous()
-    if every_token:
-        candidates = positions.new_empty(1, dtype=torch.int32)
+    candidates = _unread(positions.device, torch.int32) if every_token else runs.starts
     dims = dict(GROUP=num_v_heads // num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, DK_PAD=k_pad, DV_PAD=v_pad, C=chunk_size)
     gdn_fwd_kernel[(num_tokens if every_token else candidates.shape[0], num_v_heads)](
         q, k, v, a, b, a_log, dt_bias, out, state, rows, ids, positions, candidates, num_tokens, float(k_dim**-0.5), int(has_cache),
@@ -634,13 +686,13 @@ def _in_two_launches(num_tokens: int, runs: int, num_v_heads: int, device: torch
     return runs * num_v_heads <= TWO_LAUNCH_MAX_FILL * torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _fwd_in_two_launches(q, k, v, a, b, a_log, dt_bias, out, state, rows, state_ids, positions, starts, has_cache, chunk_size, precision,
+def _fwd_in_two_launches(q, k, v, a, b, a_log, dt_bias, out, state, rows, state_ids, positions, runs, has_cache, chunk_size, precision,
                          block_v, num_warps) -> None:
     """`out` (and the cache) of a call in two launches; the tensors as gdn_fwd pads them."""
     num_tokens, num_k_heads, k_dim = q.shape
     num_v_heads, v_dim = v.shape[1:]
     k_pad, v_pad = _padded(k_dim), _padded(v_dim)
-    (first, length, chunk0, chunk_run, tok0, chunk_off, chunk_stop), num_chunks = _pieces(starts, positions[starts.long()] % chunk_size, num_tokens, chunk_size)
+    (first, length, chunk0, chunk_run, tok0, chunk_off, chunk_stop), num_chunks = _pieces(runs, chunk_size, num_tokens)
     device = v.device
     # The buffers read back only as products' operands hold them as the operands do (bf16 with bf16 products).
     ops = dict(dtype=torch.bfloat16 if precision == "bf16" else torch.float32, device=device)
@@ -669,17 +721,17 @@ class _TritonGDN(torch.autograd.Function):
     def forward(ctx, q, k, v, a, b, a_log, dt_bias, positions, chunk_size, dtypes, tiles):
         ctx.save_for_backward(q, k, v, a, b, a_log, dt_bias, positions)
         ctx.tiles = tiles
-        # The runs' first tokens, found once (a host sync) for the backward too (None while a graph is captured).
-        ctx.starts = _run_starts(positions.contiguous(), None)
+        # The runs, found once (a host read) for the backward too (None while a graph is captured).
+        ctx.runs = _run_starts(positions.contiguous(), None)
         return gdn_fwd(q, k, v, a, b, a_log, dt_bias, None, None, None, positions, chunk_size, torch_dtype(dtypes["output_dtype"]),
-                       starts=ctx.starts, **tiles)
+                       runs=ctx.runs, **tiles)
 
     @staticmethod
     def backward(ctx, grad):
         from .triton_bwd import gdn_bwd  # it builds on this module's helpers
 
         saved = ctx.saved_tensors
-        grads = gdn_bwd(*saved, grad, ctx.tiles["precision"], ctx.starts)
+        grads = gdn_bwd(*saved, grad, ctx.tiles["precision"], ctx.runs)
         return (*(g.to(t.dtype) if need else None for g, t, need in zip(grads, saved, ctx.needs_input_grad)), None, None, None, None)
 
 

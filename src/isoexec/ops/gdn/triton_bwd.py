@@ -38,7 +38,7 @@ from torch import Tensor
 from .. import triton_support
 from ..triton_support import cdiv, jit, tl
 from .triton import (L2_EPS, PRECISIONS, SOFTPLUS_THRESHOLD, SUB, _gates, _inverse, _mm, _operand, _padded, _pieces, _rows_mask,
-                     _run_starts, _stored, _strided16)
+                     _run_starts, _Runs, _stored, _strided16)
 
 
 @jit
@@ -380,10 +380,10 @@ SPLIT, NORM_TOKENS = True, 16
 BF16_BUFFERS = True
 
 
-def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: str, starts: Tensor | None = None) -> tuple[Tensor, ...]:
+def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: str, runs: _Runs | None = None) -> tuple[Tensor, ...]:
     """The gradients of gdn_core (a trainer call: no cache) with respect to q, k, v, a, b, A_log, dt_bias; the
-    products' operands as the forward's `dot_precision`. `starts`: the runs' first tokens as the forward found
-    them (int32), or None to find them here (a host sync)."""
+    products' operands as the forward's `dot_precision`. `runs`: the runs as the forward found them, or None to
+    find them here (a host read)."""
     num_tokens, num_k_heads, k_dim = q.shape
     num_v_heads, v_dim = v.shape[1:]
     group = num_v_heads // num_k_heads
@@ -395,10 +395,10 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
     chunk = CHUNK
     if chunk == 64 and BLOCK_V < 64:
         raise ValueError(f"gdn.core.triton's backward: chunks of 64 need BLOCK_V >= 64, got {BLOCK_V}")
-    if starts is None:
-        starts = _run_starts(positions, None)
+    if runs is None:
+        runs = _run_starts(positions, None)
     # Chunks from each run's first token (this pass's own chunks: any chunk size computes the same function).
-    (first, length, chunk0, _, chunk_first, _, chunk_len), num_chunks = _pieces(starts, None, num_tokens, chunk)
+    (first, length, chunk0, _, chunk_first, _, chunk_len), num_chunks = _pieces(runs, chunk, num_tokens, from_offsets=False)
     block_v = min(BLOCK_V, v_pad)
     runs = (first.shape[0], num_v_heads, cdiv(v_dim, block_v))
     chunks = (num_chunks, num_v_heads)
