@@ -68,9 +68,13 @@ def test_conv_state_holds_the_last_inputs_and_short_runs_keep_older_ones():
     (lambda a, k: a.update(state_ids=torch.tensor([0, 0, 0, 2, 2, 2])), "gdn.conv: state_ids must lie in"),
     (lambda a, k: a.update(positions=torch.tensor([4, 5, 7, 0, 1, 2])), "gdn.conv: consecutive tokens of one slot"),
     (lambda a, k: a.update(conv_state=None), "gdn.conv: without conv_state every run must start at position 0"),
+    (lambda a, k: a.update(state_ids=torch.tensor([0, 0, 1, 1, 0, 0]), positions=torch.tensor([4, 5, 0, 1, 6, 7])),
+     "gdn.conv: a slot appears in two runs"),
+    (lambda a, k: a.update(positions=torch.tensor([4, 5, 6, -1, 0, 1])), "gdn.conv: positions must be non-negative"),
     (lambda a, k: k.update(accum_dtype="float64"), "gdn.conv.triton accumulates in float32 only"),
 ])
 def test_bad_input_is_refused(change, message):
+    """The reference's refusals, their values read from the host's copy of the runs (gdn/runs.py)."""
     args, kwargs = test_conv._bad(change)
     with pytest.raises(ValueError, match="^" + message):
         op(**args, **kwargs)

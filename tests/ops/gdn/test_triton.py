@@ -64,40 +64,6 @@ def chunks_of_16(monkeypatch):
     monkeypatch.setattr(test_core, "Cache", DeviceCache)
 
 
-@pytest.mark.parametrize("pos0", [[0, 0, 0, 0], [0, 5, 15, 3]], ids=["runs from a chunk boundary", "runs from mid-chunk offsets"])
-def test_the_piece_tables_list_every_chunk_piece_once(pos0):
-    """_run_starts and _pieces (built on the host) against an enumeration token by token: per piece its run, the
-    token at its chunk's offset 0 and the offsets [off, stop) it computes (from each run's position, or from
-    offset 0 as the backward takes them); per run its length and first piece; every table on the device 16-byte
-    aligned (the kernels' pointers keep one specialisation). The same positions object, unchanged, gives the same
-    runs; changed in place, new ones."""
-    lengths, chunk, state_ids = [1, 40, 16, 7], 16, [3, 3, 0, 1]  # the first two runs one sequence, positions apart
-    positions = torch.cat([torch.arange(p, p + n) for p, n in zip(pos0, lengths)]).to(DEVICE)
-    ids = torch.cat([torch.full((n,), s) for s, n in zip(state_ids, lengths)]).to(DEVICE)
-    runs = gdn_triton._run_starts(positions, ids)
-    assert runs.starts.tolist() == runs.first.tolist() == [0, 1, 41, 57]
-    for from_offsets in (True, False):
-        (run_first, length, chunk0, run, tok0, off, stop), count = gdn_triton._pieces(runs, chunk, sum(lengths), from_offsets)
-        want = []  # (run, token at offset 0, off, stop) per piece, in order
-        for r, (start, n) in enumerate(zip(runs.first.tolist(), lengths)):
-            for t in range(n):
-                at = (pos0[r] if from_offsets else 0) + t
-                if t == 0 or at % chunk == 0:
-                    want.append([r, start + t - at % chunk, at % chunk, at % chunk])
-                want[-1][3] += 1
-        got = [list(row) for row in zip(run.tolist(), tok0.tolist(), off.tolist(), stop.tolist())]
-        assert count == len(want) and got == want
-        assert length.tolist() == lengths and run_first.tolist() == [0, 1, 41, 57]
-        assert chunk0.tolist() == [[w[0] for w in want].index(r) for r in range(len(lengths))]
-        assert all(t.device == positions.device and t.dtype == torch.int32 and t.data_ptr() % 16 == 0
-                   for t in (run_first, length, chunk0, run, tok0, off, stop))
-    assert gdn_triton._run_starts(positions, ids) is runs
-    ids[41:] = 3  # runs 2 and 3 now one sequence's, with positions apart: still four runs, found again
-    assert gdn_triton._run_starts(positions, ids) is not runs
-    positions[41:] = positions[40] + 1 + torch.arange(23, device=DEVICE)  # one run from token 1 on
-    assert gdn_triton._run_starts(positions, ids).first.tolist() == [0, 1]
-
-
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("min_run", [None, 1], ids=["one launch", "two launches"])
 def test_rows_match_the_float64_recurrence(chunks_of_16, monkeypatch, dtype, tol, min_run):
@@ -297,6 +263,19 @@ def _gradients_against_float64(op, lengths, atol, rtol, norm=None):
             torch.testing.assert_close(got.double(), want, atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
         else:
             assert float((got.double() - want).norm()) <= norm * float(want.norm()), name
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(positions=torch.tensor([0, 1, 5])), "gdn.core: without a cache every run starts at position 0, one starts at 5"),
+    (dict(state_ids=torch.tensor([0, 0, 2])), "gdn.core: a state id lies outside the cache's 2 slots"),
+], ids=["a run from position 5 without a cache", "a slot past the cache"])
+def test_bad_values_are_refused_from_the_hosts_copy_of_the_runs(change, message):
+    """check_inputs' value checks, read from gdn/runs.py's host copy instead of the tensors."""
+    args = {**make_seq(3), **make_params(), "positions": torch.arange(3)}
+    if "state_ids" in change:
+        args.update(state=torch.zeros(2, HV, DK, DV), rows=torch.zeros(2, C, HV, gdn_triton.row_width(HV, DK, DV)))
+    with pytest.raises(ValueError, match="^" + message):
+        triton_op()(**{**args, **change})
 
 
 def test_the_battery_admits_it():

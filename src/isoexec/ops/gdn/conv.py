@@ -28,7 +28,9 @@ from torch import Tensor
 from ..common import expect_dtype, torch_dtype
 
 
-def _check_inputs(x, weight, conv_state, state_ids, positions, input_dtype, weight_dtype):
+def _check_inputs(x, weight, conv_state, state_ids, positions, input_dtype, weight_dtype, read_values=True):
+    """Shapes and dtypes; with `read_values` also the positions' and state ids' ranges, read from the tensors
+    (`check_runs` has them, and `_runs`' checks, from the host's copy instead)."""
     expect_dtype(x, input_dtype, "gdn.conv input")
     expect_dtype(weight, weight_dtype, "gdn.conv weight")
     if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1] or weight.shape[1] < 1:
@@ -38,7 +40,7 @@ def _check_inputs(x, weight, conv_state, state_ids, positions, input_dtype, weig
     for name, t in ids:
         if t.dim() != 1 or t.shape[0] != num_tokens or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
             raise ValueError(f"gdn.conv: {name} must be a [{num_tokens}] integer tensor, got {t.dtype} of shape {tuple(t.shape)}")
-    if num_tokens and int(positions.min()) < 0:
+    if read_values and num_tokens and int(positions.min()) < 0:
         raise ValueError(f"gdn.conv: positions must be non-negative, got {int(positions.min())}")
     if conv_state is None:
         return
@@ -47,10 +49,27 @@ def _check_inputs(x, weight, conv_state, state_ids, positions, input_dtype, weig
         raise ValueError(f"gdn.conv: conv_state must be [N, {width - 1}, {x.shape[1]}], got {tuple(conv_state.shape)}")
     if state_ids is None:
         raise ValueError("gdn.conv: state_ids are required with a conv_state")
-    if num_tokens:
+    if read_values and num_tokens:
         low, high = int(state_ids.min()), int(state_ids.max())
         if not 0 <= low <= high < conv_state.shape[0]:
             raise ValueError(f"gdn.conv: state_ids must lie in [0, {conv_state.shape[0]}), got [{low}, {high}]")
+
+
+def check_runs(runs, conv_state) -> None:
+    """`_check_inputs`' value checks and `_runs`' from a call's `runs.find_runs` (None while a CUDA graph is
+    captured: none), in their order."""
+    if runs is None:
+        return
+    if runs.min_position < 0:
+        raise ValueError(f"gdn.conv: positions must be non-negative, got {runs.min_position}")
+    if conv_state is not None and runs.slots is not None and not 0 <= runs.slots[0] <= runs.slots[1] < conv_state.shape[0]:
+        raise ValueError(f"gdn.conv: state_ids must lie in [0, {conv_state.shape[0]}), got [{runs.slots[0]}, {runs.slots[1]}]")
+    if conv_state is not None and runs.slot_jumps:
+        raise ValueError("gdn.conv: consecutive tokens of one slot must have consecutive positions")
+    if conv_state is None and runs.first_positions.any():
+        raise ValueError(f"gdn.conv: without conv_state every run must start at position 0, got one at {int(runs.first_positions.max())}")
+    if conv_state is not None and runs.slot_in_two_runs:
+        raise ValueError("gdn.conv: a slot appears in two runs of one call")
 
 
 def _runs(state_ids: Tensor | None, positions: Tensor, has_state: bool) -> tuple[Tensor, Tensor]:

@@ -21,6 +21,7 @@ from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
 from ..triton_support import cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
 from . import conv
+from .runs import find_runs
 
 ID = "gdn.conv.triton"
 BLOCK_T, BLOCK_D = 16, 128  # the tile: an element's bits do not depend on it
@@ -156,13 +157,13 @@ def check_constants(constants: dict) -> None:
 def causal_conv(x: Tensor, weight: Tensor, conv_state: Tensor | None, state_ids: Tensor | None, positions: Tensor, *, input_dtype: str,
                 output_dtype: str, weight_dtype: str, accum_dtype: str) -> Tensor:
     """`conv.causal_conv`'s arguments and result. Outside a CUDA graph capture, the reference's checks of
-    the input (one-line errors for bad ids and positions; they read values on the host)."""
+    the input (one-line errors for bad ids and positions), their values from the host's copy of the runs."""
     constants = dict(input_dtype=input_dtype, output_dtype=output_dtype, weight_dtype=weight_dtype, accum_dtype=accum_dtype)
     check_constants(constants)
     require_device(ID, x, weight)
     if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-        conv._check_inputs(x, weight, conv_state, state_ids, positions, input_dtype, weight_dtype)
-        conv._runs(state_ids, positions, conv_state is not None)
+        conv._check_inputs(x, weight, conv_state, state_ids, positions, input_dtype, weight_dtype, read_values=False)
+        conv.check_runs(find_runs(positions, state_ids), conv_state)  # one host read a forward (runs.py)
     if needs_grad(x, weight):
         if conv_state is not None:
             raise ValueError(f"{ID}: a call that records gradients is a trainer forward: it takes no conv_state")

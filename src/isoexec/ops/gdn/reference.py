@@ -121,9 +121,11 @@ def _row(chunk: _Chunk, i: int, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta
     return o
 
 
-def check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, input_dtype, width):
+def check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, input_dtype, width, read_values=True):
     """Shapes and dtypes of a call, shared by the impls; `width`: the floats per value head of the calling
-    impl's cache rows (its `row_width`), None for an impl that does not read them. -> (Hk, Hv, Dk, Dv)."""
+    impl's cache rows (its `row_width`), None for an impl that does not read them. With `read_values`, also the
+    state ids' range and the runs' first positions, read from the tensors (`check_runs` has them from the
+    host's copy instead). -> (Hk, Hv, Dk, Dv)."""
     for name, t in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
         expect_dtype(t, input_dtype, f"gdn.core {name}")
     if q.dim() != 3 or k.shape != q.shape or v.dim() != 3 or v.shape[0] != q.shape[0]:
@@ -151,13 +153,23 @@ def check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, position
         if state_ids.shape != (num_tokens,) or state_ids.is_floating_point():
             raise ValueError(f"gdn.core: state_ids must be [T] integers, got {state_ids.dtype} of shape {tuple(state_ids.shape)}")
         capturing = state_ids.is_cuda and torch.cuda.is_current_stream_capturing()  # a CUDA graph's decode step: no host reads
-        if num_tokens and not capturing and (int(state_ids.min()) < 0 or int(state_ids.max()) >= state.shape[0]):
+        if read_values and num_tokens and not capturing and (int(state_ids.min()) < 0 or int(state_ids.max()) >= state.shape[0]):
             raise ValueError(f"gdn.core: a state id lies outside the cache's {state.shape[0]} slots")
-    elif num_tokens:
+    elif read_values and num_tokens:
         starts = torch.cat([positions.new_ones(1, dtype=torch.bool), positions[1:] != positions[:-1] + 1])
         if bool((starts & (positions != 0)).any()):  # one host read (a mask index would be another)
             raise ValueError(f"gdn.core: without a cache every run starts at position 0, one starts at {int(positions[starts].max())}")
     return num_k_heads, num_v_heads, k_dim, v_dim
+
+
+def check_runs(runs, state: Tensor | None) -> None:
+    """check_inputs' value checks from a call's `runs.find_runs` (None while a CUDA graph is captured: none)."""
+    if runs is None:
+        return
+    if state is not None and runs.slots is not None and (runs.slots[0] < 0 or runs.slots[1] >= state.shape[0]):
+        raise ValueError(f"gdn.core: a state id lies outside the cache's {state.shape[0]} slots")
+    if state is None and runs.first_positions.any():
+        raise ValueError(f"gdn.core: without a cache every run starts at position 0, one starts at {int(runs.first_positions.max())}")
 
 
 def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor, state: Tensor | None = None,

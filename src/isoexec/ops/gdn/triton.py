@@ -42,10 +42,7 @@ two-launch path's layouts were read, and its bits are tested, rather than assume
 from __future__ import annotations
 
 import os
-import weakref
-from typing import NamedTuple
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -55,7 +52,8 @@ from ..common import ALL_CASES, torch_dtype
 from ..triton_support import jit, needs_grad, next_power_of_2, require_device, tl, triton_available
 from .reference import L2_EPS as _L2_EPS
 from .reference import SOFTPLUS_THRESHOLD as _SOFTPLUS_THRESHOLD
-from .reference import check_inputs
+from .reference import check_inputs, check_runs
+from .runs import Runs, find_runs, pieces
 
 ID = "gdn.core.triton"
 VERSION = 3
@@ -385,7 +383,7 @@ def gdn_chunks_kernel(
     width: tl.constexpr = DK_PAD + DV_PAD + 16
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     stop = tl.load(chunk_stop + i_n)
-    if stop > 0:  # a piece of no rows (_pieces makes none) computes nothing
+    if stop > 0:  # a piece of no rows (runs.pieces makes none) computes nothing
         rows = tl.arange(0, C)
         o_k = tl.arange(0, DK_PAD)
         m_k = o_k < DK
@@ -498,85 +496,6 @@ def gdn_walk_kernel(
         tl.store(state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :], s0, mask=m_state)
 
 
-class _Runs(NamedTuple):
-    """A call's runs (tokens with consecutive positions in one sequence): each run's first token on the device (the
-    one kernel's `candidates`) and on the host, the position there, and the chunk-piece tables built from them."""
-
-    starts: Tensor
-    first: np.ndarray
-    first_positions: np.ndarray
-    tables: dict
-
-
-# The last call's runs, kept while it is the same positions (and state ids) object, unchanged: every GDN layer of a
-# model's forward (and its backward) gets the one positions tensor, so the host reads it once a forward, not once a
-# layer (each read is a host sync: the GPU drains, then idles while the host enqueues the layer's work).
-_last_runs: tuple | None = None
-
-
-def _same(t: Tensor | None, ref, version: int) -> bool:
-    return (t is None and ref is None) or (t is not None and ref is not None and ref() is t and t._version == version)
-
-
-def _run_starts(positions: Tensor, state_ids: Tensor | None) -> _Runs | None:
-    """The call's runs, or None for every token a candidate while a CUDA graph is captured (no host read then; the
-    kernel's own check is the same either way). One read of the positions (and state ids) to the host, one copy
-    of the starts to the device; the last call's runs again for the same, unchanged tensors."""
-    global _last_runs
-    if positions.is_cuda and torch.cuda.is_current_stream_capturing():
-        return None
-    if _last_runs is not None and _same(positions, *_last_runs[0:2]) and _same(state_ids, *_last_runs[2:4]):
-        return _last_runs[4]
-    both = positions if state_ids is None else torch.stack((positions, state_ids.to(positions.dtype)))
-    host = both.cpu().numpy()
-    pos = host if state_ids is None else host[0]
-    breaks = pos[1:] != pos[:-1] + 1
-    if state_ids is not None:
-        breaks |= host[1][1:] != host[1][:-1]
-    first = np.flatnonzero(np.concatenate(([True], breaks)))
-    runs = _Runs(_to_device(first.astype(np.int32), positions.device), first, pos[first] if pos.shape[0] else first, {})
-    _last_runs = (weakref.ref(positions), positions._version, None if state_ids is None else weakref.ref(state_ids),
-                  None if state_ids is None else state_ids._version, runs)
-    return runs
-
-
-def _to_device(array: np.ndarray, device: torch.device) -> Tensor:
-    """A host array on `device`: from pinned memory without waiting on the device."""
-    t = torch.from_numpy(array)
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
-
-
-def _pieces(runs: _Runs, chunk_size: int, num_tokens: int, from_offsets: bool = True) -> tuple[tuple[Tensor, ...], int]:
-    """The call's chunk pieces, each run starting at its position's chunk offset (from_offsets), or at offset 0: per
-    run (first token, length, first piece id), per piece (its run, the token at its chunk's offset 0, the offsets
-    [off, stop) it computes), int32 each on the device, and the number of pieces. Built on the host once for the
-    runs (a table of some twenty small torch ops a call cost more host time than the two launches' kernels took on
-    the GPU, 0.7 ms at 2 x 4096 tokens) and copied in one transfer, each table 16-byte aligned in it (the kernels'
-    pointer arguments keep one specialisation)."""
-    key = (chunk_size, num_tokens, from_offsets)
-    if key in runs.tables:
-        return runs.tables[key]
-    first = runs.first.astype(np.int64)
-    off = runs.first_positions.astype(np.int64) % chunk_size if from_offsets else np.zeros_like(first)
-    length = np.diff(first, append=num_tokens)
-    pieces = (off + length + chunk_size - 1) // chunk_size
-    chunk0 = np.cumsum(pieces) - pieces
-    count = int(pieces.sum())
-    run = np.repeat(np.arange(first.shape[0]), pieces)
-    index = np.arange(count) - chunk0[run]  # the piece's place in its run
-    tok0 = first[run] - off[run] + index * chunk_size
-    piece_off = np.where(index == 0, off[run], 0)
-    stop = np.minimum(off[run] + length[run] - index * chunk_size, chunk_size)
-    tables = (first, length, chunk0, run, tok0, piece_off, stop)
-    at = np.cumsum([0] + [-(-t.shape[0] // 4) * 4 for t in tables])
-    packed = np.zeros(at[-1], dtype=np.int32)
-    for table, start in zip(tables, at):
-        packed[start : start + table.shape[0]] = table
-    on_device = _to_device(packed, runs.starts.device)
-    runs.tables[key] = tuple(on_device[start : start + table.shape[0]] for table, start in zip(tables, at)), count
-    return runs.tables[key]
-
-
 def _strided16(t: Tensor, dim_pad: int) -> Tensor:
     """t [T, H, D], or a copy whose rows and heads start on multiples of 16 elements (each head padded to
     `dim_pad`) where t's do not, or its address is not 16-byte aligned: the kernel tells the compiler its
@@ -602,8 +521,8 @@ def _unread(device: torch.device, dtype: torch.dtype) -> Tensor:
 
 
 def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size: int, out_dtype: torch.dtype,
-            precision: str, block_v: int, num_warps: int, runs: _Runs | None = None) -> Tensor:
-    """`runs`: `_run_starts(positions, state_ids)` where the caller has it already."""
+            precision: str, block_v: int, num_warps: int, runs: Runs | None = None) -> Tensor:
+    """`runs`: `find_runs(positions, state_ids)` where the caller has it already."""
     num_tokens, num_k_heads, k_dim = q.shape
     num_v_heads, v_dim = v.shape[1:]
     k_pad, v_pad = _padded(k_dim), _padded(v_dim)
@@ -615,7 +534,7 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
         a, b = a.contiguous(), b.contiguous()
     a_log, dt_bias = a_log.contiguous(), dt_bias.contiguous()
     positions = positions.contiguous()
-    runs = runs if runs is not None else _run_starts(positions, state_ids)
+    runs = runs if runs is not None else find_runs(positions, state_ids)
     has_cache = state is not None
     if has_cache and (state.data_ptr() % 16 or rows.data_ptr() % 16 or not state.is_contiguous() or not rows.is_contiguous()):
         raise ValueError("gdn.core.triton: the cache's state and rows must be contiguous and 16-byte aligned")
@@ -692,7 +611,7 @@ def _fwd_in_two_launches(q, k, v, a, b, a_log, dt_bias, out, state, rows, state_
     num_tokens, num_k_heads, k_dim = q.shape
     num_v_heads, v_dim = v.shape[1:]
     k_pad, v_pad = _padded(k_dim), _padded(v_dim)
-    (first, length, chunk0, chunk_run, tok0, chunk_off, chunk_stop), num_chunks = _pieces(runs, chunk_size, num_tokens)
+    (first, length, chunk0, chunk_run, tok0, chunk_off, chunk_stop), num_chunks = pieces(runs, chunk_size, num_tokens)
     device = v.device
     # The buffers read back only as products' operands hold them as the operands do (bf16 with bf16 products).
     ops = dict(dtype=torch.bfloat16 if precision == "bf16" else torch.float32, device=device)
@@ -718,11 +637,10 @@ def _fwd_in_two_launches(q, k, v, a, b, a_log, dt_bias, out, state, rows, state_
 
 class _TritonGDN(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, a, b, a_log, dt_bias, positions, chunk_size, dtypes, tiles):
+    def forward(ctx, q, k, v, a, b, a_log, dt_bias, positions, chunk_size, dtypes, tiles, runs):
         ctx.save_for_backward(q, k, v, a, b, a_log, dt_bias, positions)
         ctx.tiles = tiles
-        # The runs, found once (a host read) for the backward too (None while a graph is captured).
-        ctx.runs = _run_starts(positions.contiguous(), None)
+        ctx.runs = runs  # for the backward too (None while a graph is captured)
         return gdn_fwd(q, k, v, a, b, a_log, dt_bias, None, None, None, positions, chunk_size, torch_dtype(dtypes["output_dtype"]),
                        runs=ctx.runs, **tiles)
 
@@ -732,7 +650,7 @@ class _TritonGDN(torch.autograd.Function):
 
         saved = ctx.saved_tensors
         grads = gdn_bwd(*saved, grad, ctx.tiles["precision"], ctx.runs)
-        return (*(g.to(t.dtype) if need else None for g, t, need in zip(grads, saved, ctx.needs_input_grad)), None, None, None, None)
+        return (*(g.to(t.dtype) if need else None for g, t, need in zip(grads, saved, ctx.needs_input_grad)), None, None, None, None, None)
 
 
 def check_constants(constants: dict) -> None:
@@ -769,13 +687,16 @@ def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tenso
     if positions is None:
         raise ValueError("gdn.core: positions are required")
     check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, input_dtype,
-                 row_width(v.shape[1], q.shape[-1], v.shape[-1]))
+                 row_width(v.shape[1], q.shape[-1], v.shape[-1]), read_values=False)
+    runs = find_runs(positions, state_ids)  # one host read a forward (runs.py), the checks' values with it
+    check_runs(runs, state)
     require_device(ID, q, k, v, a, b)
     tiles = dict(precision=dot_precision, block_v=block_v, num_warps=num_warps)
     if needs_grad(q, k, v, a, b, a_log, dt_bias):
         dtypes = dict(input_dtype=input_dtype, output_dtype=output_dtype)
-        return _TritonGDN.apply(q, k, v, a, b, a_log, dt_bias, positions, chunk_size, dtypes, tiles)
-    return gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, torch_dtype(output_dtype), **tiles)
+        return _TritonGDN.apply(q, k, v, a, b, a_log, dt_bias, positions, chunk_size, dtypes, tiles, runs)
+    return gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, torch_dtype(output_dtype), runs=runs,
+                   **tiles)
 
 
 SOURCES = (gdn_fwd_kernel, _run, gdn_chunks_kernel, gdn_walk_kernel, _walk_tiles, _piece_keys, _piece_values, _values, _delta, _piece_queries, _outputs,

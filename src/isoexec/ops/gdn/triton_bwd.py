@@ -37,8 +37,9 @@ from torch import Tensor
 
 from .. import triton_support
 from ..triton_support import cdiv, jit, tl
-from .triton import (L2_EPS, PRECISIONS, SOFTPLUS_THRESHOLD, SUB, _gates, _inverse, _mm, _operand, _padded, _pieces, _rows_mask,
-                     _run_starts, _Runs, _stored, _strided16)
+from .runs import Runs, find_runs, pieces
+from .triton import (L2_EPS, PRECISIONS, SOFTPLUS_THRESHOLD, SUB, _gates, _inverse, _mm, _operand, _padded, _rows_mask, _stored,
+                     _strided16)
 
 
 @jit
@@ -89,7 +90,7 @@ def gdn_bwd_wy_kernel(k, v, a, b, a_log, dt_bias, t_buf, w_buf, u_buf, chunk_fir
                       DV_PAD: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """A chunk's T = (I + A)^-1, W = T (β e^c k) and U = T (β v), by the forward's arithmetic (fp32 out)."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
-    if tl.load(chunk_len + i_n) > 0:  # a chunk of no rows (_pieces makes none) computes nothing
+    if tl.load(chunk_len + i_n) > 0:  # a chunk of no rows (runs.pieces makes none) computes nothing
         rows = tl.arange(0, C)
         o_k, o_v = tl.arange(0, DK_PAD), tl.arange(0, DV_PAD)
         m_row = rows < tl.load(chunk_len + i_n)
@@ -297,7 +298,7 @@ def gdn_bwd_chunk_kernel(q, k, v, a, b, a_log, dt_bias, d_out, t_buf, states, ds
                          DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """One chunk's gradients from its S, dS', δ and dδ: every chunk in parallel, the value blocks in a loop."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
-    if tl.load(chunk_len + i_n) > 0:  # a chunk of no rows (_pieces makes none) computes nothing
+    if tl.load(chunk_len + i_n) > 0:  # a chunk of no rows (runs.pieces makes none) computes nothing
         tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
                                                  GROUP, HV, DK, DK_PAD, C)
         d_w, d_kn, d_c = _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq, tok, m_row, p, kn, c, i_n, i_h, q_scale,
@@ -314,7 +315,7 @@ def gdn_bwd_outputs_kernel(q, k, a, b, a_log, dt_bias, d_out, states, dstates, d
                            BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """`gdn_bwd_chunk_kernel`'s first half as a kernel of its own (SPLIT): its dW and shares of dk and dc stored."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
-    if tl.load(chunk_len + i_n) > 0:  # a chunk of no rows (_pieces makes none) computes nothing
+    if tl.load(chunk_len + i_n) > 0:  # a chunk of no rows (runs.pieces makes none) computes nothing
         tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
                                                  GROUP, HV, DK, DK_PAD, C)
         d_w, d_kn, d_c = _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq, tok, m_row, p, kn, c, i_n, i_h, q_scale,
@@ -335,7 +336,7 @@ def gdn_bwd_wy_grads_kernel(k, v, a, b, a_log, dt_bias, t_buf, d_delta_buf, d_w_
                             PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """`gdn_bwd_chunk_kernel`'s second half as a kernel of its own (SPLIT)."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
-    if tl.load(chunk_len + i_n) > 0:  # a chunk of no rows (_pieces makes none) computes nothing
+    if tl.load(chunk_len + i_n) > 0:  # a chunk of no rows (runs.pieces makes none) computes nothing
         tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
                                                  GROUP, HV, DK, DK_PAD, C)
         o_k = tl.arange(0, DK_PAD)
@@ -380,7 +381,7 @@ SPLIT, NORM_TOKENS = True, 16
 BF16_BUFFERS = True
 
 
-def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: str, runs: _Runs | None = None) -> tuple[Tensor, ...]:
+def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: str, runs: Runs | None = None) -> tuple[Tensor, ...]:
     """The gradients of gdn_core (a trainer call: no cache) with respect to q, k, v, a, b, A_log, dt_bias; the
     products' operands as the forward's `dot_precision`. `runs`: the runs as the forward found them, or None to
     find them here (a host read)."""
@@ -396,9 +397,9 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
     if chunk == 64 and BLOCK_V < 64:
         raise ValueError(f"gdn.core.triton's backward: chunks of 64 need BLOCK_V >= 64, got {BLOCK_V}")
     if runs is None:
-        runs = _run_starts(positions, None)
+        runs = find_runs(positions, None)
     # Chunks from each run's first token (this pass's own chunks: any chunk size computes the same function).
-    (first, length, chunk0, _, chunk_first, _, chunk_len), num_chunks = _pieces(runs, chunk, num_tokens, from_offsets=False)
+    (first, length, chunk0, _, chunk_first, _, chunk_len), num_chunks = pieces(runs, chunk, num_tokens, from_offsets=False)
     block_v = min(BLOCK_V, v_pad)
     runs = (first.shape[0], num_v_heads, cdiv(v_dim, block_v))
     chunks = (num_chunks, num_v_heads)
