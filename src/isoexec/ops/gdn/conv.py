@@ -72,8 +72,10 @@ def check_runs(runs, conv_state) -> None:
         raise ValueError("gdn.conv: a slot appears in two runs of one call")
 
 
-def _runs(state_ids: Tensor | None, positions: Tensor, has_state: bool) -> tuple[Tensor, Tensor]:
-    """-> (offset [T]: the token's place in its run, last [R]: each run's last token)."""
+def _runs(state_ids: Tensor | None, positions: Tensor, has_state: bool, check: bool = True) -> tuple[Tensor, Tensor | None]:
+    """-> (offset [T]: the token's place in its run, last [R]: each run's last token). `check`: refuse runs the
+    call's inputs may not have (host reads); off for inputs already checked, where without a state to write
+    `last` is None (not found: its nonzero is a host read too)."""
     num_tokens = positions.shape[0]
     if num_tokens == 0:
         empty = positions.new_zeros(0)
@@ -83,12 +85,14 @@ def _runs(state_ids: Tensor | None, positions: Tensor, has_state: bool) -> tuple
         jump = positions[1:] != positions[:-1] + 1
         if state_ids is not None:
             same = state_ids[1:] == state_ids[:-1]
-            if has_state and bool((same & jump).any()):
+            if check and has_state and bool((same & jump).any()):
                 raise ValueError("gdn.conv: consecutive tokens of one slot must have consecutive positions")
             jump = jump | ~same
         starts[1:] = jump
     index = torch.arange(num_tokens, device=positions.device)
     offset = index - torch.where(starts, index, 0).cummax(0).values
+    if not has_state and not check:
+        return offset, None
     last = torch.cat([starts[1:], starts.new_ones(1)]).nonzero().squeeze(1)
     if not has_state and bool((positions[starts] != 0).any()):
         raise ValueError(f"gdn.conv: without conv_state every run must start at position 0, got one at {int(positions[starts].max())}")
@@ -127,9 +131,16 @@ def causal_conv(x: Tensor, weight: Tensor, conv_state: Tensor | None, state_ids:
                 output_dtype: str, weight_dtype: str, accum_dtype: str) -> Tensor:
     """x [T, D], weight [D, W], conv_state [N, W-1, D] or None, state_ids [T] or None, positions [T] -> [T, D]."""
     _check_inputs(x, weight, conv_state, state_ids, positions, input_dtype, weight_dtype)
+    return conv_rows(x, weight, conv_state, state_ids, positions, accum_dtype, output_dtype)
+
+
+def conv_rows(x: Tensor, weight: Tensor, conv_state: Tensor | None, state_ids: Tensor | None, positions: Tensor, accum_dtype: str,
+              output_dtype: str, check: bool = True) -> Tensor:
+    """causal_conv after its input checks; `check=False` for inputs already checked (no host reads then without a
+    conv_state: gdn.conv.triton's backward recomputes through it)."""
     accum = torch_dtype(accum_dtype)
     width = weight.shape[1]
-    offset, last = _runs(state_ids, positions, conv_state is not None)
+    offset, last = _runs(state_ids, positions, conv_state is not None, check)
     rows = torch.arange(x.shape[0], device=x.device)
     weight_f = weight.to(accum)
     acc = None
