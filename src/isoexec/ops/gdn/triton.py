@@ -592,8 +592,9 @@ WALK_BLOCK_V: int | None = _env_int("ISOEXEC_GDN_WALK_BLOCK_V", 64, least=16)
 if WALK_BLOCK_V is not None and WALK_BLOCK_V & (WALK_BLOCK_V - 1):
     raise ValueError(f"ISOEXEC_GDN_WALK_BLOCK_V must be a power of two >= 16, got {WALK_BLOCK_V}")
 # Whether the walk loads a piece's tiles while the piece before it computes (ISOEXEC_GDN_WALK_PREFETCH=0 turns it
-# off): the loads' latency leaves the state's chain, for the registers of a second set of tiles (225 at 64 columns,
-# 194 at 32; at 128 the spills grow to 368 bytes); 0.91 ms against 1.47 for one run of 512 tokens on an H200.
+# off): the loads' latency leaves the state's chain, for the registers of a second set of tiles (241 at 64 columns
+# with the decayed keys among them, no spills; at 128 the spills grow); 0.91 ms against 1.47 for one run of 512
+# tokens on an H200 (before the decayed keys joined the prefetch).
 WALK_PREFETCH: bool = bool(_env_int("ISOEXEC_GDN_WALK_PREFETCH", 1, least=0))
 
 
