@@ -56,3 +56,13 @@ def test_the_checks_facts():
     assert runs.min_position == -3 and runs.slots is None and not runs.slot_jumps
     empty = find_runs(torch.zeros(0, dtype=torch.long, device=DEVICE), None)
     assert empty.slots is None and empty.min_position == 0 and not empty.first_positions.any()
+
+
+def test_inference_tensors_are_read_each_call():
+    """torch.inference_mode's tensors (vLLM runs models so) track no version: their runs are never kept."""
+    with torch.inference_mode():
+        positions = torch.arange(6, device=DEVICE)
+        runs = find_runs(positions, None)
+        assert runs.first.tolist() == [0]
+        positions[3:] = torch.arange(3, device=DEVICE)
+        assert find_runs(positions, None).first.tolist() == [0, 3]

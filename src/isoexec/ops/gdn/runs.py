@@ -5,7 +5,8 @@ Each host read of the positions or slots is a host sync: the GPU drains its queu
 enqueues what follows. A GDN layer's ops used to read them several times each (the checks' minima, maxima and
 masks, the run starts' nonzero) and every layer again. Here one read serves all: `find_runs` keeps the last
 call's runs while the next call passes the same positions (and state ids) object unchanged — its identity and its
-version counter, which every in-place write bumps — as every GDN layer of a model's forward and the backward do.
+version counter, which every in-place write bumps — as every GDN layer of a model's forward and the backward do
+(inference tensors have no version counter: their runs are found again each call).
 The facts the checks need are computed on the host with the runs, so the checks read nothing more."""
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ def find_runs(positions: Tensor, state_ids: Tensor | None) -> Runs | None:
     global _last
     if positions.is_cuda and torch.cuda.is_current_stream_capturing():
         return None
-    if _last is not None and _same(positions, *_last[0:2]) and _same(state_ids, *_last[2:4]):
+    # An inference tensor (torch.inference_mode, as vLLM runs models) has no version counter: never kept.
+    keep = not positions.is_inference() and (state_ids is None or not state_ids.is_inference())
+    if keep and _last is not None and _same(positions, *_last[0:2]) and _same(state_ids, *_last[2:4]):
         return _last[4]
     both = positions.long() if state_ids is None else torch.stack((positions.long(), state_ids.long()))
     host = both.cpu().numpy()
@@ -63,8 +66,8 @@ def find_runs(positions: Tensor, state_ids: Tensor | None) -> Runs | None:
         slot_in_two_runs=bool(ids is not None and tokens and np.unique(ids[first]).shape[0] != first.shape[0]),
         tables={},
     )
-    _last = (weakref.ref(positions), positions._version, None if state_ids is None else weakref.ref(state_ids),
-             None if state_ids is None else state_ids._version, runs)
+    _last = None if not keep else (weakref.ref(positions), positions._version, None if state_ids is None else weakref.ref(state_ids),
+                                   None if state_ids is None else state_ids._version, runs)
     return runs
 
 
