@@ -6,7 +6,8 @@ enqueues what follows. A GDN layer's ops used to read them several times each (t
 masks, the run starts' nonzero) and every layer again. Here one read serves all: `find_runs` keeps the last
 call's runs while the next call passes the same positions (and state ids) object unchanged — its identity and its
 version counter, which every in-place write bumps — as every GDN layer of a model's forward and the backward do
-(inference tensors have no version counter: their runs are found again each call).
+(inference tensors have no version counter: their runs are found again each call). A write that bypasses the
+counter (a kernel of one's own writing into the tensor's memory, `.data`) is not seen: pass a new tensor then.
 The facts the checks need are computed on the host with the runs, so the checks read nothing more."""
 
 from __future__ import annotations
