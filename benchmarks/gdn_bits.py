@@ -57,6 +57,8 @@ def _settings(module) -> dict:
 def _set(module, setting) -> None:
     if hasattr(module, "TWO_LAUNCH_MIN_RUN"):
         module.TWO_LAUNCH_MIN_RUN, module.WALK_BLOCK_V, module.WALK_PREFETCH = setting
+    if hasattr(module, "TWO_LAUNCH_MAX_FILL"):  # every call of the two-launch settings in two launches, however many programs
+        module.TWO_LAUNCH_MAX_FILL = None
 
 
 def main() -> None:

@@ -134,7 +134,7 @@ if [ "$PART" = gdn-two-launch ]; then
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 profile_gdn_fwd.py 2>&1 | grep -v Warning | tee "$OUT/profile_gdn_fwd.txt")
 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/gdn/test_triton.py 2>&1 | tail -8 | tee "$OUT/pytest_gdn_triton.txt"
 for model in qwen3.5-9b-4l-random qwen3.5-35b-a3b-4l-random; do
-ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=32 python3 -m isoexec audit --device cuda --quiet --model "$model" \
+ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=32 ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL=off python3 -m isoexec audit --device cuda --quiet --model "$model" \
     --contract tiny-hybrid-triton --requests 8 --max-new-tokens 140 --json "$OUT/audit_two_launch_$model.json" 2>&1 | tail -8 \
     | tee "$OUT/audit_two_launch_$model.txt"
 done

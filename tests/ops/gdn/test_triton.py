@@ -68,6 +68,7 @@ def chunks_of_16(monkeypatch):
 @pytest.mark.parametrize("min_run", [None, 1], ids=["one launch", "two launches"])
 def test_rows_match_the_float64_recurrence(chunks_of_16, monkeypatch, dtype, tol, min_run):
     monkeypatch.setattr(gdn_triton, "TWO_LAUNCH_MIN_RUN", min_run)
+    monkeypatch.setattr(gdn_triton, "TWO_LAUNCH_MAX_FILL", None)  # on a GPU too, however many programs the call has
     seqs, params = [make_seq(n, dtype, seed=n) for n in (1, C - 1, C, C + 1, 3 * C + 5)], make_params()
     for seq, out in zip(seqs, test_core.packed(triton_op(dtype), seqs, params)):
         want = textbook(seq, params)
@@ -101,6 +102,7 @@ def test_two_launches_give_one_launchs_bits_and_cache(chunks_of_16, monkeypatch,
     paths = ((None, None, False), (1, 32, False), (1, 32, True)) if precision == "ieee" else ((None, None, False), (1, 32, True))
     for min_run, walk_block, prefetch in paths:
         monkeypatch.setattr(gdn_triton, "TWO_LAUNCH_MIN_RUN", min_run)
+        monkeypatch.setattr(gdn_triton, "TWO_LAUNCH_MAX_FILL", None)  # on a GPU too, however many programs the call has
         monkeypatch.setattr(gdn_triton, "WALK_BLOCK_V", walk_block)
         monkeypatch.setattr(gdn_triton, "WALK_PREFETCH", prefetch)
         op = triton_op(dot_precision=precision)
@@ -172,6 +174,7 @@ def test_at_qwen_head_sizes_every_form_gives_the_trainers_bits(monkeypatch, dtyp
     walk in the contract's blocks of value columns or narrower, its tiles loaded a piece ahead); close to
     float64."""
     monkeypatch.setattr(gdn_triton, "TWO_LAUNCH_MIN_RUN", min_run)
+    monkeypatch.setattr(gdn_triton, "TWO_LAUNCH_MAX_FILL", None)  # on a GPU too, however many programs the call has
     monkeypatch.setattr(gdn_triton, "WALK_BLOCK_V", walk_block)
     monkeypatch.setattr(gdn_triton, "WALK_PREFETCH", prefetch)
     monkeypatch.setattr(test_core, "C", chunk)

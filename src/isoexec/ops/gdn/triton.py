@@ -580,9 +580,10 @@ def _env_int(name: str, default: int | None, least: int) -> int | None:
 # heads (docs/gdn.md, "Two launches"): two launches took 2 x 4096 tokens from 2.8 ms to 1.9 (64 and 32 programs on
 # 132 SMs), were even at one run of 2048, and slower with 8 x 2048 (128 and 256 programs: 2.0 against 1.8) or one
 # run of 512 (0.9 against 0.7). ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=n (or `off`: one launch always) sets the run length
-# for a process; off a GPU (the interpreter) the run length alone decides.
+# for a process, ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL=off drops the fill condition; off a GPU (the interpreter) the run
+# length alone decides.
 TWO_LAUNCH_MIN_RUN: int | None = _env_int("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", 2048, least=1)
-TWO_LAUNCH_MAX_FILL: float | None = 0.5
+TWO_LAUNCH_MAX_FILL: float | None = None if os.environ.get("ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL") == "off" else 0.5
 # The walk's block of value columns, None for the contract's `block_v` (ISOEXEC_GDN_WALK_BLOCK_V=n, a power of
 # two >= 16, or `off`, sets it for a process): an output element's products run over the head dim whatever the block's
 # width, so its bits do not depend on it (equal on the CPU and, at heads of 128, on an H200), and a narrower block
