@@ -571,6 +571,23 @@ def _env_int(name: str, default: int | None, least: int) -> int | None:
     return int(value)
 
 
+def _env_fill(name: str, default: float) -> float | None:
+    """Programs an SM from the environment variable `name` (a positive number); `default` where it is unset or
+    empty, None where it is `off`."""
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    if value == "off":
+        return None
+    try:
+        fill = float(value)
+    except ValueError:
+        fill = -1.0
+    if not fill > 0:
+        raise ValueError(f"{name} must be a positive number or 'off', got {value!r}")
+    return fill
+
+
 # The calls whose runs average at least TWO_LAUNCH_MIN_RUN tokens, and whose one launch would have at most
 # TWO_LAUNCH_MAX_FILL programs (runs x value heads) an SM, run in two launches, `gdn_chunks_kernel` (every chunk
 # piece's chunk-local work at once) and `gdn_walk_kernel` (a walk per run and block of value columns that carries the
@@ -580,10 +597,10 @@ def _env_int(name: str, default: int | None, least: int) -> int | None:
 # heads (docs/gdn.md, "Two launches"): two launches took 2 x 4096 tokens from 2.8 ms to 1.9 (64 and 32 programs on
 # 132 SMs), were even at one run of 2048, and slower with 8 x 2048 (128 and 256 programs: 2.0 against 1.8) or one
 # run of 512 (0.9 against 0.7). ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=n (or `off`: one launch always) sets the run length
-# for a process, ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL=off drops the fill condition; off a GPU (the interpreter) the run
+# for a process, ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL=x (or `off`) the fill; off a GPU (the interpreter) the run
 # length alone decides.
 TWO_LAUNCH_MIN_RUN: int | None = _env_int("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", 2048, least=1)
-TWO_LAUNCH_MAX_FILL: float | None = None if os.environ.get("ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL") == "off" else 0.5
+TWO_LAUNCH_MAX_FILL: float | None = _env_fill("ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL", 0.5)
 # The walk's block of value columns, None for the contract's `block_v` (ISOEXEC_GDN_WALK_BLOCK_V=n, a power of
 # two >= 16, or `off`, sets it for a process): an output element's products run over the head dim whatever the block's
 # width, so its bits do not depend on it (equal on the CPU and, at heads of 128, on an H200), and a narrower block
