@@ -96,7 +96,7 @@ def _runs(state_ids: Tensor | None, positions: Tensor, has_state: bool, check: b
     last = torch.cat([starts[1:], starts.new_ones(1)]).nonzero().squeeze(1)
     if not has_state and bool((positions[starts] != 0).any()):
         raise ValueError(f"gdn.conv: without conv_state every run must start at position 0, got one at {int(positions[starts].max())}")
-    if has_state and torch.unique(state_ids[last]).numel() != last.numel():
+    if check and has_state and torch.unique(state_ids[last]).numel() != last.numel():
         raise ValueError("gdn.conv: a slot appears in two runs of one call")
     return offset, last
 
