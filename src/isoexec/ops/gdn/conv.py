@@ -26,11 +26,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..common import expect_dtype, torch_dtype
+from .runs import find_runs
 
 
-def _check_inputs(x, weight, conv_state, state_ids, positions, input_dtype, weight_dtype, read_values=True):
-    """Shapes and dtypes; with `read_values` also the positions' and state ids' ranges, read from the tensors
-    (`check_runs` has them, and `_runs`' checks, from the host's copy instead)."""
+def _check_inputs(x, weight, conv_state, state_ids, positions, input_dtype, weight_dtype):
+    """Shapes and dtypes (the values' checks are `check_runs`', from the host's copy of the runs)."""
     expect_dtype(x, input_dtype, "gdn.conv input")
     expect_dtype(weight, weight_dtype, "gdn.conv weight")
     if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1] or weight.shape[1] < 1:
@@ -40,8 +40,6 @@ def _check_inputs(x, weight, conv_state, state_ids, positions, input_dtype, weig
     for name, t in ids:
         if t.dim() != 1 or t.shape[0] != num_tokens or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
             raise ValueError(f"gdn.conv: {name} must be a [{num_tokens}] integer tensor, got {t.dtype} of shape {tuple(t.shape)}")
-    if read_values and num_tokens and int(positions.min()) < 0:
-        raise ValueError(f"gdn.conv: positions must be non-negative, got {int(positions.min())}")
     if conv_state is None:
         return
     expect_dtype(conv_state, input_dtype, "gdn.conv conv_state")
@@ -49,15 +47,10 @@ def _check_inputs(x, weight, conv_state, state_ids, positions, input_dtype, weig
         raise ValueError(f"gdn.conv: conv_state must be [N, {width - 1}, {x.shape[1]}], got {tuple(conv_state.shape)}")
     if state_ids is None:
         raise ValueError("gdn.conv: state_ids are required with a conv_state")
-    if read_values and num_tokens:
-        low, high = int(state_ids.min()), int(state_ids.max())
-        if not 0 <= low <= high < conv_state.shape[0]:
-            raise ValueError(f"gdn.conv: state_ids must lie in [0, {conv_state.shape[0]}), got [{low}, {high}]")
 
 
 def check_runs(runs, conv_state) -> None:
-    """`_check_inputs`' value checks and `_runs`' from a call's `runs.find_runs` (None while a CUDA graph is
-    captured: none), in their order."""
+    """The value checks of a call, from its `runs.find_runs` (None while a CUDA graph is captured: none)."""
     if runs is None:
         return
     if runs.min_position < 0:
@@ -72,10 +65,9 @@ def check_runs(runs, conv_state) -> None:
         raise ValueError("gdn.conv: a slot appears in two runs of one call")
 
 
-def _runs(state_ids: Tensor | None, positions: Tensor, has_state: bool, check: bool = True) -> tuple[Tensor, Tensor | None]:
-    """-> (offset [T]: the token's place in its run, last [R]: each run's last token). `check`: refuse runs the
-    call's inputs may not have (host reads); off for inputs already checked, where without a state to write
-    `last` is None (not found: its nonzero is a host read too)."""
+def _runs(state_ids: Tensor | None, positions: Tensor, with_last: bool) -> tuple[Tensor, Tensor | None]:
+    """-> (offset [T]: the token's place in its run, last [R]: each run's last token, None unless `with_last`:
+    its nonzero is a host read). Inputs checked by `check_runs`."""
     num_tokens = positions.shape[0]
     if num_tokens == 0:
         empty = positions.new_zeros(0)
@@ -83,22 +75,12 @@ def _runs(state_ids: Tensor | None, positions: Tensor, has_state: bool, check: b
     starts = torch.ones(num_tokens, dtype=torch.bool, device=positions.device)
     if num_tokens > 1:
         jump = positions[1:] != positions[:-1] + 1
-        if state_ids is not None:
-            same = state_ids[1:] == state_ids[:-1]
-            if check and has_state and bool((same & jump).any()):
-                raise ValueError("gdn.conv: consecutive tokens of one slot must have consecutive positions")
-            jump = jump | ~same
-        starts[1:] = jump
+        starts[1:] = jump if state_ids is None else jump | (state_ids[1:] != state_ids[:-1])
     index = torch.arange(num_tokens, device=positions.device)
     offset = index - torch.where(starts, index, 0).cummax(0).values
-    if not has_state and not check:
+    if not with_last:
         return offset, None
-    last = torch.cat([starts[1:], starts.new_ones(1)]).nonzero().squeeze(1)
-    if not has_state and bool((positions[starts] != 0).any()):
-        raise ValueError(f"gdn.conv: without conv_state every run must start at position 0, got one at {int(positions[starts].max())}")
-    if check and has_state and torch.unique(state_ids[last]).numel() != last.numel():
-        raise ValueError("gdn.conv: a slot appears in two runs of one call")
-    return offset, last
+    return offset, torch.cat([starts[1:], starts.new_ones(1)]).nonzero().squeeze(1)
 
 
 def _input_at(x: Tensor, conv_state: Tensor | None, state_ids: Tensor | None, positions: Tensor, offset: Tensor, rows: Tensor,
@@ -131,16 +113,17 @@ def causal_conv(x: Tensor, weight: Tensor, conv_state: Tensor | None, state_ids:
                 output_dtype: str, weight_dtype: str, accum_dtype: str) -> Tensor:
     """x [T, D], weight [D, W], conv_state [N, W-1, D] or None, state_ids [T] or None, positions [T] -> [T, D]."""
     _check_inputs(x, weight, conv_state, state_ids, positions, input_dtype, weight_dtype)
+    check_runs(find_runs(positions, state_ids), conv_state)
     return conv_rows(x, weight, conv_state, state_ids, positions, accum_dtype, output_dtype)
 
 
 def conv_rows(x: Tensor, weight: Tensor, conv_state: Tensor | None, state_ids: Tensor | None, positions: Tensor, accum_dtype: str,
-              output_dtype: str, check: bool = True) -> Tensor:
-    """causal_conv after its input checks; `check=False` for inputs already checked (no host reads then without a
-    conv_state: gdn.conv.triton's backward recomputes through it)."""
+              output_dtype: str) -> Tensor:
+    """causal_conv after its input checks (without a conv_state, no host reads: gdn.conv.triton's backward
+    recomputes through it)."""
     accum = torch_dtype(accum_dtype)
     width = weight.shape[1]
-    offset, last = _runs(state_ids, positions, conv_state is not None, check)
+    offset, last = _runs(state_ids, positions, conv_state is not None)
     rows = torch.arange(x.shape[0], device=x.device)
     weight_f = weight.to(accum)
     acc = None
@@ -155,8 +138,9 @@ def native_causal_conv(x: Tensor, weight: Tensor, conv_state: Tensor | None, sta
                        input_dtype: str, output_dtype: str, weight_dtype: str, accum_dtype: str) -> Tensor:
     """The reference's signature; the backend picks its own accumulation, so `accum_dtype` is unused."""
     _check_inputs(x, weight, conv_state, state_ids, positions, input_dtype, weight_dtype)
+    check_runs(find_runs(positions, state_ids), conv_state)
     num_dims, width = weight.shape
-    offset, last = _runs(state_ids, positions, conv_state is not None)
+    offset, last = _runs(state_ids, positions, with_last=True)
     y = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
     first = last - offset[last]
     lengths = (offset[last] + 1).tolist()

@@ -141,7 +141,7 @@ class _TritonConv(torch.autograd.Function):
         leaves = [t.detach().requires_grad_(need) for t, need in zip((x, weight), ctx.needs_input_grad[:2])]
         with torch.enable_grad():
             # The forward checked these inputs: no host reads again.
-            out = conv.conv_rows(*leaves, None, None, positions, ctx.constants["accum_dtype"], ctx.constants["output_dtype"], check=False)
+            out = conv.conv_rows(*leaves, None, None, positions, ctx.constants["accum_dtype"], ctx.constants["output_dtype"])
         wanted = [t for t in leaves if t.requires_grad]
         grads = iter(torch.autograd.grad(out, wanted, grad.to(out.dtype), allow_unused=True))
         return (*(next(grads) if t.requires_grad else None for t in leaves), None, None)
@@ -163,7 +163,7 @@ def causal_conv(x: Tensor, weight: Tensor, conv_state: Tensor | None, state_ids:
     check_constants(constants)
     require_device(ID, x, weight)
     if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-        conv._check_inputs(x, weight, conv_state, state_ids, positions, input_dtype, weight_dtype, read_values=False)
+        conv._check_inputs(x, weight, conv_state, state_ids, positions, input_dtype, weight_dtype)
         conv.check_runs(find_runs(positions, state_ids), conv_state)  # one host read a forward (runs.py)
     if needs_grad(x, weight):
         if conv_state is not None:

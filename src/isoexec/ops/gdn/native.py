@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..common import torch_dtype
-from .reference import L2_EPS, _runs, check_inputs
+from .reference import L2_EPS, check_inputs, check_runs, run_spans
+from .runs import find_runs
 
 
 def row_width(num_v_heads: int, k_dim: int, v_dim: int) -> int:
@@ -64,6 +65,8 @@ def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tenso
         raise ValueError("gdn.core: positions are required")
     num_k_heads, num_v_heads, k_dim, v_dim = check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size,
                                                           input_dtype, None)
+    runs = find_runs(positions, state_ids)
+    check_runs(runs, state)
     group = num_v_heads // num_k_heads
     beta = b.float().sigmoid()
     g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())
@@ -71,9 +74,7 @@ def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tenso
     kn = _normalized(k.float()).repeat_interleave(group, dim=1)
     vf = v.float()
     outputs = []
-    for start, stop in _runs(state_ids, positions):
-        first = int(positions[start])
-        slot = None if state is None else int(state_ids[start])
+    for start, stop, first, slot in run_spans(runs, q.shape[0]):
         running = vf.new_zeros((num_v_heads, k_dim, v_dim)) if first == 0 else state[slot].float()
         span = slice(start, stop)
         if stop - start == 1:

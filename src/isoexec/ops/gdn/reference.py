@@ -30,6 +30,7 @@ from torch import Tensor
 
 from ..common import expect_dtype, torch_dtype
 from ..reduce import blocked_sum, tree_sum
+from .runs import find_runs
 
 L2_EPS = 1e-6  # l2norm's epsilon in Qwen3-Next / Qwen3.5 (and flash-linear-attention)
 SOFTPLUS_THRESHOLD = 20.0  # torch's softplus returns x itself above this
@@ -54,16 +55,13 @@ def l2_normalized(x: Tensor, block: int, block_tree: str, tree: str) -> Tensor:
     return x * torch.rsqrt(blocked_sum(x * x, block, block_tree, tree) + L2_EPS)[..., None]
 
 
-def _runs(state_ids: Tensor | None, positions: Tensor) -> list[tuple[int, int]]:
-    """[start, stop) of each run: consecutive tokens of one sequence (same state id, positions +1)."""
-    n = positions.shape[0]
-    if n == 0:
+def run_spans(runs, num_tokens: int) -> list[tuple[int, int, int, int | None]]:
+    """(start, stop, first position, slot or None) of each run of a call's `runs.find_runs`."""
+    if num_tokens == 0:
         return []
-    breaks = positions[1:] != positions[:-1] + 1
-    if state_ids is not None:
-        breaks = breaks | (state_ids[1:] != state_ids[:-1])
-    starts = [0, *(torch.nonzero(breaks).flatten() + 1).tolist()]
-    return list(zip(starts, [*starts[1:], n]))
+    stops = [*runs.first[1:].tolist(), num_tokens]
+    slots = [None] * len(stops) if runs.first_slots is None else runs.first_slots.tolist()
+    return list(zip(runs.first.tolist(), stops, runs.first_positions.tolist(), slots))
 
 
 class _Chunk:
@@ -121,11 +119,10 @@ def _row(chunk: _Chunk, i: int, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta
     return o
 
 
-def check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, input_dtype, width, read_values=True):
+def check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, input_dtype, width):
     """Shapes and dtypes of a call, shared by the impls; `width`: the floats per value head of the calling
-    impl's cache rows (its `row_width`), None for an impl that does not read them. With `read_values`, also the
-    state ids' range and the runs' first positions, read from the tensors (`check_runs` has them from the
-    host's copy instead). -> (Hk, Hv, Dk, Dv)."""
+    impl's cache rows (its `row_width`), None for an impl that does not read them. The values (state ids' range,
+    runs' first positions) are `check_runs`' from the host's copy of the runs. -> (Hk, Hv, Dk, Dv)."""
     for name, t in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
         expect_dtype(t, input_dtype, f"gdn.core {name}")
     if q.dim() != 3 or k.shape != q.shape or v.dim() != 3 or v.shape[0] != q.shape[0]:
@@ -152,18 +149,11 @@ def check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, position
             raise ValueError(f"gdn.core: rows must be float32 [N, {chunk_size}, {num_v_heads}, {width}], got {rows.dtype} {tuple(rows.shape)}")
         if state_ids.shape != (num_tokens,) or state_ids.is_floating_point():
             raise ValueError(f"gdn.core: state_ids must be [T] integers, got {state_ids.dtype} of shape {tuple(state_ids.shape)}")
-        capturing = state_ids.is_cuda and torch.cuda.is_current_stream_capturing()  # a CUDA graph's decode step: no host reads
-        if read_values and num_tokens and not capturing and (int(state_ids.min()) < 0 or int(state_ids.max()) >= state.shape[0]):
-            raise ValueError(f"gdn.core: a state id lies outside the cache's {state.shape[0]} slots")
-    elif read_values and num_tokens:
-        starts = torch.cat([positions.new_ones(1, dtype=torch.bool), positions[1:] != positions[:-1] + 1])
-        if bool((starts & (positions != 0)).any()):  # one host read (a mask index would be another)
-            raise ValueError(f"gdn.core: without a cache every run starts at position 0, one starts at {int(positions[starts].max())}")
     return num_k_heads, num_v_heads, k_dim, v_dim
 
 
 def check_runs(runs, state: Tensor | None) -> None:
-    """check_inputs' value checks from a call's `runs.find_runs` (None while a CUDA graph is captured: none)."""
+    """The value checks of a call, from its `runs.find_runs` (None while a CUDA graph is captured: none)."""
     if runs is None:
         return
     if state is not None and runs.slots is not None and (runs.slots[0] < 0 or runs.slots[1] >= state.shape[0]):
@@ -189,6 +179,8 @@ def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tenso
         raise ValueError("gdn.core: positions are required")
     num_k_heads, num_v_heads, k_dim, v_dim = check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size,
                                                           input_dtype, row_width(v.shape[1], q.shape[-1], v.shape[-1]))
+    runs = find_runs(positions, state_ids)
+    check_runs(runs, state)
     accum = torch_dtype(accum_dtype)
     reduce = dict(block=reduce_block, block_tree=block_tree, tree=tree)
     group = num_v_heads // num_k_heads
@@ -199,9 +191,7 @@ def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tenso
     vf = v.to(accum)
     width = row_width(num_v_heads, k_dim, v_dim)
     outputs = []
-    for start, stop in _runs(state_ids, positions):
-        first = int(positions[start])
-        slot = None if state is None else int(state_ids[start])
+    for start, stop, first, slot in run_spans(runs, q.shape[0]):
         if first == 0:  # a sequence starts from a zero state, whatever its cache slot held before
             chunk = _Chunk(q.new_zeros((num_v_heads, k_dim, v_dim), dtype=accum), q.new_zeros((chunk_size, num_v_heads, width), dtype=accum),
                            k_dim, v_dim)

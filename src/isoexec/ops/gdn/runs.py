@@ -24,6 +24,7 @@ class Runs(NamedTuple):
     starts: Tensor  # [R] int32 on the positions' device: each run's first token
     first: np.ndarray  # the same on the host
     first_positions: np.ndarray  # each run's first token's position
+    first_slots: np.ndarray | None  # each run's state id, None without state ids
     min_position: int  # the smallest position (0 for no tokens)
     slots: tuple[int, int] | None  # the smallest and largest state id, None without state ids (or tokens)
     slot_jumps: bool  # whether consecutive tokens of one slot have positions that are not consecutive
@@ -61,6 +62,7 @@ def find_runs(positions: Tensor, state_ids: Tensor | None) -> Runs | None:
         starts=to_device(first.astype(np.int32), positions.device),
         first=first,
         first_positions=pos[first] if tokens else np.zeros(1, dtype=np.int64),
+        first_slots=ids[first] if ids is not None and tokens else None,
         min_position=int(pos.min()) if tokens else 0,
         slots=(int(ids.min()), int(ids.max())) if ids is not None and tokens else None,
         slot_jumps=bool((same_slot & jump).any()) if ids is not None else False,

@@ -706,7 +706,7 @@ def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tenso
     if positions is None:
         raise ValueError("gdn.core: positions are required")
     check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, input_dtype,
-                 row_width(v.shape[1], q.shape[-1], v.shape[-1]), read_values=False)
+                 row_width(v.shape[1], q.shape[-1], v.shape[-1]))
     runs = find_runs(positions, state_ids)  # one host read a forward (runs.py), the checks' values with it
     check_runs(runs, state)
     require_device(ID, q, k, v, a, b)
