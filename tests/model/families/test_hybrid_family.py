@@ -4,7 +4,6 @@ back from what it writes, a multimodal checkpoint read for its language model, b
 line, and the engine (prefill chunks cut anywhere, decode from every offset of a chunk, preemption, the
 per-sequence state in its slots) bitwise the trainer's under tiny-hybrid, with native's two forms visibly not."""
 
-import dataclasses
 import json
 import logging
 

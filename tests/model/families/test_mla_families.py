@@ -3,7 +3,6 @@ attention and experts) on odd tiny configs, checkpoints in either expert layout 
 ignored, clear errors for bad configs, and the engine (prefill chunks, decode) and trainer bitwise under
 tiny-mla, with the two-form native MLA visibly not."""
 
-import json
 import logging
 
 import pytest

@@ -12,7 +12,7 @@ from conftest import bitwise_equal, preset_dict
 from controls import control_dict, control_moe_experts
 from isoexec.audit import all_equal, run_audit
 from isoexec.contract import Contract, fit_contract, load_preset
-from isoexec.model import PRESETS, SpecError, dense_fields, dense_spec, init_random, load, read_config, save
+from isoexec.model import PRESETS, SpecError, dense_spec, init_random, load, read_config, save
 from isoexec.model.families.qwen3_moe import moe_spec
 
 transformers = pytest.importorskip("transformers")

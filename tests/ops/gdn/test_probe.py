@@ -4,7 +4,6 @@ form is other arithmetic; the probes at a fitted model's widths."""
 
 import functools
 
-import pytest
 import torch
 
 from conftest import preset_dict

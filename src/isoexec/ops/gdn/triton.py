@@ -12,25 +12,9 @@ state at its start: no intermediate a later call would have to reproduce. A piec
 open writes its rows into the slot itself, the fields every value block reads (k, g, β) from the last
 block, after every block has read the slot's earlier rows: one launch a call.
 
-A chunk piece, for rows r < `stop` (rows past it are zero, finite and never read by a row before them):
-1. gates, l2 norms (`tl.sum` over the head dim), the decay cumsum c (`tl.cumsum` over the C rows: a prefix
-   scan, so row r's value depends on rows <= r alone);
-2. A = β_i (k_i · k_j) exp(c_i - c_j) below the diagonal, one product; T = (I + A)^-1 by block products
-   (`_inverse`): every factor lower triangular, so row i of T reads rows <= i of A only;
-3. W = T (β e^c k), U = T (β v), δ = U - W S₀, o = e^c (q S₀) + (q kᵀ ∘ decay, j <= i) δ; when the chunk
-   closes, S₀ ← e^{c_last} S₀ + (k e^{c_last - c})ᵀ δ.
-The products take `dot_precision` (ieee fp32 on the FMA units, tf32 or bf16 operands on the tensor cores,
-fp32 accumulation either way; the inverse's take tf32 where the others take bf16). An MMA's element is a
-function of its own row and column, and the rows a row does not see are zero or multiplied by an exact
-zero, so a row's bits do not depend on the rows after it (a zero's sign may: the output takes +0.0).
-
-A call can also run in two launches (`TWO_LAUNCH_MIN_RUN`): `gdn_chunks_kernel` does every chunk piece's
-chunk-local work at once (steps 1, 2 and W, U, the queries, the scores, the decayed keys, by chunk row into
-buffers), `gdn_walk_kernel` walks each run with the state alone (δ, o and the next S₀ from those buffers) and
-leaves the slot as the one kernel does. Both call the one kernel's helpers on the same tiles; what a launch
-boundary could change is a reduction's layout (its summation order), and compiled for sm_90 the l2 norms' sums
-and the cumsum take the one kernel's layouts; buffers read back only as operands hold operands (bf16 with bf16
-products), so the stores round nothing the products would not.
+The tiles a chunk piece computes, and why a row's bits do not depend on the rows after it, are in
+`triton_tiles.py`. A call whose runs are long can instead run in two launches (`triton_two_launch.py`, the path
+choice below) with the same bits.
 
 Each kernel compiles once for every case: nothing that differs between a trainer call and an engine call
 is a constexpr or a specialised integer (has_cache, T and the strides are runtime values; the wrapper
@@ -49,189 +33,23 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
-from ..triton_support import jit, needs_grad, next_power_of_2, require_device, tl, triton_available
-from .reference import L2_EPS as _L2_EPS
-from .reference import SOFTPLUS_THRESHOLD as _SOFTPLUS_THRESHOLD
+from ..triton_support import jit, needs_grad, require_device, tl, triton_available
+from . import triton_tiles, triton_two_launch
 from .reference import check_inputs, check_runs
-from .runs import Runs, find_runs, pieces
+from .runs import Runs, find_runs
+from .triton_bwd import gdn_bwd
+from .triton_tiles import (PRECISIONS, SUB, _advanced, _decayed, _delta, _operand, _outputs, _padded, _piece_keys, _piece_queries,
+                           _piece_values, _rows_mask, _strided16, _values)
 
 ID = "gdn.core.triton"
 VERSION = 3
-# The reference's constants, as constexprs a kernel may read.
-L2_EPS = tl.constexpr(_L2_EPS) if tl is not None else _L2_EPS
-SOFTPLUS_THRESHOLD = tl.constexpr(_SOFTPLUS_THRESHOLD) if tl is not None else _SOFTPLUS_THRESHOLD
 DTYPES = ("bfloat16", "float32")
-PRECISIONS = {"ieee": 0, "tf32": 1, "bf16": 2}
-SUB = 16  # rows of the inverse's diagonal blocks: tl.dot's smallest tile
-
-
-def _padded(dim: int) -> int:
-    """A head dim as the kernel tiles it: a power of two >= 16 (tl.dot's smallest tile)."""
-    return max(16, next_power_of_2(dim))
 
 
 def row_width(num_v_heads: int, k_dim: int, v_dim: int) -> int:
     """Floats a cached open-chunk row holds per value head: the inputs k and v as given (in [Dk_pad] and
     [Dv_pad] fields), then g and β, padded to 16 floats so that every field starts 64-byte aligned."""
     return _padded(k_dim) + _padded(v_dim) + 16
-
-
-@jit
-def _operand(x, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """x as a product operand: rounded to bf16 where PRECISION is 2 (kept as bf16, half the registers; widened
-    back to fp32 in the interpreter, which multiplies bf16 bit patterns: triton_support's doc), else x."""
-    if PRECISION == 2 and INTERPRET:
-        y = x.to(tl.bfloat16).to(tl.float32)
-    elif PRECISION == 2:
-        y = x.to(tl.bfloat16)
-    else:
-        y = x
-    return y
-
-
-@jit
-def _mm(a, b, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """a @ b of `_operand`s, accumulated in fp32: tensor cores with bf16 (2) or tf32 (1) operands, or ieee
-    fp32 (0, the FMA units); the interpreter's products are its fixed-order fp32 sums in every case."""
-    if INTERPRET:
-        y = tl.dot(a, b, input_precision="ieee")
-    elif PRECISION == 2:
-        y = tl.dot(a, b)
-    elif PRECISION == 1:
-        y = tl.dot(a, b, input_precision="tf32")
-    else:
-        y = tl.dot(a, b, input_precision="ieee")
-    return y
-
-
-@jit
-def _gates(a, b, neg_a, bias):
-    """g = -exp(A_log) softplus(a + dt_bias) (softplus x itself above its threshold) and β = sigmoid(b), in fp32."""
-    x = a.to(tl.float32) + bias
-    g = neg_a * tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(tl.where(x > SOFTPLUS_THRESHOLD, 0.0, x))))
-    return g, 1.0 / (1.0 + tl.exp(-b.to(tl.float32)))
-
-
-@jit
-def _inverse(system, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """(I + A)^-1 of a strictly lower [C, C] A, by products alone (no serial row loop): with D its SUB-row
-    diagonal blocks and L the rest, T_D = (I + D)^-1 = (I - D)(I + D²)(I + D⁴)… (D^SUB = 0), N = T_D L and
-    (I + A)^-1 = (I + N)^-1 T_D = (I - N)(I + N²)… T_D (N^(C / SUB) = 0). Every factor is lower
-    triangular, so row i of the result reads rows <= i of A alone; the powers stay within a block or a
-    few, where entries of |A| <= 1 cannot grow far. Products in tf32 where the others take bf16 (the
-    inverse then feeds bf16 products, as flash-linear-attention's does)."""
-    INV: tl.constexpr = 1 if PRECISION == 2 else PRECISION
-    rows = tl.arange(0, C)
-    eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-    same_block = rows[:, None] // SUB == rows[None, :] // SUB
-    d = tl.where(same_block, system, 0.0)
-    inv = eye - d
-    power = d
-    for _ in tl.static_range(SUB.bit_length() - 2):  # D², D⁴, D⁸ for blocks of 16
-        power = _mm(power, power, INV, INTERPRET)
-        inv = inv + _mm(inv, power, INV, INTERPRET)
-    n = _mm(inv, tl.where(same_block, 0.0, system), INV, INTERPRET)
-    t = eye - n
-    power = n
-    for _ in tl.static_range((C // SUB).bit_length() - 2):  # N² for four blocks
-        power = _mm(power, power, INV, INTERPRET)
-        t = t + _mm(t, power, INV, INTERPRET)
-    return _mm(t, inv, INV, INTERPRET)
-
-
-@jit
-def _rows_mask(rows_in, m_cols, WHOLE: tl.constexpr):
-    """[C, D] mask of the rows in `rows_in`, and of the columns `m_cols` unless the tile's columns are all
-    in the head (WHOLE): a column mask Triton cannot see through keeps a load from being vectorised."""
-    if WHOLE:
-        m = rows_in[:, None]
-    else:
-        m = rows_in[:, None] & m_cols[None, :]
-    return m
-
-
-@jit
-def _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, neg_a, bias, stride_kt, stride_kh, stride_at,
-                DK: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
-                INTERPRET: tl.constexpr):
-    """Steps 1 and 2 of a chunk piece and W: the rows' keys and gates (the `cached` rows from the slot, the
-    `piece` rows from the call, zeros past them), the l2-normalised keys kn, the decay cumsum c, the inverse T
-    and W = T (β e^c k). Returns kf, g and β as the slot keeps them, then kn, c, T and W (operands)."""
-    rows = tl.arange(0, C)
-    below = rows[:, None] > rows[None, :]
-    # Every stride is a multiple of 16 elements (gdn_fwd pads where not), so loads are 16-byte vectors.
-    k_rows = tl.multiple_of(tok64 * stride_kt + i_kh * stride_kh, 16)
-    m_ck, m_pk = _rows_mask(cached, m_k, DK == DK_PAD), _rows_mask(piece, m_k, DK == DK_PAD)
-    kf = tl.where(m_ck, tl.load(p_cached[:, None] + o_k[None, :], mask=m_ck, other=0.0),
-                  tl.load(k + k_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32))
-    g, beta = _gates(tl.load(a + tok64 * stride_at + i_h, mask=piece, other=0.0),
-                     tl.load(b + tok64 * stride_at + i_h, mask=piece, other=0.0), neg_a, bias)
-    g = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD, mask=cached, other=0.0), tl.where(piece, g, 0.0))
-    beta = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD + 1, mask=cached, other=0.0), tl.where(piece, beta, 0.0))
-    kn = _operand(kf * (1.0 / tl.sqrt(tl.sum(kf * kf, 1) + L2_EPS))[:, None], PRECISION, INTERPRET)  # [C, DK_PAD]
-    c = tl.cumsum(g, 0)
-    gram = _mm(kn, tl.trans(kn), PRECISION, INTERPRET)  # [C, C]
-    system = tl.where(below, beta[:, None] * gram * tl.exp(tl.where(below, c[:, None] - c[None, :], 0.0)), 0.0)
-    inverse = _operand(_inverse(system, C, SUB, PRECISION, INTERPRET), PRECISION, INTERPRET)
-    w = _operand(_mm(inverse, _operand((beta * tl.exp(c))[:, None] * kn.to(tl.float32), PRECISION, INTERPRET), PRECISION, INTERPRET),
-                 PRECISION, INTERPRET)  # [C, DK_PAD]
-    return kf, g, beta, kn, c, inverse, w
-
-
-@jit
-def _piece_values(v, p_cached, tok64, piece, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD: tl.constexpr, DV: tl.constexpr,
-                  BV: tl.constexpr):
-    """The rows' values in columns o_v: the `cached` rows from the slot, the `piece` rows from the call, zeros past them."""
-    v_rows = tl.multiple_of(tok64 * stride_vt + i_h * stride_vh, 16)
-    m_cv, m_pv = _rows_mask(cached, m_v, DV % BV == 0), _rows_mask(piece, m_v, DV % BV == 0)
-    return tl.where(m_cv, tl.load(p_cached[:, None] + DK_PAD + o_v[None, :], mask=m_cv, other=0.0),
-                    tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_pv, other=0.0).to(tl.float32))
-
-
-@jit
-def _values(inverse, beta, vf, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """U = T (β v), fp32."""
-    return _mm(inverse, _operand(beta[:, None] * vf, PRECISION, INTERPRET), PRECISION, INTERPRET)
-
-
-@jit
-def _delta(u, w, s_op, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """δ = U - W S₀, as an operand."""
-    return _operand(u - _mm(w, s_op, PRECISION, INTERPRET), PRECISION, INTERPRET)
-
-
-@jit
-def _piece_queries(q, tok64, piece, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK: tl.constexpr, DK_PAD: tl.constexpr,
-                   C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """The l2-normalised, scaled queries and the scores (q kᵀ ∘ decay, j <= i), both as operands."""
-    rows = tl.arange(0, C)
-    upto = rows[:, None] >= rows[None, :]
-    q_rows = tl.multiple_of(tok64 * stride_qt + i_kh * stride_qh, 16)
-    qf = tl.load(q + q_rows[:, None] + o_k[None, :], mask=_rows_mask(piece, m_k, DK == DK_PAD), other=0.0).to(tl.float32)
-    qn = _operand(qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) + L2_EPS))[:, None] * q_scale, PRECISION, INTERPRET)
-    scores = tl.where(upto, _mm(qn, tl.trans(kn), PRECISION, INTERPRET) * tl.exp(tl.where(upto, c[:, None] - c[None, :], 0.0)), 0.0)
-    return qn, _operand(scores, PRECISION, INTERPRET)
-
-
-@jit
-def _outputs(qn, scores, c, s_op, delta, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """o = e^c (q S₀) + scores δ, with one zero whichever rows shared the products (their exact zeros carry signs)."""
-    o = tl.exp(c)[:, None] * _mm(qn, s_op, PRECISION, INTERPRET) + _mm(scores, delta, PRECISION, INTERPRET)
-    return tl.where(o == 0.0, 0.0, o)
-
-
-@jit
-def _decayed(kn, c, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """c at the chunk's last row, and the keys decayed to it, e^{c_last - c} k (an operand)."""
-    c_last = tl.sum(tl.where(tl.arange(0, C) == C - 1, c, 0.0), 0)
-    return c_last, _operand(kn.to(tl.float32) * tl.exp(c_last - c)[:, None], PRECISION, INTERPRET)
-
-
-@jit
-def _advanced(s0, c_last, decayed, delta, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """The next chunk's start state e^{c_last} S₀ + decayedᵀ δ."""
-    return tl.exp(c_last) * s0 + _mm(tl.trans(decayed), delta, PRECISION, INTERPRET)
-
 
 # T, has_cache and the strides are not specialised: one compiled kernel serves every case (the module doc).
 @jit(do_not_specialize=["T", "has_cache", "every_token", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
@@ -339,174 +157,6 @@ def _run(
         tl.store(p_state + o_k[:, None] * DV + o_v[None, :], s0, mask=m_state)
 
 
-@jit
-def _stored(x, INTERPRET: tl.constexpr):
-    """A tile loaded from a buffer of products' operands (bf16 with bf16 products): as loaded, or as fp32 in the
-    interpreter, which holds bf16 as raw bits (triton_support's doc)."""
-    if INTERPRET:
-        x = x.to(tl.float32)
-    return x
-
-
-@jit
-def _walk_tiles(w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, chunk, stop, i_h, o_k, o_v, m_k, m_v, HV: tl.constexpr,
-                DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, INTERPRET: tl.constexpr):
-    """Chunk piece `chunk`'s rows below `stop` from `gdn_chunks_kernel`'s buffers (zeros past them; none for stop 0):
-    W, U (columns o_v), the queries, the scores, c and the decayed keys (read where the piece closes its chunk,
-    loaded with the rest so that their latency is off the state's chain too)."""
-    rows = tl.arange(0, C)
-    below = rows < stop
-    p = (chunk * C + rows) * HV + i_h
-    m_bk = _rows_mask(below, m_k, DK == DK_PAD)
-    w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
-    u = tl.load(u_buf + p[:, None] * DV + o_v[None, :], mask=_rows_mask(below, m_v, DV % BV == 0), other=0.0)
-    qn = _stored(tl.load(qn_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
-    scores = _stored(tl.load(scores_buf + (chunk * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :], mask=below[:, None], other=0.0),
-                     INTERPRET)
-    decayed = _stored(tl.load(decayed_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
-    return w, u, qn, scores, tl.load(c_buf + p, mask=below, other=0.0), decayed
-
-
-# A call in two launches (`TWO_LAUNCH_MIN_RUN`), the rows' bits those of `gdn_fwd_kernel` (the same helpers, the same
-# tiles): every chunk piece's chunk-local work at once, then a walk per run that carries the state alone.
-@jit(do_not_specialize=["has_cache", "q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_at"])
-def gdn_chunks_kernel(
-    q, k, v, a, b, a_log, dt_bias, rows_cache, state_ids, run_first, chunk_run, chunk_tok0, chunk_off, chunk_stop,
-    w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf,
-    has_cache, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at,
-    GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-):
-    """Chunk piece i_n (offsets [off, stop) from the call, [0, off) from its run's cache slot), value head i_h:
-    W, U, the queries, the scores, the decayed keys, c, g and β of every row below `stop`, by chunk row."""
-    NV: tl.constexpr = (DV + BV - 1) // BV
-    width: tl.constexpr = DK_PAD + DV_PAD + 16
-    i_n, i_h = tl.program_id(0), tl.program_id(1)
-    stop = tl.load(chunk_stop + i_n)
-    if stop > 0:  # a piece of no rows (runs.pieces makes none) computes nothing
-        rows = tl.arange(0, C)
-        o_k = tl.arange(0, DK_PAD)
-        m_k = o_k < DK
-        i_kh = i_h // GROUP
-        off = tl.load(chunk_off + i_n)
-        caching = has_cache != 0
-        slot = tl.load(state_ids + tl.load(run_first + tl.load(chunk_run + i_n)), mask=caching, other=0).to(tl.int64)
-        tok64 = tl.load(chunk_tok0 + i_n).to(tl.int64) + rows  # the token at each offset (below `off`: none of this call's)
-        piece = (rows >= off) & (rows < stop)
-        cached = rows < off
-        p_cached = rows_cache + slot * (C * HV * width) + i_h * width + rows * (HV * width)
-        neg_a = -tl.exp(tl.load(a_log + i_h).to(tl.float32))
-        bias = tl.load(dt_bias + i_h).to(tl.float32)
-        kf, g, beta, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, neg_a, bias,
-                                                     stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C, SUB, PRECISION, INTERPRET)
-        below = rows < stop
-        p = (i_n.to(tl.int64) * C + rows) * HV + i_h  # by chunk row
-        m_kout = _rows_mask(below, m_k, DK == DK_PAD)
-        tl.store(w_buf + p[:, None] * DK + o_k[None, :], w.to(w_buf.dtype.element_ty), mask=m_kout)
-        for i_v in range(NV):
-            o_v = i_v * BV + tl.arange(0, BV)
-            m_v = o_v < DV
-            vf = _piece_values(v, p_cached, tok64, piece, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
-            tl.store(u_buf + p[:, None] * DV + o_v[None, :], _values(inverse, beta, vf, PRECISION, INTERPRET),
-                     mask=_rows_mask(below, m_v, DV % BV == 0))
-        qn, scores = _piece_queries(q, tok64, piece, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK, DK_PAD, C, PRECISION,
-                                    INTERPRET)
-        tl.store(qn_buf + p[:, None] * DK + o_k[None, :], qn.to(qn_buf.dtype.element_ty), mask=m_kout)
-        tl.store(scores_buf + (i_n.to(tl.int64) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :], scores.to(scores_buf.dtype.element_ty))
-        c_last, decayed = _decayed(kn, c, C, PRECISION, INTERPRET)
-        tl.store(decayed_buf + p[:, None] * DK + o_k[None, :], decayed.to(decayed_buf.dtype.element_ty), mask=m_kout)
-        tl.store(c_buf + p, c)
-        tl.store(g_buf + p, g, mask=piece)
-        tl.store(beta_buf + p, beta, mask=piece)
-
-
-@jit(do_not_specialize=["has_cache", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_ot", "stride_oh"])
-def gdn_walk_kernel(
-    k, v, out, state, rows_cache, state_ids, positions, run_first, run_len, run_chunk0,
-    w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf,
-    has_cache, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PREFETCH: tl.constexpr,
-):
-    """Run i_r, value head i_h, value columns [i_v BV, (i_v + 1) BV): from the slot's state (or zeros), δ = U - W S₀
-    and the rows' outputs piece by piece from `gdn_chunks_kernel`'s buffers, S₀ from one chunk to the next; then
-    the slot as `gdn_fwd_kernel` leaves it (the state, and an open chunk's inputs). PREFETCH: a piece's tiles are
-    loaded while the piece before it computes (their latency off the state's chain, for more registers)."""
-    NV: tl.constexpr = (DV + BV - 1) // BV
-    width: tl.constexpr = DK_PAD + DV_PAD + 16
-    i_r, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t0, n, chunk0 = tl.load(run_first + i_r), tl.load(run_len + i_r), tl.load(run_chunk0 + i_r).to(tl.int64)
-    caching = has_cache != 0
-    pos0 = tl.load(positions + t0).to(tl.int32)
-    slot = tl.load(state_ids + t0, mask=caching, other=0).to(tl.int64)
-    rows = tl.arange(0, C)
-    o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < DK, o_v < DV
-    m_state = m_k[:, None] & m_v[None, :]
-    s0 = tl.load(state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :],
-                 mask=m_state & (pos0 > 0) & caching, other=0.0)  # [DK_PAD, BV]
-    off = pos0 % C
-    done = 0  # the run's tokens before this piece
-    j = 0
-    closed = pos0 < 0  # whether a chunk closed in this call
-    stop = tl.minimum(off + n, C)
-    w, u, qn, scores, c, decayed = _walk_tiles(w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, chunk0, stop, i_h, o_k, o_v, m_k,
-                                               m_v, HV, DK, DV, DK_PAD, BV, C, INTERPRET)
-    while done < n:
-        piece = (rows >= off) & (rows < stop)
-        p = ((chunk0 + j) * C + rows) * HV + i_h
-        # The next piece: whole chunks from offset 0 after this one (stop 0 past the run).
-        next_stop = tl.minimum(tl.maximum(n - done - (stop - off), 0), C)
-        if PREFETCH:
-            w_next, u_next, qn_next, scores_next, c_next, decayed_next = _walk_tiles(
-                w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, chunk0 + j + 1, next_stop, i_h, o_k, o_v, m_k, m_v, HV, DK, DV, DK_PAD,
-                BV, C, INTERPRET)
-        s_op = _operand(s0, PRECISION, INTERPRET)
-        delta = _delta(u, w, s_op, PRECISION, INTERPRET)
-        o = _outputs(qn, scores, c, s_op, delta, PRECISION, INTERPRET)
-        tok64 = (t0 + done + rows - off).to(tl.int64)
-        m_pv = _rows_mask(piece, m_v, DV % BV == 0)
-        o_rows = tl.multiple_of(tok64 * stride_ot + i_h * stride_oh, 16)
-        tl.store(out + o_rows[:, None] + o_v[None, :], o.to(out.dtype.element_ty), mask=m_pv)
-        if stop == C:
-            s0 = _advanced(s0, tl.sum(tl.where(rows == C - 1, c, 0.0), 0), decayed, delta, PRECISION, INTERPRET)
-            closed = pos0 >= 0
-        elif caching:  # the run's last piece leaves its chunk open: its rows' inputs into the slot (k, g, β from the last block)
-            p_cached = rows_cache + slot * (C * HV * width) + i_h * width + rows * (HV * width)
-            v_rows = tl.multiple_of(tok64 * stride_vt + i_h * stride_vh, 16)
-            vf = tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_pv, other=0.0).to(tl.float32)
-            tl.store(p_cached[:, None] + DK_PAD + o_v[None, :], vf, mask=m_pv)
-            keep = piece & (i_v == NV - 1)
-            m_pk = _rows_mask(keep, m_k, DK == DK_PAD)
-            k_rows = tl.multiple_of(tok64 * stride_kt + (i_h // GROUP) * stride_kh, 16)
-            kf = tl.load(k + k_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32)
-            tl.store(p_cached[:, None] + o_k[None, :], kf, mask=m_pk)
-            tl.store(p_cached + DK_PAD + DV_PAD, tl.load(g_buf + p, mask=keep, other=0.0), mask=keep)
-            tl.store(p_cached + DK_PAD + DV_PAD + 1, tl.load(beta_buf + p, mask=keep, other=0.0), mask=keep)
-        done += stop - off
-        off -= off
-        j += 1
-        stop = next_stop
-        if PREFETCH:
-            w, u, qn, scores, c, decayed = w_next, u_next, qn_next, scores_next, c_next, decayed_next
-        else:
-            w, u, qn, scores, c, decayed = _walk_tiles(w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, chunk0 + j, stop, i_h, o_k, o_v,
-                                                       m_k, m_v, HV, DK, DV, DK_PAD, BV, C, INTERPRET)
-    if caching & (closed | (pos0 == 0)):  # the state changed (a chunk closed), or the slot never held this sequence's
-        tl.store(state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :], s0, mask=m_state)
-
-
-def _strided16(t: Tensor, dim_pad: int) -> Tensor:
-    """t [T, H, D], or a copy whose rows and heads start on multiples of 16 elements (each head padded to
-    `dim_pad`) where t's do not, or its address is not 16-byte aligned: the kernel tells the compiler its
-    strides are such multiples (16-byte vector loads) and must see one pointer specialisation in every call."""
-    if t.stride(-1) == 1 and t.stride(0) % 16 == 0 and t.stride(1) % 16 == 0 and t.data_ptr() % 16 == 0:
-        return t
-    padded = t.new_zeros((t.shape[0], t.shape[1], dim_pad))
-    padded[..., : t.shape[2]] = t
-    return padded[..., : t.shape[2]]
-
-
 _UNREAD: dict = {}
 
 
@@ -544,8 +194,8 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
         state = rows = _unread(v.device, torch.float32)
     every_token = runs is None
     if not every_token and _in_two_launches(num_tokens, runs.first.shape[0], num_v_heads, v.device):
-        _fwd_in_two_launches(q, k, v, a, b, a_log, dt_bias, out, state, rows, ids, positions, runs, has_cache, chunk_size, precision,
-                             block_v, num_warps)
+        triton_two_launch.fwd(q, k, v, a, b, a_log, dt_bias, out, state, rows, ids, positions, runs, has_cache, chunk_size, precision,
+                              block_v, num_warps, WALK_BLOCK_V, WALK_PREFETCH)
         return out if out.is_contiguous() else out.contiguous()
     candidates = _unread(positions.device, torch.int32) if every_token else runs.starts
     dims = dict(GROUP=num_v_heads // num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, DK_PAD=k_pad, DV_PAD=v_pad, C=chunk_size)
@@ -589,11 +239,10 @@ def _env_fill(name: str, default: float) -> float | None:
 
 
 # The calls whose runs average at least TWO_LAUNCH_MIN_RUN tokens, and whose one launch would have at most
-# TWO_LAUNCH_MAX_FILL programs (runs x value heads) an SM, run in two launches, `gdn_chunks_kernel` (every chunk
-# piece's chunk-local work at once) and `gdn_walk_kernel` (a walk per run and block of value columns that carries the
-# state alone); the others, and every call captured in a CUDA graph, in one, `gdn_fwd_kernel`. The rows' bits are the
-# same either way: the same helpers and tiles, and compiled for sm_90 the reductions take the one kernel's layouts;
-# tests/ops/gdn/test_triton.py and benchmarks/gdn_bits.py compare them. The thresholds are from an H200 at Qwen3.5's
+# TWO_LAUNCH_MAX_FILL programs (runs x value heads) an SM, run in two launches (`triton_two_launch.py`: every chunk
+# piece's chunk-local work at once, then a walk per run and block of value columns that carries the state alone);
+# the others, and every call captured in a CUDA graph, in one, `gdn_fwd_kernel`. The rows' bits are the same either
+# way (triton_two_launch.py says why; tests/ops/gdn/test_triton.py and benchmarks/gdn_bits.py compare them). The thresholds are from an H200 at Qwen3.5's
 # heads (docs/gdn.md, "Two launches"): two launches took 2 x 4096 tokens from 2.8 ms to 1.9 (64 and 32 programs on
 # 132 SMs), were even at one run of 2048, and slower with 8 x 2048 (128 and 256 programs: 2.0 against 1.8) or one
 # run of 512 (0.9 against 0.7). ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=n (or `off`: one launch always) sets the run length
@@ -624,35 +273,6 @@ def _in_two_launches(num_tokens: int, runs: int, num_v_heads: int, device: torch
     return runs * num_v_heads <= TWO_LAUNCH_MAX_FILL * torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _fwd_in_two_launches(q, k, v, a, b, a_log, dt_bias, out, state, rows, state_ids, positions, runs, has_cache, chunk_size, precision,
-                         block_v, num_warps) -> None:
-    """`out` (and the cache) of a call in two launches; the tensors as gdn_fwd pads them."""
-    num_tokens, num_k_heads, k_dim = q.shape
-    num_v_heads, v_dim = v.shape[1:]
-    k_pad, v_pad = _padded(k_dim), _padded(v_dim)
-    (first, length, chunk0, chunk_run, tok0, chunk_off, chunk_stop), num_chunks = pieces(runs, chunk_size, num_tokens)
-    device = v.device
-    # The buffers read back only as products' operands hold them as the operands do (bf16 with bf16 products).
-    ops = dict(dtype=torch.bfloat16 if precision == "bf16" else torch.float32, device=device)
-    f32 = dict(dtype=torch.float32, device=device)
-    chunk_rows = num_chunks * chunk_size
-    w_buf, qn_buf, decayed_buf = (torch.empty(chunk_rows, num_v_heads, k_dim, **ops) for _ in range(3))
-    u_buf = torch.empty(chunk_rows, num_v_heads, v_dim, **f32)
-    scores_buf = torch.empty(num_chunks, num_v_heads, chunk_size, chunk_size, **ops)
-    c_buf, g_buf, beta_buf = (torch.empty(chunk_rows, num_v_heads, **f32) for _ in range(3))
-    dims = dict(GROUP=num_v_heads // num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, DK_PAD=k_pad, DV_PAD=v_pad, BV=block_v, C=chunk_size,
-                PRECISION=PRECISIONS[precision], INTERPRET=triton_support.interpreting(), num_warps=num_warps)
-    buffers = (w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf)
-    gdn_chunks_kernel[(num_chunks, num_v_heads)](
-        q, k, v, a, b, a_log, dt_bias, rows, state_ids, first, chunk_run, tok0, chunk_off, chunk_stop, *buffers, int(has_cache),
-        float(k_dim**-0.5), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), SUB=SUB, **dims,
-    )
-    walk_block = min(WALK_BLOCK_V or block_v, v_pad)
-    gdn_walk_kernel[(first.shape[0], num_v_heads, triton_support.cdiv(v_dim, walk_block))](
-        k, v, out, state, rows, state_ids, positions, first, length, chunk0, *buffers, int(has_cache), k.stride(0), k.stride(1), v.stride(0),
-        v.stride(1), out.stride(0), out.stride(1), PREFETCH=WALK_PREFETCH, **{**dims, "BV": walk_block},
-    )
-
 
 class _TritonGDN(torch.autograd.Function):
     @staticmethod
@@ -665,8 +285,6 @@ class _TritonGDN(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        from .triton_bwd import gdn_bwd  # it builds on this module's helpers
-
         saved = ctx.saved_tensors
         grads = gdn_bwd(*saved, grad, ctx.tiles["precision"], ctx.runs)
         return (*(g.to(t.dtype) if need else None for g, t, need in zip(grads, saved, ctx.needs_input_grad)), None, None, None, None, None)
@@ -718,8 +336,7 @@ def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tenso
                    **tiles)
 
 
-SOURCES = (gdn_fwd_kernel, _run, gdn_chunks_kernel, gdn_walk_kernel, _walk_tiles, _piece_keys, _piece_values, _values, _delta, _piece_queries, _outputs,
-           _decayed, _advanced, _stored, _gates, _inverse, _mm, _operand, _rows_mask, triton_support)
+SOURCES = (triton_tiles, triton_two_launch, triton_support)  # beside this file: the source files that decide the bits
 
 
 def register(registry) -> None:

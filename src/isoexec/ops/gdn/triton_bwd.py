@@ -38,8 +38,8 @@ from torch import Tensor
 from .. import triton_support
 from ..triton_support import cdiv, jit, tl
 from .runs import Runs, find_runs, pieces
-from .triton import (L2_EPS, PRECISIONS, SOFTPLUS_THRESHOLD, SUB, _gates, _inverse, _mm, _operand, _padded, _rows_mask, _stored,
-                     _strided16)
+from .triton_tiles import (L2_EPS, PRECISIONS, SOFTPLUS_THRESHOLD, SUB, _gates, _inverse, _mm, _operand, _padded, _rows_mask, _stored,
+                           _strided16)
 
 
 @jit

@@ -1,0 +1,213 @@
+"""The tiles of one chunk piece, shared by gdn.core.triton's kernels (`triton.py`, `triton_two_launch.py`) and its
+backward (`triton_bwd.py`). Every tile has C rows, row r at chunk offset r whatever the piece computes.
+
+A chunk piece, for rows r < `stop` (rows past it are zero, finite and never read by a row before them):
+1. gates, l2 norms (`tl.sum` over the head dim), the decay cumsum c (`tl.cumsum` over the C rows: a prefix
+   scan, so row r's value depends on rows <= r alone);
+2. A = β_i (k_i · k_j) exp(c_i - c_j) below the diagonal, one product; T = (I + A)^-1 by block products
+   (`_inverse`): every factor lower triangular, so row i of T reads rows <= i of A only;
+3. W = T (β e^c k), U = T (β v), δ = U - W S₀, o = e^c (q S₀) + (q kᵀ ∘ decay, j <= i) δ; when the chunk
+   closes, S₀ ← e^{c_last} S₀ + (k e^{c_last - c})ᵀ δ.
+The products take `dot_precision` (ieee fp32 on the FMA units, tf32 or bf16 operands on the tensor cores,
+fp32 accumulation either way; the inverse's take tf32 where the others take bf16). An MMA's element is a
+function of its own row and column, and the rows a row does not see are zero or multiplied by an exact
+zero, so a row's bits do not depend on the rows after it (a zero's sign may: the output takes +0.0).
+"""
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..triton_support import jit, next_power_of_2, tl
+from .reference import L2_EPS as _L2_EPS
+from .reference import SOFTPLUS_THRESHOLD as _SOFTPLUS_THRESHOLD
+
+# The reference's constants, as constexprs a kernel may read.
+L2_EPS = tl.constexpr(_L2_EPS) if tl is not None else _L2_EPS
+SOFTPLUS_THRESHOLD = tl.constexpr(_SOFTPLUS_THRESHOLD) if tl is not None else _SOFTPLUS_THRESHOLD
+PRECISIONS = {"ieee": 0, "tf32": 1, "bf16": 2}
+SUB = 16  # rows of the inverse's diagonal blocks: tl.dot's smallest tile
+
+
+def _padded(dim: int) -> int:
+    """A head dim as the kernel tiles it: a power of two >= 16 (tl.dot's smallest tile)."""
+    return max(16, next_power_of_2(dim))
+
+
+
+
+@jit
+def _operand(x, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """x as a product operand: rounded to bf16 where PRECISION is 2 (kept as bf16, half the registers; widened
+    back to fp32 in the interpreter, which multiplies bf16 bit patterns: triton_support's doc), else x."""
+    if PRECISION == 2 and INTERPRET:
+        y = x.to(tl.bfloat16).to(tl.float32)
+    elif PRECISION == 2:
+        y = x.to(tl.bfloat16)
+    else:
+        y = x
+    return y
+
+
+@jit
+def _mm(a, b, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """a @ b of `_operand`s, accumulated in fp32: tensor cores with bf16 (2) or tf32 (1) operands, or ieee
+    fp32 (0, the FMA units); the interpreter's products are its fixed-order fp32 sums in every case."""
+    if INTERPRET:
+        y = tl.dot(a, b, input_precision="ieee")
+    elif PRECISION == 2:
+        y = tl.dot(a, b)
+    elif PRECISION == 1:
+        y = tl.dot(a, b, input_precision="tf32")
+    else:
+        y = tl.dot(a, b, input_precision="ieee")
+    return y
+
+
+@jit
+def _gates(a, b, neg_a, bias):
+    """g = -exp(A_log) softplus(a + dt_bias) (softplus x itself above its threshold) and β = sigmoid(b), in fp32."""
+    x = a.to(tl.float32) + bias
+    g = neg_a * tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(tl.where(x > SOFTPLUS_THRESHOLD, 0.0, x))))
+    return g, 1.0 / (1.0 + tl.exp(-b.to(tl.float32)))
+
+
+@jit
+def _inverse(system, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """(I + A)^-1 of a strictly lower [C, C] A, by products alone (no serial row loop): with D its SUB-row
+    diagonal blocks and L the rest, T_D = (I + D)^-1 = (I - D)(I + D²)(I + D⁴)… (D^SUB = 0), N = T_D L and
+    (I + A)^-1 = (I + N)^-1 T_D = (I - N)(I + N²)… T_D (N^(C / SUB) = 0). Every factor is lower
+    triangular, so row i of the result reads rows <= i of A alone; the powers stay within a block or a
+    few, where entries of |A| <= 1 cannot grow far. Products in tf32 where the others take bf16 (the
+    inverse then feeds bf16 products, as flash-linear-attention's does)."""
+    INV: tl.constexpr = 1 if PRECISION == 2 else PRECISION
+    rows = tl.arange(0, C)
+    eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+    same_block = rows[:, None] // SUB == rows[None, :] // SUB
+    d = tl.where(same_block, system, 0.0)
+    inv = eye - d
+    power = d
+    for _ in tl.static_range(SUB.bit_length() - 2):  # D², D⁴, D⁸ for blocks of 16
+        power = _mm(power, power, INV, INTERPRET)
+        inv = inv + _mm(inv, power, INV, INTERPRET)
+    n = _mm(inv, tl.where(same_block, 0.0, system), INV, INTERPRET)
+    t = eye - n
+    power = n
+    for _ in tl.static_range((C // SUB).bit_length() - 2):  # N² for four blocks
+        power = _mm(power, power, INV, INTERPRET)
+        t = t + _mm(t, power, INV, INTERPRET)
+    return _mm(t, inv, INV, INTERPRET)
+
+
+@jit
+def _rows_mask(rows_in, m_cols, WHOLE: tl.constexpr):
+    """[C, D] mask of the rows in `rows_in`, and of the columns `m_cols` unless the tile's columns are all
+    in the head (WHOLE): a column mask Triton cannot see through keeps a load from being vectorised."""
+    if WHOLE:
+        m = rows_in[:, None]
+    else:
+        m = rows_in[:, None] & m_cols[None, :]
+    return m
+
+
+@jit
+def _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, neg_a, bias, stride_kt, stride_kh, stride_at,
+                DK: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
+                INTERPRET: tl.constexpr):
+    """Steps 1 and 2 of a chunk piece and W: the rows' keys and gates (the `cached` rows from the slot, the
+    `piece` rows from the call, zeros past them), the l2-normalised keys kn, the decay cumsum c, the inverse T
+    and W = T (β e^c k). Returns kf, g and β as the slot keeps them, then kn, c, T and W (operands)."""
+    rows = tl.arange(0, C)
+    below = rows[:, None] > rows[None, :]
+    # Every stride is a multiple of 16 elements (gdn_fwd pads where not), so loads are 16-byte vectors.
+    k_rows = tl.multiple_of(tok64 * stride_kt + i_kh * stride_kh, 16)
+    m_ck, m_pk = _rows_mask(cached, m_k, DK == DK_PAD), _rows_mask(piece, m_k, DK == DK_PAD)
+    kf = tl.where(m_ck, tl.load(p_cached[:, None] + o_k[None, :], mask=m_ck, other=0.0),
+                  tl.load(k + k_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32))
+    g, beta = _gates(tl.load(a + tok64 * stride_at + i_h, mask=piece, other=0.0),
+                     tl.load(b + tok64 * stride_at + i_h, mask=piece, other=0.0), neg_a, bias)
+    g = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD, mask=cached, other=0.0), tl.where(piece, g, 0.0))
+    beta = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD + 1, mask=cached, other=0.0), tl.where(piece, beta, 0.0))
+    kn = _operand(kf * (1.0 / tl.sqrt(tl.sum(kf * kf, 1) + L2_EPS))[:, None], PRECISION, INTERPRET)  # [C, DK_PAD]
+    c = tl.cumsum(g, 0)
+    gram = _mm(kn, tl.trans(kn), PRECISION, INTERPRET)  # [C, C]
+    system = tl.where(below, beta[:, None] * gram * tl.exp(tl.where(below, c[:, None] - c[None, :], 0.0)), 0.0)
+    inverse = _operand(_inverse(system, C, SUB, PRECISION, INTERPRET), PRECISION, INTERPRET)
+    w = _operand(_mm(inverse, _operand((beta * tl.exp(c))[:, None] * kn.to(tl.float32), PRECISION, INTERPRET), PRECISION, INTERPRET),
+                 PRECISION, INTERPRET)  # [C, DK_PAD]
+    return kf, g, beta, kn, c, inverse, w
+
+
+@jit
+def _piece_values(v, p_cached, tok64, piece, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD: tl.constexpr, DV: tl.constexpr,
+                  BV: tl.constexpr):
+    """The rows' values in columns o_v: the `cached` rows from the slot, the `piece` rows from the call, zeros past them."""
+    v_rows = tl.multiple_of(tok64 * stride_vt + i_h * stride_vh, 16)
+    m_cv, m_pv = _rows_mask(cached, m_v, DV % BV == 0), _rows_mask(piece, m_v, DV % BV == 0)
+    return tl.where(m_cv, tl.load(p_cached[:, None] + DK_PAD + o_v[None, :], mask=m_cv, other=0.0),
+                    tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_pv, other=0.0).to(tl.float32))
+
+
+@jit
+def _values(inverse, beta, vf, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """U = T (β v), fp32."""
+    return _mm(inverse, _operand(beta[:, None] * vf, PRECISION, INTERPRET), PRECISION, INTERPRET)
+
+
+@jit
+def _delta(u, w, s_op, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """δ = U - W S₀, as an operand."""
+    return _operand(u - _mm(w, s_op, PRECISION, INTERPRET), PRECISION, INTERPRET)
+
+
+@jit
+def _piece_queries(q, tok64, piece, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK: tl.constexpr, DK_PAD: tl.constexpr,
+                   C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The l2-normalised, scaled queries and the scores (q kᵀ ∘ decay, j <= i), both as operands."""
+    rows = tl.arange(0, C)
+    upto = rows[:, None] >= rows[None, :]
+    q_rows = tl.multiple_of(tok64 * stride_qt + i_kh * stride_qh, 16)
+    qf = tl.load(q + q_rows[:, None] + o_k[None, :], mask=_rows_mask(piece, m_k, DK == DK_PAD), other=0.0).to(tl.float32)
+    qn = _operand(qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) + L2_EPS))[:, None] * q_scale, PRECISION, INTERPRET)
+    scores = tl.where(upto, _mm(qn, tl.trans(kn), PRECISION, INTERPRET) * tl.exp(tl.where(upto, c[:, None] - c[None, :], 0.0)), 0.0)
+    return qn, _operand(scores, PRECISION, INTERPRET)
+
+
+@jit
+def _outputs(qn, scores, c, s_op, delta, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """o = e^c (q S₀) + scores δ, with one zero whichever rows shared the products (their exact zeros carry signs)."""
+    o = tl.exp(c)[:, None] * _mm(qn, s_op, PRECISION, INTERPRET) + _mm(scores, delta, PRECISION, INTERPRET)
+    return tl.where(o == 0.0, 0.0, o)
+
+
+@jit
+def _decayed(kn, c, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """c at the chunk's last row, and the keys decayed to it, e^{c_last - c} k (an operand)."""
+    c_last = tl.sum(tl.where(tl.arange(0, C) == C - 1, c, 0.0), 0)
+    return c_last, _operand(kn.to(tl.float32) * tl.exp(c_last - c)[:, None], PRECISION, INTERPRET)
+
+
+@jit
+def _advanced(s0, c_last, decayed, delta, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The next chunk's start state e^{c_last} S₀ + decayedᵀ δ."""
+    return tl.exp(c_last) * s0 + _mm(tl.trans(decayed), delta, PRECISION, INTERPRET)
+
+@jit
+def _stored(x, INTERPRET: tl.constexpr):
+    """A tile loaded from a buffer of products' operands (bf16 with bf16 products): as loaded, or as fp32 in the
+    interpreter, which holds bf16 as raw bits (triton_support's doc)."""
+    if INTERPRET:
+        x = x.to(tl.float32)
+    return x
+
+
+def _strided16(t: Tensor, dim_pad: int) -> Tensor:
+    """t [T, H, D], or a copy whose rows and heads start on multiples of 16 elements (each head padded to
+    `dim_pad`) where t's do not, or its address is not 16-byte aligned: the kernel tells the compiler its
+    strides are such multiples (16-byte vector loads) and must see one pointer specialisation in every call."""
+    if t.stride(-1) == 1 and t.stride(0) % 16 == 0 and t.stride(1) % 16 == 0 and t.data_ptr() % 16 == 0:
+        return t
+    padded = t.new_zeros((t.shape[0], t.shape[1], dim_pad))
+    padded[..., : t.shape[2]] = t
+    return padded[..., : t.shape[2]]
+
+
