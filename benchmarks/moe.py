@@ -47,9 +47,9 @@ class Layer:
 
 def contract_layer(shape: dict):
     key_e = (shape["experts"], shape["inter"], shape["hidden"])
-    experts_tile = tuning.HOPPER_EXPERTS.get(key_e, tuning._EXPERTS_BIG)
-    router_tile = tuning.HOPPER_ROUTER.get((shape["experts"], shape["hidden"]), dict(block_t=32, block_k=64, num_warps=4))
-    combine_tile = tuning.HOPPER_COMBINE.get(shape["hidden"], dict(block_t=16, block_h=256, num_warps=4))
+    experts_tile = tuning.hopper_experts(*key_e)
+    router_tile = tuning.hopper_router(shape["experts"], shape["hidden"])
+    combine_tile = tuning.hopper_combine(shape["hidden"])
 
     def layer(x, p: Layer):
         weights, ids = moe_triton.router(x, p.gate, None, p.top_k, **BOUNDARY, **router_tile)
@@ -76,7 +76,7 @@ def native_routing(x, p: Layer):
 
 
 def contract_routing(shape: dict):
-    tile = tuning.HOPPER_ROUTER.get((shape["experts"], shape["hidden"]), dict(block_t=32, block_k=64, num_warps=4))
+    tile = tuning.hopper_router(shape["experts"], shape["hidden"])
     return lambda x, p: moe_triton.router(x, p.gate, None, p.top_k, **BOUNDARY, **tile)[1]
 
 

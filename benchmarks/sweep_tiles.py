@@ -179,9 +179,7 @@ def profile_moe_tiles(tokens=(1, 16, 64, 4096), shapes=None, device="cuda") -> N
         generator = torch.Generator(device=device).manual_seed(0)
         p = _params(shape, device, generator)
         e, h, i = shape["experts"], shape["hidden"], shape["inter"]
-        listed_e = tuning.HOPPER_EXPERTS.get((e, i, h), tuning._EXPERTS_BIG)
-        listed_r = tuning.HOPPER_ROUTER.get((e, h), dict(block_t=32, block_k=64, num_warps=4))
-        listed_c = tuning.HOPPER_COMBINE.get(h, dict(block_t=16, block_h=256, num_warps=4))
+        listed_e, listed_r, listed_c = tuning.hopper_experts(e, i, h), tuning.hopper_router(e, h), tuning.hopper_combine(h)
         xs = {t: torch.randn(t, h, generator=generator, device=device).bfloat16() for t in tokens}
         print(f"== MoE shape E={e} I={i} H={h} top-{p.top_k}: ms per call (graph replays at <= 64 tokens)", flush=True)
 
@@ -248,7 +246,7 @@ def profile_mla_tiles(model="glm-4.7-flash-4l-random", device="cuda", sizes=((8,
     spec = PRESETS[model]
     m = spec.mla[0]
     (seqs, seq_len), (chunk, cached), context = sizes
-    listed = tuning.HOPPER[(m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim)]
+    listed = tuning.hopper_tile(m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim)
     generator = torch.Generator(device=device).manual_seed(0)
     cases = {}
     cu = torch.arange(seqs + 1, device=device) * seq_len

@@ -138,8 +138,8 @@ def test_fit_contract_pins_the_gemm_tile_of_the_model_shapes():
     assert identities(big).numerical_policy != identities(tiny).numerical_policy
 
 
-def test_fit_contract_keeps_the_portable_constants_on_an_arch_without_tables():
-    """The Hopper tables apply on Hopper only: on a CPU (or any arch a table does not list) the fitted
+def test_fit_contract_keeps_the_portable_constants_on_an_arch_without_rules():
+    """The Hopper rules apply on Hopper only: on a CPU (or any arch without a rule) the fitted
     contract keeps the family contract's constants, and its description says why."""
     family = load_preset("tiny-dense-triton")
     for arch in ("x86_64", "sm_80"):
@@ -147,6 +147,6 @@ def test_fit_contract_keeps_the_portable_constants_on_an_arch_without_tables():
         for region in ("linear", "linear.row_parallel", "rms_norm", "logprobs"):
             assert fitted.entry(region, "trainer_fwd").constants == family.entry(region, "trainer_fwd").constants, (arch, region)
         assert len(fitted.composition) == len(family.composition)  # no decode entries of their own
-        assert f"no {arch} tables for linear.row_parallel.triton, linear.triton, logprobs.triton" in fitted.description
+        assert f"no {arch} tuning rules for linear.row_parallel.triton, linear.triton, logprobs.triton" in fitted.description
     assert fit_contract(family, PRESETS["qwen3-0.6b-random"]).description == fit_contract(family, PRESETS["qwen3-0.6b-random"], arch="x86_64").description
-    assert "tables" not in fit_contract(load_preset("tiny-dense"), PRESETS["qwen3-0.6b-random"]).description  # nothing to tune
+    assert "tuning rules" not in fit_contract(load_preset("tiny-dense"), PRESETS["qwen3-0.6b-random"]).description  # nothing to tune

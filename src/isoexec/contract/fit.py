@@ -1,10 +1,10 @@
 """Fitting a family contract to one model on one device arch.
 
 The fitted contract names the model's architecture, keeps only the ops the model has, takes the
-model's parameter dtype at the op boundaries, and takes the kernel constants each op family's tables
-list for the model's shapes on that arch (`Impl.tune`: GEMM tiles by (N, K), row kernels by row
-width; never chosen from the batch). Where a family has no table for the arch, its entries keep the
-contract's portable constants, and the fitted contract's description says so. Every change of
+model's parameter dtype at the op boundaries, and takes the kernel constants each op family's tuning
+rule gives the model's shapes on that arch (`Impl.tune`: GEMM tiles by (N, K), row kernels by row
+width, MoE and MLA tiles by layer shape; never chosen from the batch). Where a family has no rule for the
+arch, its entries keep the contract's portable constants, and the fitted contract's description says so. Every change of
 constants shows in the identities.
 """
 
@@ -50,7 +50,7 @@ def fit_contract(contract: Contract, spec, *, device="cpu", arch: str | None = N
     model = Model(family=spec.family, architecture=spec.architecture, profile=profile or contract.model.profile)
     description = contract.description
     if untuned:
-        note = f"no {arch} tables for {', '.join(sorted(set(untuned)))}: portable constants kept"
+        note = f"no {arch} tuning rules for {', '.join(sorted(set(untuned)))}: portable constants kept"
         log.info("contract %s: %s", contract.name, note)
         description = f"{description} ({note})" if description else note
     return dataclasses.replace(contract, model=model, description=description, composition=tuple(Entry(**e.__dict__) for e in entries))

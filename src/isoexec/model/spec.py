@@ -291,7 +291,7 @@ class MoESpec:
         return frozenset({"router", "experts", "combine"} | shared | gated)
 
     def projections(self, hidden_size: int) -> dict[str, tuple[int, int]]:
-        # The gate and the experts' GEMMs are the MoE regions' own (their tables in ops/moe/tuning.py).
+        # The gate and the experts' GEMMs are the MoE regions' own (their tiles from ops/moe/tuning.py's rule).
         if not self.shared_intermediate_size:
             return {}
         i = self.shared_intermediate_size

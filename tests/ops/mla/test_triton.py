@@ -274,11 +274,12 @@ def test_bad_shapes_are_refused_in_one_line(bad):
 def test_the_tuning_table_holds_valid_constants_and_fits_glm():
     from isoexec.model import PRESETS
 
-    for shape, changes in tuning.HOPPER.items():
+    for shape in ((4, 16, 8, 32, 16), (20, 192, 64, 512, 256), (128, 128, 64, 512, 128), (16, 128, 64, 1024, 128)):
+        changes = tuning.hopper_tile(*shape)
         mla_triton.check_constants({**BF16, **changes})
         mla_triton.check_geometry({**BF16, **changes}, {"mla": {"kv_lora_rank": shape[3]}})
     cases = ["trainer_fwd", "engine_decode"]
-    assert tuning.fit(["mla_attn"], cases, PRESETS["glm-4.7-flash-4l-random"], "sm_90") == [(cases, tuning.HOPPER[(20, 192, 64, 512, 256)])]
+    assert tuning.fit(["mla_attn"], cases, PRESETS["glm-4.7-flash-4l-random"], "sm_90") == [(cases, tuning.hopper_tile(20, 192, 64, 512, 256))]
     assert tuning.fit(["mla_attn"], cases, PRESETS["tiny-mla"], "sm_80") is None
 
 
@@ -305,7 +306,7 @@ def test_the_kernels_compile_for_hopper_at_glm_shapes(tmp_path):
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
         from isoexec.ops.mla import triton as mt, tuning
-        c = tuning.HOPPER[(20, 192, 64, 512, 256)]
+        c = tuning.hopper_tile(20, 192, 64, 512, 256)
         target = GPUTarget("cuda", 90, 64)
         def build(kernel, dtype, constexprs, num_warps, num_stages):
             types = {n: "constexpr" if n in constexprs else f"*{dtype}" if n in ("q_lat", "q_rope", "store", "o", "x", "w", "y")
@@ -339,7 +340,7 @@ GLM = dict(num_heads=20, nope=192, rope=64, rank=512, value=256)
 
 def _glm_op(dtype):
     name = str(dtype).removeprefix("torch.")
-    constants = {**BF16, **tuning.HOPPER[(20, 192, 64, 512, 256)]}
+    constants = {**BF16, **tuning.hopper_tile(20, 192, 64, 512, 256)}
     constants.update({k: name for k in ("input_dtype", "output_dtype", "kv_cache_dtype", "weight_dtype")})
     bound = REGISTRY.get("mla.triton", 1).bind(constants)
     return lambda *args, **kwargs: bound(*(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args), **kwargs).cpu()
@@ -373,7 +374,7 @@ def test_a_decode_step_can_be_captured_in_a_cuda_graph():
     q_nope = torch.stack([q[-1] for q, _, _ in seqs]).cuda()
     q_rope = torch.stack([r[-1] for _, r, _ in seqs]).cuda()
     args = (store.rows.cuda(), weight, store.slot_table.cuda(), torch.arange(3).cuda(), torch.tensor([39, 8, 16]).cuda(), SCALE)
-    bound = REGISTRY.get("mla.triton", 1).bind({**BF16, **tuning.HOPPER[(20, 192, 64, 512, 256)]})
+    bound = REGISTRY.get("mla.triton", 1).bind({**BF16, **tuning.hopper_tile(20, 192, 64, 512, 256)})
     eager = bound(q_nope, q_rope, *args)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

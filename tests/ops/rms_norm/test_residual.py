@@ -240,12 +240,12 @@ def test_a_fused_call_is_one_kernel_launch_and_stores_s_once(monkeypatch):
 
 @needs_triton
 def test_triton_registers_and_checks_its_constants():
-    from isoexec.ops.rms_norm import triton as rms_norm_triton
+    from isoexec.ops.rms_norm import tuning as rms_norm_tuning
 
     impl = REGISTRY.get("rms_norm.residual.triton", 1)
     assert impl.region == "rms_norm.residual" and impl.source_sha256
     constants = {**boundary(torch.bfloat16), **TRITON}
-    for tiles in rms_norm_triton.HOPPER_CONSTANTS.values():
+    for tiles in map(rms_norm_tuning.hopper_constants, (16, 64, 128, 768, 1024, 2048, 4096, 5120)):
         impl.check(constants | tiles)
     with pytest.raises(ValueError, match="rms_norm.residual.triton: reduce_block must be a power of two"):
         impl.check(constants | {"reduce_block": 48})

@@ -13,8 +13,8 @@ require_triton()
 
 from isoexec.ops import triton_support  # noqa: E402
 from isoexec.ops.linear import tuning  # noqa: E402
-from isoexec.ops.logprobs import triton as logprobs_triton  # noqa: E402
-from isoexec.ops.rms_norm import triton as rms_norm_triton  # noqa: E402
+from isoexec.ops.logprobs import tuning as logprobs_tuning  # noqa: E402
+from isoexec.ops.rms_norm import tuning as rms_norm_tuning  # noqa: E402
 from ops.kernels_triton import LINEAR, LOGPROBS, RMS_NORM, _registry, linear, logprobs, rms_norm  # noqa: E402
 from ops.triton_impls import assert_import_and_register_nothing_without_triton  # noqa: E402
 
@@ -40,9 +40,9 @@ def test_the_three_impls_register_and_check_their_constants():
     for n, k in ((64, 64), (1024, 4096), (6144, 4096), (4096, 12288), (151936, 4096)):
         for tiles in (tuning.hopper_tile(n, k), tuning.hopper_decode_tile(n, k) or {}):
             impls["linear.triton@1"].check(boundary(LINEAR, torch.bfloat16) | tiles)
-    for tiles in rms_norm_triton.HOPPER_CONSTANTS.values():
+    for tiles in map(rms_norm_tuning.hopper_constants, (16, 64, 128, 768, 1024, 2048, 4096, 5120)):
         impls["rms_norm.triton@1"].check(RMS_NORM | tiles)
-    for tiles in logprobs_triton.HOPPER_CONSTANTS.values():
+    for tiles in map(logprobs_tuning.hopper_constants, (64, 512, 151936, 248320)):
         impls["logprobs.triton@1"].check(LOGPROBS | tiles)
     assert all(impl.source_sha256 for impl in impls.values())
 

@@ -28,7 +28,6 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from . import tuning
-from .tuning import HOPPER_CONSTANTS  # noqa: F401  (re-exported for benchmarks and tests)
 from ..triton_support import after_upstream, cdiv, jit, needs_grad, require_device, segments, tl, triton_available
 
 ID = "logprobs.triton"

@@ -30,7 +30,6 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, expect_dtype, torch_dtype
 from . import tuning
-from .tuning import HOPPER_CONSTANTS  # noqa: F401  (re-exported for benchmarks and tests)
 from ..triton_support import after_upstream, as_rows, cdiv, from_rows, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
 
 ID = "rms_norm.triton"
