@@ -178,35 +178,35 @@ def gdn_bwd_dstates_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_
 
 
 @jit
-def _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at, GROUP: tl.constexpr,
-                HV: tl.constexpr, DK: tl.constexpr, DK_PAD: tl.constexpr, C: tl.constexpr):
-    """Chunk i_n's tokens, row mask, rows of the per-token buffers, keys, β and decay cumsum c."""
+def _chunk_tokens(chunk_first, chunk_len, i_n, i_h, HV: tl.constexpr, C: tl.constexpr):
+    """Chunk i_n's tokens, row mask and rows of the per-token buffers."""
     rows = tl.arange(0, C)
-    m_row = rows < tl.load(chunk_len + i_n)
     tok = tl.load(chunk_first + i_n).to(tl.int64) + rows
-    neg_a, bias = -tl.exp(tl.load(a_log + i_h).to(tl.float32)), tl.load(dt_bias + i_h).to(tl.float32)
-    kn, g, beta = _keys(k, a, b, tok, m_row, tl.arange(0, DK_PAD), i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK,
-                        DK_PAD)
-    return tok, m_row, tok * HV + i_h, kn, beta, tl.cumsum(g, 0)
+    return tok, rows < tl.load(chunk_len + i_n), tok * HV + i_h
 
 
 @jit
-def _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq, tok, m_row, p, kn, c, i_n, i_h, q_scale,
-                           stride_qt, stride_qh, stride_dt, stride_dh, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                           DV: tl.constexpr, DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr,
-                           INTERPRET: tl.constexpr):
-    """The chunk's gradients through o = e^c (q S) + P δ and S' = e^{c_C} S + (e^{c_C - c} k)ᵀ δ: stores dq (of
-    the normalised queries, this value head's share) and returns dW = -dδ Sᵀ and the shares of dk and dc."""
+def _chunk_keys(k, a, b, a_log, dt_bias, tok, m_row, i_h, stride_kt, stride_kh, stride_at, GROUP: tl.constexpr, DK: tl.constexpr,
+                DK_PAD: tl.constexpr):
+    """The chunk's normalised keys, β and decay cumsum c."""
+    neg_a, bias = -tl.exp(tl.load(a_log + i_h).to(tl.float32)), tl.load(dt_bias + i_h).to(tl.float32)
+    kn, g, beta = _keys(k, a, b, tok, m_row, tl.arange(0, DK_PAD), i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK,
+                        DK_PAD)
+    return kn, beta, tl.cumsum(g, 0)
+
+
+@jit
+def _value_products(d_out, states, dstates, delta_buf, d_delta_buf, tok, m_row, p, i_n, i_h, stride_dt, stride_dh, HV: tl.constexpr,
+                    DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+                    PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The chunk's products with the state and the outputs, summed over the value blocks: dO δᵀ, dO Sᵀ, dW = -dδ Sᵀ,
+    δ dS'ᵀ and Σ S ∘ dS'. Run before the chunk's keys and queries are loaded, which it does not need: they would
+    hold 64 registers a thread through the loop (it spilled with them)."""
     NV: tl.constexpr = (DV + BV - 1) // BV
-    rows = tl.arange(0, C)
     o_k = tl.arange(0, DK_PAD)
     m_k = o_k < DK
-    qn = _queries(q, tok, m_row, o_k, i_h // GROUP, q_scale, stride_qt, stride_qh, DK, DK_PAD)
-    c_last = _last(c, C)
-    e_c, decay_k = tl.exp(c), tl.exp(c_last - c)
     d_rows = tl.multiple_of(tok * stride_dt + i_h * stride_dh, 16)
     p_state = (i_n.to(tl.int64) * HV + i_h) * (DK * DV) + o_k[:, None] * DV
-    # The products with the state and the outputs, summed over the value blocks: dO δᵀ, dO Sᵀ, dδ Sᵀ, δ dS'ᵀ.
     d_p = tl.zeros([C, C], dtype=tl.float32)
     d_o_s = tl.zeros([C, DK_PAD], dtype=tl.float32)
     d_w = tl.zeros([C, DK_PAD], dtype=tl.float32)
@@ -227,19 +227,35 @@ def _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq
         d_w -= _dot(d_delta, tl.trans(s), PRECISION, INTERPRET)
         d_decayed += _dot(delta, tl.trans(ds), PRECISION, INTERPRET)
         s_ds += tl.sum(tl.sum(s.to(tl.float32) * ds.to(tl.float32), 1), 0)
+    return d_p, d_o_s, d_w, d_decayed, s_ds
+
+
+@jit
+def _grads_through_outputs(q, dq, tok, m_row, p, kn, c, d_p, d_o_s, d_decayed, s_ds, i_h, q_scale, stride_qt, stride_qh,
+                           GROUP: tl.constexpr, DK: tl.constexpr, DK_PAD: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr,
+                           INTERPRET: tl.constexpr):
+    """The chunk's gradients through o = e^c (q S) + P δ and S' = e^{c_C} S + (e^{c_C - c} k)ᵀ δ from
+    `_value_products`: stores dq (of the normalised queries, this value head's share) and returns the shares of
+    dk and dc."""
+    rows = tl.arange(0, C)
+    o_k = tl.arange(0, DK_PAD)
+    m_k = o_k < DK
+    c_last = _last(c, C)
+    e_c, decay_k = tl.exp(c), tl.exp(c_last - c)
+    # The next chunk's start state first, so that d_decayed's registers are free before the queries load.
+    d_kn = decay_k[:, None] * d_decayed
+    t_j = decay_k * tl.sum(kn * d_decayed, 1)
+    qn = _queries(q, tok, m_row, o_k, i_h // GROUP, q_scale, stride_qt, stride_qh, DK, DK_PAD)
     # P = q kᵀ ∘ E on and below the diagonal.
     d_scores = d_p * _decays(c, C, False)
     d_qn = _dot(d_scores, kn, PRECISION, INTERPRET) + e_c[:, None] * d_o_s
     tl.store(dq + p[:, None] * DK + o_k[None, :], d_qn, mask=_rows_mask(m_row, m_k, DK == DK_PAD))
     d_c = e_c * tl.sum(d_o_s * qn, 1)
-    d_kn = _dot(tl.trans(d_scores), qn, PRECISION, INTERPRET)
+    d_kn += _dot(tl.trans(d_scores), qn, PRECISION, INTERPRET)
     d_e = d_scores * _dot(qn, tl.trans(kn), PRECISION, INTERPRET)
     d_c += tl.sum(d_e, 1) - tl.sum(d_e, 0)
-    # The next chunk's start state.
-    d_kn += decay_k[:, None] * d_decayed
-    t_j = decay_k * tl.sum(kn * d_decayed, 1)
     d_c += tl.where(rows == C - 1, tl.exp(c_last) * s_ds + tl.sum(t_j, 0), 0.0) - t_j
-    return d_w, d_kn, d_c
+    return d_kn, d_c
 
 
 @jit
@@ -299,11 +315,12 @@ def gdn_bwd_chunk_kernel(q, k, v, a, b, a_log, dt_bias, d_out, t_buf, states, ds
     """One chunk's gradients from its S, dS', δ and dδ: every chunk in parallel, the value blocks in a loop."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     if tl.load(chunk_len + i_n) > 0:  # a chunk of no rows (runs.pieces makes none) computes nothing
-        tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
-                                                 GROUP, HV, DK, DK_PAD, C)
-        d_w, d_kn, d_c = _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq, tok, m_row, p, kn, c, i_n, i_h, q_scale,
-                                                stride_qt, stride_qh, stride_dt, stride_dh, GROUP, HV, DK, DV, DK_PAD, BV, C, PRECISION,
-                                                INTERPRET)
+        tok, m_row, p = _chunk_tokens(chunk_first, chunk_len, i_n, i_h, HV, C)
+        d_p, d_o_s, d_w, d_decayed, s_ds = _value_products(d_out, states, dstates, delta_buf, d_delta_buf, tok, m_row, p, i_n, i_h, stride_dt,
+                                                           stride_dh, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
+        kn, beta, c = _chunk_keys(k, a, b, a_log, dt_bias, tok, m_row, i_h, stride_kt, stride_kh, stride_at, GROUP, DK, DK_PAD)
+        d_kn, d_c = _grads_through_outputs(q, dq, tok, m_row, p, kn, c, d_p, d_o_s, d_decayed, s_ds, i_h, q_scale, stride_qt, stride_qh,
+                                           GROUP, DK, DK_PAD, C, PRECISION, INTERPRET)
         _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, db, da_log, tok, m_row, p, kn, beta, c, d_w, d_kn, d_c,
                           i_n, i_h, stride_vt, stride_vh, stride_at, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
 
@@ -316,14 +333,15 @@ def gdn_bwd_outputs_kernel(q, k, a, b, a_log, dt_bias, d_out, states, dstates, d
     """`gdn_bwd_chunk_kernel`'s first half as a kernel of its own (SPLIT): its dW and shares of dk and dc stored."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     if tl.load(chunk_len + i_n) > 0:  # a chunk of no rows (runs.pieces makes none) computes nothing
-        tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
-                                                 GROUP, HV, DK, DK_PAD, C)
-        d_w, d_kn, d_c = _grads_through_outputs(q, d_out, states, dstates, delta_buf, d_delta_buf, dq, tok, m_row, p, kn, c, i_n, i_h, q_scale,
-                                                stride_qt, stride_qh, stride_dt, stride_dh, GROUP, HV, DK, DV, DK_PAD, BV, C, PRECISION,
-                                                INTERPRET)
+        tok, m_row, p = _chunk_tokens(chunk_first, chunk_len, i_n, i_h, HV, C)
+        d_p, d_o_s, d_w, d_decayed, s_ds = _value_products(d_out, states, dstates, delta_buf, d_delta_buf, tok, m_row, p, i_n, i_h, stride_dt,
+                                                           stride_dh, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
         o_k = tl.arange(0, DK_PAD)
         m_kout = _rows_mask(m_row, o_k < DK, DK == DK_PAD)
-        tl.store(d_w_buf + p[:, None] * DK + o_k[None, :], d_w.to(d_w_buf.dtype.element_ty), mask=m_kout)
+        tl.store(d_w_buf + p[:, None] * DK + o_k[None, :], d_w.to(d_w_buf.dtype.element_ty), mask=m_kout)  # before the keys: its registers go
+        kn, beta, c = _chunk_keys(k, a, b, a_log, dt_bias, tok, m_row, i_h, stride_kt, stride_kh, stride_at, GROUP, DK, DK_PAD)
+        d_kn, d_c = _grads_through_outputs(q, dq, tok, m_row, p, kn, c, d_p, d_o_s, d_decayed, s_ds, i_h, q_scale, stride_qt, stride_qh,
+                                           GROUP, DK, DK_PAD, C, PRECISION, INTERPRET)
         tl.store(d_kn_buf + p[:, None] * DK + o_k[None, :], d_kn, mask=m_kout)
         # Every row, by chunk row (a padded row's dc reaches the run's last row; its token is the next run's).
         tl.store(d_c_buf + (i_n.to(tl.int64) * C + tl.arange(0, C)) * HV + i_h, d_c)
@@ -337,8 +355,8 @@ def gdn_bwd_wy_grads_kernel(k, v, a, b, a_log, dt_bias, t_buf, d_delta_buf, d_w_
     """`gdn_bwd_chunk_kernel`'s second half as a kernel of its own (SPLIT)."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     if tl.load(chunk_len + i_n) > 0:  # a chunk of no rows (runs.pieces makes none) computes nothing
-        tok, m_row, p, kn, beta, c = _chunk_rows(k, a, b, a_log, dt_bias, chunk_first, chunk_len, i_n, i_h, stride_kt, stride_kh, stride_at,
-                                                 GROUP, HV, DK, DK_PAD, C)
+        tok, m_row, p = _chunk_tokens(chunk_first, chunk_len, i_n, i_h, HV, C)
+        kn, beta, c = _chunk_keys(k, a, b, a_log, dt_bias, tok, m_row, i_h, stride_kt, stride_kh, stride_at, GROUP, DK, DK_PAD)
         o_k = tl.arange(0, DK_PAD)
         m_kout = _rows_mask(m_row, o_k < DK, DK == DK_PAD)
         d_w = _stored(tl.load(d_w_buf + p[:, None] * DK + o_k[None, :], mask=m_kout, other=0.0), INTERPRET)
@@ -452,5 +470,5 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
 
 
 SOURCES = (gdn_bwd_wy_kernel, gdn_bwd_states_kernel, gdn_bwd_dstates_kernel, gdn_bwd_chunk_kernel, gdn_bwd_outputs_kernel,
-           gdn_bwd_wy_grads_kernel, gdn_bwd_norms_kernel, _chunk_rows, _grads_through_outputs, _grads_through_wy, _keys, _queries, _last,
+           gdn_bwd_wy_grads_kernel, gdn_bwd_norms_kernel, _chunk_tokens, _chunk_keys, _value_products, _grads_through_outputs, _grads_through_wy, _keys, _queries, _last,
            _decays, _dot)
