@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 21's audits on one machine of several GPUs: the trainer and the engine each at its own layout, every
 # rank a process on a GPU of its own, the collectives over NCCL (ISOEXEC_DIST_BACKEND=nccl). Each audit
-# compares every sampled token's log-probability and every full-vocabulary row bit for bit; exit 0 bitwise,
-# 1 a mismatch (what native must show), 2 a layout refused (the line says why).
+# compares every sampled token's log-probability and every full-vocabulary row bit for bit; exit 0 where the
+# contract's claims hold, 1 a mismatch under a contract that claims bitwise, 2 a layout refused (the line says
+# why). native claims nothing bitwise: its audit exits 0 and its line shows the MISMATCH it must.
 #
 #   ISOEXEC_COMMIT=<sha> OUT=out bash benchmarks/multi_gpu.sh [tp|moe|sp|native|rl|all]    # repository root, 8 GPUs
 #   DRY=1 OUT=out bash benchmarks/multi_gpu.sh all     # the same sequence on this machine's CPU: gloo, tiny models

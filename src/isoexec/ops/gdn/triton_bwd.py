@@ -97,9 +97,6 @@ def gdn_bwd_wy_kernel(k, v, a, b, a_log, dt_bias, t_buf, w_buf, u_buf, chunk_fir
         tok = tl.load(chunk_first + i_n).to(tl.int64) + rows
         neg_a, bias = -tl.exp(tl.load(a_log + i_h).to(tl.float32)), tl.load(dt_bias + i_h).to(tl.float32)
         kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
-        v_rows = tl.multiple_of(tok * stride_vt + i_h * stride_vh, 16)
-        m_v = _rows_mask(m_row, o_v < DV, DV == DV_PAD)
-        vf = tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_v, other=0.0).to(tl.float32)
         c = tl.cumsum(g, 0)
         system = beta[:, None] * _dot(kn, tl.trans(kn), PRECISION, INTERPRET) * _decays(c, C, True)
         inverse = _inverse(system, C, SUB, PRECISION, INTERPRET)
@@ -107,6 +104,10 @@ def gdn_bwd_wy_kernel(k, v, a, b, a_log, dt_bias, t_buf, w_buf, u_buf, chunk_fir
         p = tok * HV + i_h
         w = _dot(inverse, (beta * tl.exp(c))[:, None] * kn, PRECISION, INTERPRET)
         tl.store(w_buf + p[:, None] * DK + o_k[None, :], w.to(w_buf.dtype.element_ty), mask=_rows_mask(m_row, o_k < DK, DK == DK_PAD))
+        # The values after the keys' work (their registers are free by then: loaded first, they spilled).
+        v_rows = tl.multiple_of(tok * stride_vt + i_h * stride_vh, 16)
+        m_v = _rows_mask(m_row, o_v < DV, DV == DV_PAD)
+        vf = tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_v, other=0.0).to(tl.float32)
         tl.store(u_buf + p[:, None] * DV + o_v[None, :], _dot(inverse, beta[:, None] * vf, PRECISION, INTERPRET), mask=m_v)
 
 
