@@ -98,11 +98,14 @@ def gdn_bwd_wy_kernel(k, v, a, b, a_log, dt_bias, t_buf, w_buf, u_buf, chunk_fir
         neg_a, bias = -tl.exp(tl.load(a_log + i_h).to(tl.float32)), tl.load(dt_bias + i_h).to(tl.float32)
         kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
         c = tl.cumsum(g, 0)
+        # The keys enter products alone from here: held as the products' operands (as in the reverse walk).
+        x = _operand((beta * tl.exp(c))[:, None] * kn, PRECISION, INTERPRET)
+        kn = _operand(kn, PRECISION, INTERPRET)
         system = beta[:, None] * _dot(kn, tl.trans(kn), PRECISION, INTERPRET) * _decays(c, C, True)
         inverse = _inverse(system, C, SUB, PRECISION, INTERPRET)
         tl.store(t_buf + (i_n.to(tl.int64) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :], inverse.to(t_buf.dtype.element_ty))
         p = tok * HV + i_h
-        w = _dot(inverse, (beta * tl.exp(c))[:, None] * kn, PRECISION, INTERPRET)
+        w = _dot(inverse, x, PRECISION, INTERPRET)
         tl.store(w_buf + p[:, None] * DK + o_k[None, :], w.to(w_buf.dtype.element_ty), mask=_rows_mask(m_row, o_k < DK, DK == DK_PAD))
         # The values after the keys' work (their registers are free by then: loaded first, they spilled).
         v_rows = tl.multiple_of(tok * stride_vt + i_h * stride_vh, 16)
@@ -163,17 +166,20 @@ def gdn_bwd_dstates_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_
         kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
         c = tl.cumsum(g, 0)
         c_last = _last(c, C)
-        qn = _queries(q, tok, m_row, o_k, i_h // GROUP, q_scale, stride_qt, stride_qh, DK, DK_PAD)
+        # The keys and queries enter products alone from here: held as the products' operands (bf16 with bf16
+        # products, half the registers of the fp32 tiles, which spilled beside the state), the same values.
+        decayed = _operand(kn * tl.exp(c_last - c)[:, None], PRECISION, INTERPRET)
+        kn = _operand(kn, PRECISION, INTERPRET)
+        qn = _operand(_queries(q, tok, m_row, o_k, i_h // GROUP, q_scale, stride_qt, stride_qh, DK, DK_PAD), PRECISION, INTERPRET)
         p = tok * HV + i_h
         m_cv = _rows_mask(m_row, m_v, DV % BV == 0)
         d_rows = tl.multiple_of(tok * stride_dt + i_h * stride_dh, 16)
-        d_o = tl.load(d_out + d_rows[:, None] + o_v[None, :], mask=m_cv, other=0.0).to(tl.float32)
+        d_o = tl.load(d_out + d_rows[:, None] + o_v[None, :], mask=m_cv, other=0.0)  # as stored; widened where used
         scores = _dot(qn, tl.trans(kn), PRECISION, INTERPRET) * _decays(c, C, False)
-        d_delta = _dot(tl.trans(scores), d_o, PRECISION, INTERPRET) \
-            + _dot(kn * tl.exp(c_last - c)[:, None], ds, PRECISION, INTERPRET)
+        d_delta = _dot(tl.trans(scores), d_o.to(tl.float32), PRECISION, INTERPRET) + _dot(decayed, ds, PRECISION, INTERPRET)
         tl.store(d_delta_buf + p[:, None] * DV + o_v[None, :], d_delta.to(d_delta_buf.dtype.element_ty), mask=m_cv)
         w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD), other=0.0), INTERPRET)
-        ds = tl.exp(c_last) * ds + _dot(tl.trans(qn), tl.exp(c)[:, None] * d_o, PRECISION, INTERPRET) \
+        ds = tl.exp(c_last) * ds + _dot(tl.trans(qn), tl.exp(c)[:, None] * d_o.to(tl.float32), PRECISION, INTERPRET) \
             - _dot(tl.trans(w), d_delta, PRECISION, INTERPRET)
         j -= 1
 
