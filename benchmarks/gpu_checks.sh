@@ -146,10 +146,12 @@ done
 fi
 
 # gdn.core.triton's calls against their kernels after a host-side change (carry fla-core's wheel): the forward's kernels
-# and calls in one launch and in two (profile_gdn_fwd.py), the per-phase table against FLA (bench.py gdn), the 9B
-# preset's trainer against native; one tar of it all (the device brings back 8 files).
+# and calls in one launch and in two (profile_gdn_fwd.py), the step's kernels with the backward's registers and spills
+# (profile_gdn_bwd.py), the per-phase table against FLA (bench.py gdn), the 9B preset's trainer against native; one tar
+# of it all (the device brings back 8 files).
 if [ "$PART" = gdn-retime ]; then
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 profile_gdn_fwd.py 2>&1 | grep -v Warning | tee "$OUT/profile_gdn_fwd.txt")
+(cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 profile_gdn_bwd.py 2>&1 | grep -v Warning | tee "$OUT/profile_gdn_bwd.txt")
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py gdn --json "$OUT/bench_gdn.json" 2>&1 | grep -v Warning | tail -36 | tee "$OUT/bench_gdn.txt")
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py trainer --model qwen3.5-9b-4l-random --contracts tiny-hybrid-triton,native \
     --json "$OUT/bench_9b_trainer.json" 2>&1 | tail -8 | tee "$OUT/bench_9b_trainer.txt")

@@ -1,0 +1,98 @@
+"""Registers and spills of gdn.core.triton's kernels compiled for Hopper on this machine (no GPU needed): each
+forward and backward kernel built for sm_90a by Triton at Qwen3.5-9B's GDN heads (16 key / 32 value heads of
+128, bf16, the contract's chunk of 16 forward, the backward's own tiles), then `ptxas -v` on its PTX.
+
+A spill is local-memory traffic on every use of the spilled value: a kernel whose registers fit has none. This is
+how a change meant to relieve a kernel's registers is checked before a GPU times it.
+
+    PYTHONPATH=src python3 benchmarks/gdn_registers.py [--walk-block 64] [--out DIR]   # from the repository root
+"""
+
+import argparse
+import inspect
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from isoexec.ops.gdn import triton as fwd, triton_bwd as bwd, triton_two_launch as two  # noqa: E402
+
+PTXAS = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+HEADS = dict(GROUP=2, HV=32, HK=16, DK=128, DV=128, DK_PAD=128, DV_PAD=128, SUB=16, PRECISION=2, INTERPRET=False)
+# Pointer arguments by name: bf16 operands and the buffers held as operands, int32 tables, the rest fp32.
+BF16 = {"q", "k", "v", "a", "b", "out", "d_out", "dx", "x", "dv", "w_buf", "qn_buf", "scores_buf", "decayed_buf", "t_buf",
+        "states", "dstates", "delta_buf", "d_delta_buf", "d_w_buf"}
+INT32 = {"candidates", "state_ids", "run_first", "run_len", "run_chunk0", "chunk_run", "chunk_tok0", "chunk_off", "chunk_stop",
+         "chunk_first", "chunk_len"}
+INT64 = {"positions"}
+FLOATS = {"q_scale", "scale"}
+
+
+def compile_kernel(kernel, constants: dict, num_warps: int, num_stages: int) -> str:
+    """The kernel's PTX for sm_90a, every pointer 16-byte aligned (as the wrappers pass them)."""
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(inspect.signature(kernel.fn).parameters):
+        if name in constants:
+            signature[name], constexprs[(i,)] = "constexpr", constants[name]
+        elif name in FLOATS:
+            signature[name] = "fp32"
+        elif name.startswith("stride") or name in ("T", "has_cache", "every_token", "num_tokens"):
+            signature[name] = "i32"
+        else:
+            signature[name] = "*bf16" if name in BF16 else "*i32" if name in INT32 else "*i64" if name in INT64 else "*fp32"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=num_warps, num_stages=num_stages))
+    return compiled.asm["ptx"]
+
+
+def ptxas(ptx: str, folder: pathlib.Path, name: str) -> tuple[int, int]:
+    """(registers, bytes of spill stores) as ptxas reports them."""
+    path = folder / f"{name}.ptx"
+    path.write_text(ptx)
+    report = subprocess.run([str(PTXAS), "-arch=sm_90a", "-v", str(path), "-o", os.devnull], capture_output=True, text=True, check=True).stderr
+    registers = re.search(r"Used (\d+) registers", report)
+    spills = re.search(r"(\d+) bytes spill stores", report)
+    return int(registers.group(1)) if registers else -1, int(spills.group(1)) if spills else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--walk-block", type=int, default=fwd.WALK_BLOCK_V or 128, help="the two-launch walk's value columns")
+    parser.add_argument("--out", help="keep the PTX files in this folder")
+    args = parser.parse_args()
+    if not PTXAS.exists():
+        sys.exit(f"no ptxas at {PTXAS}: Triton's NVIDIA backend is needed")
+    forward = dict(HEADS, C=16, BV=128)
+    backward = dict(HEADS, C=bwd.CHUNK, BV=bwd.BLOCK_V, BT=bwd.NORM_TOKENS)
+    kernels = [
+        ("gdn_fwd_kernel (block_v 128)", fwd.gdn_fwd_kernel, forward, 4, 3),
+        ("gdn_chunks_kernel", two.gdn_chunks_kernel, forward, 4, 3),
+        (f"gdn_walk_kernel ({args.walk_block} columns, prefetch {int(fwd.WALK_PREFETCH)})", two.gdn_walk_kernel,
+         dict(forward, BV=args.walk_block, PREFETCH=fwd.WALK_PREFETCH), 4, 3),
+        ("gdn_bwd_wy_kernel", bwd.gdn_bwd_wy_kernel, backward, bwd.NUM_WARPS, bwd.NUM_STAGES),
+        ("gdn_bwd_states_kernel", bwd.gdn_bwd_states_kernel, backward, bwd.NUM_WARPS, bwd.NUM_STAGES),
+        ("gdn_bwd_dstates_kernel", bwd.gdn_bwd_dstates_kernel, backward, bwd.NUM_WARPS, bwd.NUM_STAGES),
+        ("gdn_bwd_outputs_kernel", bwd.gdn_bwd_outputs_kernel, backward, bwd.CHUNK_WARPS, bwd.NUM_STAGES),
+        ("gdn_bwd_wy_grads_kernel", bwd.gdn_bwd_wy_grads_kernel, backward, bwd.CHUNK_WARPS, bwd.NUM_STAGES),
+    ]
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = pathlib.Path(args.out or scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        print(f"{'kernel':<52} {'warps':>5} {'registers':>9} {'spilled bytes':>13}")
+        for title, kernel, constants, warps, stages in kernels:
+            used = {k: v for k, v in constants.items() if k in inspect.signature(kernel.fn).parameters}
+            registers, spilled = ptxas(compile_kernel(kernel, used, warps, stages), folder, kernel.fn.__name__)
+            print(f"{title:<52} {warps:>5} {registers:>9} {spilled:>13}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
