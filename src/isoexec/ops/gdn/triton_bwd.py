@@ -266,7 +266,7 @@ def _grads_through_outputs(q, dq, tok, m_row, p, kn, c, d_p, d_o_s, d_decayed, s
 
 
 @jit
-def _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, db, da_log, tok, m_row, p, kn, beta, c, d_w, d_kn, d_c,
+def _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, db, da_log, tok, m_row, p, kn, beta, c, d_w, d_c,
                       i_n, i_h, stride_vt, stride_vh, stride_at, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                       DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """The rest: through δ = T Y - T X S and T = (I + A)^-1 into A = β (k kᵀ ∘ E), X = β e^c k and Y = β v;
@@ -294,6 +294,9 @@ def _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, d
     d_a = -_dot(tl.trans(inverse), _dot(d_t, tl.trans(inverse), PRECISION, INTERPRET), PRECISION, INTERPRET) * _decays(c, C, True)
     gram = _dot(kn, tl.trans(kn), PRECISION, INTERPRET)
     d_gram = d_a * beta[:, None]
+    # dk's share through the outputs, stored in dk by the caller: loaded here, not held through the loop above.
+    m_rk = _rows_mask(m_row, o_k < DK, DK == DK_PAD)
+    d_kn = tl.load(dk + p[:, None] * DK + o_k[None, :], mask=m_rk, other=0.0)
     d_kn += _dot(d_gram, kn, PRECISION, INTERPRET) + _dot(tl.trans(d_gram), kn, PRECISION, INTERPRET)
     x_dot = tl.sum(d_x * kn, 1)
     d_beta += tl.sum(d_a * gram, 1) + e_c * x_dot
@@ -301,7 +304,7 @@ def _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, d
     d_c += beta * e_c * x_dot
     d_e = d_gram * gram
     d_c += tl.sum(d_e, 1) - tl.sum(d_e, 0)
-    tl.store(dk + p[:, None] * DK + o_k[None, :], d_kn, mask=_rows_mask(m_row, o_k < DK, DK == DK_PAD))
+    tl.store(dk + p[:, None] * DK + o_k[None, :], d_kn, mask=m_rk)
     # The gates: g = -e^{A_log} softplus(a + dt_bias), β = sigmoid(b); dg = the reverse cumsum of dc.
     d_g = tl.cumsum(d_c, 0, reverse=True)
     x = tl.load(a + tok * stride_at + i_h, mask=m_row, other=0.0).to(tl.float32) + tl.load(dt_bias + i_h).to(tl.float32)
@@ -328,7 +331,8 @@ def gdn_bwd_chunk_kernel(q, k, v, a, b, a_log, dt_bias, d_out, t_buf, states, ds
         kn, beta, c = _chunk_keys(k, a, b, a_log, dt_bias, tok, m_row, i_h, stride_kt, stride_kh, stride_at, GROUP, DK, DK_PAD)
         d_kn, d_c = _grads_through_outputs(q, dq, tok, m_row, p, kn, c, d_p, d_o_s, d_decayed, s_ds, i_h, q_scale, stride_qt, stride_qh,
                                            GROUP, DK, DK_PAD, C, PRECISION, INTERPRET)
-        _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, db, da_log, tok, m_row, p, kn, beta, c, d_w, d_kn, d_c,
+        tl.store(dk + p[:, None] * DK + tl.arange(0, DK_PAD)[None, :], d_kn, mask=_rows_mask(m_row, tl.arange(0, DK_PAD) < DK, DK == DK_PAD))
+        _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, db, da_log, tok, m_row, p, kn, beta, c, d_w, d_c,
                           i_n, i_h, stride_vt, stride_vh, stride_at, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
 
 
@@ -355,11 +359,11 @@ def gdn_bwd_outputs_kernel(q, k, a, b, a_log, dt_bias, d_out, states, dstates, d
 
 
 @jit(do_not_specialize=["stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_at"])
-def gdn_bwd_wy_grads_kernel(k, v, a, b, a_log, dt_bias, t_buf, d_delta_buf, d_w_buf, d_kn_buf, d_c_buf, dk, dv, da, db, da_log,
+def gdn_bwd_wy_grads_kernel(k, v, a, b, a_log, dt_bias, t_buf, d_delta_buf, d_w_buf, d_c_buf, dk, dv, da, db, da_log,
                             chunk_first, chunk_len, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, GROUP: tl.constexpr,
                             HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
                             PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """`gdn_bwd_chunk_kernel`'s second half as a kernel of its own (SPLIT)."""
+    """`gdn_bwd_chunk_kernel`'s second half as a kernel of its own (SPLIT); dk holds the first half's share."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     if tl.load(chunk_len + i_n) > 0:  # a chunk of no rows (runs.pieces makes none) computes nothing
         tok, m_row, p = _chunk_tokens(chunk_first, chunk_len, i_n, i_h, HV, C)
@@ -367,9 +371,8 @@ def gdn_bwd_wy_grads_kernel(k, v, a, b, a_log, dt_bias, t_buf, d_delta_buf, d_w_
         o_k = tl.arange(0, DK_PAD)
         m_kout = _rows_mask(m_row, o_k < DK, DK == DK_PAD)
         d_w = _stored(tl.load(d_w_buf + p[:, None] * DK + o_k[None, :], mask=m_kout, other=0.0), INTERPRET)
-        d_kn = tl.load(d_kn_buf + p[:, None] * DK + o_k[None, :], mask=m_kout, other=0.0)
         d_c = tl.load(d_c_buf + (i_n.to(tl.int64) * C + tl.arange(0, C)) * HV + i_h)
-        _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, db, da_log, tok, m_row, p, kn, beta, c, d_w, d_kn, d_c,
+        _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, db, da_log, tok, m_row, p, kn, beta, c, d_w, d_c,
                           i_n, i_h, stride_vt, stride_vh, stride_at, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
 
 
@@ -461,7 +464,7 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
         d_c = torch.empty(num_chunks * chunk, num_v_heads, **f32)  # by chunk row, padded rows too
         gdn_bwd_outputs_kernel[chunks](q, k, a, b, a_log, dt_bias, grad, states, dstates, delta, d_delta, dqn, w_buf, dkn, d_c, chunk_first,
                                        chunk_len, q_scale, *qs, *ks, ats, *ds, BV=block_v, **chunk_dims)  # dW over W: read by the walks alone
-        gdn_bwd_wy_grads_kernel[chunks](k, v, a, b, a_log, dt_bias, t_buf, d_delta, w_buf, dkn, d_c, dkn, dv, da, db, da_log, chunk_first,
+        gdn_bwd_wy_grads_kernel[chunks](k, v, a, b, a_log, dt_bias, t_buf, d_delta, w_buf, d_c, dkn, dv, da, db, da_log, chunk_first,
                                         chunk_len, *ks, *vs, ats, BV=block_v, **chunk_dims)
     else:
         gdn_bwd_chunk_kernel[chunks](q, k, v, a, b, a_log, dt_bias, grad, t_buf, states, dstates, delta, d_delta, dqn, dkn, dv, da, db,
