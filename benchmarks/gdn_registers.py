@@ -83,15 +83,16 @@ def main() -> None:
         ("gdn_bwd_dstates_kernel", bwd.gdn_bwd_dstates_kernel, backward, bwd.NUM_WARPS, bwd.NUM_STAGES),
         ("gdn_bwd_outputs_kernel", bwd.gdn_bwd_outputs_kernel, backward, bwd.CHUNK_WARPS, bwd.NUM_STAGES),
         ("gdn_bwd_wy_grads_kernel", bwd.gdn_bwd_wy_grads_kernel, backward, bwd.CHUNK_WARPS, bwd.NUM_STAGES),
+        ("gdn_bwd_chunk_kernel (the two above as one: SPLIT off)", bwd.gdn_bwd_chunk_kernel, backward, bwd.CHUNK_WARPS, bwd.NUM_STAGES),
     ]
     with tempfile.TemporaryDirectory() as scratch:
         folder = pathlib.Path(args.out or scratch)
         folder.mkdir(parents=True, exist_ok=True)
-        print(f"{'kernel':<52} {'warps':>5} {'registers':>9} {'spilled bytes':>13}")
+        print(f"{'kernel':<56} {'warps':>5} {'registers':>9} {'spilled bytes':>13}")
         for title, kernel, constants, warps, stages in kernels:
             used = {k: v for k, v in constants.items() if k in inspect.signature(kernel.fn).parameters}
             registers, spilled = ptxas(compile_kernel(kernel, used, warps, stages), folder, kernel.fn.__name__)
-            print(f"{title:<52} {warps:>5} {registers:>9} {spilled:>13}", flush=True)
+            print(f"{title:<56} {warps:>5} {registers:>9} {spilled:>13}", flush=True)
 
 
 if __name__ == "__main__":

@@ -270,8 +270,8 @@ def _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, d
                       i_n, i_h, stride_vt, stride_vh, stride_at, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                       DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """The rest: through δ = T Y - T X S and T = (I + A)^-1 into A = β (k kᵀ ∘ E), X = β e^c k and Y = β v;
-    stores dk (of the normalised keys, this value head's share), dv, and the gates' gradients: da and db, and
-    each token's term of dA_log."""
+    adds to dk (which holds the share through the outputs: the normalised keys', this value head's) and stores
+    it, dv, and the gates' gradients: da and db, and each token's term of dA_log."""
     NV: tl.constexpr = (DV + BV - 1) // BV
     rows = tl.arange(0, C)
     o_k = tl.arange(0, DK_PAD)
@@ -332,6 +332,7 @@ def gdn_bwd_chunk_kernel(q, k, v, a, b, a_log, dt_bias, d_out, t_buf, states, ds
         d_kn, d_c = _grads_through_outputs(q, dq, tok, m_row, p, kn, c, d_p, d_o_s, d_decayed, s_ds, i_h, q_scale, stride_qt, stride_qh,
                                            GROUP, DK, DK_PAD, C, PRECISION, INTERPRET)
         tl.store(dk + p[:, None] * DK + tl.arange(0, DK_PAD)[None, :], d_kn, mask=_rows_mask(m_row, tl.arange(0, DK_PAD) < DK, DK == DK_PAD))
+        tl.debug_barrier()  # _grads_through_wy reads it back, its elements perhaps in other threads: the CTA's stores first
         _grads_through_wy(v, a, b, a_log, dt_bias, t_buf, d_delta_buf, dk, dv, da, db, da_log, tok, m_row, p, kn, beta, c, d_w, d_c,
                           i_n, i_h, stride_vt, stride_vh, stride_at, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
 
