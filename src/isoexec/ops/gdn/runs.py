@@ -1,5 +1,6 @@
 """A call's runs (stretches of tokens with consecutive positions and one slot), found on the host once for every
-GDN op of a forward: the Triton impls' input checks, the core's run starts (`candidates`) and chunk-piece tables.
+GDN op of a forward: every impl's input checks (`check_runs`), the runs the reference and native walk, the Triton
+core's run starts (`candidates`) and chunk-piece tables.
 
 Each host read of the positions or slots is a host sync: the GPU drains its queue, then idles while the host
 enqueues what follows. A GDN layer's ops used to read them several times each (the checks' minima, maxima and
