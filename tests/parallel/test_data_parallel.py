@@ -64,6 +64,38 @@ def test_fsdp_gradients_match_one_process():
         assert float((grads[name] - want).norm() / want.norm()) < 1e-5, name
 
 
+def _masters_step(mesh):
+    """One AdamW step of float32 masters of a bfloat16 policy (`rl/precision.py`), the policy FSDP-sharded at DP > 1:
+    each rank's shard of the masters before and after, and of the policy after."""
+    from isoexec.rl.precision import MasterWeights
+
+    model = init_random(PRESETS["tiny-dense"], seed=0)
+    trainer = Trainer(model, load_preset("tiny-dense"), mesh)
+    master = MasterWeights(trainer.model)
+    local = lambda t: (t.to_local() if hasattr(t, "to_local") else t).detach().clone()  # noqa: E731
+    before = {name: local(p) for name, p in master.named_parameters()}
+    optimizer = torch.optim.AdamW(master.parameters(), lr=1e-3)
+    rows = trainer.logprobs(SEQUENCES, case="trainer_fwd", micro_batch_tokens=30)
+    sum((r.float() * torch.linspace(-1, 1, r.numel()).view_as(r)).sum() for r in rows).backward()
+    master.take_grads()
+    grads = sum(float(local(p.grad).double().pow(2).sum()) for _, p in master.named_parameters())
+    optimizer.step()
+    master.write_back()
+    return before, {name: local(p) for name, p in master.named_parameters()}, {name: local(p) for name, p in trainer.model.named_parameters()}, grads
+
+
+def test_float32_masters_step_the_fsdp_shards_of_a_bfloat16_policy():
+    """With DP 2 the masters are DTensors over the groups like the policy's parameters: after a step every
+    parameter's shard is the bfloat16 rounding of its master's, and every master moved."""
+    before, masters, policy, grads = spawn(1, _masters_step, dp=2)
+    assert grads > 0
+    assert masters["model.layers.0.mlp.gate_proj.weight"].shape == (64, 64)  # half of 128 rows: a group's shard
+    for name, master in masters.items():
+        assert policy[name].dtype == torch.bfloat16 and master.dtype == torch.float32, name
+        assert torch.equal(policy[name], master.to(torch.bfloat16)), name
+        assert not torch.equal(master, before[name]), name
+
+
 def test_the_audit_is_bitwise_with_a_data_parallel_trainer():
     model = init_random(PRESETS["tiny-dense"], seed=0)
     report = run_audit(model, load_preset("tiny-dense"), requests=6, max_new_tokens=8, progress=False, trainer_tp=2, trainer_dp=2)

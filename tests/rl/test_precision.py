@@ -16,8 +16,8 @@ SMALL = dict(steps=2, prompts_per_step=4, group_size=4, warmup_steps=5, algorith
 @pytest.mark.parametrize("changes,message", [
     ({"device": "tpu"}, "device must be one of cpu, cuda"),
     ({"dtype": "float16"}, "dtype must be one of float32, bfloat16"),
-    ({"dtype": "bfloat16", "trainer_dp": 2}, "trainer_dp with a bfloat16 policy is not built yet"),
     ({"model_vocab": True}, "model_vocab applies to a model preset"),
+    ({"device": "cuda", "trainer_dp": 2}, "trainer_dp on the GPU runs over NCCL"),
 ])
 def test_bad_device_and_dtype_configs_are_refused(changes, message):
     with pytest.raises(ValueError, match=message):

@@ -53,6 +53,10 @@ def _score(mesh, model, contract, sequences, budget, device, labels, tracer):
     return out, mesh.sizes()
 
 
+DP_ON_GPU = ("a data-parallel trainer on the GPU runs over NCCL, a GPU a rank (ISOEXEC_DIST_BACKEND=nccl); FSDP over gloo "
+             "with ranks sharing a GPU is not built")
+
+
 def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new_tokens: int = 16, seed: int = 0,
               device: str = "cpu", progress: bool = True, tracer=None, prompts: list[list[int]] | None = None, trainer_tp: int = 1,
               engine_tp: int = 1, trainer_ep: int = 1, engine_ep: int = 1, trainer_sp: bool = False, engine_sp: bool = False,
@@ -63,16 +67,16 @@ def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new
     data-parallel groups (FSDP), each scoring its share of the sequences. The report's `layout` is each side's
     sizes as its rank 0 ran them. engine: `ENGINES`' names; the vLLM ones run in this process, unsharded."""
     start = time.perf_counter()
-    for tp, ep, sp in ((trainer_tp, trainer_ep, trainer_sp), (engine_tp, engine_ep, engine_sp)):
-        check(model.spec, contract, tp, ep, sp)
+    for tp, ep, sp, dp in ((trainer_tp, trainer_ep, trainer_sp, trainer_dp), (engine_tp, engine_ep, engine_sp, 1)):
+        check(model.spec, contract, tp, ep, sp, dp)
     if trainer_dp > requests:
         raise ValueError(f"trainer DP = {trainer_dp} needs at least {trainer_dp} requests (one sequence a group), got {requests}")
-    for ranks in (world_of(trainer_tp, trainer_ep, trainer_dp) * trainer_dp, world_of(engine_tp, engine_ep)):
-        backend_for(device, ranks)  # before either side runs
+    backends = [backend_for(device, ranks) for ranks in (world_of(trainer_tp, trainer_ep, trainer_dp) * trainer_dp,
+                                                          world_of(engine_tp, engine_ep))]  # before either side runs
     if max(trainer_tp, engine_tp, trainer_ep, engine_ep, trainer_dp) > 1 and tracer is not None:
         raise ValueError("a parallel audit runs without --trace")
-    if trainer_dp > 1 and str(device) != "cpu":
-        raise ValueError("a data-parallel trainer runs on the CPU only so far (FSDP over gloo)")
+    if trainer_dp > 1 and str(device) != "cpu" and backends[0] != "nccl":
+        raise ValueError(DP_ON_GPU)
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r}: one of {', '.join(ENGINES)}")
     if engine != "isoexec" and (max(engine_tp, engine_ep) > 1 or engine_sp or tracer is not None):

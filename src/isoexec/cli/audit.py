@@ -1,6 +1,7 @@
 """`isoexec audit`: roll out a workload in the engine, score it in the trainer, compare log-probs bit for bit."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -48,7 +49,8 @@ def add_parser(commands):
                        "ISOEXEC_DIST_BACKEND=nccl each takes a GPU of its own (NCCL) (default: 1)")
     audit.add_argument("--engine-tp", type=int, default=1, metavar="N", help="the engine's tensor-parallel size, likewise (default: 1)")
     audit.add_argument("--trainer-ep", type=int, default=1, metavar="N", help="the trainer's expert-parallel size (an MoE model): the "
-                       "routed experts cut over N processes, 1 or the trainer's TP size (default: 1)")
+                       "routed experts cut over N processes: 1, the trainer's TP size, or TP x DP (the experts over every data-parallel "
+                       "group's ranks, SkyRL-IsoExec's TP 4 / EP 8 at --trainer-dp 2) (default: 1)")
     audit.add_argument("--engine-ep", type=int, default=1, metavar="N", help="the engine's expert-parallel size, likewise (default: 1)")
     audit.add_argument("--trainer-sp", action="store_true", help="sequence parallelism on the trainer's tensor-parallel ranks: each "
                        "holds a shard of the tokens between the row- and the column-parallel projections")
@@ -79,8 +81,10 @@ def run(args) -> int:
         raise input_error(f"{', '.join(sizes)} must be at least 1")
     if max(sizes.values()) > 1 and args.trace:
         raise input_error("parallel sides (--trainer-tp, --engine-tp, --trainer-ep, --engine-ep, --trainer-dp above 1) run without --trace")
-    if args.trainer_dp > 1 and args.device != "cpu":
-        raise input_error("--trainer-dp above 1 runs on the CPU only so far (FSDP over gloo)")
+    if args.trainer_dp > 1 and args.device != "cpu" and os.environ.get("ISOEXEC_DIST_BACKEND", "gloo") != "nccl":
+        from ..audit.run import DP_ON_GPU
+
+        raise input_error(f"--trainer-dp above 1: {DP_ON_GPU}")
     if args.engine != "isoexec":
         if max(args.engine_tp, args.engine_ep) > 1 or args.engine_sp or args.trace:
             raise input_error(f"--engine {args.engine} runs unsharded and without --trace (--engine-tp, --engine-ep, --engine-sp)")
@@ -98,10 +102,12 @@ def run(args) -> int:
     check_runnable(contract, args.device)
     for side in ("trainer", "engine"):
         tp, ep, sp = getattr(args, f"{side}_tp"), getattr(args, f"{side}_ep"), getattr(args, f"{side}_sp")
+        dp = args.trainer_dp if side == "trainer" else 1
         try:
-            parallel.check(model.spec, contract, tp, ep, sp)
+            parallel.check(model.spec, contract, tp, ep, sp, dp)
         except ValueError as error:
-            raise input_error(f"--{side}-tp {tp} --{side}-ep {ep}{f' --{side}-sp' if sp else ''}: {error}") from None
+            flags = f"--{side}-tp {tp} --{side}-ep {ep}{f' --{side}-sp' if sp else ''}{f' --trainer-dp {dp}' if dp > 1 else ''}"
+            raise input_error(f"{flags}: {error}") from None
     tracer = Tracer() if args.trace else None
     requests = args.requests if args.requests is not None else len(prompts) if prompts is not None else 16
     if args.trainer_dp > requests:

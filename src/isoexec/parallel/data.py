@@ -6,7 +6,8 @@ all-gathered (pickled tensors: bytes) so every rank returns every sequence's, as
 parameters are sharded over the groups by `torch.distributed.fsdp.fully_shard` (each decoder layer, then the
 root): a module's forward all-gathers its parameters (bytes), its backward reduce-scatters their gradients.
 Gradients need only be correct, so the collective's sum is used there; the rows' gradients reach each group's
-own rows only, so the reduction sums (divide factor 1) instead of averaging.
+own rows only, so the reduction sums (divide factor 1) instead of averaging. Routed experts cut over the whole
+side (EP = TP x DP) are left out of FSDP: no two groups hold the same ones.
 
 FSDP runs a module's collectives once per forward call, so every group must run the same number of micro-batches:
 `dp_micro_batches` packs as one process does, then splits or merges micro-batches until the count is a multiple
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .mesh import Mesh
+from .plan import spread_over_side
 
 
 def dp_micro_batches(lengths: list[int], max_tokens: int, dp: int, pack) -> list[list[list[int]]]:
@@ -53,12 +55,13 @@ class _GatherSequences(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, mesh, count, indices, *mine):
-        shares = [None] * mesh.dp
-        dist.all_gather_object(shares, [(i, t.detach()) for i, t in zip(indices, mine)], group=mesh.dp_mesh.get_group())
+        # Host copies cross: a pickled GPU tensor would come back on the sending rank's GPU.
+        shares, device = [None] * mesh.dp, mine[0].device
+        dist.all_gather_object(shares, [(i, t.detach().cpu()) for i, t in zip(indices, mine)], group=mesh.dp_mesh.get_group())
         out = [None] * count
         for share in shares:
             for i, t in share:
-                out[i] = t
+                out[i] = t.to(device)
         ctx.indices = indices
         return tuple(out)
 
@@ -74,7 +77,7 @@ def gather_sequences(rows: dict[int, Tensor], count: int, mesh: Mesh) -> list[Te
 
 
 def gather_objects(mine: dict, count: int, mesh: Mesh) -> list:
-    """Every sequence's value (no gradient) from the groups' shares."""
+    """Every sequence's value (no gradient) from the groups' shares (host values: they cross pickled)."""
     shares = [None] * mesh.dp
     dist.all_gather_object(shares, mine, group=mesh.dp_mesh.get_group())
     out = [None] * count
@@ -86,17 +89,23 @@ def gather_objects(mine: dict, count: int, mesh: Mesh) -> list:
 
 def fully_shard_model(model, mesh: Mesh):
     """`model` (a rank's Decoder) with its parameters sharded over the data-parallel groups by FSDP2."""
-    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     # A layer returns its (hidden, residual) pair, views of its ops' outputs; FSDP warns that an in-place op on such a
     # view would lose its backward hook. The model's ops are all out of place (the gradient tests hold it to that).
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     # A rank holding no vocabulary block has empty embedding and lm_head tensors, which FSDP cannot shard: they stay
     # as they are (there is nothing in them to shard or to reduce).
-    empty = {p for p in model.parameters() if p.numel() == 0}
+    left = {p for p in model.parameters() if p.numel() == 0}
+    # Where EP spans the side, each group holds other experts than the others: nothing to shard, the gradient of every
+    # group's pairs already summed into each expert's rank by the backward's all-to-all.
+    left |= {p for name, p in model.named_parameters() if spread_over_side(name, mesh)}
+    # The groups' gradients are summed in float32 and rounded once to the parameters' dtype (bfloat16 sums of more than
+    # two groups would round at every add).
+    precision = MixedPrecisionPolicy(reduce_dtype=torch.float32)
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh.dp_mesh, ignored_params=empty)
-    fully_shard(model, mesh=mesh.dp_mesh, ignored_params=empty)
+        fully_shard(layer, mesh=mesh.dp_mesh, ignored_params=left, mp_policy=precision)
+    fully_shard(model, mesh=mesh.dp_mesh, ignored_params=left, mp_policy=precision)
     register_fsdp_forward_method(model, "logprobs")  # called outside forward: its parameters unsharded too
     for module in (*model.model.layers, model):
         module.set_gradient_divide_factor(1.0)

@@ -6,7 +6,11 @@ tokens are cut between the projections too (sequence parallel), its rank among t
 their collectives; and its data-parallel size (FSDP: `dp` copies of that model group, each scoring its own
 sequences, the parameters sharded over the copies). TP and EP span the same ranks: a model group of `world`
 processes has tp and ep each 1 or `world` (TP 1 with EP 2 replicates attention on two ranks that split the
-experts). One process is the mesh with every size 1, and every collective is then the identity.
+experts). Or EP spans the whole side: with TP > 1 and DP > 1, EP = TP x DP cuts the routed experts over every
+process of every group (SkyRL-IsoExec's trainer TP 4 / EP 8 on 8 GPUs is TP 4, DP 2, EP 8): the experts are then
+not replicated over the groups, so FSDP leaves them alone, and each MoE layer exchanges (token, slot) pairs with
+the other groups' ranks (`ep_mesh`). One process is the mesh with every size 1, and every collective is then the
+identity.
 
 `spawn` starts a side's world x dp processes on this machine with `torch.distributed` over gloo and returns what
 global rank 0's function returned; `torchrun` sets the same environment, so `Mesh.from_env` serves both. Ranks
@@ -31,15 +35,24 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 
+def ep_spans_groups(tp: int, ep: int, dp: int) -> bool:
+    """Whether EP cuts the experts over every process of a side of `dp` groups (EP = TP x DP, TP and DP above 1)
+    rather than over one model group's."""
+    return tp > 1 and dp > 1 and ep == tp * dp
+
+
 def world_of(tp: int, ep: int, dp: int = 1) -> int:
     """The processes of a model group of TP `tp` and EP `ep` (a side has `dp` of them), or a ValueError naming what
     is wrong."""
     for name, value in (("tp", tp), ("ep", ep), ("dp", dp)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if ep_spans_groups(tp, ep, dp):
+        return tp
     world = max(tp, ep)
     if {tp, ep} - {1, world}:
-        raise ValueError(f"tp and ep span the same ranks: each is 1 or both are equal, got tp = {tp}, ep = {ep}")
+        spanning = f", or EP = TP x DP = {tp * dp} (the experts over every group)" if tp > 1 and dp > 1 else ""
+        raise ValueError(f"tp and ep span the same ranks: each is 1 or both are equal{spanning}, got tp = {tp}, ep = {ep}")
     return world
 
 
@@ -74,9 +87,10 @@ def init_rank(rank: int, total: int, backend: str) -> None:
 @dataclass(frozen=True)
 class Mesh:
     """A side's ranks, this process being `rank` of its model group: tensor-parallel size tp, expert-parallel size
-    ep (each 1 or the group's size), `group` the process group of their collectives; `dp` such groups side by side
-    (data parallel), this process in the `dp_rank`-th, `dp_mesh` the device mesh over the groups (FSDP shards over
-    it, the sequences are cut over it)."""
+    ep (each 1 or the group's size, or EP = TP x DP over the whole side), `group` the process group of their
+    collectives; `dp` such groups side by side (data parallel), this process in the `dp_rank`-th, `dp_mesh` the
+    device mesh over the groups (FSDP shards over it, the sequences are cut over it); `side_group` the process group
+    of every rank of the side, where EP spans it."""
 
     tp: int = 1
     ep: int = 1
@@ -86,6 +100,7 @@ class Mesh:
     dp: int = 1
     dp_rank: int = 0
     dp_mesh: Any = None
+    side_group: Any = None
 
     def __post_init__(self):
         world_of(self.tp, self.ep, self.dp)
@@ -97,7 +112,40 @@ class Mesh:
     @property
     def world(self) -> int:
         """The model group's processes (tensor and expert parallel)."""
-        return max(self.tp, self.ep)
+        return world_of(self.tp, self.ep, self.dp)
+
+    @property
+    def ep_spans_groups(self) -> bool:
+        """Whether the routed experts are cut over every rank of the side (EP = TP x DP) instead of the group's."""
+        return ep_spans_groups(self.tp, self.ep, self.dp)
+
+    @property
+    def shard_ranks(self) -> int:
+        """The ranks the whole model's weights are cut over: the model group's, or the side's where EP spans it (a
+        group then holds only its experts)."""
+        return self.world * self.dp if self.ep_spans_groups else self.world
+
+    @property
+    def shard_rank(self) -> int:
+        """This process among `shard_ranks`: the side's ranks in order, group after group."""
+        return self.dp_rank * self.world + self.rank if self.ep_spans_groups else self.rank
+
+    @property
+    def shard_group(self):
+        """The process group of the `shard_ranks`."""
+        return self.side_group if self.ep_spans_groups else self.group
+
+    @property
+    def ep_rank(self) -> int:
+        """This process among the EP ranks (the rank whose experts `plan.experts_of` gives it)."""
+        return self.shard_rank if self.ep_spans_groups else self.rank
+
+    def ep_mesh(self) -> "Mesh":
+        """The mesh an MoE layer's pairs are exchanged over: this one, or, where EP spans the side, every rank of the
+        side as one group of EP ranks (tp 1), this process its `ep_rank`."""
+        if not self.ep_spans_groups:
+            return self
+        return Mesh(tp=1, ep=self.ep, rank=self.ep_rank, group=self.side_group)
 
     def sizes(self) -> dict:
         """Every axis's size, as a fingerprint carries them."""
@@ -114,13 +162,16 @@ class Mesh:
             raise ValueError(f"DP = {dp} does not divide the world's {total} processes")
         world = total // dp
         tp = world if tp is None else tp
+        if world_of(tp, ep, dp) != world:
+            raise ValueError(f"TP = {tp}, EP = {ep}, DP = {dp} make model groups of {world_of(tp, ep, dp)} processes; the world has {total}")
         if dp == 1:
             return cls(tp=tp, ep=ep, rank=dist.get_rank(), group=dist.group.WORLD, sp=sp)
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh("cuda" if dist.get_backend() == "nccl" else "cpu", (dp, world), mesh_dim_names=("dp", "model"))
+        side = dist.group.WORLD if ep_spans_groups(tp, ep, dp) else None  # rank d * world + r is group d's rank r
         return cls(tp=tp, ep=ep, rank=mesh.get_local_rank("model"), group=mesh.get_group("model"), sp=sp, dp=dp,
-                   dp_rank=mesh.get_local_rank("dp"), dp_mesh=mesh["dp"])
+                   dp_rank=mesh.get_local_rank("dp"), dp_mesh=mesh["dp"], side_group=side)
 
     def _staged(self, t: Tensor) -> bool:
         """Whether `t` goes through another device's memory: a GPU tensor on gloo (which carries CPU tensors in

@@ -14,7 +14,10 @@
 - Routed experts (expert parallelism): each rank runs the bound experts op on the (token, slot) pairs routed
   to its experts (whole experts, uneven where EP does not divide them), and the ranks' rows are all-gathered
   (bytes) and put back in (token, slot) order. The router and the combine run whole on every rank (replicated
-  inputs), so the combine sums the same rows in the same order as one process.
+  inputs), so the combine sums the same rows in the same order as one process. Where EP spans the side (EP =
+  TP x DP, each group scoring its own sequences), each of a group's ranks takes a contiguous share of the group's
+  tokens, sends its pairs to their experts' ranks in every group and takes the results back (all-to-all over the
+  side), and the group's ranks all-gather their shares (bytes): every pair still meets its own expert's op alone.
 - The vocabulary: each rank holds whole vocab blocks of the embedding and of lm_head (`plan.vocab_shards`).
   The embedding looks up the ids in the rank's rows; the ranks' rows are all-gathered (bytes) and each token
   takes its owner's. lm_head is column-parallel: the rank's logits columns. The log-probs run the impl's
@@ -25,7 +28,7 @@
 - Sequence parallelism: between a row-parallel projection and the next column-parallel one each rank holds
   a contiguous shard of the tokens (the call's T padded to a multiple of TP). An MoE layer runs on the shard:
   the router and the combine per token, the experts' pairs dispatched to their ranks and back by all-to-all
-  (EP = TP), or run by the rank itself (EP = 1). The row-parallel fold is
+  (EP = TP, or EP over the whole side), or run by the rank itself (EP = 1). The row-parallel fold is
   evaluated for the rank's tokens only (the same gathered partials, the same tree: the reduce-scatter that
   equals all-reduce-then-slice), the residual adds and norms run on the shard, the column-parallel input is
   all-gathered (bytes), and the final norm's output too, so the rows the trainer and the engine read are
@@ -336,6 +339,27 @@ def _expert_parallel_tokens(bound: Callable, output_dtype, mesh: Mesh, num_exper
     return experts
 
 
+def _expert_parallel_side(bound: Callable, output_dtype, mesh: Mesh, num_experts: int) -> Callable:
+    """Expert parallelism over every rank of the side (EP = TP x DP). Under SP a rank's tokens are its own and its
+    pairs go straight to the all-to-all over the side; otherwise the group's tokens are replicated over its TP
+    ranks, so each takes a contiguous share of them (rank r: [floor(rT/TP), floor((r+1)T/TP))) to dispatch, and
+    the group all-gathers the shares' results in rank order, which is token order."""
+    over_side = _expert_parallel_tokens(bound, output_dtype, mesh.ep_mesh(), num_experts)
+    if mesh.sp:
+        return over_side
+
+    def experts(x, ids, gate_up, down):
+        tokens, top_k = ids.shape
+        bounds = [r * tokens // mesh.tp for r in range(mesh.tp + 1)]
+        mine = slice(bounds[mesh.rank], bounds[mesh.rank + 1])
+        xe = _replicated(x, mesh)  # each rank's gradient covers its share of the tokens: summed over the group
+        rows = over_side(xe[mine], ids[mine], gate_up, down).reshape(-1, x.shape[-1])  # [share k, H]
+        counts = [(bounds[r + 1] - bounds[r]) * top_k for r in range(mesh.tp)]
+        return _GatheredRows.apply(rows, mesh, counts).reshape(tokens, top_k, x.shape[-1])
+
+    return experts
+
+
 def _gather_columns(t: Tensor, mesh: Mesh, widths: list[int]) -> Tensor:
     """Every rank's columns of `t` ([R, widths[rank]]), side by side in rank order: [R, sum(widths)]; bytes moved."""
     padded = torch.nn.functional.pad(t, (0, max(widths) - t.shape[-1]))
@@ -438,7 +462,7 @@ def compose(ops: dict[str, Callable], contract, case: str, spec, mesh: Mesh) -> 
         counts = {layer.ffn.num_experts for layer in spec.layers if isinstance(layer.ffn, MoESpec)}
         if len(counts) != 1:
             raise ValueError(f"EP = {mesh.ep} cuts every MoE layer's experts alike: it needs one expert count, got {sorted(counts)}")
-        dispatch = _expert_parallel_tokens if mesh.sp else _expert_parallel
+        dispatch = _expert_parallel_side if mesh.ep_spans_groups else _expert_parallel_tokens if mesh.sp else _expert_parallel
         composed["experts"] = dispatch(ops["experts"], output_dtype, mesh, counts.pop())
     if mesh.tp == 1:
         return composed

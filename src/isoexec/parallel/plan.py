@@ -13,7 +13,8 @@ so that every layout gives the bits of one process:
   (`linear.reference`'s `leaf_bounds`), which are the columns its column-parallel half produced;
 - routed experts by whole experts: rank r of EP = P holds experts [floor(rE/P), floor((r+1)E/P)) (uneven
   where P does not divide E); a (token, slot)'s output depends only on its own row and its expert (the
-  experts op's invariance);
+  experts op's invariance). r is the rank in the model group, or, where EP spans the side (EP = TP x DP), in
+  the side: group d's rank t is EP rank d * TP + t (`Mesh.ep_rank`);
 - the vocabulary (the embedding's rows, lm_head's rows, the log-probs' columns) by whole blocks of the
   contract's log-probs `vocab_block`: rank r of TP = C holds blocks [floor(rB/C), floor((r+1)B/C)) of the B,
   whose per-block maxima and sums are the leaves of the log-softmax's fold (`vocab_shards`);
@@ -78,9 +79,9 @@ def _leaves(contract, tp: int) -> int:
     return num_leaves(contract) or tp
 
 
-def check(spec: ModelSpec, contract, tp: int, ep: int = 1, sp: bool = False) -> None:
+def check(spec: ModelSpec, contract, tp: int, ep: int = 1, sp: bool = False, dp: int = 1) -> None:
     """Refuse, in one line naming the reason, a layout the model or the contract cannot be cut into."""
-    world_of(tp, ep)
+    world_of(tp, ep, dp)
     if sp and tp == 1:
         raise ValueError("sequence parallelism cuts the tokens over the tensor-parallel ranks: it needs TP > 1")
     moe = [index for index, layer in enumerate(spec.layers) if isinstance(layer.ffn, MoESpec)]
@@ -149,7 +150,7 @@ def _rank_columns(intermediate: int, leaves: int, mesh: Mesh) -> slice:
 def local_spec(spec: ModelSpec, contract, mesh: Mesh) -> ModelSpec:
     """The spec of a rank's model: its heads and its slice of every dense MLP and shared expert (an MoE layer's
     routed experts stay whole in the spec: its router sees every expert)."""
-    check(spec, contract, mesh.tp, mesh.ep)
+    check(spec, contract, mesh.tp, mesh.ep, dp=mesh.dp)
     leaves, tp_rank = _leaves(contract, mesh.tp), mesh.rank if mesh.tp > 1 else 0
     layers = []
     for layer in spec.layers:
@@ -185,7 +186,13 @@ def experts_of(layer_spec, mesh: Mesh) -> range:
     if mesh.ep == 1:
         return range(layer_spec.ffn.num_experts)
     starts = expert_starts(layer_spec.ffn.num_experts, mesh.ep)
-    return range(starts[mesh.rank], starts[mesh.rank + 1])
+    return range(starts[mesh.ep_rank], starts[mesh.ep_rank + 1])
+
+
+def spread_over_side(name: str, mesh: Mesh) -> bool:
+    """Whether weight `name` is a routed experts' tensor cut over every rank of the side (EP spanning the groups):
+    no two groups hold the same elements, so data parallelism does not shard or reduce it."""
+    return mesh.ep_spans_groups and ".mlp.experts." in name
 
 
 def shard_of(name: str, weight: torch.Tensor, spec: ModelSpec, contract, mesh: Mesh) -> torch.Tensor:

@@ -4,7 +4,8 @@ its SHA-256), and the gradients' norm over them (clipping).
 Where each element of a rank's shard sits in the whole weight is found by cutting an index tensor the way the
 weight is cut (`plan.shard_of` on arange), so the inverse of every cut — heads, leaves, vocabulary blocks,
 experts, replication — follows from the one definition of the cuts. An element several ranks hold (replicated
-weights, key/value heads copied where TP exceeds them) counts once in the norm.
+weights, key/value heads copied where TP exceeds them) counts once in the norm. The shards are those of the model
+group's ranks, or of every rank of the side where EP spans it (`Mesh.shard_ranks`: the groups' other experts).
 
 A cut depends on the weight's layer only through the layer's mixer or feed-forward spec, so it is found once per
 distinct one (`_cut`), not once per layer and sync: forty layers of 256 experts would otherwise build an index of
@@ -22,7 +23,7 @@ from torch import Tensor
 
 from ..model import Decoder, ModelSpec
 from .mesh import Mesh
-from .plan import num_leaves, shard_of, vocab_block
+from .plan import num_leaves, shard_of, spread_over_side, vocab_block
 
 
 def _whole(t: Tensor) -> Tensor:
@@ -41,10 +42,17 @@ def _shapes(spec: ModelSpec) -> dict[str, tuple[torch.Size, torch.dtype]]:
         return {name: (t.shape, t.dtype) for name, t in Decoder(spec).state_dict().items()}
 
 
+def _rank_mesh(mesh: Mesh, rank: int) -> Mesh:
+    """The mesh of shard rank `rank` of `mesh`'s side (`Mesh.shard_rank`), for its cuts only."""
+    if mesh.ep_spans_groups:
+        return Mesh(tp=mesh.tp, ep=mesh.ep, dp=mesh.dp, rank=rank % mesh.world, dp_rank=rank // mesh.world, group=object())
+    return Mesh(tp=mesh.tp, ep=mesh.ep, rank=rank, group=object())
+
+
 def _positions(name: str, shape: torch.Size, spec: ModelSpec, contract, mesh: Mesh, rank: int) -> Tensor:
-    """The flat positions in the whole weight of rank `rank`'s shard, in the shard's element order."""
+    """The flat positions in the whole weight of shard rank `rank`'s shard, in the shard's element order."""
     index = torch.arange(shape.numel()).view(shape)
-    return shard_of(name, index, spec, contract, Mesh(tp=mesh.tp, ep=mesh.ep, rank=rank, group=object())).reshape(-1)
+    return shard_of(name, index, spec, contract, _rank_mesh(mesh, rank)).reshape(-1)
 
 
 _CUTS: dict[tuple, slice | Tensor] = {}  # `_cut_key` -> the cut: found once a process
@@ -60,11 +68,11 @@ def _cut_key(name: str, shape: torch.Size, spec: ModelSpec, contract, mesh: Mesh
         where = (owner, part, ".".join(parts[4:]))
     else:
         where = (name, spec.vocab_size)
-    return where, tuple(shape), num_leaves(contract), vocab_block(contract), mesh.tp, mesh.ep, rank
+    return where, tuple(shape), num_leaves(contract), vocab_block(contract), mesh.tp, mesh.ep, mesh.shard_ranks, rank
 
 
 def _cut(name: str, shape: torch.Size, spec: ModelSpec, contract, mesh: Mesh, rank: int) -> slice | Tensor:
-    """Where rank `rank`'s shard of `name` sits in the whole weight, flat: a slice where it is one run in order, else
+    """Where shard rank `rank`'s shard of `name` sits in the whole weight, flat: a slice where it is one run in order, else
     its positions (`_positions`)."""
     key = _cut_key(name, shape, spec, contract, mesh, rank)
     cut = _CUTS.get(key)
@@ -81,7 +89,7 @@ def unshard_state(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: Mes
     names, when every rank names the same ones: on every rank, or with `first_only` on the group's first rank alone
     (the others send theirs and return {}). Host tensors, or the GPU's where the ranks gather over NCCL."""
     local = {name: _whole(t).detach() for name, t in sorted(local.items())}
-    if mesh.world == 1:
+    if mesh.shard_ranks == 1:
         return {name: t.cpu() for name, t in local.items()}
     return _gathered(local, spec, contract, mesh, first_only)
 
@@ -101,26 +109,27 @@ def _gathered(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: Mesh, f
     """Each rank's shards as one byte buffer, gathered by a tensor collective (NCCL: GPU to GPU; gloo: through host
     memory) and put back where they were cut from, in the model's dtypes. Every rank knows every rank's shard sizes
     from the cuts, so nothing but the bytes crosses."""
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(mesh.group) == "nccl" else torch.device("cpu")
+    group, ranks, me = mesh.shard_group, mesh.shard_ranks, mesh.shard_rank
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
     shapes, names = _shapes(spec), list(local)
-    cuts = [{name: _cut(name, shapes[name][0], spec, contract, mesh, rank) for name in names} for rank in range(mesh.world)]
+    cuts = [{name: _cut(name, shapes[name][0], spec, contract, mesh, rank) for name in names} for rank in range(ranks)]
     width = max(sum(_run_bytes(cut[name], local[name].dtype) for name in names) for cut in cuts)
     mine, offset = torch.zeros(width, dtype=torch.uint8, device=device), 0
     for name in names:
         run = local[name].reshape(-1).view(torch.uint8)
-        if run.numel() != _count(cuts[mesh.rank][name]) * local[name].dtype.itemsize:
-            raise ValueError(f"rank {mesh.rank}'s {name} has {local[name].numel()} elements; its cut has {_count(cuts[mesh.rank][name])}")
+        if run.numel() != _count(cuts[me][name]) * local[name].dtype.itemsize:
+            raise ValueError(f"rank {me}'s {name} has {local[name].numel()} elements; its cut has {_count(cuts[me][name])}")
         mine[offset : offset + run.numel()] = run.to(device)
-        offset += _run_bytes(cuts[mesh.rank][name], local[name].dtype)
-    receives = mesh.rank == 0 or not first_only
-    gathered = [torch.empty_like(mine) for _ in range(mesh.world)] if receives else None
+        offset += _run_bytes(cuts[me][name], local[name].dtype)
+    receives = me == 0 or not first_only
+    gathered = [torch.empty_like(mine) for _ in range(ranks)] if receives else None
     if first_only:
-        dist.gather(mine, gathered, group=mesh.group, group_dst=0)
+        dist.gather(mine, gathered, group=group, group_dst=0)
     else:
-        dist.all_gather(gathered, mine, group=mesh.group)
+        dist.all_gather(gathered, mine, group=group)
     if not receives:
         return {}
-    whole, offsets = {}, [0] * mesh.world
+    whole, offsets = {}, [0] * ranks
     for name in names:
         (shape, dtype), kind = shapes[name], local[name].dtype
         out = torch.empty(shape.numel(), dtype=kind, device=device)
@@ -146,15 +155,18 @@ class GradNorm:
 
     def __init__(self, spec: ModelSpec, contract, mesh: Mesh):
         self.mesh = mesh
-        rank = mesh.rank if mesh.world > 1 else 0
         # name -> 1 / (ranks holding it) for each element of this rank's shard; one float where all are alike (most
-        # weights: held by one rank, or by all), found once per distinct cut and shared by the layers that have it
+        # weights: held by one rank, or by all), found once per distinct cut and shared by the layers that have it.
+        # The holders are the model group's ranks (FSDP cuts a group's shards over the groups, which the all-reduce
+        # sums), or the side's for experts cut over it (`spread_over_side`, one rank each, not FSDP's).
         self.shares, found = {}, {}
         for name, (shape, _) in _shapes(spec).items():
+            spread = spread_over_side(name, mesh)
+            rank = mesh.shard_rank if spread else mesh.rank if mesh.world > 1 else 0
             key = _cut_key(name, shape, spec, contract, mesh, rank)
             if key not in found:
                 holders = torch.zeros(shape.numel())
-                for other in range(mesh.world):
+                for other in range(mesh.shard_ranks if spread else mesh.world):
                     holders[_cut(name, shape, spec, contract, mesh, other)] += 1
                 share = 1.0 / holders[_cut(name, shape, spec, contract, mesh, rank)]
                 found[key] = float(share[0]) if share.numel() and bool((share == share[0]).all()) else share

@@ -5,6 +5,7 @@ import ast
 import dataclasses
 import inspect
 import math
+import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,14 +163,20 @@ class RLConfig:
         for name in ("trainer_tp", "trainer_ep", "trainer_dp", "engine_tp", "engine_ep"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
-        for side in ("trainer", "engine"):
+        from ..parallel.mesh import ep_spans_groups
+
+        for side, dp in (("trainer", self.trainer_dp), ("engine", 1)):
             tp, ep = getattr(self, f"{side}_tp"), getattr(self, f"{side}_ep")
-            if {tp, ep} - {1, max(tp, ep)}:
-                raise ValueError(f"{side}_tp and {side}_ep span the same processes: each is 1 or both are equal, got {tp} and {ep}")
+            if {tp, ep} - {1, max(tp, ep)} and not ep_spans_groups(tp, ep, dp):
+                over = " (or, for the trainer, trainer_tp x trainer_dp: the experts over every group)" if side == "trainer" else ""
+                raise ValueError(f"{side}_tp and {side}_ep span the same processes: each is 1 or both are equal{over}, got {tp} and {ep}")
         if self.device not in DEVICES:
             raise ValueError(f'device must be one of {", ".join(DEVICES)}, got "{self.device}"')
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f'dtype must be one of {", ".join(DTYPES)}, got "{self.dtype}"')
+        if self.device == "cuda" and self.trainer_dp > 1 and os.environ.get("ISOEXEC_DIST_BACKEND", "gloo") != "nccl":
+            raise ValueError("trainer_dp on the GPU runs over NCCL, a GPU a rank (ISOEXEC_DIST_BACKEND=nccl); FSDP over gloo with "
+                             "ranks sharing a GPU is not built")
         if self.device == "cuda":
             import torch
 
@@ -177,8 +184,6 @@ class RLConfig:
                 raise ValueError("device cuda: this machine has no CUDA device torch can use")
             if self.engine == "vllm":
                 raise ValueError("engine vllm runs on the CPU build of vLLM here: use device cpu")
-        if self.master_weights and self.trainer_dp > 1:
-            raise ValueError("trainer_dp with a bfloat16 policy is not built yet (float32 master weights of FSDP shards)")
         if self.engine not in ENGINES:
             raise ValueError(f'engine must be one of {", ".join(ENGINES)}, got "{self.engine}"')
         if self.engine == "vllm" and (max(self.engine_tp, self.engine_ep) > 1 or self.engine_sp or self.trace):

@@ -89,7 +89,7 @@ def check_layouts(config) -> None:
     for side in ("trainer", "engine"):
         sizes = config.layout(side)
         try:
-            check(spec, contract, sizes["tp"], sizes["ep"], sizes["sp"])
+            check(spec, contract, sizes["tp"], sizes["ep"], sizes["sp"], sizes.get("dp", 1))
         except ValueError as error:
             raise ValueError(f"{side} layout: {error}") from None
 

@@ -87,7 +87,8 @@ class Trainer:
                     start += length
             if mesh.dp > 1:  # every group's share, for every rank
                 if routing:
-                    experts = gather_objects({i: experts[i] for b in batches for i in b}, len(sequences), mesh)
+                    host = gather_objects({i: None if experts[i] is None else experts[i].cpu() for b in batches for i in b}, len(sequences), mesh)
+                    experts = [None if t is None else t.to(device) for t in host]
                 out = gather_sequences({i: out[i] for b in batches for i in b}, len(sequences), mesh)
         return (out, experts) if routing else out
 
