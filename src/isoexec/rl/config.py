@@ -94,7 +94,8 @@ class RLConfig:
     """the trainer's tensor-parallel size: processes on this machine (gloo), each holding its shard of the policy
     (docs/parallel.md)"""
     trainer_ep: int = 1
-    """the trainer's expert-parallel size (an MoE model): the routed experts cut over its processes, 1 or trainer_tp"""
+    """the trainer's expert-parallel size (an MoE model): the routed experts cut over its processes, 1 or trainer_tp, or
+    trainer_tp x trainer_dp (the experts over every data-parallel group's processes)"""
     trainer_sp: bool = False
     """sequence parallelism on the trainer's tensor-parallel processes"""
     trainer_dp: int = 1
