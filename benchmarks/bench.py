@@ -215,7 +215,7 @@ def bench_trainer(model, model_name: str, sizes: Sizes, contracts: dict, device:
     return rows
 
 
-LAYOUT_FIELDS = ("trainer_tp", "trainer_ep", "trainer_sp", "trainer_dp", "engine_tp", "engine_ep", "engine_sp")
+LAYOUT_FIELDS = ("trainer_tp", "trainer_ep", "trainer_sp", "trainer_dp", "engine_tp", "engine_ep", "engine_sp", "engine_dp")
 SYNC = "+sync"  # a --contracts entry's suffix: the same contract, its engine with async scheduling off
 
 

@@ -1,9 +1,10 @@
-"""Expert parallelism over every rank of a data-parallel trainer (EP = TP x DP, SkyRL-IsoExec's TP 4 / EP 8 on 8
-GPUs), in real gloo processes on the CPU at TP 2 / EP 4 / DP 2: tiny-moe's 6 experts cut 1 + 2 + 1 + 2 over the four
-ranks of both groups, each group's pairs sent to the other group's experts and back. The rows bitwise equal to one
-process's (with SP too; native at the same layout differs); the whole gradient, the whole weights and the gradient
-norm put together from the shards match one process's; the audit and the RL gate bitwise; bad sizes refused in one
-line."""
+"""Expert parallelism over every rank of a data-parallel side (EP = TP x DP: SkyRL-IsoExec's trainer TP 4 / EP 8 on 8
+GPUs, and its mirror's engine TP 4 / EP 8), in real gloo processes on the CPU at TP 2 / EP 4 / DP 2: tiny-moe's 6
+experts cut 1 + 2 + 1 + 2 over the four ranks of both groups, each group's pairs sent to the other group's experts and
+back. The trainer's rows bitwise equal to one process's (with SP too; native at the same layout differs); the whole
+gradient, the whole weights and the gradient norm put together from the shards match one process's; the engine's
+replicas in lockstep, a replica with nothing to run computing a padding row; the audits and the RL gate bitwise; bad
+sizes refused in one line."""
 
 import dataclasses
 
@@ -94,22 +95,37 @@ def test_gradients_weights_and_norm_match_one_process():
     assert abs(parallel_norm / norm - 1) < 1e-5
 
 
-def test_the_audit_is_bitwise_with_the_experts_over_every_group():
-    """SkyRL-IsoExec's layout at a CPU's scale and its mirror's engine side: trainer TP 2 / EP 4 / DP 2 against an
-    engine at TP 4 / EP 4, every token and full row."""
-    model = init_random(PRESETS["tiny-moe"], seed=0)
-    report = run_audit(model, load_preset("tiny-moe"), requests=4, max_new_tokens=4, progress=False, trainer_tp=2, trainer_ep=4,
-                       trainer_dp=2, engine_tp=4, engine_ep=4)
+@pytest.mark.parametrize("preset, contract, engine, trainer", [
+    ("tiny-moe", "tiny-moe", dict(engine_tp=2, engine_ep=4, engine_dp=2), dict(trainer_tp=4, trainer_ep=4)),
+    ("tiny-hybrid-moe", "tiny-hybrid", dict(engine_tp=2, engine_ep=4, engine_dp=2, engine_sp=True), dict(trainer_tp=2, trainer_ep=4, trainer_dp=2)),
+], ids=["engine-tp2-ep4-dp2-vs-tp4-ep4", "hybrid-both-sides-over-the-groups"])
+def test_the_engines_replicas_step_together_bitwise(preset, contract, engine, trainer):
+    """The mirror of SkyRL-IsoExec's layout at a CPU's scale (engine TP 2 / EP 4 / DP 2, trainer TP 4 / EP 4), and a
+    hybrid model with both sides over the groups (the engine under SP: the Gated DeltaNet state of the padding row's
+    slot too). Five requests split 3 + 2, so a replica runs padding rows while the other still has work."""
+    model = init_random(PRESETS[preset], seed=0)
+    report = run_audit(model, load_preset(contract), requests=5, max_new_tokens=6, progress=False, **engine, **trainer)
     assert all_equal(report), report["trainer_score"]
-    assert report["layout"]["trainer"] == {"tp": 2, "ep": 4, "sp": False, "dp": 2}
+    assert report["engine"]["idle_forwards"] > 0
+    assert report["layout"]["engine"] == {"tp": 2, "ep": 4, "sp": engine.get("engine_sp", False), "dp": 2}
+
+
+def test_engine_replicas_with_their_own_experts_run_alone_and_native_differs():
+    """EP within each replica (TP 2 / EP 2 / DP 2): the replicas never meet, no padding rows; native at the replicas
+    in lockstep (TP 2 / EP 4 / DP 2; its row-parallel projections rounded per rank) differs from its one process."""
+    model = init_random(PRESETS["tiny-moe"], seed=0)
+    report = run_audit(model, load_preset("tiny-moe"), requests=5, max_new_tokens=6, progress=False, engine_tp=2, engine_ep=2, engine_dp=2)
+    assert all_equal(report) and report["engine"]["idle_forwards"] == 0
+    native = run_audit(model, load_preset("native"), requests=5, max_new_tokens=6, progress=False, engine_tp=2, engine_ep=4, engine_dp=2)
+    assert native["trainer_score"]["bitwise_equal_tokens"] < native["trainer_score"]["tokens"]
 
 
 def test_the_rl_gate_holds_with_the_experts_over_every_group():
-    """Two RL steps on a bfloat16 tiny-moe (float32 masters of the FSDP shards and of the experts) with the trainer at
-    TP 2 / EP 4 / DP 2 and the engine at EP 2: bitwise on every step, the weights the engine put together from its
-    shards the trainer's, and the grad norm (each expert once) the one-process run's to bfloat16 tolerance."""
+    """Two RL steps on a bfloat16 tiny-moe (float32 masters of the FSDP shards and of the experts) with each side at
+    TP 2 / EP 4 / DP 2: bitwise on every step, the weights the engine put together from its shards the trainer's, and
+    the grad norm (each expert once) the one-process run's to bfloat16 tolerance."""
     small = dict(steps=2, prompts_per_step=3, group_size=2, warmup_steps=3, max_new_tokens=4, model="tiny-moe", dtype="bfloat16")
-    config = RLConfig(**small, trainer_tp=2, trainer_ep=4, trainer_dp=2, engine_ep=2)
+    config = RLConfig(**small, trainer_tp=2, trainer_ep=4, trainer_dp=2, engine_tp=2, engine_ep=4, engine_dp=2)
     run = start_run(config)
     try:
         history = [run.run_step() for _ in range(config.steps)]
@@ -130,8 +146,13 @@ def test_sizes_that_do_not_span_the_groups_are_refused_in_one_line(capsys):
         world_of(2, 8, 2)
     with pytest.raises(ValueError, match="each is 1 or both are equal, got tp = 2, ep = 4"):
         world_of(2, 4, 1)
-    with pytest.raises(ValueError, match="trainer_tp x trainer_dp"):
+    with pytest.raises(ValueError, match="trainer_ep = trainer_tp x trainer_dp"):
         RLConfig(trainer_tp=2, trainer_ep=8, trainer_dp=2)
-    result = isoexec_here(capsys, "audit", "--model", "tiny-moe", "--trainer-tp", "2", "--trainer-ep", "8", "--trainer-dp", "2")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].endswith("got tp = 2, ep = 8")
+    with pytest.raises(ValueError, match="engine_ep = engine_tp x engine_dp"):
+        RLConfig(engine_tp=2, engine_ep=8, engine_dp=2)
+    for side in ("trainer", "engine"):
+        result = isoexec_here(capsys, "audit", "--model", "tiny-moe", f"--{side}-tp", "2", f"--{side}-ep", "8", f"--{side}-dp", "2")
+        assert result.returncode == 2
+        assert result.stderr.strip().splitlines() == [f"isoexec: error: --{side}-tp 2 --{side}-ep 8 --{side}-dp 2: tp and ep span the "
+                                                      "same ranks: each is 1 or both are equal, or EP = TP x DP = 4 (the experts over "
+                                                      "every group), got tp = 2, ep = 8"]

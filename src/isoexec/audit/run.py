@@ -10,6 +10,8 @@ import copy
 import dataclasses
 import time
 
+import torch.distributed as dist
+
 from ..contract.identity import identities
 from ..contract.schema import Contract
 from ..engine import LLMEngine
@@ -34,11 +36,16 @@ def _rank_model(model: Decoder, contract: Contract, mesh) -> Decoder:
 
 
 def _roll_out(mesh, model, contract, config, prompts, params, device, progress, tracer):
-    """One engine rank: its completions and the engine's counters."""
+    """One engine rank: its completions and the engine's counters (summed over the replicas)."""
     engine = LLMEngine(_rank_model(model, contract, mesh).to(device), contract, config, device=device, mesh=mesh)
     with tracing(tracer) if tracer is not None else contextlib.nullcontext():
-        completions = engine.generate(prompts, params, progress=progress and mesh.rank == 0)
-    return completions, dict(engine.stats), mesh.sizes()
+        completions = engine.generate(prompts, params, progress=progress and mesh.rank == 0 and mesh.dp_rank == 0)
+    stats = dict(engine.stats)
+    if mesh.dp > 1:
+        shares = [None] * mesh.dp
+        dist.all_gather_object(shares, stats, group=mesh.dp_mesh.get_group())
+        stats = {name: sum(share[name] for share in shares) for name in stats}
+    return completions, stats, mesh.sizes()
 
 
 def _score(mesh, model, contract, sequences, budget, device, labels, tracer):
@@ -60,37 +67,38 @@ DP_ON_GPU = ("a data-parallel trainer on the GPU runs over NCCL, a GPU a rank (I
 def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new_tokens: int = 16, seed: int = 0,
               device: str = "cpu", progress: bool = True, tracer=None, prompts: list[list[int]] | None = None, trainer_tp: int = 1,
               engine_tp: int = 1, trainer_ep: int = 1, engine_ep: int = 1, trainer_sp: bool = False, engine_sp: bool = False,
-              trainer_dp: int = 1, engine: str = "isoexec") -> dict:
+              trainer_dp: int = 1, engine_dp: int = 1, engine: str = "isoexec") -> dict:
     """prompts: token ids (a file's, `workload.file_prompts`) the requests cycle through; None: random ones.
     trainer_tp / engine_tp, trainer_ep / engine_ep, trainer_sp / engine_sp: each side's tensor- and
     expert-parallel sizes and sequence parallelism (processes on this machine, gloo); trainer_dp: the trainer's
-    data-parallel groups (FSDP), each scoring its share of the sequences. The report's `layout` is each side's
+    data-parallel groups (FSDP), each scoring its share of the sequences; engine_dp: the engine's replicas, each
+    generating its share of the requests (in lockstep where EP spans them). The report's `layout` is each side's
     sizes as its rank 0 ran them. engine: `ENGINES`' names; the vLLM ones run in this process, unsharded."""
     start = time.perf_counter()
-    for tp, ep, sp, dp in ((trainer_tp, trainer_ep, trainer_sp, trainer_dp), (engine_tp, engine_ep, engine_sp, 1)):
+    for tp, ep, sp, dp in ((trainer_tp, trainer_ep, trainer_sp, trainer_dp), (engine_tp, engine_ep, engine_sp, engine_dp)):
         check(model.spec, contract, tp, ep, sp, dp)
     if trainer_dp > requests:
         raise ValueError(f"trainer DP = {trainer_dp} needs at least {trainer_dp} requests (one sequence a group), got {requests}")
     backends = [backend_for(device, ranks) for ranks in (world_of(trainer_tp, trainer_ep, trainer_dp) * trainer_dp,
-                                                          world_of(engine_tp, engine_ep))]  # before either side runs
-    if max(trainer_tp, engine_tp, trainer_ep, engine_ep, trainer_dp) > 1 and tracer is not None:
+                                                          world_of(engine_tp, engine_ep, engine_dp) * engine_dp)]  # before either side runs
+    if max(trainer_tp, engine_tp, trainer_ep, engine_ep, trainer_dp, engine_dp) > 1 and tracer is not None:
         raise ValueError("a parallel audit runs without --trace")
     if trainer_dp > 1 and str(device) != "cpu" and backends[0] != "nccl":
         raise ValueError(DP_ON_GPU)
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r}: one of {', '.join(ENGINES)}")
-    if engine != "isoexec" and (max(engine_tp, engine_ep) > 1 or engine_sp or tracer is not None):
+    if engine != "isoexec" and (max(engine_tp, engine_ep, engine_dp) > 1 or engine_sp or tracer is not None):
         raise ValueError(f"the {engine} engine runs unsharded and untraced so far")
     prompts, params = prompts_and_params(model.spec, requests, max_new_tokens, seed, prompts)
     config = engine_config(contract, prompts, max_new_tokens)
     # Parallel ranks get the weights on the host and move their shards to `device` (all ranks may share one GPU).
-    host = model if str(device) == "cpu" or max(trainer_tp, engine_tp, trainer_ep, engine_ep) == 1 else copy.deepcopy(model).cpu()
-    engine_parallel = max(engine_tp, engine_ep) > 1
+    host = model if str(device) == "cpu" or max(trainer_tp, engine_tp, trainer_ep, engine_ep, trainer_dp, engine_dp) == 1 else copy.deepcopy(model).cpu()
+    engine_parallel = max(engine_tp, engine_ep, engine_dp) > 1
     if engine_parallel and config.cuda_graphs:
         config = dataclasses.replace(config, cuda_graphs=False)  # not built yet with gloo's collectives: said in the report
     if engine == "isoexec":
         completions, stats, engine_layout = spawn(engine_tp, _roll_out, host if engine_parallel else model, contract, config, prompts, params,
-                                                  device, progress, tracer, ep=engine_ep, sp=engine_sp, device=device)
+                                                  device, progress, tracer, ep=engine_ep, sp=engine_sp, dp=engine_dp, device=device)
     else:
         from ..vllm.rollout import roll_out
 
@@ -152,6 +160,7 @@ def render(report: dict) -> str:
         + (f"{engine['prefill_chunks']} prefill chunks of ≤{engine['prefill_chunk_size']}, " if "prefill_chunks" in engine
            else f"prefill chunks of ≤{engine['prefill_chunk_size']}, ")
         + f"{engine.get('preemptions', 0)} preemptions, {engine.get('prefix_cache_hit_tokens', 0)} prefix-cache hit tokens, {engine['num_pages']} pages"
+        + (f", {engine['idle_forwards']} padding forwards (replicas in lockstep)" if engine.get("idle_forwards") else "")
         + (f", CUDA graphs {'on' if engine.get('cuda_graphs') else 'off'}" if report["device"] != "cpu" else ""),
         f"  {'trainer case':<14} {'tokens equal':>14} {'full rows equal':>16} {'|Δlogp| mean':>13} {'|Δlogp| max':>12} {'k3 KL':>10}",
     ]

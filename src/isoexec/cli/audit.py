@@ -51,13 +51,17 @@ def add_parser(commands):
     audit.add_argument("--trainer-ep", type=int, default=1, metavar="N", help="the trainer's expert-parallel size (an MoE model): the "
                        "routed experts cut over N processes: 1, the trainer's TP size, or TP x DP (the experts over every data-parallel "
                        "group's ranks, SkyRL-IsoExec's TP 4 / EP 8 at --trainer-dp 2) (default: 1)")
-    audit.add_argument("--engine-ep", type=int, default=1, metavar="N", help="the engine's expert-parallel size, likewise (default: 1)")
+    audit.add_argument("--engine-ep", type=int, default=1, metavar="N", help="the engine's expert-parallel size, likewise (TP x DP: "
+                       "--engine-dp) (default: 1)")
     audit.add_argument("--trainer-sp", action="store_true", help="sequence parallelism on the trainer's tensor-parallel ranks: each "
                        "holds a shard of the tokens between the row- and the column-parallel projections")
     audit.add_argument("--engine-sp", action="store_true", help="likewise for the engine")
     audit.add_argument("--trainer-dp", type=int, default=1, metavar="N", help="the trainer's data-parallel size: N groups of its "
                        "TP/EP processes, the parameters sharded over them (FSDP2), each scoring its share of the sequences "
                        "(default: 1)")
+    audit.add_argument("--engine-dp", type=int, default=1, metavar="N", help="the engine's data-parallel size: N replicas of its "
+                       "TP/EP processes, each generating its share of the requests; with --engine-ep TP x N the experts are "
+                       "cut over every replica's ranks and the replicas step together (default: 1)")
     add_quiet_flag(audit)
     return audit
 
@@ -76,18 +80,19 @@ def run(args) -> int:
     if args.no_chat_template and args.prompts is None:
         raise input_error("--no-chat-template applies to --prompts only (random prompts are token ids already)")
     sizes = {"--trainer-tp": args.trainer_tp, "--engine-tp": args.engine_tp, "--trainer-ep": args.trainer_ep, "--engine-ep": args.engine_ep,
-             "--trainer-dp": args.trainer_dp}
+             "--trainer-dp": args.trainer_dp, "--engine-dp": args.engine_dp}
     if min(sizes.values()) < 1:
         raise input_error(f"{', '.join(sizes)} must be at least 1")
     if max(sizes.values()) > 1 and args.trace:
-        raise input_error("parallel sides (--trainer-tp, --engine-tp, --trainer-ep, --engine-ep, --trainer-dp above 1) run without --trace")
+        raise input_error("parallel sides (--trainer-tp, --engine-tp, --trainer-ep, --engine-ep, --trainer-dp, --engine-dp above 1) run "
+                          "without --trace")
     if args.trainer_dp > 1 and args.device != "cpu" and os.environ.get("ISOEXEC_DIST_BACKEND", "gloo") != "nccl":
         from ..audit.run import DP_ON_GPU
 
         raise input_error(f"--trainer-dp above 1: {DP_ON_GPU}")
     if args.engine != "isoexec":
-        if max(args.engine_tp, args.engine_ep) > 1 or args.engine_sp or args.trace:
-            raise input_error(f"--engine {args.engine} runs unsharded and without --trace (--engine-tp, --engine-ep, --engine-sp)")
+        if max(args.engine_tp, args.engine_ep, args.engine_dp) > 1 or args.engine_sp or args.trace:
+            raise input_error(f"--engine {args.engine} runs unsharded and without --trace (--engine-tp, --engine-ep, --engine-dp, --engine-sp)")
         check_vllm("--engine")
     require_device(args.device)
     check_output_path("--json", args.json)
@@ -102,18 +107,18 @@ def run(args) -> int:
     check_runnable(contract, args.device)
     for side in ("trainer", "engine"):
         tp, ep, sp = getattr(args, f"{side}_tp"), getattr(args, f"{side}_ep"), getattr(args, f"{side}_sp")
-        dp = args.trainer_dp if side == "trainer" else 1
+        dp = getattr(args, f"{side}_dp")
         try:
             parallel.check(model.spec, contract, tp, ep, sp, dp)
         except ValueError as error:
-            flags = f"--{side}-tp {tp} --{side}-ep {ep}{f' --{side}-sp' if sp else ''}{f' --trainer-dp {dp}' if dp > 1 else ''}"
+            flags = f"--{side}-tp {tp} --{side}-ep {ep}{f' --{side}-sp' if sp else ''}{f' --{side}-dp {dp}' if dp > 1 else ''}"
             raise input_error(f"{flags}: {error}") from None
     tracer = Tracer() if args.trace else None
     requests = args.requests if args.requests is not None else len(prompts) if prompts is not None else 16
     if args.trainer_dp > requests:
         raise input_error(f"--trainer-dp {args.trainer_dp}: each data-parallel group scores at least one of the {requests} requests")
     for side, ranks in (("trainer", parallel.world_of(args.trainer_tp, args.trainer_ep, args.trainer_dp) * args.trainer_dp),
-                        ("engine", parallel.world_of(args.engine_tp, args.engine_ep))):
+                        ("engine", parallel.world_of(args.engine_tp, args.engine_ep, args.engine_dp) * args.engine_dp)):
         try:
             parallel.backend_for(args.device, ranks)
         except ValueError as error:
@@ -122,7 +127,7 @@ def run(args) -> int:
         report = run_audit(model, contract, requests=requests, max_new_tokens=args.max_new_tokens, seed=args.seed,
                            device=args.device, progress=not args.quiet, tracer=tracer, prompts=prompts, trainer_tp=args.trainer_tp,
                            engine_tp=args.engine_tp, trainer_ep=args.trainer_ep, engine_ep=args.engine_ep, trainer_sp=args.trainer_sp,
-                           engine_sp=args.engine_sp, trainer_dp=args.trainer_dp, engine=args.engine)
+                           engine_sp=args.engine_sp, trainer_dp=args.trainer_dp, engine_dp=args.engine_dp, engine=args.engine)
     except AuditError as error:
         raise input_error(error) from None
     except VllmEngineError as error:

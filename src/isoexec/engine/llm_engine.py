@@ -13,6 +13,13 @@ the second. The host's scheduling and bookkeeping thus overlap the device's work
 The next step waits for the one in flight to resolve first whenever its schedule would read a drawn token
 on the host: when a request waits for admission, or a decode would preempt for a page. A sequence that
 draws a stop token is computed one step more than it needs; that row is dropped.
+
+Data parallelism (a mesh with `dp` replicas, each a model group): replica d runs the requests i with i mod dp = d,
+and every rank returns every completion. Where EP spans the replicas (EP = TP x DP), each MoE layer exchanges pairs
+with every replica's ranks, so the replicas step in lockstep: each step they agree which forwards (prefill, decode)
+any of them runs, and a replica with nothing of one runs a forward of one padding row instead
+(`ModelRunner.idle`), so that every replica's MoE layers meet the same exchanges. A row's bits depend only on its
+own tokens, so the split, the padding rows and the lockstep change no bit.
 """
 
 import dataclasses
@@ -20,6 +27,7 @@ import logging
 import operator
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -33,12 +41,15 @@ from .sequence import Completion, Sequence
 
 log = logging.getLogger(__name__)
 
-STATS = ("steps", "overlapped_steps", "prefill_chunks", "prefill_tokens", "decode_tokens", "preemptions", "prefix_cache_hit_tokens")
+# idle_forwards: padding-row forwards of a replica in lockstep with nothing of a case to run (EP over the replicas).
+STATS = ("steps", "overlapped_steps", "prefill_chunks", "prefill_tokens", "decode_tokens", "preemptions", "prefix_cache_hit_tokens",
+         "idle_forwards")
 
 
 class LLMEngine:
-    """With a `mesh` of more than one rank, `model` is this rank's shard (`parallel.shard`): every rank runs the
-    same steps on its shard, and every rank's completions are the same."""
+    """With a `mesh` of more than one rank, `model` is this rank's shard (`parallel.shard`): every rank of a model
+    group runs the same steps on its shard, and every rank's completions are the same (with data parallelism, each
+    replica's steps are its own share's; the completions are gathered)."""
 
     def __init__(self, model, contract: Contract, config: EngineConfig, device: str = "cpu", mesh=None):
         config.check(contract)
@@ -56,6 +67,7 @@ class LLMEngine:
         self.stats = dict.fromkeys(STATS, 0)  # counters over the engine's lifetime
         self.scheduler = Scheduler(config, self.stats)
         self._in_flight: _InFlight | None = None  # the step launched last, until its draws are processed
+        self._lockstep = self.mesh.ep_spans_groups  # the replicas' MoE layers exchange pairs: they step together
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
                  progress: bool = True) -> list[Completion]:
@@ -65,21 +77,44 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, self.stats)
         self.runner.reset()
         self._in_flight = None
-        done = {}
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
+        done, mine = {}, range(self.mesh.dp_rank, len(prompts), self.mesh.dp)  # this replica's share of the requests
+        for i in mine:
+            prompt, p = prompts[i], params[i]
             tokens, error = self._admissible(prompt, p)
             if error:
                 done[i] = Completion.failed(i, prompt, error)
             else:
                 self.scheduler.add(Sequence(i, tokens, p, i if p.seed is None else p.seed, self.model.spec.eos_token_id))
-        with tqdm(total=len(prompts), initial=len(done), disable=not progress, desc="generate", unit="req") as bar:
-            while not self.scheduler.is_finished():
+        with tqdm(total=len(mine), initial=len(done), disable=not progress, desc="generate", unit="req") as bar:
+            while self._busy():
                 for seq in self.step():
                     done[seq.request_id] = seq.completion()
                     bar.update()
         if self._in_flight is not None:  # rows drawn past stop tokens only: nothing stays in flight past generate
             self._resolve()
+        if self.mesh.dp > 1:
+            done = self._gathered(done)
         return [done[i] for i in range(len(prompts))]
+
+    def _busy(self) -> bool:
+        """Whether this replica has requests left; in lockstep, whether any replica has."""
+        busy = not self.scheduler.is_finished()
+        return self._any_replica([busy])[0] if self._lockstep else busy
+
+    def _any_replica(self, flags: list[bool]) -> list[bool]:
+        """Each flag or'd over the replicas (one all-reduce over this rank's peers in the other replicas)."""
+        on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        values = torch.tensor(flags, dtype=torch.int32, device=on)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.mesh.dp_mesh.get_group())
+        return [bool(v) for v in values.tolist()]
+
+    def _gathered(self, done: dict) -> dict:
+        """Every replica's completions ({request index: Completion}), host copies crossing pickled."""
+        host = {i: dataclasses.replace(c, **{name: None if getattr(c, name) is None else getattr(c, name).cpu()
+                                             for name in ("logprobs", "full_logprobs", "routing")}) for i, c in done.items()}
+        shares = [None] * self.mesh.dp
+        dist.all_gather_object(shares, host, group=self.mesh.dp_mesh.get_group())
+        return {i: c for share in shares for i, c in share.items()}
 
     def step(self) -> list[Sequence]:
         """Schedule and launch the prefill chunks and the decodes as two forwards (one case each); resolve the
@@ -88,11 +123,20 @@ class LLMEngine:
         if self._in_flight is not None and not (self.config.async_scheduling and self.scheduler.can_overlap()):
             finished += self._resolve()
         prefills, decodes = self.scheduler.schedule()
+        idle = []  # the cases another replica runs and this one has nothing of (lockstep only)
+        if self._lockstep:
+            cases = self._any_replica([bool(prefills), bool(decodes)])
+            idle = [case for case, anywhere, here in zip(("engine_prefill", "engine_decode"), cases, (prefills, decodes)) if anywhere and not here]
+        self.stats["idle_forwards"] += len(idle)
         if not prefills and not decodes:
+            for case in idle:
+                self.runner.idle(case)
             if self._in_flight is None:
+                if self._lockstep and self.scheduler.is_finished():
+                    return finished  # this replica is done; it ran the others' forwards with padding
                 raise RuntimeError("scheduler made no progress (engine bug): nothing running could be scheduled")
             return finished + self._resolve()  # every running sequence's last token is in flight
-        launched = self._launch(prefills, decodes)
+        launched = self._launch(prefills, decodes, idle)
         if self._in_flight is not None:  # its outputs are read and processed while the device runs `launched`
             self.stats["overlapped_steps"] += 1
             finished += self._resolve()
@@ -101,8 +145,9 @@ class LLMEngine:
             finished += self._resolve()
         return finished
 
-    def _launch(self, prefills: list[Sequence], decodes: list[Sequence]) -> "_InFlight":
-        """Run both forwards and start copying their draws to the host; nothing here waits on the device."""
+    def _launch(self, prefills: list[Sequence], decodes: list[Sequence], idle: list[str] = ()) -> "_InFlight":
+        """Run both forwards (a padding row's for each case in `idle`) and start copying their draws to the host;
+        nothing here waits on the device."""
         flight = self._in_flight  # the inputs still PENDING on the host are its draws
         feed = None if flight is None else (flight.tokens, {id(seq): r for r, (seq, _) in enumerate(flight.drawn)})
         self.stats["steps"] += 1
@@ -115,6 +160,8 @@ class LLMEngine:
                 outputs.append(self.runner.run(batch, case, feed))
                 drawn += self.scheduler.launched(batch)
                 seqs += batch
+            elif case in idle:
+                self.runner.idle(case)
         tokens, logprobs, rows = (_cat([getattr(out, name) for out in outputs]) for name in ("tokens", "logprobs", "rows"))
         routing = [out.routing for out in outputs if out.routing is not None]
         routing = _cat(routing) if routing else None

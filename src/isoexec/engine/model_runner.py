@@ -46,14 +46,20 @@ class ModelRunner:
                 raise ValueError("CUDA graphs with a parallel engine are not built yet (the ranks' collectives run on gloo, "
                                  "through host memory): set cuda_graphs = false")
             self.ops = {case: compose(ops, contract, case, model.unsharded_spec, mesh) for case, ops in self.ops.items()}
-        # With graphs, one scratch page past the block manager's pages takes the padded decode rows (graphs.py).
+        # With graphs, one scratch page past the block manager's pages takes the padded decode rows (graphs.py); a
+        # replica in lockstep (EP over the replicas) writes its padding rows there too (`idle`).
         scratch_slot = config.num_pages * self.page_size
-        # Sequence slots: one per running sequence, and with graphs one more per padded decode row (graphs.py).
+        self.scratch_slot = scratch_slot
+        lockstep = mesh is not None and mesh.ep_spans_groups
+        # Sequence slots: one per running sequence, and with graphs one more per padded decode row (graphs.py); in
+        # lockstep, one more for the padding row.
         # A recurrent layer's rows are laid out by the contract's gdn.core impl (both engine cases share the cache).
         gdn = next(((contract.entry("gdn.core", case), self.binding.installed["gdn.core", case]) for case in ENGINE_CASES
                     if ("gdn.core", case) in self.binding.installed), None)
-        self.state = allocate(spec, scratch_slot + config.cuda_graphs * self.page_size, torch_dtype(spec.dtype), self.device,
-                              num_sequences=config.max_num_seqs * (2 if config.cuda_graphs else 1),
+        num_sequences = config.max_num_seqs * (2 if config.cuda_graphs else 1)
+        self.idle_state_slot = num_sequences
+        self.state = allocate(spec, scratch_slot + (config.cuda_graphs or lockstep) * self.page_size, torch_dtype(spec.dtype), self.device,
+                              num_sequences=num_sequences + lockstep,
                               chunk_size=None if gdn is None else gdn[0].constants.get("chunk_size"),
                               row_width=None if gdn is None else gdn[1].row_width)
         self.decode_graphs = None
@@ -77,6 +83,18 @@ class ModelRunner:
         while the one before it still runs."""
         host = torch.tensor(values, dtype=dtype)
         return host.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else host
+
+    @torch.no_grad()
+    def idle(self, case: str) -> None:
+        """A forward in `case` of one padding row, its output dropped: token 0 at position 0, its key written to and
+        read from the scratch slot, its layer state in a sequence slot no sequence holds. What a replica with nothing
+        of `case` to run computes while another replica runs it, so that the MoE layers' exchanges over every
+        replica meet (EP over the replicas)."""
+        values = self._upload([0, 0, 0, self.idle_state_slot, self.scratch_slot], torch.int64)
+        input_ids, positions, seq_ids, state_ids, slot = values.split(1)
+        batch = PagedBatch(positions, seq_ids, slot.view(1, 1), slot, state_ids)
+        with step(Step(case=case, ops=self.ops[case], batch=batch, state=self.state, labels=None, routing=None)):
+            self.model(input_ids, positions)
 
     @torch.no_grad()
     def run(self, seqs: list[Sequence], case: str, feed: tuple[Tensor, dict[int, int]] | None = None) -> Forward:

@@ -48,7 +48,8 @@ NAME = re.compile(r"step-(\d+)\.pt")
 # gate_full_rows: which rows the gate holds against the trainer's, not what is sampled or trained.
 TRAJECTORY_FREE = ("steps", "checkpoint_dir", "checkpoint_every", "trace", "skip_bad_examples", "engine", "gate_full_rows")
 # Fields added to RLConfig since the first checkpoints, with the value a checkpoint without them ran under.
-ADDED_FIELDS = {"model": None, "no_chat_template": False, "device": "cpu", "dtype": None, "model_vocab": False, "gate_full_rows": True}
+ADDED_FIELDS = {"model": None, "no_chat_template": False, "device": "cpu", "dtype": None, "model_vocab": False, "gate_full_rows": True,
+                "engine_dp": 1}
 FIELDS = {"step": int, "config": dict, "policy": dict, "masters": dict, "optimizer": dict, "history": list, "rng": dict,
           "weights_sha256": str}
 

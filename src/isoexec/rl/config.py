@@ -107,6 +107,10 @@ class RLConfig:
     """the engine's expert-parallel size, likewise"""
     engine_sp: bool = False
     """sequence parallelism on the engine's tensor-parallel processes"""
+    engine_dp: int = 1
+    """the engine's data-parallel size: engine_dp replicas of its TP/EP processes, each generating its share of a
+    step's prompts; with engine_ep = engine_tp x engine_dp the experts are cut over every replica's processes and the
+    replicas step together"""
     engine: str = "isoexec"
     """the rollout engine: isoexec (its own) or vllm (vLLM 0.32 in this process, serving the policy through IsoExec's
     plugin; unsharded; docs/vllm.md)"""
@@ -161,16 +165,16 @@ class RLConfig:
             raise ValueError(f"clip_eps_high must be a number ≥ 0 when given, {_got(self.clip_eps_high)}")
         if self.truncated_is_cap is not None and not (_is_finite(self.truncated_is_cap) and self.truncated_is_cap >= 1):
             raise ValueError(f"truncated_is_cap must be a number ≥ 1 when given, {_got(self.truncated_is_cap)}")
-        for name in ("trainer_tp", "trainer_ep", "trainer_dp", "engine_tp", "engine_ep"):
+        for name in ("trainer_tp", "trainer_ep", "trainer_dp", "engine_tp", "engine_ep", "engine_dp"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         from ..parallel.mesh import ep_spans_groups
 
-        for side, dp in (("trainer", self.trainer_dp), ("engine", 1)):
-            tp, ep = getattr(self, f"{side}_tp"), getattr(self, f"{side}_ep")
+        for side in ("trainer", "engine"):
+            tp, ep, dp = (getattr(self, f"{side}_{name}") for name in ("tp", "ep", "dp"))
             if {tp, ep} - {1, max(tp, ep)} and not ep_spans_groups(tp, ep, dp):
-                over = " (or, for the trainer, trainer_tp x trainer_dp: the experts over every group)" if side == "trainer" else ""
-                raise ValueError(f"{side}_tp and {side}_ep span the same processes: each is 1 or both are equal{over}, got {tp} and {ep}")
+                raise ValueError(f"{side}_tp and {side}_ep span the same processes: each is 1 or both are equal (or {side}_ep = "
+                                 f"{side}_tp x {side}_dp: the experts over every data-parallel group), got {tp} and {ep}")
         if self.device not in DEVICES:
             raise ValueError(f'device must be one of {", ".join(DEVICES)}, got "{self.device}"')
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -187,8 +191,8 @@ class RLConfig:
                 raise ValueError("engine vllm runs on the CPU build of vLLM here: use device cpu")
         if self.engine not in ENGINES:
             raise ValueError(f'engine must be one of {", ".join(ENGINES)}, got "{self.engine}"')
-        if self.engine == "vllm" and (max(self.engine_tp, self.engine_ep) > 1 or self.engine_sp or self.trace):
-            raise ValueError("engine vllm runs unsharded (engine_tp, engine_ep 1, no engine_sp) and without trace so far")
+        if self.engine == "vllm" and (max(self.engine_tp, self.engine_ep, self.engine_dp) > 1 or self.engine_sp or self.trace):
+            raise ValueError("engine vllm runs unsharded (engine_tp, engine_ep, engine_dp 1, no engine_sp) and without trace so far")
         if self.parallel and self.checkpoint_dir is not None:
             raise ValueError("checkpoint_dir with a parallel side is not built yet (the policy and its optimizer state are sharded "
                              "over the trainer's processes)")
@@ -204,12 +208,11 @@ class RLConfig:
     @property
     def parallel(self) -> bool:
         """Whether a side runs in processes of its own (any parallel size above 1, or sequence parallelism)."""
-        return max(self.trainer_tp, self.trainer_ep, self.trainer_dp, self.engine_tp, self.engine_ep) > 1 or self.trainer_sp or self.engine_sp
+        return max(self.trainer_tp, self.trainer_ep, self.trainer_dp, self.engine_tp, self.engine_ep, self.engine_dp) > 1 or self.trainer_sp or self.engine_sp
 
     def layout(self, side: str) -> dict:
         """A side's parallel sizes, as `parallel.spawn` and `RankGroup` take them."""
-        sizes = {"tp": getattr(self, f"{side}_tp"), "ep": getattr(self, f"{side}_ep"), "sp": getattr(self, f"{side}_sp")}
-        return sizes | ({"dp": self.trainer_dp} if side == "trainer" else {})
+        return {name: getattr(self, f"{side}_{name}") for name in ("tp", "ep", "sp", "dp")}
 
     @property
     def policy_dtype(self) -> str:
