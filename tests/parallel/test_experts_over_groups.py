@@ -3,8 +3,8 @@ GPUs, and its mirror's engine TP 4 / EP 8), in real gloo processes on the CPU at
 experts cut 1 + 2 + 1 + 2 over the four ranks of both groups, each group's pairs sent to the other group's experts and
 back. The trainer's rows bitwise equal to one process's (with SP too; native at the same layout differs); the whole
 gradient, the whole weights and the gradient norm put together from the shards match one process's; the engine's
-replicas in lockstep, a replica with nothing to run computing a padding row; the audits and the RL gate bitwise; bad
-sizes refused in one line."""
+replicas in lockstep, a replica with nothing to run computing a padding row; the audits and the RL gate bitwise, and a
+resumed run the uninterrupted one; bad sizes refused in one line."""
 
 import dataclasses
 
@@ -20,7 +20,7 @@ from isoexec.parallel import shard, spawn, world_of
 from isoexec.parallel.plan import experts_of
 from isoexec.parallel.weights import GradNorm, unshard_state
 from isoexec.rl.config import RLConfig
-from isoexec.rl.parallel_mode import start_run
+from isoexec.rl.train import train
 from isoexec.trainer import Trainer
 
 SEQUENCES = [[(7 * i + 3 * j) % 500 for j in range(n)] for i, n in enumerate((9, 23, 40, 5, 17))]
@@ -120,24 +120,25 @@ def test_engine_replicas_with_their_own_experts_run_alone_and_native_differs():
     assert native["trainer_score"]["bitwise_equal_tokens"] < native["trainer_score"]["tokens"]
 
 
-def test_the_rl_gate_holds_with_the_experts_over_every_group():
-    """Two RL steps on a bfloat16 tiny-moe (float32 masters of the FSDP shards and of the experts) with each side at
-    TP 2 / EP 4 / DP 2: bitwise on every step, the weights the engine put together from its shards the trainer's, and
-    the grad norm (each expert once) the one-process run's to bfloat16 tolerance."""
-    small = dict(steps=2, prompts_per_step=3, group_size=2, warmup_steps=3, max_new_tokens=4, model="tiny-moe", dtype="bfloat16")
-    config = RLConfig(**small, trainer_tp=2, trainer_ep=4, trainer_dp=2, engine_tp=2, engine_ep=4, engine_dp=2)
-    run = start_run(config)
-    try:
-        history = [run.run_step() for _ in range(config.steps)]
-        sent = run.learner.weights()[1]
-    finally:
-        run.close()
-    assert [(m["bitwise_equal_fraction"], m["full_vocab_rows_bitwise_equal_fraction"]) for m in history] == [(1.0, 1.0)] * 2
-    assert history[-1]["weights_sha256"] == sent == run.weights
-    from isoexec.rl.loop import RLRun
+def _without_timings(history):
+    return [{k: v for k, v in metrics.items() if not k.endswith("_seconds")} for metrics in history]
 
-    one = RLRun(RLConfig(**small)).run_step()
-    assert abs(history[0]["grad_norm"] / one["grad_norm"] - 1) < 1e-2
+
+def test_the_rl_gate_holds_and_a_resumed_run_is_the_uninterrupted_one(tmp_path):
+    """RL steps on a bfloat16 tiny-moe (float32 masters of the FSDP shards and of the experts) with each side at TP 2 /
+    EP 4 / DP 2: bitwise on every step, the weights the engine put together from its shards the trainer's. A run
+    stopped after its first step and resumed from its checkpoint (the whole policy, masters and AdamW state put
+    together from the trainer's shards, cut again for its ranks at the start) ends with the uninterrupted run's
+    metrics and weights, bit for bit."""
+    small = dict(steps=2, prompts_per_step=3, group_size=2, warmup_steps=3, max_new_tokens=4, model="tiny-moe", dtype="bfloat16",
+                 trainer_tp=2, trainer_ep=4, trainer_dp=2, engine_tp=2, engine_ep=4, engine_dp=2)
+    whole = train(RLConfig(**small, checkpoint_dir=str(tmp_path / "whole")), progress=False)
+    assert [(m["bitwise_equal_fraction"], m["full_vocab_rows_bitwise_equal_fraction"]) for m in whole.history] == [(1.0, 1.0)] * 2
+    assert whole.history[-1]["weights_sha256"] == whole.weights
+    train(RLConfig(**{**small, "steps": 1}, checkpoint_dir=str(tmp_path / "stopped")), progress=False)
+    resumed = train(RLConfig(**small, checkpoint_dir=str(tmp_path / "stopped")), progress=False)
+    assert _without_timings(resumed.history) == _without_timings(whole.history)
+    assert resumed.weights == whole.weights
 
 
 def test_sizes_that_do_not_span_the_groups_are_refused_in_one_line(capsys):

@@ -63,8 +63,8 @@ def test_the_norms_shares_count_each_elements_holders(model, contract, tp, ep):
 
 def _gathered(mesh, model, contract_name):
     """On every rank: the same whole state (float32 and bfloat16 weights alike, so runs of 2- and 4-byte elements
-    share the buffer), cut to this rank's shards and gathered back on rank 0, in the model's dtype (as the old
-    gather gave them)."""
+    share the buffer), cut to this rank's shards and gathered back on rank 0, each in its shards' dtype (a bfloat16
+    model's float32 masters and moments come back float32)."""
     spec = PRESETS[model]
     contract = fit_contract(load_preset(contract_name), spec, device="cpu")
     g = torch.Generator().manual_seed(0)
@@ -72,8 +72,7 @@ def _gathered(mesh, model, contract_name):
              for i, (name, (shape, _)) in enumerate(weights.weight_shapes(spec).items())}
     local = {name: shard_of(name, t, spec, contract, mesh).clone() for name, t in whole.items()}
     back = weights.unshard_state(local, spec, contract, mesh, first_only=True)
-    dtypes = {name: dtype for name, (_, dtype) in weights.weight_shapes(spec).items()}
-    return {name: (t, whole[name].to(dtypes[name])) for name, t in back.items()} if mesh.rank == 0 else back
+    return {name: (t, whole[name]) for name, t in back.items()} if mesh.rank == 0 else back
 
 
 def test_a_bucket_gathered_on_the_first_rank_is_the_whole_state():

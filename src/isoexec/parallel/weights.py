@@ -107,8 +107,8 @@ def _run_bytes(cut: slice | Tensor, dtype: torch.dtype) -> int:
 
 def _gathered(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: Mesh, first_only: bool) -> dict[str, Tensor]:
     """Each rank's shards as one byte buffer, gathered by a tensor collective (NCCL: GPU to GPU; gloo: through host
-    memory) and put back where they were cut from, in the model's dtypes. Every rank knows every rank's shard sizes
-    from the cuts, so nothing but the bytes crosses."""
+    memory) and put back where they were cut from, in the shards' dtypes (a bfloat16 model's float32 masters and
+    moments stay float32). Every rank knows every rank's shard sizes from the cuts, so nothing but the bytes crosses."""
     group, ranks, me = mesh.shard_group, mesh.shard_ranks, mesh.shard_rank
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
     shapes, names = _shapes(spec), list(local)
@@ -131,17 +131,17 @@ def _gathered(local: dict[str, Tensor], spec: ModelSpec, contract, mesh: Mesh, f
         return {}
     whole, offsets = {}, [0] * ranks
     for name in names:
-        (shape, dtype), kind = shapes[name], local[name].dtype
+        shape, kind = shapes[name][0], local[name].dtype
         out = torch.empty(shape.numel(), dtype=kind, device=device)
         for rank, buffer in enumerate(gathered):
             cut = cuts[rank][name]
             out[cut] = buffer[offsets[rank] : offsets[rank] + _count(cut) * kind.itemsize].view(kind)
             offsets[rank] += _run_bytes(cut, kind)
-        whole[name] = out.view(shape).to(dtype)
+        whole[name] = out.view(shape)
     return whole
 
 
-def _dp_rows(rows: int, mesh: Mesh) -> slice:
+def dp_rows(rows: int, mesh: Mesh) -> slice:
     """The rows of a tensor FSDP2 gives this data-parallel group (torch.chunk on dim 0; trailing groups may get none)."""
     per_group = -(-rows // mesh.dp) if rows else 0
     start = min(rows, mesh.dp_rank * per_group)
@@ -188,7 +188,7 @@ class GradNorm:
                     self._on_device[id(share)] = share.to(g.device)
                 share = self._on_device[id(share)].view(p.shape)  # the rank's shard, before FSDP cut it over the groups
                 if self.mesh.dp > 1:
-                    share = share[_dp_rows(p.shape[0], self.mesh)]
+                    share = share[dp_rows(p.shape[0], self.mesh)]
                 part = (g * g * share).sum()
             total = part if total is None else total + part
         total = torch.zeros((), dtype=torch.float64) if total is None else total

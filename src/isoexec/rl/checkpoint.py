@@ -9,6 +9,10 @@ read back with `torch.load(weights_only=True)` (which unpickles nothing else):
     policy           the policy's state dict
     masters          with a bfloat16 policy, its float32 master weights by parameter name (`precision.py`), else {}
     optimizer        the AdamW state dict (over the masters where there are): moments and per-parameter step counts
+
+A parallel trainer's are put together from its shards (`state.whole_state`), so the file is the one a single
+process writes, and a resume cuts them again for its ranks; it resumes at the layout it was written at (the
+layout is part of the config), since gradients reduced in another order would leave the trajectory.
     history          the metrics of every completed step
     rng              {"torch": torch.get_rng_state(), "python": random.getstate()}
     weights_sha256   `weights_digest` of the policy (folded on a GPU, as the run's sync digests), checked again
@@ -37,6 +41,7 @@ import torch
 from ..model import Decoder
 from .config import RLConfig, default_contract, default_warmup_steps
 from .loop import RLRun, setup
+from .parallel_mode import start_run
 from .sync import weights_digest
 
 FORMAT = "isoexec-rl-checkpoint/1"
@@ -101,17 +106,17 @@ def save(run: RLRun, directory) -> Path:
     """Write `run` as it stands between steps to `directory`/step-<run.step>.pt; keep the newest KEEP."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    policy, master = run.learner.policy, run.learner.master
+    state = run.learner.checkpoint_state()
     payload = {
         "format": FORMAT,
         "step": run.step,
         "config": dataclasses.asdict(run.config),
-        "policy": {name: t.cpu() for name, t in policy.state_dict().items()},
-        "masters": {} if master is None else {name: p.detach().cpu() for name, p in master.named_parameters()},
-        "optimizer": _to_cpu(run.learner.optimizer.state_dict()),
+        "policy": state["policy"],
+        "masters": state["masters"],
+        "optimizer": state["optimizer"],
         "history": run.history,
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
-        "weights_sha256": weights_digest(policy, _folded(run.config)),
+        "weights_sha256": state["weights_sha256"],
     }
     payload["content_sha256"] = content_digest(payload)
     path = directory / f"step-{run.step:08d}.pt"
@@ -132,20 +137,6 @@ def save(run: RLRun, directory) -> Path:
     for stale in directory.glob(".step-*.tmp"):
         stale.unlink(missing_ok=True)
     return path
-
-
-def _folded(config: RLConfig) -> bool:
-    return config.device != "cpu"  # the digest's form the run's sync uses (sync.py)
-
-
-def _to_cpu(value):
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_to_cpu(v) for v in value]
-    return value
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -228,14 +219,14 @@ def restore(config: RLConfig, directory, warn: Callable[[str], None] | None = No
         raise CheckpointError(f"no intact checkpoint in {directory}: " + "; ".join(map(str, skipped)))
     for error in skipped if warn else ():
         warn(f"{error}; skipped it for {path.name}")
-    run = RLRun(config, initial=policy)  # skips the warm-up; its handshake syncs these weights to the engine
-    if run.weights != payload["weights_sha256"]:
-        raise CheckpointError(f"resuming from {path}: the engine received weights {run.weights}, expected {payload['weights_sha256']}")
-    if run.learner.master is not None:
-        with torch.no_grad():
-            for name, p in run.learner.master.named_parameters():
-                p.copy_(payload["masters"][name])
-    run.learner.optimizer.load_state_dict(payload["optimizer"])
+    run = start_run(config, initial=policy)  # skips the warm-up; its handshake syncs these weights to the engine
+    try:
+        if run.weights != payload["weights_sha256"]:
+            raise CheckpointError(f"resuming from {path}: the engine received weights {run.weights}, expected {payload['weights_sha256']}")
+        run.learner.load_checkpoint_state(payload["masters"], payload["optimizer"])
+    except BaseException:
+        run.close()
+        raise
     run.step, run.history = payload["step"], payload["history"]
     # last: building the run may draw from the global generators
     torch.set_rng_state(payload["rng"]["torch"])

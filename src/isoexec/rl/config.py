@@ -193,9 +193,6 @@ class RLConfig:
             raise ValueError(f'engine must be one of {", ".join(ENGINES)}, got "{self.engine}"')
         if self.engine == "vllm" and (max(self.engine_tp, self.engine_ep, self.engine_dp) > 1 or self.engine_sp or self.trace):
             raise ValueError("engine vllm runs unsharded (engine_tp, engine_ep, engine_dp 1, no engine_sp) and without trace so far")
-        if self.parallel and self.checkpoint_dir is not None:
-            raise ValueError("checkpoint_dir with a parallel side is not built yet (the policy and its optimizer state are sharded "
-                             "over the trainer's processes)")
         if self.parallel and self.trace:
             raise ValueError("trace needs the engine and the trainer in one process; it does not run with a parallel side")
 

@@ -36,6 +36,7 @@ from .config import RLConfig, default_contract
 from .gate import gate
 from .handshake import ensure_admitted, side_fingerprint
 from .precision import MasterWeights
+from .state import load_whole_state, whole_state
 from .sync import Digest, WeightSyncError, load_state, state_bytes, state_digest, weights_digest
 from .transfer import Bucket
 from .tasks import Task, checks, load_task
@@ -286,6 +287,14 @@ class Learner:
         self._sent.update(whole)
         return self._outbox.publish(whole, self.device)
 
+    def checkpoint_state(self) -> dict | None:
+        """The policy, masters and optimiser state, whole (`state.whole_state`; a parallel side's first rank only)."""
+        return whole_state(self, self.device.type != "cpu")
+
+    def load_checkpoint_state(self, masters: dict, optimizer: dict) -> None:
+        """This rank's part of a checkpoint's whole masters and optimiser state (`state.load_whole_state`)."""
+        load_whole_state(self, masters, optimizer)
+
     def finish_send(self) -> str | None:
         """Let go of the last bucket; the digest of every bucket sent since the last call (rank 0's)."""
         self._outbox.release()
@@ -317,6 +326,11 @@ class Learner:
             if self.master is not None:
                 self.master.take_grads()
                 stepped = self.master
+            for _, p in stepped.named_parameters():
+                # A rank's experts that no token reached have no gradient; in one process they are rows of a whole
+                # expert tensor, whose gradient there is zero: AdamW steps them alike (moments, weight decay).
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
             if self.grad_norm is not None:  # the norm over the whole model's gradient, each element once
                 grad_norm = self.grad_norm.clip(stepped.named_parameters(), cfg.grad_clip)
             else:

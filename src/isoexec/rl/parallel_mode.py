@@ -82,6 +82,12 @@ class GroupLearner(_Group):
     def update(self, kept, advantages, step: int) -> dict:
         return self.group.call("update", kept, advantages, step)
 
+    def checkpoint_state(self) -> dict:
+        return self.group.call("checkpoint_state")
+
+    def load_checkpoint_state(self, masters: dict, optimizer: dict) -> None:
+        self.group.call("load_checkpoint_state", masters, optimizer)
+
 
 def check_layouts(config) -> None:
     """Refuse, in one line naming the side, a layout the model or the contract cannot be cut into."""
