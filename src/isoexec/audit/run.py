@@ -92,7 +92,8 @@ def run_audit(model: Decoder, contract: Contract, *, requests: int = 16, max_new
     prompts, params = prompts_and_params(model.spec, requests, max_new_tokens, seed, prompts)
     config = engine_config(contract, prompts, max_new_tokens)
     # Parallel ranks get the weights on the host and move their shards to `device` (all ranks may share one GPU).
-    host = model if str(device) == "cpu" or max(trainer_tp, engine_tp, trainer_ep, engine_ep, trainer_dp, engine_dp) == 1 else copy.deepcopy(model).cpu()
+    one_process = max(trainer_tp, engine_tp, trainer_ep, engine_ep, trainer_dp, engine_dp) == 1
+    host = model if str(device) == "cpu" or one_process else copy.deepcopy(model).cpu()
     engine_parallel = max(engine_tp, engine_ep, engine_dp) > 1
     if engine_parallel and config.cuda_graphs:
         config = dataclasses.replace(config, cuda_graphs=False)  # not built yet with gloo's collectives: said in the report

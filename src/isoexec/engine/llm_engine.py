@@ -125,8 +125,9 @@ class LLMEngine:
         prefills, decodes = self.scheduler.schedule()
         idle = []  # the cases another replica runs and this one has nothing of (lockstep only)
         if self._lockstep:
-            cases = self._any_replica([bool(prefills), bool(decodes)])
-            idle = [case for case, anywhere, here in zip(("engine_prefill", "engine_decode"), cases, (prefills, decodes)) if anywhere and not here]
+            anywhere = self._any_replica([bool(prefills), bool(decodes)])
+            cases = zip(("engine_prefill", "engine_decode"), anywhere, (prefills, decodes))
+            idle = [case for case, there, here in cases if there and not here]
         self.stats["idle_forwards"] += len(idle)
         if not prefills and not decodes:
             for case in idle:

@@ -163,7 +163,8 @@ class Mesh:
         world = total // dp
         tp = world if tp is None else tp
         if world_of(tp, ep, dp) != world:
-            raise ValueError(f"TP = {tp}, EP = {ep}, DP = {dp} make model groups of {world_of(tp, ep, dp)} processes; the world has {total}")
+            raise ValueError(f"TP = {tp}, EP = {ep}, DP = {dp} make model groups of {world_of(tp, ep, dp)} processes; "
+                             f"the world has {total}")
         if dp == 1:
             return cls(tp=tp, ep=ep, rank=dist.get_rank(), group=dist.group.WORLD, sp=sp)
         from torch.distributed.device_mesh import init_device_mesh

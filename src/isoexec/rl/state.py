@@ -43,7 +43,9 @@ def whole_state(learner, folded: bool) -> dict | None:
     gather = lambda tensors: unshard_state(tensors, spec, contract, mesh, first_only=True)  # noqa: E731
     policy = gather(learner.policy.state_dict())
     masters = gather(masters) if masters else {}
-    moments = {key: gather({names[i]: state[key] for i, state in optimizer["state"].items()}) for key in MOMENTS} if optimizer["state"] else {}
+    moments = {}  # none before the first update
+    if optimizer["state"]:
+        moments = {key: gather({names[i]: state[key] for i, state in optimizer["state"].items()}) for key in MOMENTS}
     if not policy:  # not the side's first rank
         return None
     state = {i: {"step": _host(s["step"]), **{key: moments[key][names[i]] for key in MOMENTS}} for i, s in optimizer["state"].items()}
