@@ -36,9 +36,9 @@ def whole_state(learner, folded: bool) -> dict | None:
     names = [name for name, _ in stepped.named_parameters()]
     optimizer = learner.optimizer.state_dict()
     masters = {} if learner.master is None else {name: p.detach() for name, p in learner.master.named_parameters()}
-    if not learner.parallel:
-        policy = {name: t.detach().cpu() for name, t in learner.policy.state_dict().items()}
-        return {"policy": policy, "masters": _host(masters), "optimizer": _host(optimizer), "weights_sha256": state_digest(policy, folded)}
+    if not learner.parallel:  # the digest over the policy where it is, as the run's syncs take it
+        policy = learner.policy.state_dict()
+        return {"policy": _host(policy), "masters": _host(masters), "optimizer": _host(optimizer), "weights_sha256": state_digest(policy, folded)}
     spec, contract, mesh = learner.spec, learner.contract, learner.mesh
     gather = lambda tensors: unshard_state(tensors, spec, contract, mesh, first_only=True)  # noqa: E731
     policy = gather(learner.policy.state_dict())
@@ -49,7 +49,7 @@ def whole_state(learner, folded: bool) -> dict | None:
     if not policy:  # not the side's first rank
         return None
     state = {i: {"step": _host(s["step"]), **{key: moments[key][names[i]] for key in MOMENTS}} for i, s in optimizer["state"].items()}
-    return {"policy": policy, "masters": masters, "optimizer": {"state": state, "param_groups": optimizer["param_groups"]},
+    return {"policy": _host(policy), "masters": _host(masters), "optimizer": _host({"state": state, "param_groups": optimizer["param_groups"]}),
             "weights_sha256": state_digest(policy, folded)}
 
 
