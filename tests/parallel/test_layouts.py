@@ -309,6 +309,7 @@ def test_a_rank_model_is_the_single_device_decoder_with_fewer_heads():
     ("tiny-moe", "tiny-moe", dict(tp=2, ep=2, rank=0)),
     ("tiny-hybrid-moe", "tiny-hybrid", dict(ep=4, rank=3)),
     ("tiny-hybrid-moe", "tiny-hybrid", dict(tp=2, rank=1, sp=True)),
+    ("tiny-moe", "tiny-moe", dict(tp=2, ep=4, dp=2, rank=1, dp_rank=1)),  # the experts over both groups: EP rank 3's
 ])
 def test_a_random_shard_is_the_shard_of_the_random_model(preset, contract_name, mesh):
     """What a rank of a parallel RL side draws for itself without the whole model (`random_shard`) is, weight for

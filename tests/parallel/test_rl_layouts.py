@@ -82,15 +82,13 @@ def test_bad_layouts_are_refused_in_one_line(flags, message, tmp_path, monkeypat
 
 def test_without_a_warm_up_each_rank_draws_its_own_shard():
     """No warm-up, a model preset: the driver builds no model, each rank draws its shard of the seeded random
-    weights (`parallel.random_shard`; the trainer's experts cut over both data-parallel groups), and the whole
-    weights the trainer's ranks put together for the first sync have the SHA-256 of an in-process run's, which built
-    the model whole."""
-    config = RLConfig(**{**SMALL, "warmup_steps": 0, "steps": 1}, algorithm="grpo", model="tiny-moe", trainer_tp=2, trainer_ep=4,
-                      trainer_dp=2, engine_ep=2)
+    weights (`parallel.random_shard`), and the whole weights the trainer's ranks put together for the first sync
+    have the SHA-256 of an in-process run's, which built the model whole."""
+    config = RLConfig(**{**SMALL, "warmup_steps": 0, "steps": 1}, algorithm="grpo", model="tiny-moe", trainer_tp=2, trainer_ep=2, engine_ep=2)
     run = start_run(config)
     try:
         assert run.send_weights is not None  # rank to rank, not through this process (rl/transfer.py)
-        assert run.weights == RLRun(config.replace(trainer_tp=1, trainer_ep=1, trainer_dp=1, engine_ep=1)).weights
+        assert run.weights == RLRun(config.replace(trainer_tp=1, trainer_ep=1, engine_ep=1)).weights
         assert run.run_step()["bitwise_equal_fraction"] == 1.0
     finally:
         run.close()
