@@ -147,10 +147,10 @@ def test_sizes_that_do_not_span_the_groups_are_refused_in_one_line(capsys):
         world_of(2, 8, 2)
     with pytest.raises(ValueError, match="each is 1 or both are equal, got tp = 2, ep = 4"):
         world_of(2, 4, 1)
-    with pytest.raises(ValueError, match="trainer_ep = trainer_tp x trainer_dp"):
-        RLConfig(trainer_tp=2, trainer_ep=8, trainer_dp=2)
-    with pytest.raises(ValueError, match="engine_ep = engine_tp x engine_dp"):
-        RLConfig(engine_tp=2, engine_ep=8, engine_dp=2)
+    for side in ("trainer", "engine"):
+        with pytest.raises(ValueError, match=rf"^{side}_tp 2, {side}_ep 8, {side}_dp 2: tp and ep span the same ranks: each is 1 or both "
+                                             r"are equal, or EP = TP x DP = 4 \(the experts over every group\), got tp = 2, ep = 8$"):
+            RLConfig(**{f"{side}_tp": 2, f"{side}_ep": 8, f"{side}_dp": 2})
     for side in ("trainer", "engine"):
         result = isoexec_here(capsys, "audit", "--model", "tiny-moe", f"--{side}-tp", "2", f"--{side}-ep", "8", f"--{side}-dp", "2")
         assert result.returncode == 2

@@ -137,8 +137,8 @@ class Mesh:
 
     @property
     def ep_rank(self) -> int:
-        """This process among the EP ranks (the rank whose experts `plan.experts_of` gives it)."""
-        return self.shard_rank if self.ep_spans_groups else self.rank
+        """This process among the EP ranks (the rank whose experts `plan.experts_of` gives it): its shard rank."""
+        return self.shard_rank
 
     def ep_mesh(self) -> "Mesh":
         """The mesh an MoE layer's pairs are exchanged over: this one, or, where EP spans the side, every rank of the

@@ -162,7 +162,7 @@ class GradNorm:
         self.shares, found = {}, {}
         for name, (shape, _) in _shapes(spec).items():
             spread = spread_over_side(name, mesh)
-            rank = mesh.shard_rank if spread else mesh.rank if mesh.world > 1 else 0
+            rank = mesh.shard_rank if spread else mesh.rank
             key = _cut_key(name, shape, spec, contract, mesh, rank)
             if key not in found:
                 holders = torch.zeros(shape.numel())

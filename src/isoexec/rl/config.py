@@ -168,13 +168,14 @@ class RLConfig:
         for name in ("trainer_tp", "trainer_ep", "trainer_dp", "engine_tp", "engine_ep", "engine_dp"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
-        from ..parallel.mesh import ep_spans_groups
+        from ..parallel.mesh import world_of  # the one rule of which sizes make a side
 
         for side in ("trainer", "engine"):
             tp, ep, dp = (getattr(self, f"{side}_{name}") for name in ("tp", "ep", "dp"))
-            if {tp, ep} - {1, max(tp, ep)} and not ep_spans_groups(tp, ep, dp):
-                raise ValueError(f"{side}_tp and {side}_ep span the same processes: each is 1 or both are equal (or {side}_ep = "
-                                 f"{side}_tp x {side}_dp: the experts over every data-parallel group), got {tp} and {ep}")
+            try:
+                world_of(tp, ep, dp)
+            except ValueError as error:
+                raise ValueError(f"{side}_tp {tp}, {side}_ep {ep}, {side}_dp {dp}: {error}") from None
         if self.device not in DEVICES:
             raise ValueError(f'device must be one of {", ".join(DEVICES)}, got "{self.device}"')
         if self.dtype is not None and self.dtype not in DTYPES:
