@@ -254,6 +254,8 @@ def _parse(argv):
     parser.add_argument("--small", action="store_true", help="tiny sizes and the tiny-dense model: a CPU smoke run in seconds")
     parser.add_argument("--gdn-phases", default="training,prefill,decode,decode-chunk",
                         help="gdn: the phases to time, comma-separated (default: all four)")
+    parser.add_argument("--gdn-shapes", default="", help="gdn: the head shapes to time, comma-separated (default: all; "
+                                                         "hk16-hv32-d128, hk16-hv16-d128)")
     parser.add_argument("--model", help=f"model presets, comma-separated (default: {','.join(FULL.models)}, or {','.join(SMALL.models)} with --small)")
     parser.add_argument("--rl-model", help=f"rl: model presets, comma-separated (default: {','.join(FULL.rl_models)}, or "
                                            f"{','.join(SMALL.rl_models)} with --small)")
@@ -349,7 +351,7 @@ def main(argv=None) -> int:
                 "trainer": lambda: bench_trainer(model, name, sizes, loaded, device, args.trainer_reps),
                 "moe": lambda: bench_moe(device, *(((TINY,), (1, 4), (64,)) if args.small else (GPU_SHAPES,))),
                 "mla": lambda: bench_mla(device, small=args.small),
-                "gdn": lambda: bench_gdn(device, small=args.small, phases=args.gdn_phases),
+                "gdn": lambda: bench_gdn(device, small=args.small, phases=args.gdn_phases, shapes=args.gdn_shapes),
                 "rl": lambda: bench_rl(device, sizes.rl_models, {_label(s): s for s in specs if not s.endswith(SYNC)},
                                        layout=args.rl_layout, **dict(zip(("prompts", "group", "new_tokens", "steps"), sizes.rl_shape))),
             }[section]()

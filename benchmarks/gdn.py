@@ -168,8 +168,12 @@ def _timed(fn, device, graph: bool, row: dict, name: str) -> None:
 
 
 def bench_gdn(device: torch.device, small: bool = False, contract: str | None = None,
-              phases: str = "training,prefill,decode,decode-chunk") -> list[dict]:
+              phases: str = "training,prefill,decode,decode-chunk", shapes: str = "") -> list[dict]:
     sizes = dict(SMALL if small else GPU)
+    all_shapes = SMALL_SHAPES if small else SHAPES
+    unknown = set(shapes.split(",")) - set(all_shapes) - {""}
+    if unknown:
+        raise ValueError(f"gdn: no shape {', '.join(sorted(unknown))} (known: {', '.join(all_shapes)})")
     for phase in {"training", "prefill", "decode", "decode-chunk"} - set(phases.split(",")):
         sizes[phase.replace("-", "_")] = ()
     op, entry, row_width = _contract_op(contract or (sizes["contract"] if device.type == "cuda" else SMALL["contract"]))
@@ -198,7 +202,9 @@ def bench_gdn(device: torch.device, small: bool = False, contract: str | None = 
               + (f"  grad rel diff {row['grad_rel_diff_vs_fla']:.1e}" if "grad_rel_diff_vs_fla" in row else ""), flush=True)
         rows.append(row)
 
-    for shape_name, shape in (SMALL_SHAPES if small else SHAPES).items():
+    for shape_name, shape in all_shapes.items():
+        if shapes and shape_name not in shapes.split(","):
+            continue
         for seqs, seq_len in sizes["training"]:
             x = _inputs(shape, seqs * seq_len, device, generator)
             positions = torch.arange(seq_len, device=device).repeat(seqs)
