@@ -78,7 +78,8 @@ def _inverse(system, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr
     (I + A)^-1 = (I + N)^-1 T_D = (I - N)(I + N²)… T_D (N^(C / SUB) = 0). Every factor is lower
     triangular, so row i of the result reads rows <= i of A alone; the powers stay within a block or a
     few, where entries of |A| <= 1 cannot grow far. Products in tf32 where the others take bf16 (the
-    inverse then feeds bf16 products, as flash-linear-attention's does)."""
+    inverse then feeds bf16 products, as flash-linear-attention's does). A chunk of one block (C = SUB) has no L:
+    its inverse is T_D, with no products by N = 0 and I - N = I on the serial chain of a decode step."""
     INV: tl.constexpr = 1 if PRECISION == 2 else PRECISION
     rows = tl.arange(0, C)
     eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
@@ -89,13 +90,15 @@ def _inverse(system, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr
     for _ in tl.static_range(SUB.bit_length() - 2):  # D², D⁴, D⁸ for blocks of 16
         power = _mm(power, power, INV, INTERPRET)
         inv = inv + _mm(inv, power, INV, INTERPRET)
-    n = _mm(inv, tl.where(same_block, 0.0, system), INV, INTERPRET)
-    t = eye - n
-    power = n
-    for _ in tl.static_range((C // SUB).bit_length() - 2):  # N² for four blocks
-        power = _mm(power, power, INV, INTERPRET)
-        t = t + _mm(t, power, INV, INTERPRET)
-    return _mm(t, inv, INV, INTERPRET)
+    if C > SUB:
+        n = _mm(inv, tl.where(same_block, 0.0, system), INV, INTERPRET)
+        t = eye - n
+        power = n
+        for _ in tl.static_range((C // SUB).bit_length() - 2):  # N² for four blocks
+            power = _mm(power, power, INV, INTERPRET)
+            t = t + _mm(t, power, INV, INTERPRET)
+        inv = _mm(t, inv, INV, INTERPRET)
+    return inv
 
 
 @jit
