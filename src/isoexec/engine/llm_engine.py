@@ -68,6 +68,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.stats)
         self._in_flight: _InFlight | None = None  # the step launched last, until its draws are processed
         self._lockstep = self.mesh.ep_spans_groups  # the replicas' MoE layers exchange pairs: they step together
+        self._replicas_busy = True
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
                  progress: bool = True) -> list[Completion]:
@@ -85,6 +86,7 @@ class LLMEngine:
                 done[i] = Completion.failed(i, prompt, error)
             else:
                 self.scheduler.add(Sequence(i, tokens, p, i if p.seed is None else p.seed, self.model.spec.eos_token_id))
+        self._replicas_busy = True  # lockstep: until a step's flags say no replica had work at its start
         with tqdm(total=len(mine), initial=len(done), disable=not progress, desc="generate", unit="req") as bar:
             while self._busy():
                 for seq in self.step():
@@ -97,15 +99,15 @@ class LLMEngine:
         return [done[i] for i in range(len(prompts))]
 
     def _busy(self) -> bool:
-        """Whether this replica has requests left; in lockstep, whether any replica has."""
-        busy = not self.scheduler.is_finished()
-        return self._any_replica([busy])[0] if self._lockstep else busy
+        """Whether this replica has requests left; in lockstep, whether any replica had at the last step's start (the
+        step's one exchange of flags carries it: the step after the last one runs nothing anywhere and ends the loop)."""
+        return self._replicas_busy if self._lockstep else not self.scheduler.is_finished()
 
     def _any_replica(self, flags: list[bool]) -> list[bool]:
-        """Each flag or'd over the replicas (one all-reduce over this rank's peers in the other replicas)."""
-        on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-        values = torch.tensor(flags, dtype=torch.int32, device=on)
-        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.mesh.dp_mesh.get_group())
+        """Each flag or'd over the replicas: one all-reduce of host values over this rank's peers in the other
+        replicas (gloo: over NCCL the read-back would wait for the forward in flight, `Mesh.dp_host_group`)."""
+        values = torch.tensor(flags, dtype=torch.int32)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.mesh.dp_host_group)
         return [bool(v) for v in values.tolist()]
 
     def _gathered(self, done: dict) -> dict:
@@ -120,12 +122,13 @@ class LLMEngine:
         """Schedule and launch the prefill chunks and the decodes as two forwards (one case each); resolve the
         step before, or with async scheduling off this one. -> the sequences that finished."""
         finished = []
+        busy = not self.scheduler.is_finished()  # at the step's start, where `_busy` reads it without lockstep
         if self._in_flight is not None and not (self.config.async_scheduling and self.scheduler.can_overlap()):
             finished += self._resolve()
         prefills, decodes = self.scheduler.schedule()
         idle = []  # the cases another replica runs and this one has nothing of (lockstep only)
         if self._lockstep:
-            anywhere = self._any_replica([bool(prefills), bool(decodes)])
+            self._replicas_busy, *anywhere = self._any_replica([busy, bool(prefills), bool(decodes)])
             cases = zip(("engine_prefill", "engine_decode"), anywhere, (prefills, decodes))
             idle = [case for case, there, here in cases if there and not here]
         self.stats["idle_forwards"] += len(idle)

@@ -90,7 +90,7 @@ class Mesh:
     ep (each 1 or the group's size, or EP = TP x DP over the whole side), `group` the process group of their
     collectives; `dp` such groups side by side (data parallel), this process in the `dp_rank`-th, `dp_mesh` the
     device mesh over the groups (FSDP shards over it, the sequences are cut over it); `side_group` the process group
-    of every rank of the side, where EP spans it."""
+    of every rank of the side, where EP spans it; `host_group` a gloo twin of the dp group where the side runs on NCCL."""
 
     tp: int = 1
     ep: int = 1
@@ -101,6 +101,14 @@ class Mesh:
     dp_rank: int = 0
     dp_mesh: Any = None
     side_group: Any = None
+    host_group: Any = None  # the dp group over gloo, for host values (`dp_host_group`); None: the dp group is gloo's
+
+    @property
+    def dp_host_group(self):
+        """The process group over this rank's peers in the other model groups, for host values: the dp group itself
+        over gloo, a gloo group over the same ranks where the side's collectives are NCCL's (an NCCL collective of a
+        host value goes through the GPU, and reading it back waits for every kernel queued before it)."""
+        return self.host_group if self.host_group is not None else self.dp_mesh.get_group()
 
     def __post_init__(self):
         world_of(self.tp, self.ep, self.dp)
@@ -171,8 +179,13 @@ class Mesh:
 
         mesh = init_device_mesh("cuda" if dist.get_backend() == "nccl" else "cpu", (dp, world), mesh_dim_names=("dp", "model"))
         side = dist.group.WORLD if ep_spans_groups(tp, ep, dp) else None  # rank d * world + r is group d's rank r
-        return cls(tp=tp, ep=ep, rank=mesh.get_local_rank("model"), group=mesh.get_group("model"), sp=sp, dp=dp,
-                   dp_rank=mesh.get_local_rank("dp"), dp_mesh=mesh["dp"], side_group=side)
+        rank, host = mesh.get_local_rank("model"), None
+        if dist.get_backend() == "nccl":  # every rank makes every group, in the same order
+            for r in range(world):
+                group = dist.new_group([d * world + r for d in range(dp)], backend="gloo")
+                host = group if r == rank else host
+        return cls(tp=tp, ep=ep, rank=rank, group=mesh.get_group("model"), sp=sp, dp=dp, dp_rank=mesh.get_local_rank("dp"),
+                   dp_mesh=mesh["dp"], side_group=side, host_group=host)
 
     def _staged(self, t: Tensor) -> bool:
         """Whether `t` goes through another device's memory: a GPU tensor on gloo (which carries CPU tensors in
