@@ -58,6 +58,8 @@ import torch.nn.functional as F
 
 from attention import bench_attention
 from engine import Engines, bench_engine, bench_hf, bench_roofline
+from gdn import SHAPES as GDN_SHAPES
+from gdn import SMALL_SHAPES as GDN_SMALL_SHAPES
 from gdn import bench_gdn
 from mla import bench_mla
 from rl import bench_rl
@@ -254,8 +256,8 @@ def _parse(argv):
     parser.add_argument("--small", action="store_true", help="tiny sizes and the tiny-dense model: a CPU smoke run in seconds")
     parser.add_argument("--gdn-phases", default="training,prefill,decode,decode-chunk",
                         help="gdn: the phases to time, comma-separated (default: all four)")
-    parser.add_argument("--gdn-shapes", default="", help="gdn: the head shapes to time, comma-separated (default: all; "
-                                                         "hk16-hv32-d128, hk16-hv16-d128)")
+    parser.add_argument("--gdn-shapes", default="", help=f"gdn: the head shapes to time, comma-separated (default: all: "
+                                                         f"{', '.join(GDN_SHAPES)})")
     parser.add_argument("--model", help=f"model presets, comma-separated (default: {','.join(FULL.models)}, or {','.join(SMALL.models)} with --small)")
     parser.add_argument("--rl-model", help=f"rl: model presets, comma-separated (default: {','.join(FULL.rl_models)}, or "
                                            f"{','.join(SMALL.rl_models)} with --small)")
@@ -283,6 +285,10 @@ def _parse(argv):
     unknown = sorted(set(args.rl_layout) - set(LAYOUT_FIELDS))
     if unknown:
         parser.error(f"--rl-layout: unknown field(s) {', '.join(unknown)} (known: {', '.join(LAYOUT_FIELDS)})")
+    shapes = GDN_SMALL_SHAPES if args.small else GDN_SHAPES
+    unknown = sorted(set(args.gdn_shapes.split(",")) - set(shapes) - {""})
+    if unknown:
+        parser.error(f"--gdn-shapes: unknown shape(s) {', '.join(unknown)} (known{' with --small' if args.small else ''}: {', '.join(shapes)})")
     return args
 
 
