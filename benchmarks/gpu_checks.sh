@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -147,15 +147,25 @@ fi
 
 # gdn.core.triton's calls against their kernels after a host-side change (carry fla-core's wheel): the forward's kernels
 # and calls in one launch and in two (profile_gdn_fwd.py), the step's kernels with the backward's registers and spills
-# (profile_gdn_bwd.py), the per-phase table against FLA (bench.py gdn), the 9B preset's trainer against native; one tar
+# (profile_gdn_bwd.py), the per-phase table against FLA (bench.py gdn), the scan-rows design's lower bound (gdn_designs.py), the
+# 9B preset's trainer against native; one tar
 # of it all (the device brings back 8 files).
 if [ "$PART" = gdn-retime ]; then
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 profile_gdn_fwd.py 2>&1 | grep -v Warning | tee "$OUT/profile_gdn_fwd.txt")
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 profile_gdn_bwd.py 2>&1 | grep -v Warning | tee "$OUT/profile_gdn_bwd.txt")
-(cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py gdn --json "$OUT/bench_gdn.json" 2>&1 | grep -v Warning | tail -36 | tee "$OUT/bench_gdn.txt")
+(cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py gdn --gdn-shapes "${GDN_SHAPES:-hk16-hv32-d128}" --json "$OUT/bench_gdn.json" 2>&1 | grep -v Warning | tail -36 \
+    | tee "$OUT/bench_gdn.txt")
+(cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} timeout 60 python3 gdn_designs.py --shapes hk16-hv32-d128 --json "$OUT/gdn_designs.json" 2>&1 \
+    | grep -v Warning | tee "$OUT/gdn_designs.txt")
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py trainer --model qwen3.5-9b-4l-random --contracts tiny-hybrid-triton,native \
     --json "$OUT/bench_9b_trainer.json" 2>&1 | tail -8 | tee "$OUT/bench_9b_trainer.txt")
 tar cf "$OUT/gdn_retime.tar" -C "$OUT" --exclude gdn_retime.tar .
+fi
+
+# attention.triton's key block (the online softmax's fold, which decides the bits) at 32, 64 and 128 keys: decode rows
+# against the trainer's, then prefill and decode against flash SDPA (attention_fold.py; about 4 minutes for 4 configs).
+if [ "$PART" = attention-fold ]; then
+(cd benchmarks && OUT="$OUT" CONFIGS=${CONFIGS:-7} PYTHONPATH=../src python3 attention_fold.py 2>&1 | tee "$OUT/attention_fold.txt")
 fi
 
 # Parallel layouts with every rank on the one GPU (issue 20 item 7): which collectives gloo and NCCL carry with CUDA
