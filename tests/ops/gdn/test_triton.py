@@ -162,12 +162,52 @@ def test_several_blocks_of_value_columns_give_the_same_rows(chunks_of_16, monkey
     torch.testing.assert_close(one_block, packed, atol=1e-6, rtol=1e-6)
 
 
+def test_value_columns_split_over_the_grid_give_the_same_bits(chunks_of_16, monkeypatch):
+    """Value heads of 32 in the contract's one block, calls of one-token runs split over the grid in blocks of 16
+    (SPLIT_BLOCK_V): calls cut anywhere give the unsplit calls' rows and leave the cache as they do, also with the
+    runs unknown to the host (a captured CUDA graph: every call split, a run longer than a token walked by one
+    program, block after block); decoded from every offset, the packed rows bit for bit."""
+    monkeypatch.setattr(test_core, "DV", 32)
+    op = triton_op(block_v=32)
+    seq, params, cuts = make_seq(2 * C + 3, seed=3), make_params(), [3, 4, 5, C + 2, C + 3]
+
+    def in_pieces(split, captured=False):
+        cache = DeviceCache()
+        with monkeypatch.context() as m:
+            m.setattr(gdn_triton, "SPLIT_BLOCK_V", split)
+            m.setattr(test_core, "Cache", lambda: cache)
+            if captured:
+                m.setattr(gdn_triton, "find_runs", lambda positions, state_ids: None)
+            return test_core.in_pieces(op, seq, params, cuts), cache
+
+    unsplit = in_pieces(None)
+    for split in (in_pieces(16), in_pieces(16, captured=True)):
+        assert bitwise_equal(split[0], unsplit[0])
+        assert bitwise_equal(split[1].state.cpu(), unsplit[1].state.cpu()) and bitwise_equal(split[1].rows.cpu(), unsplit[1].rows.cpu())
+    monkeypatch.setattr(gdn_triton, "SPLIT_BLOCK_V", 16)
+    assert bitwise_equal(test_core.in_pieces(op, seq, params, range(1, 2 * C + 3)), test_core.packed(op, [seq], params)[0])
+
+
+def test_the_split_rule_is_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv("ISOEXEC_GDN_SPLITS", "32:0.5,64:4")
+    assert gdn_triton._env_splits("ISOEXEC_GDN_SPLITS", ()) == ((32, 0.5), (64, 4.0))
+    monkeypatch.setenv("ISOEXEC_GDN_SPLITS", "off")
+    assert gdn_triton._env_splits("ISOEXEC_GDN_SPLITS", ((32, 1.0),)) == ()
+    for bad in ("48:1", "32", "32:0", "32:x"):
+        monkeypatch.setenv("ISOEXEC_GDN_SPLITS", bad)
+        with pytest.raises(ValueError, match="ISOEXEC_GDN_SPLITS must be"):
+            gdn_triton._env_splits("ISOEXEC_GDN_SPLITS", ())
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the contract's tile at Qwen3.5's head sizes: compiled for the GPU (the interpreter takes minutes)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("chunk, block_v, num_warps", [(16, 128, 4), (32, 128, 8), (64, 64, 8)], ids=["contract", "chunks of 32", "chunks of 64"])
-@pytest.mark.parametrize("min_run, walk_block, prefetch", [(None, None, False), (2, None, False), (2, 32, True)],
-                         ids=["one launch", "runs of two tokens or more in two launches", "two launches, a walk of 32 columns, prefetched"])
-def test_at_qwen_head_sizes_every_form_gives_the_trainers_bits(monkeypatch, dtype, chunk, block_v, num_warps, min_run, walk_block, prefetch):
+@pytest.mark.parametrize("min_run, walk_block, prefetch, split", [(None, None, False, None), (2, None, False, None), (2, 32, True, None),
+                                                                   (None, None, False, 32)],
+                         ids=["one launch", "runs of two tokens or more in two launches", "two launches, a walk of 32 columns, prefetched",
+                              "one launch, the value columns split over the grid in 32"])
+def test_at_qwen_head_sizes_every_form_gives_the_trainers_bits(monkeypatch, dtype, chunk, block_v, num_warps, min_run, walk_block, prefetch,
+                                                                split):
     """Heads of 128 and bf16 tensor-core products (tiny-hybrid-triton's constants, and chunks of 32 and 64): a
     sequence over three chunks packed, in prefill chunks and decoded from every offset, bit for bit (every
     call in one launch, or the calls of runs longer than a token in two, beside the decode steps' one, the
@@ -177,6 +217,8 @@ def test_at_qwen_head_sizes_every_form_gives_the_trainers_bits(monkeypatch, dtyp
     monkeypatch.setattr(gdn_triton, "TWO_LAUNCH_MAX_FILL", None)  # on a GPU too, however many programs the call has
     monkeypatch.setattr(gdn_triton, "WALK_BLOCK_V", walk_block)
     monkeypatch.setattr(gdn_triton, "WALK_PREFETCH", prefetch)
+    monkeypatch.setattr(gdn_triton, "SPLITS", ())  # unsplit, or every call of one-token runs split in `split`
+    monkeypatch.setattr(gdn_triton, "SPLIT_BLOCK_V", split)
     monkeypatch.setattr(test_core, "C", chunk)
     monkeypatch.setattr(test_core, "DK", 128)
     monkeypatch.setattr(test_core, "DV", 128)
@@ -184,6 +226,9 @@ def test_at_qwen_head_sizes_every_form_gives_the_trainers_bits(monkeypatch, dtyp
     op = triton_op(dtype, chunk_size=chunk, dot_precision="bf16", block_v=block_v, num_warps=num_warps)
     results = dict(test_core.forms(op, dtype, length=2 * chunk + 37))
     first = results["alone"]
+    if split is not None:  # against the rows of the contract's one block of value columns
+        monkeypatch.setattr(gdn_triton, "SPLIT_BLOCK_V", None)
+        first = test_core.packed(op, [make_seq(2 * chunk + 37, dtype, seed=3)], make_params())[0]
     differing = {form: int((int_view(out) != int_view(first)).sum()) for form, out in results.items() if not bitwise_equal(out, first)}
     assert not differing
     seq, params = make_seq(2 * chunk + 37, dtype, seed=3), make_params()

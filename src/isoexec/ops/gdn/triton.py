@@ -61,11 +61,12 @@ def gdn_fwd_kernel(
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    # Program (p, h): if a run starts at token p (every_token: while a CUDA graph is captured) or candidates[p]
+    # Program (p, h, s): if a run starts at token p (every_token: while a CUDA graph is captured) or candidates[p]
     # (a new slot, or a position that does not follow the previous token's), walk that run for value head h,
-    # one block of value columns after the other.
+    # one block of value columns after the other; or, where the grid splits the value columns (s over the blocks:
+    # `SPLIT_BLOCK_V`) and the run is one token, block s of that token's row alone.
     NV: tl.constexpr = (DV + BV - 1) // BV
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_c, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_t = tl.load(candidates + i_c, mask=every_token == 0, other=0)
     i_t = tl.where(every_token != 0, i_c, i_t)
     pos0 = tl.load(positions + i_t)
@@ -74,11 +75,19 @@ def gdn_fwd_kernel(
     caching = has_cache != 0
     slot = tl.load(state_ids + i_t, mask=caching, other=0).to(tl.int64)
     starts = starts | (caching & (tl.load(state_ids + i_t - 1, mask=caching & (i_t > 0), other=-1) != slot))
-    if starts:
-        for i_v in range(NV):
-            _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, i_v == NV - 1,
-                 pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
-                 GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, INTERPRET)
+    # A run of one token writes its slot's row at its own offset and reads the rows before it, so the programs
+    # of its value blocks never touch a row another writes; a longer run may close a chunk and write the next
+    # chunk's first rows, which another block's program may not have read yet: one program walks it, block by block.
+    after = tl.load(positions + i_t + 1, mask=i_t + 1 < T, other=-2)
+    alone = (tl.num_programs(2) > 1) & ((i_t + 1 >= T) | (after != pos0 + 1)
+                                        | (caching & (tl.load(state_ids + i_t + 1, mask=caching & (i_t + 1 < T), other=-1) != slot)))
+    i_v = tl.where(alone, i_s, 0)
+    end = tl.where(starts, tl.where(alone, i_s + 1, tl.where(i_s == 0, NV, 0)), 0)
+    while i_v < end:  # not `for … in range(i_v, end)`: the interpreter cannot take loaded bounds there
+        _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, i_v == NV - 1,
+             pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
+             GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, INTERPRET)
+        i_v += 1
 
 
 @jit
@@ -199,7 +208,13 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
         return out if out.is_contiguous() else out.contiguous()
     candidates = _unread(positions.device, torch.int32) if every_token else runs.starts
     dims = dict(GROUP=num_v_heads // num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, DK_PAD=k_pad, DV_PAD=v_pad, C=chunk_size)
-    gdn_fwd_kernel[(num_tokens if every_token else candidates.shape[0], num_v_heads)](
+    programs = num_tokens if every_token else candidates.shape[0]
+    # Split only calls of one-token runs (decode steps; a captured step's runs are not known here): a longer run
+    # takes one program for its blocks in turn, which at a narrower block is work added to its chain.
+    split = _split_block(programs * num_v_heads, block_v, chunk_size, v.device) if programs == num_tokens else None
+    if split is not None:
+        block_v = split
+    gdn_fwd_kernel[(programs, num_v_heads, triton_support.cdiv(v_dim, block_v) if split is not None else 1)](
         q, k, v, a, b, a_log, dt_bias, out, state, rows, ids, positions, candidates, num_tokens, float(k_dim**-0.5), int(has_cache),
         int(every_token), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), out.stride(0),
         out.stride(1), BV=block_v, SUB=SUB, PRECISION=PRECISIONS[precision], INTERPRET=triton_support.interpreting(),
@@ -263,6 +278,47 @@ if WALK_BLOCK_V is not None and WALK_BLOCK_V & (WALK_BLOCK_V - 1):
 # with the decayed keys among them, no spills; at 128 the spills grow); 0.91 ms against 1.47 for one run of 512
 # tokens on an H200 (before the decayed keys joined the prefetch).
 WALK_PREFETCH: bool = bool(_env_int("ISOEXEC_GDN_WALK_PREFETCH", 1, least=0))
+
+
+# Calls of one-token runs (decode steps) with few programs (runs x value heads) an SM split the value columns over
+# the grid: a program per block of columns, each with its columns of the state, where one program took them all in
+# turn. SPLITS lists (block of columns, most unsplit programs an SM) from the narrowest block: a call takes the first
+# whose bound it meets. On an H100 at Qwen3.5's heads (32 and 16 value heads of 128; benchmarks/gdn_split.py), per step
+# over a chunk: blocks of 32 were fastest up to 64 unsplit programs (a batch-1 step: 12.1 us to 8.7 at 32 heads), 64
+# from 128 to 512 (batch 16 at 32 heads: 41.6 to 38.5 us), no split from 1024 (split in 64, 138 against 149 us at
+# batch 64). An output element's products run over the head dim whatever the block's width, as the two-launch
+# walk's do (WALK_BLOCK_V): the same bits (tests/ops/gdn/test_triton.py; every step's, split or not, on the H100).
+# ISOEXEC_GDN_SPLITS=32:0.5,64:4 sets them for a process (`off`: no split); SPLIT_BLOCK_V (a test's) forces one
+# block for every such call, as the interpreter's calls take it.
+def _env_splits(name: str, default: tuple) -> tuple:
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    if value == "off":
+        return ()
+    try:
+        splits = tuple((int(block), float(fill)) for block, fill in (item.split(":") for item in value.split(",")))
+    except ValueError:
+        splits = ()
+    if not splits or any(block < 16 or block & (block - 1) or not fill > 0 for block, fill in splits):
+        raise ValueError(f"{name} must be `off` or blocks:programs-an-SM pairs like 32:0.5,64:4 (blocks powers of two >= 16), got {value!r}")
+    return splits
+
+
+SPLITS: tuple = _env_splits("ISOEXEC_GDN_SPLITS", ((32, 0.5), (64, 4.0)))
+SPLIT_BLOCK_V: int | None = None
+
+
+def _split_block(programs: int, block_v: int, chunk_size: int, device: torch.device) -> int | None:
+    """The value columns' block where a call of one-token runs splits them over the grid, else None (chunks of 64
+    take blocks of 64 columns or more: check_constants says why)."""
+    if SPLIT_BLOCK_V is not None or device.type != "cuda":
+        choices = [SPLIT_BLOCK_V] if SPLIT_BLOCK_V is not None else []
+    else:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        choices = [block for block, fill in SPLITS if programs <= fill * sms]
+    choices = [block for block in choices if block < block_v and (chunk_size < 64 or block >= 64)]
+    return choices[0] if choices else None
 
 
 def _in_two_launches(num_tokens: int, runs: int, num_v_heads: int, device: torch.device) -> bool:
