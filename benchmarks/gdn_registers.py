@@ -71,10 +71,12 @@ def main() -> None:
     args = parser.parse_args()
     if not PTXAS.exists():
         sys.exit(f"no ptxas at {PTXAS}: Triton's NVIDIA backend is needed")
-    forward = dict(HEADS, C=16, BV=128)
+    forward = dict(HEADS, C=16, BV=128, SPLIT=False)
     backward = dict(HEADS, C=bwd.CHUNK, BV=bwd.BLOCK_V, BT=bwd.NORM_TOKENS)
     kernels = [
         ("gdn_fwd_kernel (block_v 128)", fwd.gdn_fwd_kernel, forward, 4, 3),
+        *((f"gdn_fwd_kernel (a decode step split in {block})", fwd.gdn_fwd_kernel, dict(forward, BV=block, SPLIT=True), 4, 3)
+          for block, _ in fwd.SPLITS),
         ("gdn_chunks_kernel", two.gdn_chunks_kernel, forward, 4, 3),
         (f"gdn_walk_kernel ({args.walk_block} columns, prefetch {int(fwd.WALK_PREFETCH)})", two.gdn_walk_kernel,
          dict(forward, BV=args.walk_block, PREFETCH=fwd.WALK_PREFETCH), 4, 3),

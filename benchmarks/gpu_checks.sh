@@ -147,8 +147,8 @@ fi
 
 # gdn.core.triton's calls against their kernels after a host-side change (carry fla-core's wheel): the forward's kernels
 # and calls in one launch and in two (profile_gdn_fwd.py), the step's kernels with the backward's registers and spills
-# (profile_gdn_bwd.py), the per-phase table against FLA (bench.py gdn), the scan-rows design's lower bound (gdn_designs.py), the
-# 9B preset's trainer against native; one tar
+# (profile_gdn_bwd.py), the per-phase table against FLA (bench.py gdn), the scan-rows design's lower bound (gdn_designs.py), decode
+# steps unsplit and split by the rule (gdn_split.py), the 9B preset's trainer against native; one tar
 # of it all (the device brings back 8 files).
 if [ "$PART" = gdn-retime ]; then
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 profile_gdn_fwd.py 2>&1 | grep -v Warning | tee "$OUT/profile_gdn_fwd.txt")
@@ -157,6 +157,8 @@ if [ "$PART" = gdn-retime ]; then
     | tee "$OUT/bench_gdn.txt")
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} timeout 60 python3 gdn_designs.py --shapes hk16-hv32-d128 --json "$OUT/gdn_designs.json" 2>&1 \
     | grep -v Warning | tee "$OUT/gdn_designs.txt")
+(cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} timeout 120 python3 gdn_split.py --shape hk16-hv32-d128 --splits none,rule \
+    --json "$OUT/gdn_split.json" 2>&1 | grep -v Warning | tee "$OUT/gdn_split.txt")
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py trainer --model qwen3.5-9b-4l-random --contracts tiny-hybrid-triton,native \
     --json "$OUT/bench_9b_trainer.json" 2>&1 | tail -8 | tee "$OUT/bench_9b_trainer.txt")
 tar cf "$OUT/gdn_retime.tar" -C "$OUT" --exclude gdn_retime.tar .

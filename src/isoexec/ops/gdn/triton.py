@@ -2,8 +2,9 @@
 chunk's inputs up to itself, by one op sequence in training, prefill chunks and decode (README.md).
 
 One program per (run, value head) walks its run chunk piece by chunk piece, serially (the state chain),
-one block of BV value columns after the other; the work inside a chunk is a handful of C-row tensor-core
-products, as flash-linear-attention's chunk kernels do it. Every tile has C rows with row r at chunk offset r whatever
+one block of BV value columns after the other (a decode call with few programs gives each block a program of its
+own: `SPLITS` below); the work inside a chunk is a handful of C-row tensor-core products, as
+flash-linear-attention's chunk kernels do it. Every tile has C rows with row r at chunk offset r whatever
 the piece computes: a piece that starts mid-chunk (an engine call continuing its sequence) loads the
 chunk's earlier inputs from the sequence's cache slot and recomputes those rows exactly as the first call
 did, so a decode step runs the trainer's tiles with the rows past it zero. The engine's cache is
@@ -59,14 +60,14 @@ def gdn_fwd_kernel(
     T, q_scale, has_cache, every_token,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+    BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr,
 ):
     # Program (p, h, s): if a run starts at token p (every_token: while a CUDA graph is captured) or candidates[p]
     # (a new slot, or a position that does not follow the previous token's), walk that run for value head h,
-    # one block of value columns after the other; or, where the grid splits the value columns (s over the blocks:
-    # `SPLIT_BLOCK_V`) and the run is one token, block s of that token's row alone.
+    # one block of value columns after the other; or, where the grid splits the value columns (SPLIT: s over the
+    # blocks, `SPLITS` below) and the run is one token, block s of that token's row alone.
     NV: tl.constexpr = (DV + BV - 1) // BV
-    i_c, i_h, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_t = tl.load(candidates + i_c, mask=every_token == 0, other=0)
     i_t = tl.where(every_token != 0, i_c, i_t)
     pos0 = tl.load(positions + i_t)
@@ -75,19 +76,27 @@ def gdn_fwd_kernel(
     caching = has_cache != 0
     slot = tl.load(state_ids + i_t, mask=caching, other=0).to(tl.int64)
     starts = starts | (caching & (tl.load(state_ids + i_t - 1, mask=caching & (i_t > 0), other=-1) != slot))
-    # A run of one token writes its slot's row at its own offset and reads the rows before it, so the programs
-    # of its value blocks never touch a row another writes; a longer run may close a chunk and write the next
-    # chunk's first rows, which another block's program may not have read yet: one program walks it, block by block.
-    after = tl.load(positions + i_t + 1, mask=i_t + 1 < T, other=-2)
-    alone = (tl.num_programs(2) > 1) & ((i_t + 1 >= T) | (after != pos0 + 1)
-                                        | (caching & (tl.load(state_ids + i_t + 1, mask=caching & (i_t + 1 < T), other=-1) != slot)))
-    i_v = tl.where(alone, i_s, 0)
-    end = tl.where(starts, tl.where(alone, i_s + 1, tl.where(i_s == 0, NV, 0)), 0)
-    while i_v < end:  # not `for … in range(i_v, end)`: the interpreter cannot take loaded bounds there
-        _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, i_v == NV - 1,
-             pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
-             GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, INTERPRET)
-        i_v += 1
+    if SPLIT:
+        # A run of one token writes its slot's row at its own offset and reads the rows before it, so the programs
+        # of its value blocks never touch a row another writes; a longer run may close a chunk and write the next
+        # chunk's first rows, which another block's program may not have read yet: one program walks it, block by
+        # block.
+        i_s = tl.program_id(2)
+        after = tl.load(positions + i_t + 1, mask=i_t + 1 < T, other=-2)
+        alone = (i_t + 1 >= T) | (after != pos0 + 1)
+        alone = alone | (caching & (tl.load(state_ids + i_t + 1, mask=caching & (i_t + 1 < T), other=-1) != slot))
+        i_v = tl.where(alone, i_s, 0)
+        end = tl.where(starts, tl.where(alone, i_s + 1, tl.where(i_s == 0, NV, 0)), 0)
+        while i_v < end:  # not `for … in range(i_v, end)`: the interpreter cannot take loaded bounds there
+            _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, i_v == NV - 1,
+                 pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
+                 GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, INTERPRET)
+            i_v += 1
+    elif starts:
+        for i_v in range(NV):
+            _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, i_v == NV - 1,
+                 pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
+                 GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, INTERPRET)
 
 
 @jit
@@ -218,7 +227,7 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
         q, k, v, a, b, a_log, dt_bias, out, state, rows, ids, positions, candidates, num_tokens, float(k_dim**-0.5), int(has_cache),
         int(every_token), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), out.stride(0),
         out.stride(1), BV=block_v, SUB=SUB, PRECISION=PRECISIONS[precision], INTERPRET=triton_support.interpreting(),
-        num_warps=num_warps, **dims,
+        SPLIT=split is not None, num_warps=num_warps, **dims,
     )
     return out if out.is_contiguous() else out.contiguous()
 
