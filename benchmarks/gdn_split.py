@@ -1,4 +1,4 @@
-"""Decode steps of gdn.core.triton with the value columns split over the grid (`SPLIT_BLOCK_V`, ops/gdn/triton.py)
+"""Decode steps of gdn.core.triton with the value columns split over the grid (`SPLITS`, ops/gdn/triton.py)
 against the contract's one block a program, beside flash-linear-attention's recurrent step: the time per step over a
 whole chunk (16 steps from a chunk's first offset, one CUDA graph, as `bench.py gdn` times "decode chunk"), and the
 elements whose bits differ from the unsplit steps' (they must be none).
@@ -6,7 +6,9 @@ elements whose bits differ from the unsplit steps' (they must be none).
 A batch-1 step has 32 programs at Qwen3.5-9B's heads, each with a 128 x 128 fp32 state and the chunk's whole
 serial chain; split in blocks of 32 it has 128 programs with a quarter of the state each.
 
-    cd benchmarks && PYTHONPATH=../src python3 gdn_split.py [--json out.json]
+    cd benchmarks && PYTHONPATH=../src python3 gdn_split.py [--shape hk16-hv32-d128] [--splits none,64,32,16|none,rule] [--json out.json]
+
+Each block named is forced on every decode call (`SPLIT_BLOCK_V`), whatever its batch; `rule` takes the module's rule.
 """
 import argparse
 import json

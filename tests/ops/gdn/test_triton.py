@@ -189,8 +189,9 @@ def test_value_columns_split_over_the_grid_give_the_same_bits(chunks_of_16, monk
 
 
 def test_the_split_rule_is_read_from_the_environment(monkeypatch):
-    monkeypatch.setenv("ISOEXEC_GDN_SPLITS", "32:0.5,64:4")
-    assert gdn_triton._env_splits("ISOEXEC_GDN_SPLITS", ()) == ((32, 0.5), (64, 4.0))
+    for value in ("32:0.5,64:4", "64:4,32:0.5"):  # narrowest block first, whatever the order given
+        monkeypatch.setenv("ISOEXEC_GDN_SPLITS", value)
+        assert gdn_triton._env_splits("ISOEXEC_GDN_SPLITS", ()) == ((32, 0.5), (64, 4.0))
     monkeypatch.setenv("ISOEXEC_GDN_SPLITS", "off")
     assert gdn_triton._env_splits("ISOEXEC_GDN_SPLITS", ((32, 1.0),)) == ()
     for bad in ("48:1", "32", "32:0", "32:x"):

@@ -291,8 +291,8 @@ WALK_PREFETCH: bool = bool(_env_int("ISOEXEC_GDN_WALK_PREFETCH", 1, least=0))
 
 # Calls of one-token runs (decode steps) with few programs (runs x value heads) an SM split the value columns over
 # the grid: a program per block of columns, each with its columns of the state, where one program took them all in
-# turn. SPLITS lists (block of columns, most unsplit programs an SM) from the narrowest block: a call takes the first
-# whose bound it meets. On an H100 at Qwen3.5's heads (32 and 16 value heads of 128; benchmarks/gdn_split.py), per step
+# turn. SPLITS lists (block of columns, most unsplit programs an SM) from the narrowest block: a call takes the
+# narrowest whose bound it meets. On an H100 at Qwen3.5's heads (32 and 16 value heads of 128; benchmarks/gdn_split.py), per step
 # over a chunk: blocks of 32 were fastest up to 64 unsplit programs (a batch-1 step: 12.1 us to 8.7 at 32 heads), 64
 # from 128 to 512 (batch 16 at 32 heads: 41.6 to 38.5 us), no split from 1024 (split in 64, 138 against 149 us at
 # batch 64). An output element's products run over the head dim whatever the block's width, as the two-launch
@@ -306,7 +306,7 @@ def _env_splits(name: str, default: tuple) -> tuple:
     if value == "off":
         return ()
     try:
-        splits = tuple((int(block), float(fill)) for block, fill in (item.split(":") for item in value.split(",")))
+        splits = tuple(sorted((int(block), float(fill)) for block, fill in (item.split(":") for item in value.split(","))))
     except ValueError:
         splits = ()
     if not splits or any(block < 16 or block & (block - 1) or not fill > 0 for block, fill in splits):
