@@ -118,13 +118,18 @@ def test_two_launches_give_one_launchs_bits_and_cache(chunks_of_16, monkeypatch,
         assert bitwise_equal(trainer2, trainer) and bitwise_equal(engine2, engine)
         assert all(torch.equal(int_view(a), int_view(b)) for a, b in zip(caches, caches2))  # NaN where no call wrote
     assert torch.isfinite(trainer).all() and torch.isfinite(engine).all()
-    # The control: native's decode (the recurrent step) is another op sequence than its packed chunk form.
-    native_op, seq = test_core.op("native"), seqs[0]
+    assert native_decode_differs(seqs[0], params)
+
+
+def native_decode_differs(seq, params) -> bool:
+    """The control: native's token-by-token decode (the recurrent step) is another op sequence than its packed chunk
+    form, so its decoded rows (finite) differ from its packed rows."""
+    native_op = test_core.op("native")
     native_cache = test_core.Cache.__new__(test_core.Cache)
     native_cache.state = torch.full((1, HV, DK, test_core.DV), float("nan"))
     native_cache.rows = torch.full((1, C, HV, gdn_native.row_width(HV, DK, test_core.DV)), float("nan"))
     decoded = torch.cat([native_cache.step(native_op, params, [(0, seq, t, t + 1)])[0] for t in range(seq["q"].shape[0])])
-    assert torch.isfinite(decoded).all() and not bitwise_equal(decoded, test_core.packed(native_op, [seq], params)[0])
+    return bool(torch.isfinite(decoded).all()) and not bitwise_equal(decoded, test_core.packed(native_op, [seq], params)[0])
 
 
 def test_the_cache_holds_the_open_chunks_inputs(chunks_of_16):
@@ -166,7 +171,8 @@ def test_value_columns_split_over_the_grid_give_the_same_bits(chunks_of_16, monk
     """Value heads of 32 in the contract's one block, calls of one-token runs split over the grid in blocks of 16
     (SPLIT_BLOCK_V): calls cut anywhere give the unsplit calls' rows and leave the cache as they do, also with the
     runs unknown to the host (a captured CUDA graph: every call split, a run longer than a token walked by one
-    program, block after block); decoded from every offset, the packed rows bit for bit."""
+    program, block after block); decoded from every offset, the packed rows bit for bit. Control: native's decode
+    differs from its packed rows."""
     monkeypatch.setattr(test_core, "DV", 32)
     op = triton_op(block_v=32)
     seq, params, cuts = make_seq(2 * C + 3, seed=3), make_params(), [3, 4, 5, C + 2, C + 3]
@@ -186,6 +192,7 @@ def test_value_columns_split_over_the_grid_give_the_same_bits(chunks_of_16, monk
         assert bitwise_equal(split[1].state.cpu(), unsplit[1].state.cpu()) and bitwise_equal(split[1].rows.cpu(), unsplit[1].rows.cpu())
     monkeypatch.setattr(gdn_triton, "SPLIT_BLOCK_V", 16)
     assert bitwise_equal(test_core.in_pieces(op, seq, params, range(1, 2 * C + 3)), test_core.packed(op, [seq], params)[0])
+    assert native_decode_differs(seq, params)
 
 
 def test_the_split_rule_is_read_from_the_environment(monkeypatch):

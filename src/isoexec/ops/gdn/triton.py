@@ -92,7 +92,7 @@ def gdn_fwd_kernel(
                  pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
                  GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, INTERPRET)
             i_v += 1
-    elif starts:
+    elif starts:  # its own constexpr loop: the loop above, with runtime bounds, made this variant spill 88 bytes more
         for i_v in range(NV):
             _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, i_v == NV - 1,
                  pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
