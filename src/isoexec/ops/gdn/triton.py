@@ -292,12 +292,12 @@ WALK_PREFETCH: bool = bool(_env_int("ISOEXEC_GDN_WALK_PREFETCH", 1, least=0))
 # Calls of one-token runs (decode steps) with few programs (runs x value heads) an SM split the value columns over
 # the grid: a program per block of columns, each with its columns of the state, where one program took them all in
 # turn. SPLITS lists (block of columns, most unsplit programs an SM) from the narrowest block: a call takes the
-# narrowest whose bound it meets. On an H100 at Qwen3.5's heads (32 and 16 value heads of 128; benchmarks/gdn_split.py), per step
-# over a chunk: blocks of 32 were fastest up to 64 unsplit programs (a batch-1 step: 12.1 us to 8.7 at 32 heads), 64
-# from 128 to 512 (batch 16 at 32 heads: 41.6 to 38.5 us), no split from 1024 (split in 64, 138 against 149 us at
-# batch 64). An output element's products run over the head dim whatever the block's width, as the two-launch
-# walk's do (WALK_BLOCK_V): the same bits (tests/ops/gdn/test_triton.py; every step's, split or not, on the H100).
-# ISOEXEC_GDN_SPLITS=32:0.5,64:4 sets them for a process (`off`: no split); SPLIT_BLOCK_V (a test's) forces one
+# narrowest whose bound it meets. On an H100 at Qwen3.5's heads (32 and 16 value heads of 128; benchmarks/gdn_split.py,
+# two sweeps in one call at 1e77689), per step over a chunk: blocks of 32 were fastest up to 64 unsplit programs (a
+# batch-1 step at 32 heads: 11.7 us to 8.7), 64 at 128 (batch 4 at 32 heads: 12.6 to 11.6), no split from 256 (batch 8
+# at 32 heads: 16.1 unsplit, 19.5 in blocks of 64). An output element's products run over the head dim whatever the
+# block's width, as the two-launch walk's do (WALK_BLOCK_V): the same bits (tests/ops/gdn/test_triton.py; every step's, split or not, on the H100).
+# ISOEXEC_GDN_SPLITS=32:0.5,64:1 sets them for a process (`off`: no split); SPLIT_BLOCK_V (a test's) forces one
 # block for every such call, as the interpreter's calls take it.
 def _env_splits(name: str, default: tuple) -> tuple:
     value = os.environ.get(name, "")
@@ -310,11 +310,11 @@ def _env_splits(name: str, default: tuple) -> tuple:
     except ValueError:
         splits = ()
     if not splits or any(block < 16 or block & (block - 1) or not fill > 0 for block, fill in splits):
-        raise ValueError(f"{name} must be `off` or blocks:programs-an-SM pairs like 32:0.5,64:4 (blocks powers of two >= 16), got {value!r}")
+        raise ValueError(f"{name} must be `off` or blocks:programs-an-SM pairs like 32:0.5,64:1 (blocks powers of two >= 16), got {value!r}")
     return splits
 
 
-SPLITS: tuple = _env_splits("ISOEXEC_GDN_SPLITS", ((32, 0.5), (64, 4.0)))
+SPLITS: tuple = _env_splits("ISOEXEC_GDN_SPLITS", ((32, 0.5), (64, 1.0)))
 SPLIT_BLOCK_V: int | None = None
 
 
