@@ -13,6 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from gdn import GPU, SHAPES, _contract_op, _inputs
 from isoexec.ops.gdn import triton as gdn_triton
+from isoexec.ops.gdn import triton_two_launch as gdn_two_launch
 from timing import kernel_ms
 
 # (TWO_LAUNCH_MIN_RUN, TWO_LAUNCH_MAX_FILL): the one launch always, the two always.
@@ -59,8 +60,8 @@ def main() -> None:
                     per_chunk = f"  {1000 * ms / -(-seq_len // chunk):6.2f} us a chunk of a run" if "walk" in e.key or "fwd_kernel" in e.key else ""
                     print(f"   {ms:8.3f} ms  {e.count // 5:3d} calls  {e.key[:60]}{per_chunk}")
     gdn_triton.TWO_LAUNCH_MIN_RUN, gdn_triton.TWO_LAUNCH_MAX_FILL = default
-    for name in ("gdn_fwd_kernel", "gdn_chunks_kernel", "gdn_walk_kernel"):
-        for kernel in getattr(getattr(gdn_triton, name), "launches", {}).values():
+    for module, name in ((gdn_triton, "gdn_fwd_kernel"), (gdn_two_launch, "gdn_chunks_kernel"), (gdn_two_launch, "gdn_walk_kernel")):
+        for kernel in getattr(getattr(module, name), "launches", {}).values():
             print(f"   {name}: {kernel.n_regs} registers, {kernel.n_spills} spilled, {kernel.metadata.shared} B shared, "
                   f"{kernel.metadata.num_warps} warps")
 

@@ -245,7 +245,7 @@ def _env_int(name: str, default: int | None, least: int) -> int | None:
     return int(value)
 
 
-def _env_fill(name: str, default: float) -> float | None:
+def _env_fill(name: str, default: float | None) -> float | None:
     """Programs an SM from the environment variable `name` (a positive number); `default` where it is unset or
     empty, None where it is `off`."""
     value = os.environ.get(name, "")
@@ -262,18 +262,20 @@ def _env_fill(name: str, default: float) -> float | None:
     return fill
 
 
-# The calls whose runs average at least TWO_LAUNCH_MIN_RUN tokens, and whose one launch would have at most
-# TWO_LAUNCH_MAX_FILL programs (runs x value heads) an SM, run in two launches (`triton_two_launch.py`: every chunk
-# piece's chunk-local work at once, then a walk per run and block of value columns that carries the state alone);
+# The calls whose runs average at least TWO_LAUNCH_MIN_RUN tokens run in two launches (`triton_two_launch.py`: every
+# chunk piece's chunk-local work at once, then a walk per run and block of value columns that carries the state alone);
 # the others, and every call captured in a CUDA graph, in one, `gdn_fwd_kernel`. The rows' bits are the same either
-# way (triton_two_launch.py says why; tests/ops/gdn/test_triton.py and benchmarks/gdn_bits.py compare them). The thresholds are from an H200 at Qwen3.5's
-# heads (docs/gdn.md, "Two launches"): two launches took 2 x 4096 tokens from 2.8 ms to 1.9 (64 and 32 programs on
-# 132 SMs), were even at one run of 2048, and slower with 8 x 2048 (128 and 256 programs: 2.0 against 1.8) or one
-# run of 512 (0.9 against 0.7). ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=n (or `off`: one launch always) sets the run length
-# for a process, ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL=x (or `off`) the fill; off a GPU (the interpreter) the run
-# length alone decides.
+# way (triton_two_launch.py says why; tests/ops/gdn/test_triton.py and benchmarks/gdn_bits.py compare them). On an
+# H100 at Qwen3.5's heads (benchmarks/profile_gdn_fwd.py at 1e77689, the call as the trainer makes it) two launches
+# took 2 x 4096 tokens from 2.30 ms to 0.59 (32 value heads), one run of 2048 from 1.18 to 0.22, and 8 x 2048 from
+# 1.34 to 1.16 (32 heads, 256 programs in one launch) and 1.23 to 0.54 (16); runs of 512 were 0.7 ms in one launch
+# against 0.9 in two on an H200 before the host-side run tables (docs/gdn.md, "Two launches"). TWO_LAUNCH_MAX_FILL,
+# where set, keeps to one launch the calls whose one launch would have more programs (runs x value heads) an SM:
+# 0.5 until the host-side run tables made the two launches' call as fast as their kernels.
+# ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=n (or `off`: one launch always) sets the run length for a process,
+# ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL=x the fill (`off`, the default: no bound); off a GPU the run length alone decides.
 TWO_LAUNCH_MIN_RUN: int | None = _env_int("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", 2048, least=1)
-TWO_LAUNCH_MAX_FILL: float | None = _env_fill("ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL", 0.5)
+TWO_LAUNCH_MAX_FILL: float | None = _env_fill("ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL", None)
 # The walk's block of value columns, None for the contract's `block_v` (ISOEXEC_GDN_WALK_BLOCK_V=n, a power of
 # two >= 16, or `off`, sets it for a process): an output element's products run over the head dim whatever the block's
 # width, so its bits do not depend on it (equal on the CPU and, at heads of 128, on an H200), and a narrower block
