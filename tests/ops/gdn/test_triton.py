@@ -207,6 +207,36 @@ def test_the_split_rule_is_read_from_the_environment(monkeypatch):
             gdn_triton._env_splits("ISOEXEC_GDN_SPLITS", ())
 
 
+def test_the_path_choice_reads_its_knobs_from_the_environment(monkeypatch):
+    """The two-launch path's run length and fill (triton.py): a number, `off`, or a one-line refusal; off a GPU the run
+    length alone decides, and with no fill bound (the default) a GPU decides the same way."""
+    monkeypatch.delenv("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", raising=False)
+    assert gdn_triton._env_int("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", 2048, least=1) == 2048
+    for value, parsed in (("512", 512), ("off", None)):
+        monkeypatch.setenv("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", value)
+        assert gdn_triton._env_int("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", 2048, least=1) == parsed
+    for bad in ("0", "-4", "2k"):
+        monkeypatch.setenv("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", bad)
+        with pytest.raises(ValueError, match=r"ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN must be a whole number >= 1 or 'off'"):
+            gdn_triton._env_int("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", 2048, least=1)
+    monkeypatch.delenv("ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL", raising=False)
+    assert gdn_triton._env_fill("ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL", None) is None
+    for value, parsed in (("0.5", 0.5), ("off", None)):
+        monkeypatch.setenv("ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL", value)
+        assert gdn_triton._env_fill("ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL", None) == parsed
+    for bad in ("0", "-1", "half"):
+        monkeypatch.setenv("ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL", bad)
+        with pytest.raises(ValueError, match="ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL must be a positive number or 'off'"):
+            gdn_triton._env_fill("ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL", None)
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(gdn_triton, "TWO_LAUNCH_MIN_RUN", 64)
+    for fill in (None, 0.5):  # a fill bound counts SMs: a GPU's alone
+        monkeypatch.setattr(gdn_triton, "TWO_LAUNCH_MAX_FILL", fill)
+        assert gdn_triton._in_two_launches(128, 2, 32, cpu) and not gdn_triton._in_two_launches(127, 2, 32, cpu)
+    monkeypatch.setattr(gdn_triton, "TWO_LAUNCH_MIN_RUN", None)
+    assert not gdn_triton._in_two_launches(1 << 20, 1, 1, cpu)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the contract's tile at Qwen3.5's head sizes: compiled for the GPU (the interpreter takes minutes)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("chunk, block_v, num_warps", [(16, 128, 4), (32, 128, 8), (64, 64, 8)], ids=["contract", "chunks of 32", "chunks of 64"])
