@@ -266,12 +266,12 @@ def _env_fill(name: str, default: float | None) -> float | None:
 # chunk piece's chunk-local work at once, then a walk per run and block of value columns that carries the state alone);
 # the others, and every call captured in a CUDA graph, in one, `gdn_fwd_kernel`. The rows' bits are the same either
 # way (triton_two_launch.py says why; tests/ops/gdn/test_triton.py and benchmarks/gdn_bits.py compare them). On an
-# H100 at Qwen3.5's heads (benchmarks/profile_gdn_fwd.py at 1e77689, the call as the trainer makes it) two launches
+# H100 at Qwen3.5's heads (benchmarks/profile_gdn_fwd.py; benchmarks/RESULTS.md, "Retimed on an H100") two launches
 # took 2 x 4096 tokens from 2.30 ms to 0.59 (32 value heads), one run of 2048 from 1.18 to 0.22, and 8 x 2048 from
 # 1.34 to 1.16 (32 heads, 256 programs in one launch) and 1.23 to 0.54 (16); runs of 512 were 0.7 ms in one launch
-# against 0.9 in two on an H200 before the host-side run tables (docs/gdn.md, "Two launches"). TWO_LAUNCH_MAX_FILL,
-# where set, keeps to one launch the calls whose one launch would have more programs (runs x value heads) an SM:
-# 0.5 until the host-side run tables made the two launches' call as fast as their kernels.
+# against 0.9 in two on an H200 while the two launches' call was bound by the host (docs/gdn.md, "Two launches").
+# TWO_LAUNCH_MAX_FILL, where set, keeps in one launch the calls whose one launch would have more programs (runs x value
+# heads) an SM than it: it bounds the two launches' buffers (1.3 KB a token and value head) too.
 # ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=n (or `off`: one launch always) sets the run length for a process,
 # ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL=x the fill (`off`, the default: no bound); off a GPU the run length alone decides.
 TWO_LAUNCH_MIN_RUN: int | None = _env_int("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", 2048, least=1)
@@ -294,11 +294,12 @@ WALK_PREFETCH: bool = bool(_env_int("ISOEXEC_GDN_WALK_PREFETCH", 1, least=0))
 # Calls of one-token runs (decode steps) with few programs (runs x value heads) an SM split the value columns over
 # the grid: a program per block of columns, each with its columns of the state, where one program took them all in
 # turn. SPLITS lists (block of columns, most unsplit programs an SM) from the narrowest block: a call takes the
-# narrowest whose bound it meets. On an H100 at Qwen3.5's heads (32 and 16 value heads of 128; benchmarks/gdn_split.py,
-# two sweeps in one call at 1e77689), per step over a chunk: blocks of 32 were fastest up to 64 unsplit programs (a
-# batch-1 step at 32 heads: 11.7 us to 8.7), 64 at 128 (batch 4 at 32 heads: 12.6 to 11.6), no split from 256 (batch 8
-# at 32 heads: 16.1 unsplit, 19.5 in blocks of 64). An output element's products run over the head dim whatever the
-# block's width, as the two-launch walk's do (WALK_BLOCK_V): the same bits (tests/ops/gdn/test_triton.py; every step's, split or not, on the H100).
+# narrowest whose bound it meets. On an H100 at Qwen3.5's heads (32 and 16 value heads of 128; benchmarks/gdn_split.py;
+# benchmarks/RESULTS.md, "Retimed on an H100"), per step over a chunk: blocks of 32 were fastest up to 64 unsplit
+# programs (a batch-1 step at 32 heads: 11.7 us to 8.7), 64 at 128 (batch 4 at 32 heads: 12.6 to 11.6), no split from
+# 256 (batch 8 at 32 heads: 16.1 unsplit, 19.5 in blocks of 64). An output element's products run over the head dim
+# whatever the block's width, as the two-launch walk's do (WALK_BLOCK_V): the same bits (tests/ops/gdn/test_triton.py;
+# every step's, split or not, on the H100).
 # ISOEXEC_GDN_SPLITS=32:0.5,64:1 sets them for a process (`off`: no split); SPLIT_BLOCK_V (a test's) forces one
 # block for every such call, as the interpreter's calls take it.
 def _env_splits(name: str, default: tuple) -> tuple:
