@@ -24,6 +24,8 @@ require_triton()
 from isoexec.ops import triton_support  # noqa: E402
 from isoexec.ops.activation import triton as activation_triton  # noqa: E402
 from isoexec.ops.attention import triton as attention_triton  # noqa: E402
+from isoexec.ops.gdn import conv_triton as gdn_conv_triton  # noqa: E402
+from isoexec.ops.gdn import triton as gdn_triton  # noqa: E402
 from isoexec.ops.linear import persistent_triton, row_parallel_triton, swapped_triton  # noqa: E402
 from isoexec.ops.logprobs import triton as logprobs_triton  # noqa: E402
 from isoexec.ops.rms_norm import triton as rms_norm_triton  # noqa: E402
@@ -41,6 +43,7 @@ DECODE_KERNELS = [
     activation_triton.silu_mul_fwd_kernel, logprobs_triton.chunk_max_kernel,
     logprobs_triton.chunk_sum_kernel, logprobs_triton.chunk_write_kernel,
     sampling_triton.segment_max_kernel, sampling_triton.sample_kernel, sampling_triton.pick_kernel,
+    gdn_conv_triton.gdn_conv_kernel, gdn_conv_triton.gdn_conv_state_kernel, gdn_triton.gdn_fwd_kernel,
 ]
 
 
@@ -74,8 +77,9 @@ def test_a_dependent_kernel_waits_first():
 
 
 def test_the_decode_path_is_dependent():
-    """Every kernel of a dense model's decode step (and the sampler's) declares itself dependent; the check
-    at decoration is what keeps each of them waiting before it touches memory."""
+    """Every kernel of a dense model's decode step (and the sampler's, and a hybrid model's Gated DeltaNet conv and
+    core) declares itself dependent; the check at decoration is what keeps each of them waiting before it touches
+    memory."""
     for kernel in DECODE_KERNELS:
         assert kernel.arg_names[-1] == "PDL", kernel
         if not triton_support.interpreting():

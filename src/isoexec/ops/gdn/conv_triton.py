@@ -19,7 +19,7 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
-from ..triton_support import cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
+from ..triton_support import after_upstream, cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
 from . import conv
 from .runs import find_runs
 
@@ -53,9 +53,10 @@ def _input_at(x, conv_state, o_t, o_d, m_t, m_d, pos, slot, offset, lag, stride_
     return tl.where(in_run[:, None], from_x, from_state)
 
 
-@jit(do_not_specialize=["T", "D", "stride_xt", "stride_yt", "has_state"])
+@jit(do_not_specialize=["T", "D", "stride_xt", "stride_yt", "has_state"], dependent=True)
 def gdn_conv_kernel(x, weight, y, conv_state, state_ids, positions, T, D, stride_xt, stride_yt, has_state,
-                    W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+                    W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, PDL: tl.constexpr = False):
+    after_upstream(PDL)
     o_t = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
     o_d = tl.program_id(1) * BD + tl.arange(0, BD)
     m_t, m_d = o_t < T, o_d < D
@@ -71,9 +72,11 @@ def gdn_conv_kernel(x, weight, y, conv_state, state_ids, positions, T, D, stride
     tl.store(y + o_t[:, None] * stride_yt + o_d[None, :], out.to(y.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
 
 
-@jit(do_not_specialize=["T", "D", "stride_xt"])
-def gdn_conv_state_kernel(x, conv_state, state_ids, positions, T, D, stride_xt, W: tl.constexpr, CW: tl.constexpr, BD: tl.constexpr):
+@jit(do_not_specialize=["T", "D", "stride_xt"], dependent=True)
+def gdn_conv_state_kernel(x, conv_state, state_ids, positions, T, D, stride_xt, W: tl.constexpr, CW: tl.constexpr, BD: tl.constexpr,
+                          PDL: tl.constexpr = False):
     """The slot of each run whose last token is program 0's token <- the W-1 inputs up to it."""
+    after_upstream(PDL)
     i_t = tl.program_id(0).to(tl.int64)
     o_d = tl.program_id(1) * BD + tl.arange(0, BD)
     m_d = o_d < D

@@ -19,7 +19,8 @@ choice below) with the same bits.
 
 Each kernel compiles once for every case: nothing that differs between a trainer call and an engine call
 is a constexpr or a specialised integer (has_cache, T and the strides are runtime values; the wrapper
-hands the kernels 16-byte aligned pointers and strides that are multiples of 16 elements only), because
+hands the kernels 16-byte aligned pointers and strides that are multiples of 16 elements only; PDL, whether a
+launch may overlap the kernel ahead, is the device's, the same for every call), because
 two compiled variants may lay a tile out differently and reduce it in another order (which is why the
 two-launch path's layouts were read, and its bits are tested, rather than assumed). The backward pass
 (`triton_bwd.py`) is Triton kernels of its own: correct gradients, not invariant ones.
@@ -34,7 +35,7 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
-from ..triton_support import jit, needs_grad, require_device, tl, triton_available
+from ..triton_support import after_upstream, jit, needs_grad, require_device, tl, triton_available
 from . import triton_tiles, triton_two_launch
 from .reference import check_inputs, check_runs
 from .runs import Runs, find_runs
@@ -54,14 +55,16 @@ def row_width(num_v_heads: int, k_dim: int, v_dim: int) -> int:
 
 # T, has_cache and the strides are not specialised: one compiled kernel serves every case (the module doc).
 @jit(do_not_specialize=["T", "has_cache", "every_token", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
-                        "stride_at", "stride_ot", "stride_oh"])
+                        "stride_at", "stride_ot", "stride_oh"], dependent=True)
 def gdn_fwd_kernel(
     q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, candidates,
     T, q_scale, has_cache, every_token,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_upstream(PDL)  # a decode step's kernels launch while the one ahead finishes (triton_support.jit)
     # Program (p, h, s): if a run starts at token p (every_token: while a CUDA graph is captured) or candidates[p]
     # (a new slot, or a position that does not follow the previous token's), walk that run for value head h,
     # one block of value columns after the other; or, where the grid splits the value columns (SPLIT: s over the
