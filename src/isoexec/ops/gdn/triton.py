@@ -27,6 +27,7 @@ two-launch path's layouts were read, and its bits are tested, rather than assume
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -324,14 +325,19 @@ SPLITS: tuple = _env_splits("ISOEXEC_GDN_SPLITS", ((32, 0.5), (64, 1.0)))
 SPLIT_BLOCK_V: int | None = None
 
 
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    """The GPU's SM count, read once a device: both path choices below run on every eager decode call."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _split_block(programs: int, block_v: int, chunk_size: int, device: torch.device) -> int | None:
     """The value columns' block where a call of one-token runs splits them over the grid, else None (chunks of 64
     take blocks of 64 columns or more: check_constants says why)."""
     if SPLIT_BLOCK_V is not None or device.type != "cuda":
         choices = [SPLIT_BLOCK_V] if SPLIT_BLOCK_V is not None else []
     else:
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        choices = [block for block, fill in SPLITS if programs <= fill * sms]
+        choices = [block for block, fill in SPLITS if programs <= fill * _num_sms(device)]
     choices = [block for block in choices if block < block_v and (chunk_size < 64 or block >= 64)]
     return choices[0] if choices else None
 
@@ -341,7 +347,7 @@ def _in_two_launches(num_tokens: int, runs: int, num_v_heads: int, device: torch
         return False
     if TWO_LAUNCH_MAX_FILL is None or device.type != "cuda":
         return True
-    return runs * num_v_heads <= TWO_LAUNCH_MAX_FILL * torch.cuda.get_device_properties(device).multi_processor_count
+    return runs * num_v_heads <= TWO_LAUNCH_MAX_FILL * _num_sms(device)
 
 
 
