@@ -48,7 +48,8 @@ def main() -> None:
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--shape", default="hk16-hv32-d128", choices=sorted(SHAPES), help="the GDN head shape (bench.py gdn's names)")
     parser.add_argument("--splits", default="none,64,32,16",
-                        help="the blocks of value columns to time, `none` the unsplit steps first, `rule` triton.SPLITS' choice")
+                        help="the blocks of value columns to time (the unsplit steps, `none`, run first whether named or not), "
+                             "`rule` triton.SPLITS' choice")
     parser.add_argument("--warps", default="", help="warp counts to run the split steps with too, comma-separated (default: the contract's alone)")
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="decode batches, comma-separated")
     args = parser.parse_args()
@@ -62,6 +63,7 @@ def main() -> None:
         print(f"no flash-linear-attention baseline ({why})")
     shape = SHAPES[args.shape]
     splits = [None if s == "none" else s if s == "rule" else int(s) for s in args.splits.split(",")]
+    splits = [None] + [s for s in splits if s is not None]  # the unsplit steps first, always: the bits' base and FLA's time
     rule = gdn_triton.SPLITS
     gdn_triton.SPLITS = ()  # unsplit, or every call of one-token runs split in SPLIT_BLOCK_V, whatever its batch
     rows = []

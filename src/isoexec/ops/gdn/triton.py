@@ -270,15 +270,15 @@ def _env_fill(name: str, default: float | None) -> float | None:
 # chunk piece's chunk-local work at once, then a walk per run and block of value columns that carries the state alone);
 # the others, and every call captured in a CUDA graph, in one, `gdn_fwd_kernel`. The rows' bits are the same either
 # way (triton_two_launch.py says why; tests/ops/gdn/test_triton.py and benchmarks/gdn_bits.py compare them). On an
-# H100 at Qwen3.5's heads (benchmarks/profile_gdn_fwd.py; benchmarks/RESULTS.md, "Retimed on an H100") two launches
-# took 2 x 4096 tokens from 2.30 ms to 0.59 (32 value heads), one run of 2048 from 1.18 to 0.22, and 8 x 2048 from
-# 1.34 to 1.16 (32 heads, 256 programs in one launch) and 1.23 to 0.54 (16); runs of 512 were 0.7 ms in one launch
-# against 0.9 in two on an H200 while the two launches' call was bound by the host (docs/gdn.md, "Two launches").
+# H100 at Qwen3.5's heads (benchmarks/profile_gdn_fwd.py; benchmarks/RESULTS.md, "Retimed on an H100" and "Two
+# launches for short runs") two launches took 2 x 4096 tokens from 2.30 ms to 0.59 (32 value heads), one run of 2048
+# from 1.18 to 0.22, 8 x 2048 from 1.34 to 1.16, and won at every shorter size timed down to runs of 128 (32 x 512:
+# 1.45 to 1.25; 8 x 512: 0.37 to 0.28; 32 x 128: 0.38 to 0.30; 16 value heads alike); shorter runs are not timed.
 # TWO_LAUNCH_MAX_FILL, where set, keeps in one launch the calls whose one launch would have more programs (runs x value
 # heads) an SM than it: it bounds the two launches' buffers (1.3 KB a token and value head) too.
 # ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=n (or `off`: one launch always) sets the run length for a process,
 # ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL=x the fill (`off`, the default: no bound); off a GPU the run length alone decides.
-TWO_LAUNCH_MIN_RUN: int | None = _env_int("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", 2048, least=1)
+TWO_LAUNCH_MIN_RUN: int | None = _env_int("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", 128, least=1)
 TWO_LAUNCH_MAX_FILL: float | None = _env_fill("ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL", None)
 # The walk's block of value columns, None for the contract's `block_v` (ISOEXEC_GDN_WALK_BLOCK_V=n, a power of
 # two >= 16, or `off`, sets it for a process): an output element's products run over the head dim whatever the block's
