@@ -71,7 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     if not PTXAS.exists():
         sys.exit(f"no ptxas at {PTXAS}: Triton's NVIDIA backend is needed")
-    forward = dict(HEADS, C=16, BV=128, SPLIT=False, PDL=True)  # PDL: as a Hopper launches the one kernel (triton_support.jit)
+    forward = dict(HEADS, C=16, BV=128, SPLIT=False)
     backward = dict(HEADS, C=bwd.CHUNK, BV=bwd.BLOCK_V, BT=bwd.NORM_TOKENS)
     kernels = [
         ("gdn_fwd_kernel (block_v 128)", fwd.gdn_fwd_kernel, forward, 4, 3),

@@ -161,9 +161,6 @@ if [ "$PART" = gdn-retime ]; then
     --json "$OUT/gdn_split.json" 2>&1 | grep -v Warning | tee "$OUT/gdn_split.txt")
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} timeout 120 python3 gdn_split.py --shape hk16-hv32-d128 --splits none,32,64 --warps 2,1 \
     --batches 1,2,4 --json "$OUT/gdn_split_warps.json" 2>&1 | grep -v Warning | tee "$OUT/gdn_split_warps.txt")
-# The decode steps with programmatic dependent launch off (ISOEXEC_PDL=0), against gdn_split.txt's (on).
-(cd benchmarks && ISOEXEC_PDL=0 PYTHONPATH=../src:${PYTHONPATH:-} timeout 120 python3 gdn_split.py --shape hk16-hv32-d128 --splits none,rule \
-    --json "$OUT/gdn_split_pdl_off.json" 2>&1 | grep -v Warning | tee "$OUT/gdn_split_pdl_off.txt")
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py trainer --model qwen3.5-9b-4l-random --contracts tiny-hybrid-triton,native \
     --json "$OUT/bench_9b_trainer.json" 2>&1 | tail -8 | tee "$OUT/bench_9b_trainer.txt")
 tar cf "$OUT/gdn_retime.tar" -C "$OUT" --exclude gdn_retime.tar .

@@ -43,7 +43,7 @@ DECODE_KERNELS = [
     activation_triton.silu_mul_fwd_kernel, logprobs_triton.chunk_max_kernel,
     logprobs_triton.chunk_sum_kernel, logprobs_triton.chunk_write_kernel,
     sampling_triton.segment_max_kernel, sampling_triton.sample_kernel, sampling_triton.pick_kernel,
-    gdn_conv_triton.gdn_conv_kernel, gdn_conv_triton.gdn_conv_state_kernel, gdn_triton.gdn_fwd_kernel,
+    gdn_conv_triton.gdn_conv_kernel, gdn_conv_triton.gdn_conv_state_kernel,
 ]
 
 
@@ -77,13 +77,14 @@ def test_a_dependent_kernel_waits_first():
 
 
 def test_the_decode_path_is_dependent():
-    """Every kernel of a dense model's decode step (and the sampler's, and a hybrid model's Gated DeltaNet conv and
-    core) declares itself dependent; the check at decoration is what keeps each of them waiting before it touches
-    memory."""
+    """Every kernel of a dense model's decode step (and the sampler's, and a hybrid model's Gated DeltaNet conv)
+    declares itself dependent; the check at decoration is what keeps each of them waiting before it touches
+    memory. The Gated DeltaNet core does not: its decode steps were slower launched so (gdn/triton.py)."""
     for kernel in DECODE_KERNELS:
         assert kernel.arg_names[-1] == "PDL", kernel
         if not triton_support.interpreting():
             assert kernel.dependent_launches is triton_support.dependent_launches
+    assert "PDL" not in gdn_triton.gdn_fwd_kernel.arg_names
 
 
 def test_off_in_the_interpreter_and_when_turned_off(monkeypatch):

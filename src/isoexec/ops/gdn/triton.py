@@ -19,8 +19,7 @@ choice below) with the same bits.
 
 Each kernel compiles once for every case: nothing that differs between a trainer call and an engine call
 is a constexpr or a specialised integer (has_cache, T and the strides are runtime values; the wrapper
-hands the kernels 16-byte aligned pointers and strides that are multiples of 16 elements only; PDL, whether a
-launch may overlap the kernel ahead, is the device's, the same for every call), because
+hands the kernels 16-byte aligned pointers and strides that are multiples of 16 elements only), because
 two compiled variants may lay a tile out differently and reduce it in another order (which is why the
 two-launch path's layouts were read, and its bits are tested, rather than assumed). The backward pass
 (`triton_bwd.py`) is Triton kernels of its own: correct gradients, not invariant ones.
@@ -36,7 +35,7 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
-from ..triton_support import after_upstream, jit, needs_grad, require_device, tl, triton_available
+from ..triton_support import jit, needs_grad, require_device, tl, triton_available
 from . import triton_tiles, triton_two_launch
 from .reference import check_inputs, check_runs
 from .runs import Runs, find_runs
@@ -54,18 +53,18 @@ def row_width(num_v_heads: int, k_dim: int, v_dim: int) -> int:
     [Dv_pad] fields), then g and β, padded to 16 floats so that every field starts 64-byte aligned."""
     return _padded(k_dim) + _padded(v_dim) + 16
 
-# T, has_cache and the strides are not specialised: one compiled kernel serves every case (the module doc).
+# T, has_cache and the strides are not specialised: one compiled kernel serves every case (the module doc). Not a
+# dependent launch (PDL), unlike the conv ahead of it: on an H100, 16 decode steps in a CUDA graph took 8.92 µs a step at
+# batch 1 with PDL and 8.69 without (9.57 / 9.39 at batch 2, 11.82 / 11.57 at 4; benchmarks/RESULTS.md).
 @jit(do_not_specialize=["T", "has_cache", "every_token", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
-                        "stride_at", "stride_ot", "stride_oh"], dependent=True)
+                        "stride_at", "stride_ot", "stride_oh"])
 def gdn_fwd_kernel(
     q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, candidates,
     T, q_scale, has_cache, every_token,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
-    after_upstream(PDL)  # a decode step's kernels launch while the one ahead finishes (triton_support.jit)
     # Program (p, h, s): if a run starts at token p (every_token: while a CUDA graph is captured) or candidates[p]
     # (a new slot, or a position that does not follow the previous token's), walk that run for value head h,
     # one block of value columns after the other; or, where the grid splits the value columns (SPLIT: s over the
@@ -272,13 +271,15 @@ def _env_fill(name: str, default: float | None) -> float | None:
 # way (triton_two_launch.py says why; tests/ops/gdn/test_triton.py and benchmarks/gdn_bits.py compare them). On an
 # H100 at Qwen3.5's heads (benchmarks/profile_gdn_fwd.py; benchmarks/RESULTS.md, "Retimed on an H100" and "Two
 # launches for short runs") two launches took 2 x 4096 tokens from 2.30 ms to 0.59 (32 value heads), one run of 2048
-# from 1.18 to 0.22, 8 x 2048 from 1.34 to 1.16, and won at every shorter size timed down to runs of 128 (32 x 512:
-# 1.45 to 1.25; 8 x 512: 0.37 to 0.28; 32 x 128: 0.38 to 0.30; 16 value heads alike); shorter runs are not timed.
+# from 1.18 to 0.22, 8 x 2048 from 1.34 to 1.16, and won at every size timed with runs of 256 and more (32 x 512: 1.45
+# to 1.25; 8 x 512: 0.37 to 0.28; 8 x 256: 0.19 to 0.15; 16 value heads alike). Below, a small call's two launches
+# cost the host about 0.1 ms whatever the kernels take, where one launch takes some 10 µs a chunk of its runs: runs
+# of 128 won at 32 x 128 (0.38 to 0.30) and lost at 8 x 128 (0.094 to 0.106) and 1 x 128 (0.079 to 0.101).
 # TWO_LAUNCH_MAX_FILL, where set, keeps in one launch the calls whose one launch would have more programs (runs x value
 # heads) an SM than it: it bounds the two launches' buffers (1.3 KB a token and value head) too.
 # ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN=n (or `off`: one launch always) sets the run length for a process,
 # ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL=x the fill (`off`, the default: no bound); off a GPU the run length alone decides.
-TWO_LAUNCH_MIN_RUN: int | None = _env_int("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", 128, least=1)
+TWO_LAUNCH_MIN_RUN: int | None = _env_int("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", 256, least=1)
 TWO_LAUNCH_MAX_FILL: float | None = _env_fill("ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL", None)
 # The walk's block of value columns, None for the contract's `block_v` (ISOEXEC_GDN_WALK_BLOCK_V=n, a power of
 # two >= 16, or `off`, sets it for a process): an output element's products run over the head dim whatever the block's
