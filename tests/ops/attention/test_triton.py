@@ -300,6 +300,54 @@ def test_decode_rows_equal_training_rows_at_model_head_sizes(heads):
     assert (int_view(got) != int_view(want)).sum() > 100
 
 
+@pytest.mark.parametrize("heads", [4, 8])
+def test_decode_rows_with_their_key_blocks_over_the_grid_equal_training_rows(heads, monkeypatch):
+    """`triton_blocks.py`: decode rows whose key blocks' maxima, terms and fold run as three launches, at the
+    preset's constants (bf16 and fp32 boundaries), bit for bit the training rows of the walk; and the path is the
+    one taken. The control, the same path with a smaller key block for decode batches, re-blocks the online softmax
+    and must fail the comparison (as in the test above)."""
+    from isoexec.ops.attention import triton_blocks
+
+    monkeypatch.setattr(triton_blocks, "BLOCKS_MIN", 1)
+    monkeypatch.setattr(triton_blocks, "BLOCKS_MAX_FILL", float("inf"))  # on a GPU too, however many programs
+    calls = []
+    spread = triton_blocks.attention_decode
+    monkeypatch.setattr(triton_blocks, "attention_decode", lambda *args, **kwargs: calls.append(1) or spread(*args, **kwargs))
+    preset = load_preset("tiny-dense-triton")
+    constants = preset.entry("attention", "engine_decode").constants
+    fp32 = {**constants, "input_dtype": "float32", "output_dtype": "float32", "kv_cache_dtype": "float32"}
+    for tile, dtype in ((constants, torch.bfloat16), (fp32, torch.float32)):
+        want, got = _decode_rows_vs_training_rows(functools.partial(attention_triton.attention, **tile), dtype, heads)
+        assert bitwise_equal(got, want), dtype
+    assert len(calls) == 8  # every decode step of both dtypes took the spread path
+
+    def control(q, *args):
+        return attention_triton.attention(q, *args, **{**fp32, "block_n": 16 if q.shape[0] <= 2 else 32})
+
+    want, got = _decode_rows_vs_training_rows(control, torch.float32, heads)
+    assert (int_view(got) != int_view(want)).sum() > 100
+
+
+@pytest.mark.parametrize("constants", [CONSTANTS, BF16])
+def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(constants, monkeypatch):
+    """Rows of 1,100 keys (69 blocks of 16: the maxima read in several loads), decoded at positions on and next to
+    block edges, by the spread path and by the walk; the training rows are the walk's (the tests above)."""
+    from isoexec.ops.attention import triton_blocks
+
+    q, k, v, slot_table, seq_ids, positions = packed([1100, 40], dtype=torch.float32 if constants is CONSTANTS else torch.bfloat16)
+    steps = [(1099, 39), (1024, 0), (1023, 16), (15, 17)]
+    rows = torch.tensor([p for p, _ in steps] + [1100 + p for _, p in steps], device=DEVICE).view(2, -1).T.reshape(-1)
+    ids, pos = torch.tensor([0, 1] * len(steps), device=DEVICE), torch.tensor([p for step in steps for p in step], device=DEVICE)
+
+    def decode(blocks_min):
+        monkeypatch.setattr(triton_blocks, "BLOCKS_MIN", blocks_min)
+        monkeypatch.setattr(triton_blocks, "BLOCKS_MAX_FILL", float("inf"))
+        return torch.cat([attention(q[rows[2 * i : 2 * i + 2]], k, v, slot_table, ids[:2], pos[2 * i : 2 * i + 2], 0.25, constants=constants)
+                          for i in range(len(steps))])
+
+    assert bitwise_equal(decode(1), decode(None))
+
+
 def test_a_key_block_chosen_from_the_batch_is_caught():
     """A variant whose key block grows with the number of queries re-blocks the online softmax."""
     def block_from_batch(q, *args, block_n, **constants):

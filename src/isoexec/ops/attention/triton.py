@@ -68,9 +68,9 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
-from ..triton_support import (after_upstream, cdiv, jit, needs_grad, next_power_of_2, require_device, settled, tl,
-                              triton_available)
-from . import flash_backward, native
+from ..triton_support import after_upstream, cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
+from . import flash_backward, native, triton_blocks
+from .triton_steps import _fold, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores, _update
 from .reference import _check_inputs
 
 ID = "attention.triton"
@@ -82,75 +82,6 @@ DTYPES = ("bfloat16", "float16", "float32")
 # 32-token pages.
 HOPPER_CONSTANTS = dict(input_dtype="bfloat16", output_dtype="bfloat16", kv_cache_dtype="bfloat16", accum_dtype="float32",
                         block_m=64, block_n=32, num_warps=4, num_stages=3, split_kv_size=0)
-
-
-@jit
-def _row_sum(p, SUM_BY_DOT: tl.constexpr):
-    """sum_j p[:, j] in an order that does not depend on which rows share the tile. In bf16 the scores
-    come in the tensor cores' accumulator layout, fixed by the tile's shape and warps, which the
-    contract pins for every case (other shapes can change bits: 16 vs 64 rows at head_dim 128, or 2
-    warps with 4 heads per KV head, on an H200). fp32 dots run on the CUDA cores in a blocked layout
-    that tl.sum's tree follows and that the tile constants choose, so there the sum is a dot with ones:
-    one fused multiply-add per key, in key order, whatever the layout."""
-    if SUM_BY_DOT:
-        ones = tl.full([p.shape[1], 16], 1.0, dtype=tl.float32)
-        return tl.max(tl.dot(p, ones, input_precision="ieee"), 1)  # 16 equal columns
-    return tl.sum(p, 1)
-
-
-@jit
-def _gather_kv(slots, keep, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D: tl.constexpr, DOT_IN_FP32: tl.constexpr):
-    """K^T [D, BLOCK_N] and V [BLOCK_N, D] of one key block, gathered through its store slots; keys not
-    in `keep` read +0.0 (their slots may be -1, or hold NaN/inf)."""
-    o_d = tl.arange(0, D)
-    b_k = tl.load(k + slots[None, :] * stride_ks + kv_head * stride_kh + o_d[:, None], mask=keep[None, :], other=0.0)
-    b_v = tl.load(v + slots[:, None] * stride_vs + kv_head * stride_vh + o_d[None, :], mask=keep[:, None], other=0.0)
-    if DOT_IN_FP32:  # the interpreter has no bfloat16 arithmetic
-        b_k, b_v = b_k.to(tl.float32), b_v.to(tl.float32)
-    return b_k, b_v
-
-
-@jit
-def _scores(b_q, b_k, vis, scale):
-    """One key block's scores for every row [ROWS, BLOCK_N] fp32, -inf where `vis` hides a key."""
-    s = tl.dot(b_q, b_k, input_precision="ieee") * scale
-    return tl.where(vis, s, float("-inf"))
-
-
-@jit
-def _running_max(m, s):
-    """The running max after a block of scores, the max a row subtracts (0 for a row with no finite score
-    yet), and the factor the state before it is rescaled by."""
-    m_new = tl.maximum(m, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    return m_new, m_safe, tl.exp(m - m_safe)
-
-
-@jit
-def _probs_times_v(s, m_safe, b_v, DOT_IN_FP32: tl.constexpr):
-    """p = exp(s - m) (0 where s is -inf: hidden), and p · V [ROWS, D] fp32. The product is `settled`: left
-    as a separate sum, Triton would fold the add that follows into the dot's accumulator (other bits)."""
-    p = tl.exp(s - m_safe[:, None])
-    pv = tl.dot(p.to(b_v.dtype), b_v, input_precision="ieee")  # ieee: fp32 is never tf32
-    return p, settled(pv, DOT_IN_FP32)
-
-
-@jit
-def _fold(l, acc, alpha, p, pv, SUM_BY_DOT: tl.constexpr):
-    """The state after a block: l · alpha + Σ p, acc · alpha + p · V."""
-    return l * alpha + _row_sum(p, SUM_BY_DOT), acc * alpha[:, None] + pv
-
-
-@jit
-def _update(m, l, acc, b_q, b_k, b_v, vis, scale, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr):
-    """The online-softmax step over one key block, for every row; `vis` (broadcast to [ROWS, BLOCK_N])
-    marks the keys each row sees. Its pieces are the one copy of this arithmetic: every walk calls them
-    in this order for each block."""
-    s = _scores(b_q, b_k, vis, scale)
-    m_new, m_safe, alpha = _running_max(m, s)
-    p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
-    l_new, acc_new = _fold(l, acc, alpha, p, pv, SUM_BY_DOT)
-    return m_new, l_new, acc_new
 
 
 @jit
@@ -392,6 +323,12 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
     paired = queries == 1 or stacked
     q, k_store, v_store = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_store, v_store))
     slot_table = slot_table.contiguous()
+    # A decode call of few programs may spread each row's key blocks over the grid (`triton_blocks.py`: the same
+    # block steps and fold, in three launches).
+    if queries == 1 and window is None and lse is None and triton_blocks.applies(num_tokens, num_kv_heads, cdiv(slot_table.shape[1], block_n),
+                                                                                   q.device):
+        return triton_blocks.attention_decode(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o,
+                                              block_m, block_n, num_warps, num_stages)
     attention_fwd_kernel[(cdiv(num_tokens, queries), num_kv_heads)](
         q, k_store, v_store, o, o if lse is None else lse, slot_table, seq_ids.contiguous(), positions.contiguous(),
         num_tokens, slot_table.shape[1], k_store.shape[0], float(scale), 0 if window is None else int(window),
@@ -503,4 +440,5 @@ def register(registry) -> None:
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="attention", cases=ALL_CASES, fn=attention, check_constants=check_constants, check_geometry=check_geometry,
                                sources=(attention_fwd_kernel, _tile, _full_block, _full_block_pair, _block, _update, _scores,
-                                        _running_max, _probs_times_v, _fold, _gather_kv, _row_sum, triton_support)))
+                                        _running_max, _probs_times_v, _fold, _gather_kv, _row_sum, triton_support,
+                                        triton_blocks.block_max_kernel, triton_blocks.block_terms_kernel, triton_blocks.fold_kernel)))

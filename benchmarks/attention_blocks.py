@@ -1,0 +1,74 @@
+"""attention.triton's decode rows by the walk (one program per query and KV head over every key block) against the
+key blocks spread over the grid (`ops/attention/triton_blocks.py`, forced on), and flash SDPA: the bits of the two
+(elements whose int16 views differ: must be 0) and each one's time as a CUDA-graph replay, at Qwen3-8B's heads
+(32 query heads, 8 KV heads of 128, bf16), one query per sequence over a paged cache of `keys` keys.
+
+    cd benchmarks && PYTHONPATH=../src python3 attention_blocks.py [--sizes 1x2048,1x8192,...] [--out FILE]
+
+Each row is printed (and appended to --out) as soon as it is measured.
+"""
+import argparse
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attention import PAGE_SIZE, _randn
+from isoexec.ops.attention import triton as attention_triton
+from isoexec.ops.attention import triton_blocks
+from isoexec.ops.attention.metadata import paged_slot_table
+from timing import graphed_ms
+
+HEADS = (32, 8, 128)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1x2048,1x8192,1x512,4x2048,16x2048", help="batch x keys, comma-separated")
+    parser.add_argument("--out", help="append each row here too")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run in the interpreter (no flash)")
+    args = parser.parse_args()
+    device, dtype = torch.device(args.device), torch.bfloat16
+    walk = attention_triton.bench_op()
+
+    def spread(*call):
+        saved = triton_blocks.BLOCKS_MIN, triton_blocks.BLOCKS_MAX_FILL
+        triton_blocks.BLOCKS_MIN, triton_blocks.BLOCKS_MAX_FILL = 1, float("inf")
+        try:
+            return walk(*call)
+        finally:
+            triton_blocks.BLOCKS_MIN, triton_blocks.BLOCKS_MAX_FILL = saved
+
+    generator = torch.Generator(device=device).manual_seed(0)
+    num_heads, num_kv_heads, head_dim = HEADS
+    for size in args.sizes.split(","):
+        batch, keys = map(int, size.split("x"))
+        q = _randn(generator, batch, num_heads, head_dim, dtype=dtype)
+        k, v = (_randn(generator, batch, num_kv_heads, keys, head_dim, dtype=dtype) for _ in range(2))
+        pages = -(-keys // PAGE_SIZE)
+        block_table = torch.randperm(batch * pages, generator=generator, device=device).view(batch, pages)
+        slot_table = paged_slot_table(block_table, PAGE_SIZE, keys)
+        k_store = torch.full((batch * pages * PAGE_SIZE, num_kv_heads, head_dim), float("nan"), device=device, dtype=dtype)
+        v_store = k_store.clone()
+        k_store[slot_table.flatten()] = k.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
+        v_store[slot_table.flatten()] = v.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
+        call = (q, k_store, v_store, slot_table, torch.arange(batch, device=device), torch.full((batch,), keys - 1, device=device),
+                head_dim**-0.5)
+        differing = int((walk(*call).view(torch.int16) != spread(*call).view(torch.int16)).sum())
+        walk_ms, spread_ms = graphed_ms(lambda: walk(*call), device), graphed_ms(lambda: spread(*call), device)
+        flash_ms = float("nan")
+        if device.type == "cuda":
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                flash_ms = graphed_ms(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True, scale=head_dim**-0.5),
+                                      device)
+        line = (f"decode batch {batch:<3} keys {keys:<5} walk {walk_ms * 1e3:7.1f} us  spread {spread_ms * 1e3:7.1f} us  flash "
+                f"{flash_ms * 1e3:7.1f} us  flash/walk {flash_ms / walk_ms:.2f}  flash/spread {flash_ms / spread_ms:.2f}  "
+                f"differing {differing}")
+        print(line, flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()

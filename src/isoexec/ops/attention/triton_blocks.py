@@ -1,0 +1,223 @@
+"""attention.triton's decode rows with the key blocks spread over the grid, for a decode batch of few programs.
+
+`attention_fwd` gives a decode query one program per KV head, which walks every key block of the row in turn:
+at batch 1 with 8 KV heads, 8 programs of a GPU's 132 SMs each fold 64 blocks of 32 keys for a 2048-token row,
+one after the other. The row's bits come from that fold (triton.py's module doc): per block, in ascending order,
+
+    s = (q · k) * scale;  m' = max(m, max_j s);  p = exp(s - m'_safe);  alpha = exp(m - m'_safe)
+    l' = l * alpha + sum_j p;  acc' = acc * alpha + (p · v)
+
+A block's s, p, p · v and sum_j p depend on the blocks before it only through m, the running maximum, and a
+maximum is exact in any order. So three launches compute the same values:
+
+1. `block_max_kernel`, a program per (query, KV head, key block): the block's scores and their row maxima;
+2. `block_terms_kernel`, the same grid: m before the block (the maximum of the earlier blocks' maxima) and after
+   it, then the block's alpha, sum_j p and p · v, by the same helpers on the same 64-row tile as the walk, so the
+   same instructions (the tile decides an MMA's bits, not which rows fill it);
+3. `fold_kernel`, a program per (query, KV head): l and acc folded over the blocks in ascending order with the
+   walk's multiply-adds, then the walk's division and zero select.
+
+What stays serial is the fold, one multiply-add per element a block. Bits equal to the walk's are shown in the
+interpreter (tests/ops/attention/test_triton.py); on a GPU the two places a compiler could part them are the fold's
+multiply-adds (contracted to FMAs in both kernels or in neither: Triton fuses an fp32 multiply and add in every
+kernel alike) and p · v, a separate sum in both (`settled` in the walk, a store here). Neither is yet checked on a
+GPU, so `BLOCKS_MIN` is off there unless set (`ISOEXEC_ATTENTION_BLOCKS_MIN`).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from .. import triton_support
+from ..triton_support import cdiv, jit, next_power_of_2, tl
+from .triton_steps import _gather_kv, _probs_times_v, _row_sum, _scores
+
+
+def _env_blocks(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    if value in ("", "off"):
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{name} must be a positive number of key blocks or 'off', got {value!r}")
+    return int(value)
+
+
+# A decode call takes this path where its rows span at least BLOCKS_MIN key blocks of the table and its programs
+# (queries x KV heads) are at most BLOCKS_MAX_FILL an SM. Off (None) until a GPU has shown its bits and its time.
+BLOCKS_MIN: int | None = _env_blocks("ISOEXEC_ATTENTION_BLOCKS_MIN")
+BLOCKS_MAX_FILL = 0.5
+
+
+@jit
+def _decode_rows(q, i, kv_head, stride_qt, stride_qh, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
+                 DOT_IN_FP32: tl.constexpr):
+    """Query i's rows as `_tile` lays out a tile of one query (rows r < G its heads, the others zero): [ROWS, D]
+    and which rows are real."""
+    rows = tl.arange(0, ROWS)
+    row_ok = rows < G
+    o_d = tl.arange(0, D)
+    b_q = tl.load(q + i.to(tl.int64) * stride_qt + (kv_head * G + rows % G_PAD)[:, None] * stride_qh + o_d[None, :], mask=row_ok[:, None],
+                  other=0.0)
+    if DOT_IN_FP32:
+        b_q = b_q.to(tl.float32)
+    return b_q, row_ok
+
+
+@jit
+def _block_scores(b_q, row_ok, p_i, i_blk, full, seq_row, kv_head, k, v, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh,
+                  ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """Block i_blk's scores [ROWS, BLOCK_N], its values [BLOCK_N, D] and which rows see a key of it, as
+    `_full_block` (a block wholly below the row: `full`) or `_block` (the row's last) compute them."""
+    keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)
+    slots = tl.load(seq_row + keys, mask=keys < L, other=-1).to(tl.int64)
+    ok = (slots >= 0) & (slots < S)
+    everyone = tl.arange(0, ROWS) >= 0
+    pos = tl.where(row_ok, p_i, -1)
+    vis_part = (keys[None, :] <= pos[:, None]) & (keys[None, :] < L) & row_ok[:, None] & ok[None, :]
+    vis = tl.where(full, ok[None, :] & everyone[:, None], vis_part)
+    key_ok = tl.where(full, ok, tl.max(vis_part.to(tl.int32), 0) > 0)
+    row_active = tl.where(full, everyone, tl.max(vis_part.to(tl.int32), 1) > 0)
+    b_k, b_v = _gather_kv(slots, key_ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
+    return _scores(b_q, b_k, vis, scale), b_v, row_active
+
+
+@jit
+def _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N: tl.constexpr):
+    """Query i's position, its table row, the walk's first partial block (`full_blk`) and its end (`hi_blk`)."""
+    p_i = tl.load(positions + i).to(tl.int32)
+    seq_row = slot_table + tl.load(seq_ids + i).to(tl.int64) * stride_sb
+    hi_key = tl.minimum(p_i, L - 1)
+    return p_i, seq_row, (hi_key + 1) // BLOCK_N, tl.where(hi_key >= 0, hi_key // BLOCK_N + 1, 0)
+
+
+@jit(do_not_specialize=["L", "S"])
+def block_max_kernel(
+    q, k, v, slot_table, seq_ids, positions, maxima, L, S, scale,
+    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
+    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+    NB: tl.constexpr,
+):
+    """Program (query i, KV head, block j): the row maxima of block j's scores, into maxima[i, head, j, :G_PAD]."""
+    i, kv_head, i_blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    p_i, seq_row, full_blk, hi_blk = _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
+    if i_blk < hi_blk:
+        b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
+        s, _, _ = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
+                                stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
+        rows = tl.arange(0, ROWS)
+        base = ((i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB + i_blk) * G_PAD
+        tl.store(maxima + base + rows, tl.max(s, 1), mask=rows < G_PAD)
+
+
+@jit(do_not_specialize=["L", "S"])
+def block_terms_kernel(
+    q, k, v, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, L, S, scale,
+    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
+    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr,
+):
+    """Program (query i, KV head, block j): the running maximum before and after block j (from every earlier
+    block's maxima: a maximum, exact in any order), then block j's alpha, sum_j p and p · v as the walk computes
+    them; a row that sees no key of the block gets the terms that leave its state as the walk's select does
+    (alpha 1, sums 0)."""
+    i, kv_head, i_blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    p_i, seq_row, full_blk, hi_blk = _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
+    if i_blk < hi_blk:
+        b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
+        s, b_v, row_active = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
+                                           stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
+        rows = tl.arange(0, ROWS)
+        head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
+        # The walk's m before block j: the maximum of the earlier blocks' maxima ([ROWS]; -inf before the first),
+        # MAX_CHUNK blocks a load.
+        o_b = tl.arange(0, MAX_CHUNK)
+        m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+        j0 = 0
+        while j0 < i_blk:  # not `range`: the interpreter cannot take a program id as its bound
+            earlier = tl.load(maxima + (head_base + j0 + o_b[:, None]) * G_PAD + rows[None, :],
+                              mask=(j0 + o_b[:, None] < i_blk) & (rows[None, :] < G_PAD), other=float("-inf"))
+            m = tl.maximum(m, tl.max(earlier, 0))
+            j0 += MAX_CHUNK
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_safe)
+        p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
+        p_sum = _row_sum(p, SUM_BY_DOT)
+        alpha = tl.where(row_active, alpha, 1.0)
+        p_sum = tl.where(row_active, p_sum, 0.0)
+        pv = tl.where(row_active[:, None], pv, 0.0)
+        keep = rows < G
+        at = (head_base + i_blk) * G_PAD + rows
+        tl.store(alphas + at, alpha, mask=keep)
+        tl.store(sums + at, p_sum, mask=keep)
+        tl.store(pvs + at[:, None] * D + tl.arange(0, D)[None, :], pv, mask=keep[:, None])
+
+
+@jit(do_not_specialize=["L"])
+def fold_kernel(
+    o, slot_table, positions, alphas, sums, pvs, L, stride_ot, stride_oh,
+    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
+):
+    """Program (query i, KV head): l and acc over the row's blocks in ascending order, l * alpha + sum_j p and
+    acc * alpha + p · v as the walk's `_fold`, then its zero select and division."""
+    i, kv_head = tl.program_id(0), tl.program_id(1)
+    hi_key = tl.minimum(tl.load(positions + i).to(tl.int32), L - 1)
+    hi_blk = tl.where(hi_key >= 0, hi_key // BLOCK_N + 1, 0)
+    rows = tl.arange(0, G_PAD)
+    o_d = tl.arange(0, D)
+    keep = rows < G
+    head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
+    l = tl.zeros([G_PAD], dtype=tl.float32)
+    acc = tl.zeros([G_PAD, D], dtype=tl.float32)
+    i_blk = 0
+    while i_blk < hi_blk:  # not `range`: the interpreter cannot take a loaded bound
+        at = (head_base + i_blk) * G_PAD + rows
+        alpha = tl.load(alphas + at, mask=keep, other=1.0)
+        l = l * alpha + tl.load(sums + at, mask=keep, other=0.0)
+        acc = acc * alpha[:, None] + tl.load(pvs + at[:, None] * D + o_d[None, :], mask=keep[:, None], other=0.0)
+        i_blk += 1
+    has_keys = l > 0.0
+    acc = tl.where(acc == 0.0, 0.0, acc)
+    out = tl.where(has_keys[:, None], acc / tl.where(has_keys, l, 1.0)[:, None], 0.0)
+    head = kv_head * G + rows
+    tl.store(o + i.to(tl.int64) * stride_ot + head[:, None] * stride_oh + o_d[None, :], out.to(o.dtype.element_ty), mask=keep[:, None])
+
+
+def applies(num_tokens: int, num_kv_heads: int, table_blocks: int, device: torch.device) -> bool:
+    """Whether a decode call (one program per query and KV head in `attention_fwd`) takes the key blocks spread over
+    the grid: BLOCKS_MIN set, its table at least that many blocks wide, and few programs an SM."""
+    if BLOCKS_MIN is None or table_blocks < BLOCKS_MIN:
+        return False
+    if device.type != "cuda":
+        return True
+    return num_tokens * num_kv_heads <= BLOCKS_MAX_FILL * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor, scale: float,
+                     o: Tensor, block_m: int, block_n: int, num_warps: int, num_stages: int) -> Tensor:
+    """`attention_fwd`'s decode rows (no window, no log-sum-exp) into `o`, by the three kernels above."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_store.shape[1]
+    group = num_heads // num_kv_heads
+    g_pad = next_power_of_2(group)
+    rows = max(16, max(1, block_m // g_pad) * g_pad)  # `attention_fwd`'s tile of one query
+    table = slot_table.shape[1]
+    nb = next_power_of_2(cdiv(table, block_n))
+    maxima = q.new_empty((num_tokens, num_kv_heads, nb, g_pad), dtype=torch.float32)
+    alphas, sums = torch.empty_like(maxima), torch.empty_like(maxima)
+    pvs = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, head_dim), dtype=torch.float32)
+    interpret = triton_support.interpreting()
+    common = (q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), slot_table.stride(0))
+    grid = (num_tokens, num_kv_heads, cdiv(table, block_n))
+    block_max_kernel[grid](q, k_store, v_store, slot_table, seq_ids, positions, maxima, table, k_store.shape[0], float(scale), *common,
+                           G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
+                           num_warps=num_warps, num_stages=num_stages)
+    block_terms_kernel[grid](q, k_store, v_store, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, table, k_store.shape[0],
+                             float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
+                             SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
+                             MAX_CHUNK=min(nb, 32), num_warps=num_warps, num_stages=num_stages)
+    fold_kernel[(num_tokens, num_kv_heads)](o, slot_table, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
+                                            G=group, G_PAD=g_pad, D=head_dim, BLOCK_N=block_n, NB=nb, num_warps=4)
+    return o
