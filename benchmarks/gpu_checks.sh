@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold|attention-blocks]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -170,6 +170,13 @@ fi
 # against the trainer's, then prefill and decode against flash SDPA (attention_fold.py; about 4 minutes for 4 configs).
 if [ "$PART" = attention-fold ]; then
 (cd benchmarks && OUT="$OUT" CONFIGS=${CONFIGS:-7} PYTHONPATH=../src python3 attention_fold.py 2>&1 | tee "$OUT/attention_fold.txt")
+fi
+
+# attention.triton's decode rows with the key blocks spread over the grid (ops/attention/triton_blocks.py, forced on)
+# against the walk and flash SDPA: differing elements (must be 0) and graph-replay times at Qwen3-8B's heads.
+if [ "$PART" = attention-blocks ]; then
+(cd benchmarks && PYTHONPATH=../src python3 attention_blocks.py --out "$OUT/attention_blocks.txt" 2>&1 | grep -v Warning)
+python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention 2>&1 | tail -4 | tee "$OUT/pytest_attention.txt"
 fi
 
 # Parallel layouts with every rank on the one GPU (issue 20 item 7): which collectives gloo and NCCL carry with CUDA

@@ -25,6 +25,7 @@ GPU, so `BLOCKS_MIN` is off there unless set (`ISOEXEC_ATTENTION_BLOCKS_MIN`).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -192,7 +193,12 @@ def applies(num_tokens: int, num_kv_heads: int, table_blocks: int, device: torch
         return False
     if device.type != "cuda":
         return True
-    return num_tokens * num_kv_heads <= BLOCKS_MAX_FILL * torch.cuda.get_device_properties(device).multi_processor_count
+    return num_tokens * num_kv_heads <= BLOCKS_MAX_FILL * _num_sms(device)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor, scale: float,
