@@ -49,6 +49,7 @@ def _env_blocks(name: str) -> int | None:
 # (queries x KV heads) are at most BLOCKS_MAX_FILL an SM. Off (None) until a GPU has shown its bits and its time.
 BLOCKS_MIN: int | None = _env_blocks("ISOEXEC_ATTENTION_BLOCKS_MIN")
 BLOCKS_MAX_FILL = 0.5
+FOLD_STAGES = 4  # blocks' terms the fold has in flight (its loop's pipeline depth)
 
 
 @jit
@@ -156,13 +157,24 @@ def block_terms_kernel(
         tl.store(pvs + at[:, None] * D + tl.arange(0, D)[None, :], pv, mask=keep[:, None])
 
 
+@jit
+def _fold_block(l, acc, alphas, sums, pvs, at, keep, o_d, D: tl.constexpr):
+    """l * alpha + sum_j p and acc * alpha + p · v for one block, as the walk's `_fold`."""
+    alpha = tl.load(alphas + at, mask=keep, other=1.0)
+    l = l * alpha + tl.load(sums + at, mask=keep, other=0.0)
+    acc = acc * alpha[:, None] + tl.load(pvs + at[:, None] * D + o_d[None, :], mask=keep[:, None], other=0.0)
+    return l, acc
+
+
 @jit(do_not_specialize=["L"])
 def fold_kernel(
     o, slot_table, positions, alphas, sums, pvs, L, stride_ot, stride_oh,
-    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
+    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr, INTERPRETED: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
-    """Program (query i, KV head): l and acc over the row's blocks in ascending order, l * alpha + sum_j p and
-    acc * alpha + p · v as the walk's `_fold`, then its zero select and division."""
+    """Program (query i, KV head): l and acc over the row's blocks in ascending order, then the walk's zero select
+    and division. The loop's loads do not depend on the fold, so it is software-pipelined (STAGES blocks' terms in
+    flight, copied asynchronously): otherwise each block would wait out a load's latency."""
     i, kv_head = tl.program_id(0), tl.program_id(1)
     hi_key = tl.minimum(tl.load(positions + i).to(tl.int32), L - 1)
     hi_blk = tl.where(hi_key >= 0, hi_key // BLOCK_N + 1, 0)
@@ -172,13 +184,14 @@ def fold_kernel(
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
     l = tl.zeros([G_PAD], dtype=tl.float32)
     acc = tl.zeros([G_PAD, D], dtype=tl.float32)
-    i_blk = 0
-    while i_blk < hi_blk:  # not `range`: the interpreter cannot take a loaded bound
-        at = (head_base + i_blk) * G_PAD + rows
-        alpha = tl.load(alphas + at, mask=keep, other=1.0)
-        l = l * alpha + tl.load(sums + at, mask=keep, other=0.0)
-        acc = acc * alpha[:, None] + tl.load(pvs + at[:, None] * D + o_d[None, :], mask=keep[:, None], other=0.0)
-        i_blk += 1
+    if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
+        i_blk = 0
+        while i_blk < hi_blk:
+            l, acc = _fold_block(l, acc, alphas, sums, pvs, (head_base + i_blk) * G_PAD + rows, keep, o_d, D)
+            i_blk += 1
+    else:
+        for i_blk in tl.range(0, hi_blk, num_stages=STAGES):
+            l, acc = _fold_block(l, acc, alphas, sums, pvs, (head_base + i_blk) * G_PAD + rows, keep, o_d, D)
     has_keys = l > 0.0
     acc = tl.where(acc == 0.0, 0.0, acc)
     out = tl.where(has_keys[:, None], acc / tl.where(has_keys, l, 1.0)[:, None], 0.0)
@@ -225,5 +238,6 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
                              MAX_CHUNK=min(nb, 32), num_warps=num_warps, num_stages=num_stages)
     fold_kernel[(num_tokens, num_kv_heads)](o, slot_table, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
-                                            G=group, G_PAD=g_pad, D=head_dim, BLOCK_N=block_n, NB=nb, num_warps=4)
+                                            G=group, G_PAD=g_pad, D=head_dim, BLOCK_N=block_n, NB=nb, INTERPRETED=interpret,
+                                            STAGES=FOLD_STAGES, num_warps=4)
     return o
