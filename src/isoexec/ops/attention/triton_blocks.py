@@ -19,9 +19,9 @@ maximum is exact in any order. So three launches compute the same values:
 
 What stays serial is the fold, one multiply-add per element a block. Bits equal to the walk's are shown in the
 interpreter (tests/ops/attention/test_triton.py); on a GPU the two places a compiler could part them are the fold's
-multiply-adds (contracted to FMAs in both kernels or in neither: Triton fuses an fp32 multiply and add in every
-kernel alike) and p · v, a separate sum in both (`settled` in the walk, a store here). Neither is yet checked on a
-GPU, so `BLOCKS_MIN` is off there unless set (`ISOEXEC_ATTENTION_BLOCKS_MIN`).
+multiply-adds (compiled for sm_90a, both kernels contract them to `fma.rn.f32`) and p · v, a separate sum in both
+(`settled` in the walk, a store here). No GPU has run it yet, so `BLOCKS_MIN` is off unless set
+(`ISOEXEC_ATTENTION_BLOCKS_MIN`).
 """
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def _fold_block(l, acc, alphas, sums, pvs, at, keep, o_d, D: tl.constexpr):
 
 @jit(do_not_specialize=["L"])
 def fold_kernel(
-    o, slot_table, positions, alphas, sums, pvs, L, stride_ot, stride_oh,
+    o, positions, alphas, sums, pvs, L, stride_ot, stride_oh,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr, INTERPRETED: tl.constexpr,
     STAGES: tl.constexpr,
 ):
@@ -237,7 +237,7 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
                              float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
                              MAX_CHUNK=min(nb, 32), num_warps=num_warps, num_stages=num_stages)
-    fold_kernel[(num_tokens, num_kv_heads)](o, slot_table, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
+    fold_kernel[(num_tokens, num_kv_heads)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
                                             G=group, G_PAD=g_pad, D=head_dim, BLOCK_N=block_n, NB=nb, INTERPRETED=interpret,
                                             STAGES=FOLD_STAGES, num_warps=4)
     return o
