@@ -89,6 +89,18 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, capsys, name
     assert "warm-up" not in result.stdout
 
 
+@pytest.mark.parametrize("variable,value,message", [
+    ("ISOEXEC_ATTENTION_BLOCKS_MIN", "many", "ISOEXEC_ATTENTION_BLOCKS_MIN must be a positive number of key blocks or 'off', got 'many'"),
+    ("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", "0", "ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN must be a whole number >= 1 or 'off', got '0'"),
+])
+def test_a_bad_environment_knob_is_one_line_and_exit_2(variable, value, message):
+    """The kernels' ISOEXEC_* knobs are read when their modules import (`isoexec.env.EnvError`)."""
+    result = subprocess.run([sys.executable, "-m", "isoexec", "audit", "--requests", "1", "--max-new-tokens", "2", "--quiet"],
+                            capture_output=True, text=True, timeout=180, env=user_env(**{variable: value}))
+    assert result.returncode == EXIT_INPUT_ERROR, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [f"isoexec: error: {message}"]
+
+
 def interrupt(tmp_path, args, marker: str, stream: str = "stdout", wait_s: float = 120):
     """Run `isoexec args`, send SIGINT once `marker` appears on `stream` (or after `wait_s`); -> (rc, stdout, stderr)."""
     out, err = tmp_path / "stdout", tmp_path / "stderr"

@@ -10,6 +10,7 @@ torch and the model are imported inside the commands' `run`, so that `isoexec --
 
 import sys
 
+from ..env import EnvError
 from . import audit, contract, demo, fingerprint, validate
 from .common import check_output_path, check_rl_inputs, check_runnable, model_spec, require_device
 from .errors import EXIT_INPUT_ERROR, EXIT_INTERRUPTED, EXIT_MISMATCH, EXIT_OK, ContractError, _Parser, input_error
@@ -52,7 +53,7 @@ def main(argv=None) -> int:
         print(f"isoexec: error: {error}", file=sys.stderr)
         return EXIT_INPUT_ERROR
     except ValueError as error:
-        if not _is_spec_error(error):
+        if not (isinstance(error, EnvError) or _is_spec_error(error)):
             raise
         print(f"isoexec: error: {error}", file=sys.stderr)
         return EXIT_INPUT_ERROR

@@ -31,6 +31,7 @@ import os
 import torch
 from torch import Tensor
 
+from ...env import EnvError
 from .. import triton_support
 from ..triton_support import cdiv, jit, next_power_of_2, tl
 from .triton_steps import _gather_kv, _probs_times_v, _row_sum, _scores
@@ -41,7 +42,7 @@ def _env_blocks(name: str) -> int | None:
     if value in ("", "off"):
         return None
     if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{name} must be a positive number of key blocks or 'off', got {value!r}")
+        raise EnvError(f"{name} must be a positive number of key blocks or 'off', got {value!r}")
     return int(value)
 
 

@@ -32,6 +32,7 @@ import os
 import torch
 from torch import Tensor
 
+from ...env import EnvError
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
@@ -244,7 +245,7 @@ def _env_int(name: str, default: int | None, least: int) -> int | None:
     if value == "off":
         return None
     if not value.isdigit() or int(value) < least:
-        raise ValueError(f"{name} must be a whole number >= {least} or 'off', got {value!r}")
+        raise EnvError(f"{name} must be a whole number >= {least} or 'off', got {value!r}")
     return int(value)
 
 
@@ -261,7 +262,7 @@ def _env_fill(name: str, default: float | None) -> float | None:
     except ValueError:
         fill = -1.0
     if not fill > 0:
-        raise ValueError(f"{name} must be a positive number or 'off', got {value!r}")
+        raise EnvError(f"{name} must be a positive number or 'off', got {value!r}")
     return fill
 
 
@@ -288,7 +289,7 @@ TWO_LAUNCH_MAX_FILL: float | None = _env_fill("ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL",
 # spills at 128 columns, 204 and none at 64, 174 at 32). 64 columns prefetched were the fastest at 32 value heads.
 WALK_BLOCK_V: int | None = _env_int("ISOEXEC_GDN_WALK_BLOCK_V", 64, least=16)
 if WALK_BLOCK_V is not None and WALK_BLOCK_V & (WALK_BLOCK_V - 1):
-    raise ValueError(f"ISOEXEC_GDN_WALK_BLOCK_V must be a power of two >= 16, got {WALK_BLOCK_V}")
+    raise EnvError(f"ISOEXEC_GDN_WALK_BLOCK_V must be a power of two >= 16, got {WALK_BLOCK_V}")
 # Whether the walk loads a piece's tiles while the piece before it computes (ISOEXEC_GDN_WALK_PREFETCH=0 turns it
 # off): the loads' latency leaves the state's chain, for the registers of a second set of tiles (241 at 64 columns
 # with the decayed keys among them, no spills; at 128 the spills grow); 0.91 ms against 1.47 for one run of 512
@@ -318,7 +319,7 @@ def _env_splits(name: str, default: tuple) -> tuple:
     except ValueError:
         splits = ()
     if not splits or any(block < 16 or block & (block - 1) or not fill > 0 for block, fill in splits):
-        raise ValueError(f"{name} must be `off` or blocks:programs-an-SM pairs like 32:0.5,64:1 (blocks powers of two >= 16), got {value!r}")
+        raise EnvError(f"{name} must be `off` or blocks:programs-an-SM pairs like 32:0.5,64:1 (blocks powers of two >= 16), got {value!r}")
     return splits
 
 
