@@ -10,7 +10,8 @@ one after the other. The row's bits come from that fold (triton.py's module doc)
 A block's s, p, p · v and sum_j p depend on the blocks before it only through m, the running maximum, and a
 maximum is exact in any order. So three launches compute the same values:
 
-1. `block_max_kernel`, a program per (query, KV head, key block): the block's scores and their row maxima;
+1. `block_max_kernel`, programs per (query, KV head) dealt the row's key blocks: each block's scores and their
+   row maxima;
 2. `block_terms_kernel`, the same grid: m before the block (the maximum of the earlier blocks' maxima) and after
    it, then the block's alpha, sum_j p and p · v, by the same helpers on the same 64-row tile as the walk, so the
    same instructions (the tile decides an MMA's bits, not which rows fill it);
@@ -51,6 +52,7 @@ def _env_blocks(name: str) -> int | None:
 BLOCKS_MIN: int | None = _env_blocks("ISOEXEC_ATTENTION_BLOCKS_MIN")
 BLOCKS_MAX_FILL = 0.5
 FOLD_STAGES = 4  # blocks' terms the fold has in flight (its loop's pipeline depth)
+PROGRAM_WAVES = 2  # programs an SM for the blocks' kernels (`_programs_a_row`; 239 registers a thread in the terms kernel: two fit an SM)
 
 
 @jit
@@ -102,16 +104,18 @@ def block_max_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     NB: tl.constexpr,
 ):
-    """Program (query i, KV head, block j): the row maxima of block j's scores, into maxima[i, head, j, :G_PAD]."""
+    """Program (query i, KV head, c): for blocks j = c, c + P, ... of the row (P programs a row), the row maxima of
+    block j's scores, into maxima[i, head, j, :G_PAD]."""
     i, kv_head, i_blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     p_i, seq_row, full_blk, hi_blk = _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
-    if i_blk < hi_blk:
-        b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
+    b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
+    rows = tl.arange(0, ROWS)
+    head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
+    while i_blk < hi_blk:  # not `range`: the interpreter cannot take a loaded bound
         s, _, _ = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
                                 stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
-        rows = tl.arange(0, ROWS)
-        base = ((i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB + i_blk) * G_PAD
-        tl.store(maxima + base + rows, tl.max(s, 1), mask=rows < G_PAD)
+        tl.store(maxima + (head_base + i_blk) * G_PAD + rows, tl.max(s, 1), mask=rows < G_PAD)
+        i_blk += tl.num_programs(2)
 
 
 @jit(do_not_specialize=["L", "S"])
@@ -121,24 +125,25 @@ def block_terms_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr,
 ):
-    """Program (query i, KV head, block j): the running maximum before and after block j (from every earlier
-    block's maxima: a maximum, exact in any order), then block j's alpha, sum_j p and p · v as the walk computes
-    them; a row that sees no key of the block gets the terms that leave its state as the walk's select does
-    (alpha 1, sums 0)."""
+    """Program (query i, KV head, c), for blocks j = c, c + P, ... of the row: the running maximum before and after
+    block j (from every earlier block's maxima: a maximum, exact in any order), then block j's alpha, sum_j p and
+    p · v as the walk computes them; a row that sees no key of the block gets the terms that leave its state as the
+    walk's select does (alpha 1, sums 0)."""
     i, kv_head, i_blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     p_i, seq_row, full_blk, hi_blk = _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
-    if i_blk < hi_blk:
-        b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
+    b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
+    rows = tl.arange(0, ROWS)
+    keep = rows < G
+    head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
+    o_b = tl.arange(0, MAX_CHUNK)
+    while i_blk < hi_blk:
         s, b_v, row_active = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
                                            stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
-        rows = tl.arange(0, ROWS)
-        head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
         # The walk's m before block j: the maximum of the earlier blocks' maxima ([ROWS]; -inf before the first),
         # MAX_CHUNK blocks a load.
-        o_b = tl.arange(0, MAX_CHUNK)
         m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         j0 = 0
-        while j0 < i_blk:  # not `range`: the interpreter cannot take a program id as its bound
+        while j0 < i_blk:
             earlier = tl.load(maxima + (head_base + j0 + o_b[:, None]) * G_PAD + rows[None, :],
                               mask=(j0 + o_b[:, None] < i_blk) & (rows[None, :] < G_PAD), other=float("-inf"))
             m = tl.maximum(m, tl.max(earlier, 0))
@@ -151,11 +156,11 @@ def block_terms_kernel(
         alpha = tl.where(row_active, alpha, 1.0)
         p_sum = tl.where(row_active, p_sum, 0.0)
         pv = tl.where(row_active[:, None], pv, 0.0)
-        keep = rows < G
         at = (head_base + i_blk) * G_PAD + rows
         tl.store(alphas + at, alpha, mask=keep)
         tl.store(sums + at, p_sum, mask=keep)
         tl.store(pvs + at[:, None] * D + tl.arange(0, D)[None, :], pv, mask=keep[:, None])
+        i_blk += tl.num_programs(2)
 
 
 @jit
@@ -210,6 +215,16 @@ def applies(num_tokens: int, num_kv_heads: int, table_blocks: int, device: torch
     return num_tokens * num_kv_heads <= BLOCKS_MAX_FILL * _num_sms(device)
 
 
+def _programs_a_row(rows: int, blocks: int, device: torch.device) -> int:
+    """Programs a row's blocks are dealt to (program c takes blocks c, c + P, ...): about PROGRAM_WAVES programs an SM
+    over all the call's rows, at most one a block of the table, so that a table wider than the rows' keys (an
+    engine's, sized for its longest sequence) does not launch a program for every block of it. Off a GPU, 3, so
+    that the interpreter's tests deal several blocks to a program."""
+    if device.type != "cuda":
+        return min(blocks, 3)
+    return max(1, min(blocks, cdiv(PROGRAM_WAVES * _num_sms(device), rows)))
+
+
 @functools.cache
 def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -230,7 +245,7 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     pvs = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, head_dim), dtype=torch.float32)
     interpret = triton_support.interpreting()
     common = (q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), slot_table.stride(0))
-    grid = (num_tokens, num_kv_heads, cdiv(table, block_n))
+    grid = (num_tokens, num_kv_heads, _programs_a_row(num_tokens * num_kv_heads, cdiv(table, block_n), q.device))
     block_max_kernel[grid](q, k_store, v_store, slot_table, seq_ids, positions, maxima, table, k_store.shape[0], float(scale), *common,
                            G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
                            num_warps=num_warps, num_stages=num_stages)
