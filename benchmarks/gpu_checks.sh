@@ -177,6 +177,14 @@ fi
 if [ "$PART" = attention-blocks ]; then
 (cd benchmarks && PYTHONPATH=../src python3 attention_blocks.py --out "$OUT/attention_blocks.txt" 2>&1 | grep -v Warning)
 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention 2>&1 | tail -4 | tee "$OUT/pytest_attention.txt"
+# The 8B-shaped model's audit with every decode step's attention spread (CUDA graphs), then its engine with and without (short
+# contexts: the three launches' cost where the walk has few blocks; the engine runs may need a call of their own).
+ISOEXEC_ATTENTION_BLOCKS_MIN=1 python3 -m isoexec audit --device cuda --quiet --model qwen3-8b-random --contract tiny-dense-triton \
+    --json "$OUT/audit_8b_blocks.json" 2>&1 | tail -8 | tee "$OUT/audit_8b_blocks.txt"
+for blocks in off 1; do
+(cd benchmarks && ISOEXEC_ATTENTION_BLOCKS_MIN=$blocks PYTHONPATH=../src python3 bench.py engine --model qwen3-8b-random --cuda-graphs \
+    --json "$OUT/bench_8b_engine_blocks_$blocks.json" 2>&1 | tail -6 | tee "$OUT/bench_8b_engine_blocks_$blocks.txt")
+done
 fi
 
 # Parallel layouts with every rank on the one GPU (issue 20 item 7): which collectives gloo and NCCL carry with CUDA
