@@ -24,7 +24,8 @@ HEADS = (32, 8, 128)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1x2048,1x8192,1x512,4x2048,16x2048", help="batch x keys, comma-separated")
+    parser.add_argument("--sizes", default="1x2048,1x8192,1x512,1x256,1x128,4x512,4x2048,8x2048,16x2048",
+                        help="batch x keys, comma-separated (the first ones first: a call cut short keeps them)")
     parser.add_argument("--out", help="append each row here too")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run in the interpreter (no flash)")
     args = parser.parse_args()
