@@ -331,7 +331,9 @@ def test_decode_rows_with_their_key_blocks_over_the_grid_equal_training_rows(hea
 @pytest.mark.parametrize("constants", [CONSTANTS, BF16])
 def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(constants, monkeypatch):
     """Rows of 1,100 keys (69 blocks of 16: the maxima read in several loads), decoded at positions on and next to
-    block edges, by the spread path and by the walk; the training rows are the walk's (the tests above)."""
+    block edges, by the spread path and by the walk; the training rows are the walk's (the tests above). The control,
+    the spread path over blocks of 32 against the walk's 16 (fp32 boundaries, where a re-blocked online softmax shows),
+    must differ."""
     from isoexec.ops.attention import triton_blocks
 
     q, k, v, slot_table, seq_ids, positions = packed([1100, 40], dtype=torch.float32 if constants is CONSTANTS else torch.bfloat16)
@@ -339,13 +341,16 @@ def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(co
     rows = torch.tensor([p for p, _ in steps] + [1100 + p for _, p in steps], device=DEVICE).view(2, -1).T.reshape(-1)
     ids, pos = torch.tensor([0, 1] * len(steps), device=DEVICE), torch.tensor([p for step in steps for p in step], device=DEVICE)
 
-    def decode(blocks_min):
+    def decode(blocks_min, constants=constants, q=q, k=k, v=v):
         monkeypatch.setattr(triton_blocks, "BLOCKS_MIN", blocks_min)
         monkeypatch.setattr(triton_blocks, "BLOCKS_MAX_FILL", float("inf"))
         return torch.cat([attention(q[rows[2 * i : 2 * i + 2]], k, v, slot_table, ids[:2], pos[2 * i : 2 * i + 2], 0.25, constants=constants)
                           for i in range(len(steps))])
 
     assert bitwise_equal(decode(1), decode(None))
+    fp32 = [t.float() for t in (q, k, v)]
+    walk = decode(None, {**CONSTANTS, "block_n": 16}, *fp32)
+    assert (int_view(decode(1, {**CONSTANTS, "block_n": 32}, *fp32)) != int_view(walk)).sum() > 100
 
 
 def test_the_spread_decode_knob_reads_the_environment_and_refuses_bad_values(monkeypatch):

@@ -70,7 +70,7 @@ from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
 from ..triton_support import after_upstream, cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
 from . import flash_backward, native, triton_blocks
-from .triton_steps import _fold, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores, _update
+from .triton_steps import _finish, _fold, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores, _update, _visible
 from .reference import _check_inputs
 
 ID = "attention.triton"
@@ -93,14 +93,7 @@ def _block(
 ):
     """One online-softmax step of every row over key block i_blk, masked per row and key; a row that
     sees no key of the block keeps its state (selected, not updated)."""
-    keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] absolute key positions
-    vis = (keys[None, :] <= pos[:, None]) & (keys[None, :] < L) & row_ok[:, None]  # [ROWS, BLOCK_N]
-    if HAS_WINDOW:
-        vis = vis & (keys[None, :] > pos[:, None] - window)
-    slots = tl.load(seq_row + keys, mask=keys < L, other=-1).to(tl.int64)  # [BLOCK_N]
-    vis = vis & ((slots >= 0) & (slots < S))[None, :]
-    key_ok = tl.max(vis.to(tl.int32), 0) > 0  # [BLOCK_N] seen by some row: written, finite
-    row_active = tl.max(vis.to(tl.int32), 1) > 0  # [ROWS]
+    slots, vis, key_ok, row_active = _visible(i_blk, pos, row_ok, seq_row, L, S, window, HAS_WINDOW, BLOCK_N)
     b_k, b_v = _gather_kv(slots, key_ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
     m_new, l_new, acc_new = _update(m, l, acc, b_q, b_k, b_v, vis, scale, DOT_IN_FP32, SUM_BY_DOT)
     m = tl.where(row_active, m_new, m)
@@ -234,9 +227,7 @@ def _tile(
             m, l, acc = _block(m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
                                stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
 
-    has_keys = l > 0.0
-    acc = tl.where(acc == 0.0, 0.0, acc)  # +0.0 for a zero sum (module doc)
-    out = tl.where(has_keys[:, None], acc / tl.where(has_keys, l, 1.0)[:, None], 0.0)
+    has_keys, out = _finish(l, acc)
     p_o = o + tok[:, None] * stride_ot + head[:, None] * stride_oh + o_d[None, :]
     tl.store(p_o, out.to(o.dtype.element_ty), mask=row_ok[:, None])
     if WITH_LSE:  # flash's convention: +inf for a row that saw no key, so a backward's exp(s - lse) is 0 there
@@ -440,5 +431,5 @@ def register(registry) -> None:
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="attention", cases=ALL_CASES, fn=attention, check_constants=check_constants, check_geometry=check_geometry,
                                sources=(attention_fwd_kernel, _tile, _full_block, _full_block_pair, _block, _update, _scores,
-                                        _running_max, _probs_times_v, _fold, _gather_kv, _row_sum, triton_support,
+                                        _running_max, _probs_times_v, _fold, _gather_kv, _row_sum, _visible, _finish, triton_support,
                                         triton_blocks.block_max_kernel, triton_blocks.block_terms_kernel, triton_blocks.fold_kernel)))

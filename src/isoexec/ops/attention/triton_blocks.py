@@ -35,7 +35,7 @@ from torch import Tensor
 from ...env import EnvError
 from .. import triton_support
 from ..triton_support import cdiv, jit, next_power_of_2, tl
-from .triton_steps import _gather_kv, _probs_times_v, _row_sum, _scores
+from .triton_steps import _finish, _fold_sums, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores, _visible
 
 
 def _env_blocks(name: str) -> int | None:
@@ -52,7 +52,7 @@ def _env_blocks(name: str) -> int | None:
 BLOCKS_MIN: int | None = _env_blocks("ISOEXEC_ATTENTION_BLOCKS_MIN")
 BLOCKS_MAX_FILL = 0.5
 FOLD_STAGES = 4  # blocks' terms the fold has in flight (its loop's pipeline depth)
-PROGRAM_WAVES = 2  # programs an SM for the blocks' kernels (`_programs_a_row`; 239 registers a thread in the terms kernel: two fit an SM)
+PROGRAM_WAVES = 2  # programs an SM for the blocks' kernels (`_programs_a_row`; 225 registers a thread in the terms kernel: two fit an SM)
 
 
 @jit
@@ -75,15 +75,12 @@ def _block_scores(b_q, row_ok, p_i, i_blk, full, seq_row, kv_head, k, v, L, S, s
                   ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr):
     """Block i_blk's scores [ROWS, BLOCK_N], its values [BLOCK_N, D] and which rows see a key of it, as
     `_full_block` (a block wholly below the row: `full`) or `_block` (the row's last) compute them."""
-    keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)
-    slots = tl.load(seq_row + keys, mask=keys < L, other=-1).to(tl.int64)
+    slots, vis_part, key_ok_part, active_part = _visible(i_blk, tl.where(row_ok, p_i, -1), row_ok, seq_row, L, S, 0, False, BLOCK_N)
     ok = (slots >= 0) & (slots < S)
     everyone = tl.arange(0, ROWS) >= 0
-    pos = tl.where(row_ok, p_i, -1)
-    vis_part = (keys[None, :] <= pos[:, None]) & (keys[None, :] < L) & row_ok[:, None] & ok[None, :]
     vis = tl.where(full, ok[None, :] & everyone[:, None], vis_part)
-    key_ok = tl.where(full, ok, tl.max(vis_part.to(tl.int32), 0) > 0)
-    row_active = tl.where(full, everyone, tl.max(vis_part.to(tl.int32), 1) > 0)
+    key_ok = tl.where(full, ok, key_ok_part)
+    row_active = tl.where(full, everyone, active_part)
     b_k, b_v = _gather_kv(slots, key_ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
     return _scores(b_q, b_k, vis, scale), b_v, row_active
 
@@ -148,9 +145,7 @@ def block_terms_kernel(
                               mask=(j0 + o_b[:, None] < i_blk) & (rows[None, :] < G_PAD), other=float("-inf"))
             m = tl.maximum(m, tl.max(earlier, 0))
             j0 += MAX_CHUNK
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m - m_safe)
+        _, m_safe, alpha = _running_max(m, s)
         p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
         p_sum = _row_sum(p, SUM_BY_DOT)
         alpha = tl.where(row_active, alpha, 1.0)
@@ -165,11 +160,10 @@ def block_terms_kernel(
 
 @jit
 def _fold_block(l, acc, alphas, sums, pvs, at, keep, o_d, D: tl.constexpr):
-    """l * alpha + sum_j p and acc * alpha + p · v for one block, as the walk's `_fold`."""
+    """One block's stored terms folded into l and acc by the walk's `_fold_sums`."""
     alpha = tl.load(alphas + at, mask=keep, other=1.0)
-    l = l * alpha + tl.load(sums + at, mask=keep, other=0.0)
-    acc = acc * alpha[:, None] + tl.load(pvs + at[:, None] * D + o_d[None, :], mask=keep[:, None], other=0.0)
-    return l, acc
+    return _fold_sums(l, acc, alpha, tl.load(sums + at, mask=keep, other=0.0),
+                      tl.load(pvs + at[:, None] * D + o_d[None, :], mask=keep[:, None], other=0.0))
 
 
 @jit(do_not_specialize=["L"])
@@ -198,9 +192,7 @@ def fold_kernel(
     else:
         for i_blk in tl.range(0, hi_blk, num_stages=STAGES):
             l, acc = _fold_block(l, acc, alphas, sums, pvs, (head_base + i_blk) * G_PAD + rows, keep, o_d, D)
-    has_keys = l > 0.0
-    acc = tl.where(acc == 0.0, 0.0, acc)
-    out = tl.where(has_keys[:, None], acc / tl.where(has_keys, l, 1.0)[:, None], 0.0)
+    _, out = _finish(l, acc)
     head = kv_head * G + rows
     tl.store(o + i.to(tl.int64) * stride_ot + head[:, None] * stride_oh + o_d[None, :], out.to(o.dtype.element_ty), mask=keep[:, None])
 

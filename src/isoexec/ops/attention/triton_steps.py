@@ -58,9 +58,38 @@ def _probs_times_v(s, m_safe, b_v, DOT_IN_FP32: tl.constexpr):
 
 
 @jit
+def _visible(i_blk, pos, row_ok, seq_row, L, S, window, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key block i_blk's store slots [BLOCK_N] (-1 past the table), which keys each row sees [ROWS, BLOCK_N]
+    (at or before its position, inside the table and the window, written), which keys some row sees (written,
+    finite) and which rows see a key of it."""
+    keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] absolute key positions
+    vis = (keys[None, :] <= pos[:, None]) & (keys[None, :] < L) & row_ok[:, None]  # [ROWS, BLOCK_N]
+    if HAS_WINDOW:
+        vis = vis & (keys[None, :] > pos[:, None] - window)
+    slots = tl.load(seq_row + keys, mask=keys < L, other=-1).to(tl.int64)  # [BLOCK_N]
+    vis = vis & ((slots >= 0) & (slots < S))[None, :]
+    return slots, vis, tl.max(vis.to(tl.int32), 0) > 0, tl.max(vis.to(tl.int32), 1) > 0
+
+
+@jit
+def _fold_sums(l, acc, alpha, p_sum, pv):
+    """The state after a block from its Σ p and p · V: l · alpha + Σ p, acc · alpha + p · V."""
+    return l * alpha + p_sum, acc * alpha[:, None] + pv
+
+
+@jit
 def _fold(l, acc, alpha, p, pv, SUM_BY_DOT: tl.constexpr):
     """The state after a block: l · alpha + Σ p, acc · alpha + p · V."""
-    return l * alpha + _row_sum(p, SUM_BY_DOT), acc * alpha[:, None] + pv
+    return _fold_sums(l, acc, alpha, _row_sum(p, SUM_BY_DOT), pv)
+
+
+@jit
+def _finish(l, acc):
+    """Whether each row saw a key, and its output acc / l (0 for a row that saw none; a zero acc taken as +0.0,
+    triton.py's module doc)."""
+    has_keys = l > 0.0
+    acc = tl.where(acc == 0.0, 0.0, acc)
+    return has_keys, tl.where(has_keys[:, None], acc / tl.where(has_keys, l, 1.0)[:, None], 0.0)
 
 
 @jit
