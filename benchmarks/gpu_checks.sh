@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold|attention-blocks]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold|attention-blocks|attention-gluon]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -185,6 +185,13 @@ for blocks in off 1; do
 (cd benchmarks && ISOEXEC_ATTENTION_BLOCKS_MIN=$blocks PYTHONPATH=../src python3 bench.py engine --model qwen3-8b-random --cuda-graphs \
     --json "$OUT/bench_8b_engine_blocks_$blocks.json" 2>&1 | tail -6 | tee "$OUT/bench_8b_engine_blocks_$blocks.txt")
 done
+fi
+
+# The Gluon probe of the prefill tile (issue 22): attention.triton's block step in its own order and with the softmax under
+# the PV wgmma; its bits against attention.triton's and its time beside flash (benchmarks/attention_gluon.py).
+if [ "$PART" = attention-gluon ]; then
+PYTHONPATH=src python3 benchmarks/attention_gluon.py --compile-only 2>&1 | tee "$OUT/attention_gluon.txt"
+(cd benchmarks && PYTHONPATH=../src python3 attention_gluon.py --out "$OUT/attention_gluon.txt" 2>&1 | grep -v Warning | tail -20)
 fi
 
 # Parallel layouts with every rank on the one GPU (issue 20 item 7): which collectives gloo and NCCL carry with CUDA
