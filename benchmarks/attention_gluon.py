@@ -235,42 +235,57 @@ def gluon_prefill(q, k_store, v_store, slot_table, scale, overlap: bool, rows: i
     return o
 
 
-def compile_only() -> None:
-    """Both schedules compiled for sm_90a on this machine (no GPU): registers, spills and shared memory, and the wgmma
-    waits each loop holds (the overlap's loop should wait with one group in flight)."""
+def _compile(kernel, constants: dict, pointers: dict, num_warps: int):
+    """kernel compiled for sm_90a on this machine: (PTX, shared bytes, registers, spill-store bytes)."""
     import inspect
     import pathlib
-    import re
     import tempfile
 
+    from gdn_registers import ptxas
     from triton.backends.compiler import GPUTarget
     from triton.compiler import compile as triton_compile
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from gdn_registers import ptxas
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(inspect.signature(kernel.fn).parameters):
+        if name in constants:
+            signature[name], constexprs[(i,)] = "constexpr", constants[name]
+        elif name in pointers:
+            signature[name], attrs[(i,)] = pointers[name], [["tt.divisibility", 16]]
+        elif name.startswith("stride"):  # a launch specializes them so: every stride here is a multiple of 16
+            signature[name], attrs[(i,)] = "i32", [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32" if name == "scale" else "i32"
+    compiled = triton_compile(GluonASTSource(kernel, signature, constexprs=constexprs, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": num_warps})
+    ptx = compiled.asm["ptx"]
+    with tempfile.TemporaryDirectory() as folder:
+        registers, spills = ptxas(ptx, pathlib.Path(folder), "kernel")
+    return ptx, compiled.metadata.shared, registers, spills
+
+
+def compile_only() -> None:
+    """The probe's four schedules and attention.triton's Gluon tile (`ops/attention/gluon_tile.py`, with and without the
+    log-sum-exp, the lone and stacked tiles) compiled for sm_90a on this machine (no GPU): registers, spills, shared
+    memory and the wgmma waits (an overlapped loop waits with one group in flight)."""
+    import re
+
+    from isoexec.ops.attention import gluon_tile
+
+    def report(label, ptx, shared, registers, spills):
+        waits = re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx)
+        print(f"{label:<16} registers {registers}  spill stores {spills} B  shared {shared} B  wgmma.mma_async {ptx.count('wgmma.mma_async')}  "
+              f"waits {waits}  ex2 {ptx.count('ex2.approx')}", flush=True)
 
     pointers = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "o": "*bf16", "slot_table": "*i64"}
     for label, overlap, rows in SCHEDULES:
-        constants = dict(G=4, D=HEAD_DIM, BLOCK_M=rows, BLOCK_N=BLOCK_N, STAGES=STAGES, OVERLAP=overlap)
-        signature, constexprs, attrs = {}, {}, {}
-        for i, name in enumerate(inspect.signature(prefill_kernel.fn).parameters):
-            if name in constants:
-                signature[name], constexprs[(i,)] = "constexpr", constants[name]
-            elif name in pointers:
-                signature[name], attrs[(i,)] = pointers[name], [["tt.divisibility", 16]]
-            elif name.startswith("stride"):  # a launch specializes them so: every stride here is a multiple of 16
-                signature[name], attrs[(i,)] = "i32", [["tt.divisibility", 16]]
-            else:
-                signature[name] = "fp32" if name == "scale" else "i32"
-        kernel = triton_compile(GluonASTSource(prefill_kernel, signature, constexprs=constexprs, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                                options=dict(num_warps=rows // 16))
-        ptx = kernel.asm["ptx"]
-        waits = re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx)
-        with tempfile.TemporaryDirectory() as folder:
-            registers, spills = ptxas(ptx, pathlib.Path(folder), "prefill")
-        print(f"{label:<10} registers {registers}  spill stores {spills} B  shared {kernel.metadata.shared} B  "
-              f"wgmma.mma_async {ptx.count('wgmma.mma_async')}  "
-              f"waits {waits}  ex2 {ptx.count('ex2.approx')}  bar.sync {ptx.count('bar.sync')}", flush=True)
+        constants = {"G": 4, "D": HEAD_DIM, "BLOCK_M": rows, "BLOCK_N": BLOCK_N, "STAGES": STAGES, "OVERLAP": overlap}
+        report(label, *_compile(prefill_kernel, constants, pointers, rows // 16))
+    pointers |= {"lse": "*fp32", "seq_ids": "*i64", "positions": "*i64"}
+    for warps, group, positions in ((4, 4, 16), (8, 4, 32), (4, 2, 32)):  # 8B's lone and stacked tiles, 0.6B's
+        for lse in (False, True):
+            constants = {"G": group, "G_PAD": group, "D": HEAD_DIM, "BLOCK_Q": positions, "BLOCK_N": BLOCK_N, "WITH_LSE": lse}
+            report(f"tile-{warps}w-g{group}{'-lse' if lse else ''}", *_compile(gluon_tile.gluon_fwd_kernel, constants, pointers, warps))
 
 
 def main() -> None:
@@ -285,6 +300,7 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from attention import _randn
+    from isoexec.ops.attention import gluon_tile
     from isoexec.ops.attention import triton as attention_triton
     from isoexec.ops.attention.metadata import packed_slot_table
     from timing import graphed_ms
@@ -302,6 +318,16 @@ def main() -> None:
         expected = walk(*call).view(torch.int16)
         row = {"length": length}
         fns = {"triton": lambda: walk(*call)}
+
+        def tile(call=call):
+            saved, gluon_tile.ENABLED = gluon_tile.ENABLED, True
+            try:
+                return walk(*call)
+            finally:
+                gluon_tile.ENABLED = saved
+
+        row["tile_differing"] = int((tile().view(torch.int16) != expected).sum())
+        fns["tile"] = tile
         for name, overlap, rows in SCHEDULES:
             try:
                 out = gluon_prefill(q, k, v, slot_table, scale, overlap, rows)

@@ -187,11 +187,20 @@ for blocks in off 1; do
 done
 fi
 
-# The Gluon probe of the prefill tile (issue 22): attention.triton's block step in its own order and with the softmax under
-# the PV wgmma; its bits against attention.triton's and its time beside flash (benchmarks/attention_gluon.py).
+# The prefill tile in Gluon (issue 22): the probe's schedules and attention.triton's Gluon tile (gluon_tile.py,
+# ISOEXEC_ATTENTION_GLUON=1), their bits against the Triton walk's and their times beside flash
+# (benchmarks/attention_gluon.py); the tile's GPU tests; the 8B audit with the tile on (its trainer and prefill rows by
+# Gluon, its decode rows by the walk); bench.py attention and trainer with the tile off and on.
 if [ "$PART" = attention-gluon ]; then
 PYTHONPATH=src python3 benchmarks/attention_gluon.py --compile-only 2>&1 | tee "$OUT/attention_gluon.txt"
 (cd benchmarks && PYTHONPATH=../src python3 attention_gluon.py --out "$OUT/attention_gluon.txt" 2>&1 | grep -v Warning | tail -20)
+python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/test_gluon_tile.py 2>&1 | tail -15 | tee "$OUT/pytest_gluon_tile.txt"
+ISOEXEC_ATTENTION_GLUON=1 python3 -m isoexec audit --device cuda --quiet --model qwen3-8b-random --contract tiny-dense-triton \
+    --json "$OUT/audit_8b_gluon.json" 2>&1 | tail -8 | tee "$OUT/audit_8b_gluon.txt"
+for gluon in 0 1; do
+(cd benchmarks && ISOEXEC_ATTENTION_GLUON=$gluon PYTHONPATH=../src python3 bench.py attention trainer --model qwen3-8b-random --contracts tiny-dense-triton,contracts/fast-baseline.toml \
+    --json "$OUT/bench_gluon_$gluon.json" 2>&1 | grep -E "^(attention|trainer)" | tee "$OUT/bench_gluon_$gluon.txt")
+done
 fi
 
 # Parallel layouts with every rank on the one GPU (issue 20 item 7): which collectives gloo and NCCL carry with CUDA

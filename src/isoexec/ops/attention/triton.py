@@ -69,7 +69,7 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
 from ..triton_support import after_upstream, cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
-from . import flash_backward, native, triton_blocks
+from . import flash_backward, gluon_tile, native, triton_blocks
 from .triton_steps import _finish, _fold, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores, _update, _visible
 from .reference import _check_inputs
 
@@ -314,6 +314,11 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
     paired = queries == 1 or stacked
     q, k_store, v_store = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_store, v_store))
     slot_table = slot_table.contiguous()
+    # A many-query call on Hopper may take the same tile written in Gluon (`gluon_tile.py`: each block's softmax under
+    # the tensor cores, the same operations in the same layouts), where ISOEXEC_ATTENTION_GLUON=1.
+    if queries > 1 and gluon_tile.applies(rows, num_warps, head_dim, window, q.dtype, q.device):
+        return gluon_tile.attention_fwd(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o, lse,
+                                        group, g_pad, tile_positions, block_n, num_warps)
     # A decode call of few programs may spread each row's key blocks over the grid (`triton_blocks.py`: the same
     # block steps and fold, in three launches).
     if queries == 1 and window is None and lse is None and triton_blocks.applies(num_tokens, num_kv_heads, cdiv(slot_table.shape[1], block_n),
@@ -432,4 +437,4 @@ def register(registry) -> None:
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="attention", cases=ALL_CASES, fn=attention, check_constants=check_constants, check_geometry=check_geometry,
                                sources=(attention_fwd_kernel, _tile, _full_block, _full_block_pair, _block, _update, _scores,
                                         _running_max, _probs_times_v, _fold, _gather_kv, _row_sum, _visible, _finish, triton_support,
-                                        triton_blocks.block_max_kernel, triton_blocks.block_terms_kernel, triton_blocks.fold_kernel)))
+                                        triton_blocks.block_max_kernel, triton_blocks.block_terms_kernel, triton_blocks.fold_kernel, gluon_tile)))
