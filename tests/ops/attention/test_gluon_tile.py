@@ -44,16 +44,20 @@ gpu = pytest.mark.skipif(not (HOPPER and gluon_tile.available()), reason="the Gl
 
 
 def _both(args, monkeypatch, constants=BF16, lse=False):
-    """(the Triton walk's output, the Gluon tile's) for one call; with lse, each one's log-sum-exp too."""
+    """(the Triton walk's output, the Gluon tile's) for one call; with lse, each one's log-sum-exp too. The second call
+    must have gone to the tile (else the comparison would be the walk's with itself)."""
+    launches = []
+    launch = gluon_tile.attention_fwd
+    monkeypatch.setattr(gluon_tile, "attention_fwd", lambda *a, **kw: launches.append(1) or launch(*a, **kw))
     outputs = []
     for enabled in (False, True):
         monkeypatch.setattr(gluon_tile, "ENABLED", enabled)
         q = args[0]
         kept = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32) if lse else None
-        out = attention_triton.attention_fwd(*args, None, torch.bfloat16 if q.dtype == torch.bfloat16 else q.dtype,
-                                             constants["block_m"], constants["block_n"], constants["num_warps"], constants["num_stages"],
-                                             lse=kept)
+        out = attention_triton.attention_fwd(*args, None, q.dtype, constants["block_m"], constants["block_n"], constants["num_warps"],
+                                             constants["num_stages"], lse=kept)
         outputs.append((out, kept))
+        assert len(launches) == enabled
     return outputs
 
 
