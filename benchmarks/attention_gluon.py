@@ -156,10 +156,12 @@ def compile_only() -> None:
         constants = {"G": 4, "D": HEAD_DIM, "BLOCK_M": rows, "BLOCK_N": BLOCK_N, "STAGES": STAGES}
         report(f"sync-{rows // 16}w", *_compile(prefill_kernel, constants, pointers, rows // 16))
     pointers |= {"lse": "*fp32", "seq_ids": "*i64", "positions": "*i64"}
-    for warps, group, positions in ((4, 4, 16), (8, 4, 32), (4, 2, 32)):  # 8B's lone and stacked tiles, 0.6B's
-        for lse in (False, True):
-            constants = {"G": group, "G_PAD": group, "D": HEAD_DIM, "BLOCK_Q": positions, "BLOCK_N": BLOCK_N, "WITH_LSE": lse}
-            report(f"tile-{warps}w-g{group}{'-lse' if lse else ''}", *_compile(gluon_tile.gluon_fwd_kernel, constants, pointers, warps))
+    for warps, group, positions, queries in ((4, 4, 16, 16), (8, 4, 32, 32), (4, 2, 32, 32), (4, 4, 16, 1)):  # 8B's lone, stacked, 0.6B's, decode
+        for lse in (False, True) if queries > 1 else (False,):
+            constants = {"G": group, "G_PAD": group, "D": HEAD_DIM, "BLOCK_Q": positions, "BLOCK_N": BLOCK_N, "QUERIES": queries,
+                         "WITH_LSE": lse}
+            label = f"tile-{warps}w-g{group}{'-decode' if queries == 1 else ''}{'-lse' if lse else ''}"
+            report(label, *_compile(gluon_tile.gluon_fwd_kernel, constants, pointers, warps))
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
-"""attention.triton's many-query tile in Gluon (`ops/attention/gluon_tile.py`): every output bit equal to the Triton
-walk's, in the forms the trainer and the engine's prefill make, at head_dim 128 on a Hopper GPU; a re-blocked fold (the
-control) differs. No interpreter runs Gluon, so off a GPU the kernel is compiled for sm_90a and assembled by ptxas
+"""attention.triton's tile in Gluon (`ops/attention/gluon_tile.py`): every output bit equal to the Triton walk's, in
+the forms the trainer and the engine make (packed sequences, a prefill chunk after cached keys, decode steps), at
+head_dim 128 on a Hopper GPU; a re-blocked fold (the control) differs. No interpreter runs Gluon, so off a GPU the kernel is compiled for sm_90a and assembled by ptxas
 (`benchmarks/attention_gluon.py --compile-only`)."""
 
 import os
@@ -34,7 +34,7 @@ def test_the_gluon_tile_compiles_for_hopper(tmp_path):
                             timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith("tile")]
-    assert len(rows) == 6, result.stdout
+    assert len(rows) == 7, result.stdout
     assert all(0 < int(row[row.index("registers") + 1]) <= 255 for row in rows), result.stdout
     # the overlapped loop: a wgmma wait with one group in flight
     assert all("'1'" in " ".join(row) for row in rows), result.stdout
@@ -107,11 +107,27 @@ def test_a_prefill_chunk_after_cached_keys_equals_the_walks(heads, monkeypatch):
 
 
 @gpu
+@pytest.mark.parametrize("heads", [4, 8])
+def test_decode_rows_equal_training_rows_whichever_kernel_computes_them(heads, monkeypatch):
+    """The contract's claim across kernels: decode steps (one query a sequence, a 64-row tile each) by the tile or by
+    the walk give the rows the trainer's packed call gives, by the tile or by the walk."""
+    q, k, v, slot_table, seq_ids, positions, scale = _packed([70, 33, 300], heads, 2)
+    starts = (0, 70, 103)
+    trained = [out for out, _ in _both((q, k, v, slot_table, seq_ids, positions, scale), monkeypatch)]
+    for step in ((69, 32, 299), (50, 20, 256), (31, 0, 95), (32, 31, 64)):
+        rows = torch.tensor([start + p for start, p in zip(starts, step)], device=DEVICE)
+        call = (q[rows], k, v, slot_table, torch.arange(3, device=DEVICE), torch.tensor(step, device=DEVICE), scale)
+        for decoded, _ in _both(call, monkeypatch):
+            for train in trained:
+                assert torch.equal(int_view(decoded), int_view(train[rows])), step
+
+
+@gpu
 def test_a_refolded_tile_is_caught(monkeypatch):
     """The control: the same Gluon tile folding the online softmax over 64-key blocks is other arithmetic, and the
     comparison above sees it."""
     q, k, v, slot_table, seq_ids, positions, scale = _packed([300, 200], 8, 2)
     (walk, _), _ = _both((q, k, v, slot_table, seq_ids, positions, scale), monkeypatch)
     refolded = gluon_tile.attention_fwd(q, k, v, slot_table, seq_ids, positions, scale, torch.empty_like(q), None, group=4, g_pad=4,
-                                        tile_positions=32, block_n=64, num_warps=8)
+                                        tile_positions=32, queries=32, block_n=64, num_warps=8)
     assert (int_view(refolded) != int_view(walk)).sum() > 0

@@ -1,4 +1,4 @@
-"""attention.triton's many-query tile on Hopper, written in Gluon so that each block's softmax runs under a wgmma.
+"""attention.triton's tile on Hopper, written in Gluon so that each block's softmax runs under a wgmma.
 
 Compiled by Triton, `attention_fwd_kernel`'s walk issues a key block's QK wgmma and waits for it, runs the softmax,
 issues the PV wgmma and waits for it, then folds: the softmax never overlaps the tensor cores, and prefill runs at
@@ -17,10 +17,11 @@ layout, p · V a separate sum (`settled`), the same zero select and division at 
 are gathered as +0.0, as `_block` gathers them. The GPU tests compare every output bit with the Triton walk's in
 every form (tests/ops/attention/test_gluon_tile.py).
 
-It serves the calls `attention_fwd` runs as many-query tiles of 64 or 128 rows (one or two warpgroups) with 16-bit
-operands, head_dim 128 and no window on a Hopper GPU, where `ISOEXEC_ATTENTION_GLUON=1`: off by default until a GPU
-has shown its bits and its time (`benchmarks/attention_gluon.py`, the probe it grew from). No interpreter runs Gluon,
-so off a GPU only its compilation for sm_90a is tested.
+It serves the calls `attention_fwd` runs as tiles of 64 or 128 rows (one or two warpgroups: the many-query tiles,
+lone and stacked, and a decode batch's tile of one query) with 16-bit operands, head_dim 128 and no window on a Hopper
+GPU, where `ISOEXEC_ATTENTION_GLUON=1`: off by default until a GPU has shown its bits and its time
+(`benchmarks/attention_gluon.py`, `gpu_checks.sh attention-gluon`). No interpreter runs Gluon, so off a GPU only its
+compilation for sm_90a is tested.
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def available() -> bool:
 
 
 def applies(rows: int, num_warps: int, head_dim: int, window: int | None, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether `attention_fwd`'s many-query call with this tile takes the Gluon kernel."""
+    """Whether `attention_fwd`'s call with this tile takes the Gluon kernel."""
     return (ENABLED and gluon is not None and rows == 16 * num_warps and num_warps in (4, 8) and head_dim == 128 and window is None
             and dtype in (torch.bfloat16, torch.float16) and _hopper(device))
 
@@ -242,12 +243,12 @@ if gluon is not None:
     def gluon_fwd_kernel(q, k, v, o, lse, slot_table, seq_ids, positions, T, L, S, scale,
                          stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_sb, stride_lh,
                          G: gl.constexpr, G_PAD: gl.constexpr, D: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-                         WITH_LSE: gl.constexpr):
-        """`attention_fwd_kernel` for many queries: program (r, kv_head) runs the tiles that start among queries
-        [r * BLOCK_Q, (r + 1) * BLOCK_Q), last queries first."""
+                         QUERIES: gl.constexpr, WITH_LSE: gl.constexpr):
+        """`attention_fwd_kernel`: program (r, kv_head) runs the tiles that start among queries [r * QUERIES, (r + 1) *
+        QUERIES), last queries first (QUERIES = BLOCK_Q for many queries, 1 for a decode batch)."""
         WARPS: gl.constexpr = gl.num_warps()
         SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        QUERIES: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[WARPS], order=[0])
+        ONE_D: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[WARPS], order=[0])
         DT: gl.constexpr = q.dtype.element_ty
         # one buffer more than the loads in flight: block j - 1's V is read by its PV while block j's softmax runs
         q_smem = gl.allocate_shared_memory(DT, [16 * WARPS, D], SMEM)
@@ -256,8 +257,8 @@ if gluon is not None:
 
         r = gl.num_programs(0) - 1 - gl.program_id(0)
         kv_head = gl.program_id(1)
-        c = gl.arange(0, BLOCK_Q, layout=QUERIES)
-        cand = r * BLOCK_Q + c
+        c = gl.arange(0, QUERIES, layout=ONE_D)
+        cand = r * QUERIES + c
         valid = cand < T
         has_prev = valid & (cand > 0)
         seq_c = gl.load(seq_ids + cand, mask=valid, other=-1)
@@ -265,22 +266,25 @@ if gluon is not None:
         seq_p = gl.load(seq_ids + cand - 1, mask=has_prev, other=-1)
         pos_p = gl.load(positions + cand - 1, mask=has_prev, other=-1)
         starts = valid & ((cand == 0) | (seq_p != seq_c) | (pos_p + 1 != pos_c) | (pos_c % BLOCK_Q == 0))
-        start = gl.min(gl.where(starts, c, BLOCK_Q), 0)
-        while start < BLOCK_Q:
-            _tile(r * BLOCK_Q + start, q, o, lse, k, v, slot_table, seq_ids, positions, kv_head, q_smem, k_bufs, v_bufs, T, L, S, scale,
+        start = gl.min(gl.where(starts, c, QUERIES), 0)
+        while start < QUERIES:
+            _tile(r * QUERIES + start, q, o, lse, k, v, slot_table, seq_ids, positions, kv_head, q_smem, k_bufs, v_bufs, T, L, S, scale,
                   stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_sb, stride_lh,
                   G, G_PAD, BLOCK_Q, BLOCK_N, WITH_LSE)
-            start = gl.min(gl.where(starts & (c > start), c, BLOCK_Q), 0)
+            start = gl.min(gl.where(starts & (c > start), c, QUERIES), 0)
 
 
 def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor, scale: float,
-                  o: Tensor, lse: Tensor | None, group: int, g_pad: int, tile_positions: int, block_n: int, num_warps: int) -> Tensor:
-    """`attention_fwd`'s many-query call into `o` (and `lse`), by the Gluon kernel; the tile as `attention_fwd` chose it."""
+                  o: Tensor, lse: Tensor | None, group: int, g_pad: int, tile_positions: int, queries: int, block_n: int,
+                  num_warps: int) -> Tensor:
+    """`attention_fwd`'s call into `o` (and `lse`) by the Gluon kernel, with the tile and queries a program as
+    `attention_fwd` chose them."""
     num_tokens = q.shape[0]
-    gluon_fwd_kernel[(-(-num_tokens // tile_positions), k_store.shape[1])](
+    gluon_fwd_kernel[(-(-num_tokens // queries), k_store.shape[1])](
         q, k_store, v_store, o, o if lse is None else lse, slot_table, seq_ids, positions,
         num_tokens, slot_table.shape[1], k_store.shape[0], float(scale),
         q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), o.stride(0), o.stride(1),
         slot_table.stride(0), 0 if lse is None else lse.stride(0),
-        G=group, G_PAD=g_pad, D=q.shape[2], BLOCK_Q=tile_positions, BLOCK_N=block_n, WITH_LSE=lse is not None, num_warps=num_warps)
+        G=group, G_PAD=g_pad, D=q.shape[2], BLOCK_Q=tile_positions, BLOCK_N=block_n, QUERIES=queries, WITH_LSE=lse is not None,
+        num_warps=num_warps)
     return o

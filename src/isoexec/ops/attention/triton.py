@@ -314,17 +314,17 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
     paired = queries == 1 or stacked
     q, k_store, v_store = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_store, v_store))
     slot_table = slot_table.contiguous()
-    # A many-query call on Hopper may take the same tile written in Gluon (`gluon_tile.py`: each block's softmax under
-    # the tensor cores, the same operations in the same layouts), where ISOEXEC_ATTENTION_GLUON=1.
-    if queries > 1 and gluon_tile.applies(rows, num_warps, head_dim, window, q.dtype, q.device):
-        return gluon_tile.attention_fwd(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o, lse,
-                                        group, g_pad, tile_positions, block_n, num_warps)
     # A decode call of few programs may spread each row's key blocks over the grid (`triton_blocks.py`: the same
     # block steps and fold, in three launches).
     if queries == 1 and window is None and lse is None and triton_blocks.applies(num_tokens, num_kv_heads, cdiv(slot_table.shape[1], block_n),
                                                                                    q.device):
         return triton_blocks.attention_decode(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o,
                                               block_m, block_n, num_warps, num_stages)
+    # On Hopper the tile may be the same tile written in Gluon (`gluon_tile.py`: each block's softmax under the tensor
+    # cores, the same operations in the same layouts), where ISOEXEC_ATTENTION_GLUON=1.
+    if gluon_tile.applies(rows, num_warps, head_dim, window, q.dtype, q.device):
+        return gluon_tile.attention_fwd(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o, lse,
+                                        group, g_pad, tile_positions, queries, block_n, num_warps)
     attention_fwd_kernel[(cdiv(num_tokens, queries), num_kv_heads)](
         q, k_store, v_store, o, o if lse is None else lse, slot_table, seq_ids.contiguous(), positions.contiguous(),
         num_tokens, slot_table.shape[1], k_store.shape[0], float(scale), 0 if window is None else int(window),
