@@ -113,7 +113,7 @@ if gluon is not None:
     @gluon.jit
     def _softmax(s, m, l, j, pos, row_ok, seq_row, L, S, scale, MASKED: gl.constexpr, BLOCK_N: gl.constexpr):
         """Block j's step up to p · V (`_update`'s scores, running max, p and l; with MASKED, `_visible`'s masks and
-        `_block`'s selects of m and l): the new m and l, alpha, p in the operands' dtype, and which rows see a key."""
+        `_block`'s selects of m and l): the new m and l, alpha, p (fp32) and which rows see a key of the block."""
         keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
         slots = gl.load(seq_row + keys, mask=keys < L, other=-1)
         ok = (slots >= 0) & (slots < S)
