@@ -2,7 +2,8 @@
 (elements whose int16 views differ from the walk's: must be 0) and graph-replay times at Qwen3-8B's heads (32 query
 heads, 8 KV heads of 128, bf16) on one sequence, as bench.py attention's prefill rows; and, to tell what the overlap buys
 from what Gluon's code does otherwise, the walk's own order written with the tile's block step (`sync`: each wgmma
-waited at once, so no softmax under the tensor cores), at 4 warps (one 64-row tile) and 8 (two stacked).
+waited at once, so no softmax under the tensor cores), at 4 warps (one 64-row tile) and 8 (two stacked); and the tile as
+lone 64-row programs (`tile-4w`), where attention_fwd stacks two at these heads.
 
     cd benchmarks && PYTHONPATH=../src python3 attention_gluon.py [--lengths 2048,8192,512] [--out FILE]
     PYTHONPATH=src python3 benchmarks/attention_gluon.py --compile-only   # no GPU: every kernel built for sm_90a, its resources
@@ -214,6 +215,17 @@ def main() -> None:
         if not launches:  # attention_fwd did not hand the call to the tile: its row would be the walk's
             row["tile_error"] = "not taken (gluon_tile.applies refused the call)"
             fns.pop("tile", None)
+        # the tile as lone 64-row programs (attention_fwd stacks two at 4 query heads per KV head): two programs an SM
+        # with their own K and V loads, against one with shared loads
+        def lone(call=call):
+            return gluon_tile.attention_fwd(*call, torch.empty_like(q), None, group=4, g_pad=4, tile_positions=16, queries=16,
+                                            block_n=BLOCK_N, num_warps=4)
+
+        try:
+            row["tile-4w_differing"] = int((lone().view(torch.int16) != expected).sum())
+            fns["tile-4w"] = lone
+        except Exception as error:  # noqa: BLE001
+            row["tile-4w_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
         for rows in SYNC_ROWS:
             name = f"sync-{rows // 16}w"
             try:
