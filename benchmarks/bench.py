@@ -69,6 +69,7 @@ from isoexec.engine import EngineConfig
 from isoexec.model import PRESETS, init_random
 from isoexec.trainer import Trainer
 from timing import device_name, graphed_ms, kernel_ms, wall_ms
+import variants
 
 SECTIONS = ("gemm", "attention", "engine", "hf", "roofline", "trainer", "moe", "mla", "gdn", "rl")
 MODEL_SECTIONS = ("engine", "hf", "roofline", "trainer")
@@ -191,7 +192,8 @@ def bench_trainer(model, model_name: str, sizes: Sizes, contracts: dict, device:
         for name, contract in contracts.items():
             try:
                 fitted[name] = Trainer(model, fit_contract(contract, model.spec, device=device))  # bound once, as a training loop does
-                step(fitted[name])  # warm-up: compiles
+                with variants.kernels(name):
+                    step(fitted[name])  # warm-up: compiles
             except (RuntimeError, ValueError) as error:  # out of memory, a contract the model cannot run
                 row[f"{name}_error"] = str(error).splitlines()[0]
                 print(f"trainer {name}: failed ({row[f'{name}_error']})")
@@ -199,7 +201,8 @@ def bench_trainer(model, model_name: str, sizes: Sizes, contracts: dict, device:
                 model.zero_grad(set_to_none=True)
         for _ in range(reps):
             for name, trainer in fitted.items():
-                times[name].append(wall_ms(lambda: step(trainer), device, reps=1, warmup=False))
+                with variants.kernels(name):
+                    times[name].append(wall_ms(lambda: step(trainer), device, reps=1, warmup=False))
         for name in fitted:
             row[f"{name}_ms"] = statistics.median(times[name])
             row[f"{name}_min_ms"] = min(times[name])  # a host-bound step's least-disturbed rep
@@ -218,12 +221,9 @@ def bench_trainer(model, model_name: str, sizes: Sizes, contracts: dict, device:
 
 
 LAYOUT_FIELDS = ("trainer_tp", "trainer_ep", "trainer_sp", "trainer_dp", "engine_tp", "engine_ep", "engine_sp", "engine_dp")
-SYNC = "+sync"  # a --contracts entry's suffix: the same contract, its engine with async scheduling off
-
-
 def _label(spec: str) -> str:
-    """A contract's name in results: the preset's name, or a contract file's stem (and the +sync suffix)."""
-    base = spec.removesuffix(SYNC)
+    """A contract's name in results: the preset's name, or a contract file's stem (and the entry's suffixes)."""
+    base = variants.base(spec)
     return (Path(base).stem if base.endswith((".toml", ".json")) else base) + spec[len(base):]
 
 
@@ -266,7 +266,8 @@ def _parse(argv):
                              "both sides in this process)")
     parser.add_argument("--contracts", help="contracts to compare, preset names or files, the one under test first (default: "
                                             f"{','.join(GPU_CONTRACTS)} on cuda, tiny-dense,native on cpu); a name ending in "
-                                            f"{SYNC} runs that contract's engine with async scheduling off")
+                                            f"{variants.SYNC} runs that contract's engine with async scheduling off, one in "
+                                            f"{variants.GLUON} its engine and trainer with attention.triton's Gluon tile")
     parser.add_argument("--new-tokens", type=int, help="new tokens per request in engine, hf and roofline (default: 128, or 8 with --small)")
     parser.add_argument("--trainer-reps", type=int, default=7, help="trainer: timed steps per contract, taking turns (default: 7)")
     parser.add_argument("--cuda-graphs", action="store_true", help="run the engine with CUDA graphs (where EngineConfig has them)")
@@ -304,7 +305,7 @@ def main(argv=None) -> int:
         sizes = dataclasses.replace(sizes, rl_models=tuple(args.rl_model.split(",")))
     specs = args.contracts.split(",") if args.contracts else list(GPU_CONTRACTS if device.type == "cuda" else ("tiny-dense", "native"))
     try:
-        loaded = {_label(spec): load(spec.removesuffix(SYNC)) for spec in specs}
+        loaded = {_label(spec): load(variants.base(spec)) for spec in specs}
     except ContractError as error:
         print(f"bench: {error}", file=sys.stderr)
         return 2
@@ -358,7 +359,7 @@ def main(argv=None) -> int:
                 "moe": lambda: bench_moe(device, *(((TINY,), (1, 4), (64,)) if args.small else (GPU_SHAPES,))),
                 "mla": lambda: bench_mla(device, small=args.small),
                 "gdn": lambda: bench_gdn(device, small=args.small, phases=args.gdn_phases, shapes=args.gdn_shapes),
-                "rl": lambda: bench_rl(device, sizes.rl_models, {_label(s): s for s in specs if not s.endswith(SYNC)},
+                "rl": lambda: bench_rl(device, sizes.rl_models, {_label(s): s for s in specs if variants.base(s) == s},
                                        layout=args.rl_layout, **dict(zip(("prompts", "group", "new_tokens", "steps"), sizes.rl_shape))),
             }[section]()
         except Exception as error:  # noqa: BLE001  (one broken section must not lose the others' figures)

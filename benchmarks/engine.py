@@ -7,7 +7,8 @@ timed generate per contract gave 0.82 and 1.04 of the baseline at batch 64 in tw
 on an H200 at bb94c8d, docs/experiments.md). `engine.step` is wrapped to take the wall time of every step,
 with nothing extra synchronised: a step ends in the host's read of the tokens drawn by the step before it
 (async scheduling; with it off, by the step itself), so in a run of decode steps a step's wall time is the
-interval from one step to the next. A contract label ending in +sync runs with async scheduling off:
+interval from one step to the next. A contract label ending in +sync runs with async scheduling off, one in +gluon
+with attention.triton's Gluon tile (variants.py):
 
 engine:   tokens/s = batch x new_tokens / median wall time of the whole generate (prefill included),
           per contract, and the first contract's ratio to each of the others (the baselines);
@@ -33,6 +34,7 @@ from isoexec.engine import EngineConfig, LLMEngine, SamplingParams
 from isoexec.contract import fit_contract
 from isoexec.model import save
 from timing import kernel_ms, sync
+import variants
 
 WARMUP_TOKENS = 4
 # Timed generates per (contract, batch).
@@ -74,7 +76,7 @@ class Engines:
             # max_model_len: the decode graphs' slot table is as wide as the longest request, not the
             # model's context (native's decode attention scans the table whole).
             overrides = {"max_num_seqs": max_batch, "max_model_len": self.sizes.prompt_len + self.sizes.new_tokens,
-                         "async_scheduling": not name.endswith("+sync")}  # bench.py's SYNC suffix
+                         "async_scheduling": not variants.has(name, variants.SYNC)}
             if self.cuda_graphs:
                 overrides["cuda_graphs"] = True
             config = EngineConfig.from_contract(contract, num_pages=max_batch * pages_per_seq + 8, **overrides)
@@ -92,7 +94,8 @@ class Engines:
     def run(self, name: str, batch: int) -> Run:
         if (name, batch) not in self.runs:
             try:
-                self.runs[name, batch] = self._run(name, batch)
+                with variants.kernels(name):  # the engine is built (its decode graphs captured) and run inside
+                    self.runs[name, batch] = self._run(name, batch)
             except (RuntimeError, ValueError) as error:  # kept (without its frames, which may hold device memory),
                 self.runs[name, batch] = RuntimeError(f"{type(error).__name__}: {error}")  # so it costs its time once
         if isinstance(self.runs[name, batch], Exception):

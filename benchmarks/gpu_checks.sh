@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold|attention-blocks|attention-gluon]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -187,20 +187,21 @@ for blocks in off 1; do
 done
 fi
 
-# The prefill tile in Gluon (issue 22): the probe's schedules and attention.triton's Gluon tile (gluon_tile.py,
-# ISOEXEC_ATTENTION_GLUON=1), their bits against the Triton walk's and their times beside flash
-# (benchmarks/attention_gluon.py); the tile's GPU tests; the 8B audit with the tile on (its trainer and prefill rows by
-# Gluon, its decode rows by the walk); bench.py attention and trainer with the tile off and on.
+# The tile in Gluon (issue 22): the probe (attention.triton's Gluon tile, gluon_tile.py, and the walk's order written on
+# its block step, their bits against the Triton walk's and their times beside flash: benchmarks/attention_gluon.py); the
+# tile's GPU tests; the 8B audit with the tile on (ISOEXEC_ATTENTION_GLUON=1). attention-gluon-bench: the engine (CUDA
+# graphs), roofline and trainer on both presets with the tile (+gluon, variants.py) beside the walk and the fast baseline.
 if [ "$PART" = attention-gluon ]; then
 PYTHONPATH=src python3 benchmarks/attention_gluon.py --compile-only 2>&1 | tee "$OUT/attention_gluon.txt"
 (cd benchmarks && PYTHONPATH=../src python3 attention_gluon.py --out "$OUT/attention_gluon.txt" 2>&1 | grep -v Warning | tail -20)
 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/test_gluon_tile.py 2>&1 | tail -15 | tee "$OUT/pytest_gluon_tile.txt"
 ISOEXEC_ATTENTION_GLUON=1 python3 -m isoexec audit --device cuda --quiet --model qwen3-8b-random --contract tiny-dense-triton \
     --json "$OUT/audit_8b_gluon.json" 2>&1 | tail -8 | tee "$OUT/audit_8b_gluon.txt"
-for gluon in 0 1; do
-(cd benchmarks && ISOEXEC_ATTENTION_GLUON=$gluon PYTHONPATH=../src python3 bench.py attention trainer --model qwen3-8b-random --contracts tiny-dense-triton,contracts/fast-baseline.toml \
-    --json "$OUT/bench_gluon_$gluon.json" 2>&1 | grep -E "^(attention|trainer)" | tee "$OUT/bench_gluon_$gluon.txt")
-done
+fi
+if [ "$PART" = attention-gluon-bench ]; then
+(cd benchmarks && PYTHONPATH=../src python3 bench.py engine roofline trainer --cuda-graphs \
+    --contracts tiny-dense-triton+gluon,tiny-dense-triton,contracts/fast-baseline.toml --json "$OUT/bench_gluon.json" 2>&1 \
+    | grep -E "^(engine|roofline|trainer|bench)" | tee "$OUT/bench_gluon.txt")
 fi
 
 # Parallel layouts with every rank on the one GPU (issue 20 item 7): which collectives gloo and NCCL carry with CUDA

@@ -85,3 +85,23 @@ def test_small_cpu_run_of_the_moe_and_mla_sections(tmp_path):
         _positive(row, "contract_ms", "native_ms", "contract_vs_native")
         assert row["contract_max_abs_diff_vs_native"] < 0.05, row
     _positive(results["mla"][0], "contract_fwd_bwd_ms", "native_fwd_bwd_ms", "contract_vs_native_fwd_bwd")
+
+
+def test_contract_suffixes_name_the_same_contract_run_another_way():
+    """bench.py's --contracts suffixes (benchmarks/variants.py): +sync and +gluon, in any order, after a preset or a file;
+    +gluon turns attention.triton's Gluon tile on for the `with` block only."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import variants
+
+    from isoexec.ops.attention import gluon_tile
+
+    assert variants.base("tiny-dense-triton+gluon+sync") == "tiny-dense-triton"
+    assert variants.base("contracts/fast.toml+sync") == "contracts/fast.toml"
+    assert variants.has("x+gluon+sync", variants.SYNC) and variants.has("x+sync+gluon", variants.GLUON)
+    assert not variants.has("x+gluon", variants.SYNC) and not variants.has("x", variants.GLUON)
+    before = gluon_tile.ENABLED
+    with variants.kernels("tiny-dense-triton+gluon"):
+        assert gluon_tile.ENABLED
+    assert gluon_tile.ENABLED == before
+    with variants.kernels("tiny-dense-triton+sync"):
+        assert gluon_tile.ENABLED == before
