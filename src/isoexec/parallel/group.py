@@ -10,7 +10,6 @@ raises here: the rank's exception where it pickles, else a RankGroupError with i
 
 from __future__ import annotations
 
-import os
 import pickle
 import traceback
 from multiprocessing.connection import wait
@@ -19,7 +18,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .mesh import Mesh, _free_port, adopt, backend_for, caller_state, init_rank, start_context, world_of
+from .mesh import Mesh, adopt, backend_for, caller_state, init_rank, rendezvous, start_context, world_of
 
 
 class RankGroupError(RuntimeError):
@@ -28,9 +27,8 @@ class RankGroupError(RuntimeError):
 
 def _serve(rank: int, total: int, sizes: dict, port: int, conn, factory: Callable, args: bytes, state: tuple, backend: str) -> None:
     adopt(state)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # the ranks share this machine's cores
-    init_rank(rank, total, backend)
+    init_rank(rank, total, backend, port)
 
     def reply(value: Any) -> None:
         conn.send_bytes(pickle.dumps((True, value if rank == 0 else None)))
@@ -63,7 +61,8 @@ class RankGroup:
         total = world_of(tp, ep, dp) * dp
         backend = backend_for(device, total)
         context = start_context()
-        sizes, port, payload = {"tp": tp, "ep": ep, "sp": sp, "dp": dp}, _free_port(), pickle.dumps(args)
+        self.store = rendezvous()  # kept while the ranks live
+        sizes, port, payload = {"tp": tp, "ep": ep, "sp": sp, "dp": dp}, self.store.port, pickle.dumps(args)
         self.pipes, self.processes = [], []
         for rank in range(total):
             parent, child = context.Pipe()
@@ -118,4 +117,4 @@ class RankGroup:
             if process.is_alive():
                 process.terminate()
                 process.join()
-        self.pipes, self.processes = [], []
+        self.pipes, self.processes, self.store = [], [], None

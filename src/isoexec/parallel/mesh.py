@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,15 +72,18 @@ def backend_for(device, ranks: int) -> str:
     return choice
 
 
-def init_rank(rank: int, total: int, backend: str) -> None:
-    """This process as rank `rank` of `total` (MASTER_ADDR and MASTER_PORT set): over NCCL on GPU rank mod the
-    GPUs, which `cuda` then names for everything the rank builds; over gloo on whatever device it is handed."""
+def init_rank(rank: int, total: int, backend: str, port: int) -> None:
+    """This process as rank `rank` of `total`, meeting the others at the store on this machine's `port` (`rendezvous`):
+    over NCCL on GPU rank mod the GPUs, which `cuda` then names for everything the rank builds; over gloo on whatever
+    device it is handed."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    store = dist.TCPStore("127.0.0.1", port, is_master=False)
     if backend == "nccl":
         local = rank % torch.cuda.device_count()
         torch.cuda.set_device(local)
-        dist.init_process_group("nccl", rank=rank, world_size=total, device_id=torch.device("cuda", local))
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=total, device_id=torch.device("cuda", local))
     else:
-        dist.init_process_group("gloo", rank=rank, world_size=total)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=total)
 
 
 @dataclass(frozen=True)
@@ -240,10 +242,11 @@ class Mesh:
         return self._all_reduce(t, dist.ReduceOp.SUM)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous() -> dist.TCPStore:
+    """The store a side's ranks meet at (`init_rank`), served by this process on a port the system picks and this
+    process keeps: a port found free and bound only later by rank 0 could be taken in between by another group's
+    connections (two test workers' gloo groups did, EADDRINUSE). Keep it until the ranks are done."""
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
 
 # What a rank's process has imported before it starts (the forkserver's preload): the seconds a fresh
@@ -278,9 +281,8 @@ def adopt(state: tuple[dict, str]) -> None:
 
 def _worker(rank: int, total: int, sizes: dict, port: int, result: str, fn: Callable, args: tuple, state: tuple, backend: str) -> None:
     adopt(state)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # the ranks share this machine's cores
-    init_rank(rank, total, backend)
+    init_rank(rank, total, backend, port)
     try:
         out = fn(Mesh.from_env(**sizes), *args)
         if rank == 0:
@@ -300,6 +302,7 @@ def spawn(tp: int, fn: Callable, *args, ep: int = 1, sp: bool = False, dp: int =
     with tempfile.TemporaryDirectory() as tmp:
         result = str(Path(tmp) / "rank0.pt")
         sizes = {"tp": tp, "ep": ep, "sp": sp, "dp": dp}
-        mp.start_processes(_worker, args=(total, sizes, _free_port(), result, fn, args, caller_state(), backend), nprocs=total, join=True,
+        store = rendezvous()
+        mp.start_processes(_worker, args=(total, sizes, store.port, result, fn, args, caller_state(), backend), nprocs=total, join=True,
                            start_method=start_context().get_start_method())
         return torch.load(result, weights_only=False)
