@@ -2,12 +2,12 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from conftest import entry_index, preset_dict
 from isoexec.contract import dump_json, load_preset
@@ -19,14 +19,9 @@ pytestmark = pytest.mark.fresh_isoexec_home  # about admission records and the b
 PEER = Path(__file__).with_name("handshake_peer.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_pair(tmp_path, trainer_args=(), engine_args=(), trainer_contract="tiny-dense", engine_contract="tiny-dense"):
-    port = _free_port()
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # the peers' store, on a port this process holds
+    port = store.port
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PEER.parent), os.environ.get("PYTHONPATH", "")]), "ISOEXEC_HOME": str(tmp_path / "home")}
 
     def start(role, contract, extra):
