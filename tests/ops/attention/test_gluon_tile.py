@@ -1,7 +1,7 @@
 """attention.triton's tile in Gluon (`ops/attention/gluon_tile.py`): every output bit equal to the Triton walk's, in
 the forms the trainer and the engine make (packed sequences, a prefill chunk after cached keys, decode steps), at
-head_dim 128 on a Hopper GPU; a re-blocked fold (the control) differs. No interpreter runs Gluon, so off a GPU the kernel is compiled for sm_90a and assembled by ptxas
-(`benchmarks/attention_gluon.py --compile-only`)."""
+head_dim 128 on a Hopper GPU; a re-blocked fold (the control) differs. No interpreter runs Gluon, so off a GPU the
+kernel is compiled for sm_90a and assembled by ptxas (`benchmarks/attention_gluon.py --compile-only`)."""
 
 import os
 import pathlib
@@ -83,16 +83,15 @@ def test_packed_rows_and_log_sum_exp_equal_the_walks(heads, dtype, monkeypatch):
 @gpu
 @pytest.mark.parametrize("heads", [4, 8])
 def test_a_prefill_chunk_after_cached_keys_equals_the_walks(heads, monkeypatch):
-    """The engine's form: two sequences' chunks after 250 and 31 cached keys in pages of 16 slots in random order, the
-    store's other slots NaN (a key no row sees must not reach a row)."""
+    """The engine's form: two sequences' chunks after 250 and 31 cached keys in pages of 16 slots in random order; every
+    slot not written is NaN, the second sequence's table row maps 249 of them past its last key (keys no row sees,
+    inside the key blocks its tiles walk: they must not reach a row)."""
     generator = torch.Generator(device=DEVICE).manual_seed(0)
     context, chunk, page = (250, 31), (100, 70), 16
     keys = [c + n for c, n in zip(context, chunk)]
     pages = -(-max(keys) // page)
     block_table = torch.randperm(2 * pages, generator=generator, device=DEVICE).view(2, pages)
     slot_table = paged_slot_table(block_table, page, max(keys))
-    for b, n in enumerate(keys):
-        slot_table[b, n:] = -1
     k = torch.full((2 * pages * page, 2, 128), float("nan"), device=DEVICE, dtype=torch.bfloat16)
     v = k.clone()
     for b, n in enumerate(keys):
