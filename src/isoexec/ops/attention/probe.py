@@ -1,28 +1,26 @@
 """Admission trials for `attention`: every row of every form and case vs its sequence computed alone.
 
-Forms follow the case's role: trainer cases run packed variable-length batches (several
-compositions and orders); `engine_prefill` runs chunked prefill over a paged KV cache whose pages are
-allocated in shuffled order and whose unwritten slots hold NaN/±inf (so future keys of the current
-block are poison too); `engine_decode` runs the same cache one token per sequence per step, with the
-sequences starting at staggered steps so the decode batch keeps changing. The reference for a
-sequence is its rows computed alone in the anchor case's form.
-"""
+The forms (`forms.py`) follow the case's role: trainer cases run packed variable-length batches
+(several compositions and orders); `engine_prefill` runs chunked prefill over a paged KV cache whose
+pages are allocated in shuffled order and whose unwritten slots hold NaN/±inf (so future keys of the
+current block are poison too); `engine_decode` runs the same cache one token per sequence per step,
+with the sequences starting at staggered steps so the decode batch keeps changing. The reference for a
+sequence is its rows computed alone in the anchor case's form. Each form runs without a window and
+with one (`WINDOW`) over the longer sequences."""
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from ...validate.battery import Trial, strided
-from .metadata import UNUSED_SLOT, packed_slot_table, paged_slot_table
+from .forms import alone, engine_steps, forms
+from .metadata import packed_slot_table
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 16  # the probe's own heads, for a contract fitted to no model
 LENGTHS = (70, 1, 40, 16, 17, 15)
 WINDOW, WINDOW_LENGTHS = 20, (70, 40, 17)
-POISON = (float("nan"), float("inf"), float("-inf"))
-# The page size (and the chunk unit) of the probe's engine forms, in units of the impl's key block;
-# impls without a block size (native) get this one.
-DEFAULT_BLOCK_N = 16
 
 
 def heads(ctx) -> tuple[int, int, int]:
@@ -97,7 +95,7 @@ def _sequences(ctx, lengths) -> list[Sequence]:
     return seqs
 
 
-def _packed(ctx, case, seqs, order, window, non_contiguous=False):
+def _packed(ctx, seqs, window, case, order, non_contiguous=False):
     """The sequences `order` packed back to back, as a trainer batch; -> {sequence index: [L, H, D]}."""
     lengths = torch.tensor([len(seqs[i]) for i in order])
     cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(ctx.device)
@@ -111,121 +109,35 @@ def _packed(ctx, case, seqs, order, window, non_contiguous=False):
     return {i: part for i, part in zip(order, parts)}
 
 
-class _PagedCache:
-    """A KV cache of pages of `page_size` slots, handed out in shuffled order, poisoned until written."""
+def _steps(ctx, seqs, window, case, order, spans, page_size):
+    """The engine's calls over a paged KV cache (`forms.engine_steps`)."""
+    _, num_kv_heads, head_dim = heads(ctx)
 
-    def __init__(self, ctx, seqs, order, page_size):
-        pages_per_seq = [-(-len(seqs[i]) // page_size) for i in order]
-        num_pages = sum(pages_per_seq) + 2  # spare pages nobody owns stay poisoned
-        pages = torch.randperm(num_pages, generator=ctx.generator)
-        block_table = torch.full((len(order), max(pages_per_seq)), UNUSED_SLOT, dtype=torch.int64)
-        taken = 0
-        for row, count in enumerate(pages_per_seq):
-            block_table[row, :count] = pages[taken : taken + count]
-            taken += count
-        self.slot_table = paged_slot_table(block_table, page_size, block_table.shape[1] * page_size).to(ctx.device)  # [B, L]
-        _, num_kv_heads, head_dim = heads(ctx)
-        poison = torch.tensor(POISON)[torch.arange(num_pages * page_size * num_kv_heads * head_dim) % len(POISON)]
-        self.k = poison.reshape(num_pages * page_size, num_kv_heads, head_dim).to(ctx.dtype).to(ctx.device)  # [S, Hkv, D]
-        self.v = self.k.clone()
-        self.row = {i: row for row, i in enumerate(order)}
-
-    def write(self, seq: Sequence, i: int, start: int, stop: int) -> None:
-        slots = self.slot_table[self.row[i], start:stop]
-        self.k[slots], self.v[slots] = seq.k[start:stop], seq.v[start:stop]
-
-
-def _engine_steps(ctx, case, seqs, order, window, page_size, spans):
-    """Run `case` over a paged cache, one call per step; `spans[step]` lists (i, start, stop): the
-    query tokens of sequence i in that step, whose keys are written to the cache just before."""
-    cache = _PagedCache(ctx, seqs, order, page_size)
-    pieces = {i: [] for i in order}
-    for step in spans:
-        for i, start, stop in step:
-            cache.write(seqs[i], i, start, stop)
+    def call(cache, step, seq_ids, positions):
         q = torch.cat([seqs[i].q[start:stop] for i, start, stop in step])
-        seq_ids = torch.cat([torch.full((stop - start,), cache.row[i]) for i, start, stop in step]).to(ctx.device)
-        positions = torch.cat([torch.arange(start, stop) for i, start, stop in step]).to(ctx.device)
-        out = ctx.call(case, q, cache.k, cache.v, cache.slot_table, seq_ids, positions, _scale(ctx), window)
-        for (i, start, stop), part in zip(step, out.split([stop - start for _, start, stop in step])):
-            pieces[i].append(part)
-    return {i: torch.cat(pieces[i]) for i in order}
+        k, v = cache.fields["k"], cache.fields["v"]
+        return ctx.call(case, q, k, v, cache.slot_table, seq_ids, positions, _scale(ctx), window)
 
-
-def prefill_spans(lengths: dict[int, int], order, chunk: int) -> list[list[tuple[int, int, int]]]:
-    """Chunked prefill's steps: every sequence of `order` advances by `chunk` tokens a step, all in one
-    batch; a step lists (sequence, start, stop) query ranges. `lengths`: sequence -> its length."""
-    longest = max(lengths[i] for i in order)
-    return [[(i, s, min(s + chunk, lengths[i])) for i in order if s < lengths[i]] for s in range(0, longest, chunk)]
-
-
-def decode_spans(lengths: dict[int, int], order, stagger: int) -> list[list[tuple[int, int, int]]]:
-    """Token-by-token decode's steps; sequence number n of `order` starts at step n * stagger."""
-    starts = {i: n * stagger for n, i in enumerate(order)}
-    last = max(starts[i] + lengths[i] for i in order)
-    return [[(i, s - starts[i], s - starts[i] + 1) for i in order if 0 <= s - starts[i] < lengths[i]] for s in range(last)]
-
-
-def _prefill(ctx, case, seqs, order, window, chunk, page_size=None):
-    spans = prefill_spans({i: len(seqs[i]) for i in order}, order, chunk)
-    return _engine_steps(ctx, case, seqs, order, window, page_size or _block_n(ctx), spans)
-
-
-def _decode(ctx, case, seqs, order, window, stagger):
-    return _engine_steps(ctx, case, seqs, order, window, _block_n(ctx), decode_spans({i: len(seqs[i]) for i in order}, order, stagger))
-
-
-def _block_n(ctx) -> int:
-    return ctx.constants.get("block_n", DEFAULT_BLOCK_N)
-
-
-def _forms(ctx, case, seqs, order, window):
-    """(label, run) for every form that `case` serves, each run giving {sequence index: output}."""
-    block_n = _block_n(ctx)
-    if ctx.role[case] == "trainer":
-        yield "packed", lambda: _packed(ctx, case, seqs, order, window)
-        yield "packed in reverse order", lambda: _packed(ctx, case, seqs, order[::-1], window)
-        yield "packed, non-contiguous q", lambda: _packed(ctx, case, seqs, order, window, non_contiguous=True)
-        for part in (order[1::2], order[::2]):
-            yield f"packed subset {[len(seqs[i]) for i in part]}", lambda part=part: _packed(ctx, case, seqs, part, window)
-    elif case == "engine_decode":
-        yield "decode, staggered starts", lambda: _decode(ctx, case, seqs, order, window, stagger=3)
-        yield "decode in lockstep, reverse order", lambda: _decode(ctx, case, seqs, order[::-1], window, stagger=0)
-    else:
-        longest = max(len(seqs[i]) for i in order)
-        for chunk in dict.fromkeys((block_n, 2 * block_n, 7, block_n + 7, longest)):
-            yield f"prefill in chunks of {chunk}", lambda chunk=chunk: _prefill(ctx, case, seqs, order, window, chunk)
-        yield f"prefill in chunks of {block_n}, reverse order", lambda: _prefill(ctx, case, seqs, order[::-1], window, block_n)
-        yield f"prefill in chunks of 7, pages of {2 * block_n}", lambda: _prefill(ctx, case, seqs, order, window, 7, 2 * block_n)
-        # Pages smaller than a key block: a block's keys come from several pages, chunks start anywhere.
-        small = max(1, block_n // 2)
-        yield f"prefill in chunks of 5, pages of {small}", lambda: _prefill(ctx, case, seqs, order, window, 5, small)
-
-
-def _alone(ctx, seqs, i, window) -> Tensor:
-    """Sequence i computed by itself in the anchor case's simplest form."""
-    case = ctx.anchor
-    if ctx.role[case] == "trainer":
-        return _packed(ctx, case, seqs, [i], window)[i]
-    if case == "engine_decode":
-        return _decode(ctx, case, seqs, [i], window, stagger=0)[i]
-    return _prefill(ctx, case, seqs, [i], window, len(seqs[i]))[i]
+    shapes = {"k": (num_kv_heads, head_dim), "v": (num_kv_heads, head_dim)}
+    return engine_steps(ctx, seqs, order, page_size, spans, shapes, call)
 
 
 def _trials(ctx, seqs, order, window, label):
-    alone = {i: _alone(ctx, seqs, i, window) for i in order}
+    lengths = {i: len(seqs[i]) for i in range(len(seqs))}
+    packed, steps = partial(_packed, ctx, seqs, window), partial(_steps, ctx, seqs, window)
+    rows_alone = {i: alone(ctx, lengths, i, packed, steps) for i in order}
     for case in ctx.cases:
-        for form, run in _forms(ctx, case, seqs, order, window):
+        for form, run in forms(ctx, case, lengths, order, packed, steps, strided="q"):
             for i, out in run().items():
-                yield Trial(f"{label}{case}, {form}: sequence #{i} (length {len(seqs[i])}) vs alone", alone[i], out)
-    return alone
+                yield Trial(f"{label}{case}, {form}: sequence #{i} (length {len(seqs[i])}) vs alone", rows_alone[i], out)
+    return rows_alone
 
 
 def probe(ctx, lengths=LENGTHS, window_lengths=WINDOW_LENGTHS):
     """The trials; smaller `lengths` / `window_lengths` (each a subset of the other) make a quicker
     probe for Triton's interpreter, losing the hazards of the lengths left out (see HAZARDS)."""
     seqs = _sequences(ctx, lengths)
-    alone = yield from _trials(ctx, seqs, list(range(len(seqs))), None, "")
+    rows_alone = yield from _trials(ctx, seqs, list(range(len(seqs))), None, "")
     window_order = [lengths.index(n) for n in window_lengths]
     yield from _trials(ctx, seqs, window_order, WINDOW, f"window {WINDOW}: ")
     empty = torch.empty(0, dtype=torch.int64, device=ctx.device)
@@ -233,4 +145,4 @@ def probe(ctx, lengths=LENGTHS, window_lengths=WINDOW_LENGTHS):
     slot_table = packed_slot_table(torch.tensor([0, len(seqs[0])], device=ctx.device))[0]
     for case in ctx.cases:
         out = ctx.call(case, seqs[0].q[:0], k, v, slot_table, empty, empty, _scale(ctx), None)
-        yield Trial(f"{case}, empty query batch", alone[0][:0], out)
+        yield Trial(f"{case}, empty query batch", rows_alone[0][:0], out)

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ...validate.battery import Trial, hazard_rows, strided
-from ..attention.probe import decode_spans, prefill_spans
+from ..attention.forms import decode_spans, prefill_spans
 from ..common import torch_dtype
 from . import reference
 from .reference import SOFTPLUS_THRESHOLD

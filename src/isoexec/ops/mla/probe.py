@@ -12,19 +12,16 @@ rope key makes scores, the latent the values (see HAZARDS).
 """
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from ...validate.battery import Trial, strided
-from ..attention.metadata import UNUSED_SLOT, packed_slot_table, paged_slot_table
-from ..attention.probe import decode_spans, prefill_spans
+from ..attention.forms import alone, engine_steps, forms
+from ..attention.metadata import packed_slot_table
 
 LENGTHS = (70, 1, 40, 16, 17, 15)
-POISON = (float("nan"), float("inf"), float("-inf"))
-# The page size (and the chunk unit) of the engine forms, in units of the impl's key block; impls
-# without a block size (native) get this one.
-DEFAULT_BLOCK_N = 16
 
 
 @dataclass(frozen=True)
@@ -114,7 +111,7 @@ def _scale(ctx) -> float:
     return (d.nope + d.rope) ** -0.5
 
 
-def _packed(ctx, case, seqs, weight, order, non_contiguous=False):
+def _packed(ctx, seqs, weight, case, order, non_contiguous=False):
     """The sequences `order` packed back to back, as a trainer batch; -> {sequence index: [L, H, dv]}."""
     lengths = torch.tensor([len(seqs[i]) for i in order])
     cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(ctx.device)
@@ -126,103 +123,31 @@ def _packed(ctx, case, seqs, weight, order, non_contiguous=False):
     return dict(zip(order, out.split(lengths.tolist())))
 
 
-class _PagedStore:
-    """A latent store of pages of `page_size` slots, handed out in shuffled order, poisoned until written."""
+def _steps(ctx, seqs, weight, case, order, spans, page_size):
+    """The engine's calls over a paged latent store (`forms.engine_steps`)."""
 
-    def __init__(self, ctx, seqs, order, page_size):
-        pages_per_seq = [-(-len(seqs[i]) // page_size) for i in order]
-        num_pages = sum(pages_per_seq) + 2  # spare pages nobody owns stay poisoned
-        pages = torch.randperm(num_pages, generator=ctx.generator)
-        block_table = torch.full((len(order), max(pages_per_seq)), UNUSED_SLOT, dtype=torch.int64)
-        taken = 0
-        for row, count in enumerate(pages_per_seq):
-            block_table[row, :count] = pages[taken : taken + count]
-            taken += count
-        self.slot_table = paged_slot_table(block_table, page_size, block_table.shape[1] * page_size).to(ctx.device)  # [B, L]
-        width = seqs[order[0]].rows.shape[1]
-        poison = torch.tensor(POISON)[torch.arange(num_pages * page_size * width) % len(POISON)]
-        self.rows = poison.reshape(num_pages * page_size, width).to(ctx.dtype).to(ctx.device)  # [S, r + dr]
-        self.row = {i: row for row, i in enumerate(order)}
-
-    def write(self, seq: Sequence, i: int, start: int, stop: int) -> None:
-        self.rows[self.slot_table[self.row[i], start:stop]] = seq.rows[start:stop]
-
-
-def _engine_steps(ctx, case, seqs, weight, order, page_size, spans):
-    """Run `case` over a paged store, one call per step; `spans[step]` lists (i, start, stop): the
-    query tokens of sequence i in that step, whose rows are written to the store just before."""
-    store = _PagedStore(ctx, seqs, order, page_size)
-    pieces = {i: [] for i in order}
-    for step in spans:
-        for i, start, stop in step:
-            store.write(seqs[i], i, start, stop)
+    def call(store, step, seq_ids, positions):
         q_nope = torch.cat([seqs[i].q_nope[start:stop] for i, start, stop in step])
         q_rope = torch.cat([seqs[i].q_rope[start:stop] for i, start, stop in step])
-        seq_ids = torch.cat([torch.full((stop - start,), store.row[i]) for i, start, stop in step]).to(ctx.device)
-        positions = torch.cat([torch.arange(start, stop) for i, start, stop in step]).to(ctx.device)
-        out = ctx.call(case, q_nope, q_rope, store.rows, weight, store.slot_table, seq_ids, positions, _scale(ctx))
-        for (i, start, stop), part in zip(step, out.split([stop - start for _, start, stop in step])):
-            pieces[i].append(part)
-    return {i: torch.cat(pieces[i]) for i in order}
+        return ctx.call(case, q_nope, q_rope, store.fields["rows"], weight, store.slot_table, seq_ids, positions, _scale(ctx))
 
-
-def _prefill(ctx, case, seqs, weight, order, chunk, page_size=None):
-    spans = prefill_spans({i: len(seqs[i]) for i in order}, order, chunk)
-    return _engine_steps(ctx, case, seqs, weight, order, page_size or _block_n(ctx), spans)
-
-
-def _decode(ctx, case, seqs, weight, order, stagger):
-    return _engine_steps(ctx, case, seqs, weight, order, _block_n(ctx), decode_spans({i: len(seqs[i]) for i in order}, order, stagger))
-
-
-def _block_n(ctx) -> int:
-    return ctx.constants.get("block_n", DEFAULT_BLOCK_N)
-
-
-def _forms(ctx, case, seqs, weight, order):
-    """(label, run) for every form that `case` serves, each run giving {sequence index: output}."""
-    block_n = _block_n(ctx)
-    if ctx.role[case] == "trainer":
-        yield "packed", lambda: _packed(ctx, case, seqs, weight, order)
-        yield "packed in reverse order", lambda: _packed(ctx, case, seqs, weight, order[::-1])
-        yield "packed, non-contiguous q and rows", lambda: _packed(ctx, case, seqs, weight, order, non_contiguous=True)
-        for part in (order[1::2], order[::2]):
-            yield f"packed subset {[len(seqs[i]) for i in part]}", lambda part=part: _packed(ctx, case, seqs, weight, part)
-    elif case == "engine_decode":
-        yield "decode, staggered starts", lambda: _decode(ctx, case, seqs, weight, order, stagger=3)
-        yield "decode in lockstep, reverse order", lambda: _decode(ctx, case, seqs, weight, order[::-1], stagger=0)
-    else:
-        longest = max(len(seqs[i]) for i in order)
-        for chunk in dict.fromkeys((block_n, 2 * block_n, 7, block_n + 7, longest)):
-            yield f"prefill in chunks of {chunk}", lambda chunk=chunk: _prefill(ctx, case, seqs, weight, order, chunk)
-        yield f"prefill in chunks of {block_n}, reverse order", lambda: _prefill(ctx, case, seqs, weight, order[::-1], block_n)
-        yield f"prefill in chunks of 7, pages of {2 * block_n}", lambda: _prefill(ctx, case, seqs, weight, order, 7, 2 * block_n)
-        # Pages smaller than a key block: a block's keys come from several pages, chunks start anywhere.
-        small = max(1, block_n // 2)
-        yield f"prefill in chunks of 5, pages of {small}", lambda: _prefill(ctx, case, seqs, weight, order, 5, small)
-
-
-def _alone(ctx, seqs, weight, i) -> Tensor:
-    """Sequence i computed by itself in the anchor case's simplest form."""
-    case = ctx.anchor
-    if ctx.role[case] == "trainer":
-        return _packed(ctx, case, seqs, weight, [i])[i]
-    if case == "engine_decode":
-        return _decode(ctx, case, seqs, weight, [i], stagger=0)[i]
-    return _prefill(ctx, case, seqs, weight, [i], len(seqs[i]))[i]
+    shapes = {"rows": (seqs[order[0]].rows.shape[1],)}
+    return engine_steps(ctx, seqs, order, page_size, spans, shapes, call)
 
 
 def probe(ctx, lengths=LENGTHS):
     """The trials; smaller `lengths` make a quicker probe, losing the hazards of the lengths left out."""
     seqs, weight = _sequences(ctx, lengths), _weight(ctx)
     order = list(range(len(seqs)))
-    alone = {i: _alone(ctx, seqs, weight, i) for i in order}
+    by_index = {i: len(seqs[i]) for i in order}
+    packed, steps = partial(_packed, ctx, seqs, weight), partial(_steps, ctx, seqs, weight)
+    rows_alone = {i: alone(ctx, by_index, i, packed, steps) for i in order}
     for case in ctx.cases:
-        for form, run in _forms(ctx, case, seqs, weight, order):
+        for form, run in forms(ctx, case, by_index, order, packed, steps, strided="q and rows"):
             for i, out in run().items():
-                yield Trial(f"{case}, {form}: sequence #{i} (length {len(seqs[i])}) vs alone", alone[i], out)
+                yield Trial(f"{case}, {form}: sequence #{i} (length {len(seqs[i])}) vs alone", rows_alone[i], out)
     empty = torch.empty(0, dtype=torch.int64, device=ctx.device)
     slot_table = packed_slot_table(torch.tensor([0, len(seqs[0])], device=ctx.device))[0]
     for case in ctx.cases:
         out = ctx.call(case, seqs[0].q_nope[:0], seqs[0].q_rope[:0], seqs[0].rows, weight, slot_table, empty, empty, _scale(ctx))
-        yield Trial(f"{case}, empty query batch", alone[0][:0], out)
+        yield Trial(f"{case}, empty query batch", rows_alone[0][:0], out)
