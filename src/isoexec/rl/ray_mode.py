@@ -24,7 +24,6 @@ Ray is imported only here, and only when called: the in-process mode never needs
 """
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
@@ -106,17 +105,16 @@ class _Rank:
     """One rank of a side, in a Ray worker process."""
 
     def address(self) -> tuple[str, int]:
-        """Where rank 0 listens for the others (called on rank 0 only)."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return _ray().util.get_node_ip_address(), port
+        """Where rank 0 serves the store the others meet at (called on rank 0 only). The store keeps its port from
+        here on: a port found free and bound only later could be taken in between (`parallel.mesh.rendezvous`)."""
+        self.store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False)
+        return _ray().util.get_node_ip_address(), self.store.port
 
     def start(self, rank: int, total: int, sizes: dict, address: tuple[str, int], factory, args) -> None:
-        os.environ.update(MASTER_ADDR=address[0], MASTER_PORT=str(address[1]))
         torch.set_num_threads(1)  # as parallel.RankGroup's ranks: the same bits
         self.rank = rank
-        dist.init_process_group("gloo", rank=rank, world_size=total)
+        store = self.store if rank == 0 else dist.TCPStore(address[0], address[1], is_master=False)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=total)
         self.side = factory(Mesh.from_env(**sizes), *args)
 
     def pid(self) -> int:
