@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
-import socket
 from datetime import timedelta
 
 WORLD = 2
@@ -83,11 +81,11 @@ def _rank(rank: int, backend: str, port: int, queue) -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(0)
     results = {}
     try:
-        dist.init_process_group(backend, rank=rank, world_size=WORLD, timeout=timedelta(seconds=60))
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=60))
     except Exception as error:  # noqa: BLE001 - recorded, not handled
         queue.put((rank, {"init_process_group": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}))
         return
@@ -103,9 +101,12 @@ def _rank(rank: int, backend: str, port: int, queue) -> None:
 
 
 def probe(backend: str, timeout: float = 180) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    import torch.distributed as dist
+
+    # The store is served from here, on a port it keeps until the ranks are done (a port found free and bound later
+    # by rank 0 could be taken in between).
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    port = store.port
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     processes = [context.Process(target=_rank, args=(rank, backend, port, queue)) for rank in range(WORLD)]
