@@ -267,7 +267,8 @@ def _parse(argv):
     parser.add_argument("--contracts", help="contracts to compare, preset names or files, the one under test first (default: "
                                             f"{','.join(GPU_CONTRACTS)} on cuda, tiny-dense,native on cpu); a name ending in "
                                             f"{variants.SYNC} runs that contract's engine with async scheduling off, one in "
-                                            f"{variants.GLUON} its engine and trainer with attention.triton's Gluon tile")
+                                            f"{variants.GLUON} its engine and trainer with attention.triton's Gluon tile, one in {variants.BLOCKS} "
+                                            "its decode calls of few programs with the key blocks spread over the grid")
     parser.add_argument("--new-tokens", type=int, help="new tokens per request in engine, hf and roofline (default: 128, or 8 with --small)")
     parser.add_argument("--trainer-reps", type=int, default=7, help="trainer: timed steps per contract, taking turns (default: 7)")
     parser.add_argument("--cuda-graphs", action="store_true", help="run the engine with CUDA graphs (where EngineConfig has them)")

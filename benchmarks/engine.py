@@ -8,7 +8,7 @@ on an H200 at bb94c8d, docs/experiments.md). `engine.step` is wrapped to take th
 with nothing extra synchronised: a step ends in the host's read of the tokens drawn by the step before it
 (async scheduling; with it off, by the step itself), so in a run of decode steps a step's wall time is the
 interval from one step to the next. A contract label ending in +sync runs with async scheduling off, one in +gluon
-with attention.triton's Gluon tile (variants.py):
+with attention.triton's Gluon tile, one in +blocks with decode's key blocks spread over the grid (variants.py):
 
 engine:   tokens/s = batch x new_tokens / median wall time of the whole generate (prefill included),
           per contract, and the first contract's ratio to each of the others (the baselines);

@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -202,6 +202,17 @@ if [ "$PART" = attention-gluon-bench ]; then
 (cd benchmarks && PYTHONPATH=../src python3 bench.py engine roofline trainer --cuda-graphs \
     --contracts tiny-dense-triton+gluon,tiny-dense-triton,contracts/fast-baseline.toml --json "$OUT/bench_gluon.json" 2>&1 \
     | grep -E "^(engine|roofline|trainer|bench)" | tee "$OUT/bench_gluon.txt")
+fi
+
+# Both attention paths that are off by default, in one call: the spread decode's and the Gluon tile's bits and times
+# against the walk and flash (attention_blocks.py, attention_gluon.py), then the engine and roofline on both presets
+# with each beside the walk and the fast baseline (bench.py's +blocks and +gluon entries, variants.py).
+if [ "$PART" = attention-probes ]; then
+(cd benchmarks && PYTHONPATH=../src timeout 150 python3 attention_blocks.py --out "$OUT/attention_blocks.txt" 2>&1 | grep -v Warning)
+(cd benchmarks && PYTHONPATH=../src timeout 200 python3 attention_gluon.py --out "$OUT/attention_gluon.txt" 2>&1 | grep -v Warning | tail -20)
+(cd benchmarks && PYTHONPATH=../src python3 bench.py engine roofline --cuda-graphs \
+    --contracts tiny-dense-triton+blocks,tiny-dense-triton+gluon,tiny-dense-triton,contracts/fast-baseline.toml --json "$OUT/bench_probes.json" 2>&1 \
+    | grep -E "^(engine|roofline|bench)" | tee "$OUT/bench_probes.txt")
 fi
 
 # Parallel layouts with every rank on the one GPU (issue 20 item 7): which collectives gloo and NCCL carry with CUDA

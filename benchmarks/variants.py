@@ -2,12 +2,14 @@
 
     +sync   its engine with async scheduling off;
     +gluon  attention.triton's tile in Gluon (ops/attention/gluon_tile.py, as ISOEXEC_ATTENTION_GLUON=1 sets it) for
-            this entry's engine and trainer runs, the Triton walk for the others.
+            this entry's engine and trainer runs, the Triton walk for the others;
+    +blocks decode calls of few programs with their key blocks spread over the grid (ops/attention/triton_blocks.py,
+            as ISOEXEC_ATTENTION_BLOCKS_MIN=1 sets it) for this entry's runs, the walk for the others.
 """
 import contextlib
 
-SYNC, GLUON = "+sync", "+gluon"
-SUFFIXES = (SYNC, GLUON)
+SYNC, GLUON, BLOCKS = "+sync", "+gluon", "+blocks"
+SUFFIXES = (SYNC, GLUON, BLOCKS)
 
 
 def base(spec: str) -> str:
@@ -24,13 +26,18 @@ def has(label: str, suffix: str) -> bool:
 @contextlib.contextmanager
 def kernels(label: str):
     """The kernels this label's runs take, set for the `with` block."""
-    if not has(label, GLUON):
-        yield
-        return
-    from isoexec.ops.attention import gluon_tile
-
-    saved, gluon_tile.ENABLED = gluon_tile.ENABLED, True
+    switches = []  # (module, attribute, value)
+    if has(label, GLUON):
+        from isoexec.ops.attention import gluon_tile
+        switches.append((gluon_tile, "ENABLED", True))
+    if has(label, BLOCKS):
+        from isoexec.ops.attention import triton_blocks
+        switches.append((triton_blocks, "BLOCKS_MIN", 1))
+    saved = [getattr(module, name) for module, name, _ in switches]
+    for module, name, value in switches:
+        setattr(module, name, value)
     try:
         yield
     finally:
-        gluon_tile.ENABLED = saved
+        for (module, name, _), value in zip(switches, saved):
+            setattr(module, name, value)

@@ -88,14 +88,15 @@ def test_small_cpu_run_of_the_moe_and_mla_sections(tmp_path):
 
 
 def test_contract_suffixes_name_the_same_contract_run_another_way():
-    """bench.py's --contracts suffixes (benchmarks/variants.py): +sync and +gluon, in any order, after a preset or a file;
-    +gluon turns attention.triton's Gluon tile on for the `with` block only."""
+    """bench.py's --contracts suffixes (benchmarks/variants.py): +sync, +gluon and +blocks, in any order, after a preset or
+    a file; +gluon turns attention.triton's Gluon tile on, +blocks its spread decode, for the `with` block only."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import variants
 
-    from isoexec.ops.attention import gluon_tile
+    from isoexec.ops.attention import gluon_tile, triton_blocks
 
     assert variants.base("tiny-dense-triton+gluon+sync") == "tiny-dense-triton"
+    assert variants.base("tiny-dense-triton+blocks+gluon") == "tiny-dense-triton"
     assert variants.base("contracts/fast.toml+sync") == "contracts/fast.toml"
     assert variants.has("x+gluon+sync", variants.SYNC) and variants.has("x+sync+gluon", variants.GLUON)
     assert not variants.has("x+gluon", variants.SYNC) and not variants.has("x", variants.GLUON)
@@ -105,3 +106,7 @@ def test_contract_suffixes_name_the_same_contract_run_another_way():
     assert gluon_tile.ENABLED == before
     with variants.kernels("tiny-dense-triton+sync"):
         assert gluon_tile.ENABLED == before
+    blocks_before = triton_blocks.BLOCKS_MIN
+    with variants.kernels("tiny-dense-triton+blocks"):
+        assert triton_blocks.BLOCKS_MIN == 1 and gluon_tile.ENABLED == before
+    assert triton_blocks.BLOCKS_MIN == blocks_before
