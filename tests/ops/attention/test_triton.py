@@ -354,17 +354,18 @@ def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(co
 
 
 def test_the_spread_decode_knob_reads_the_environment_and_refuses_bad_values(monkeypatch):
-    """ISOEXEC_ATTENTION_BLOCKS_MIN: a number of key blocks, or off (the default); anything else is refused in one line."""
+    """ISOEXEC_ATTENTION_BLOCKS_MIN: a number of key blocks (unset: the default, 8), or off; anything else is refused in
+    one line."""
     from isoexec.ops.attention import triton_blocks
 
-    for value, parsed in (("", None), ("off", None), ("1", 1), ("64", 64)):
+    for value, parsed in (("", 8), ("off", None), ("1", 1), ("64", 64)):
         monkeypatch.setenv("ISOEXEC_ATTENTION_BLOCKS_MIN", value)
-        assert triton_blocks._env_blocks("ISOEXEC_ATTENTION_BLOCKS_MIN") == parsed
+        assert triton_blocks._env_blocks("ISOEXEC_ATTENTION_BLOCKS_MIN", 8) == parsed
     for value in ("0", "-3", "many", "1.5"):
         monkeypatch.setenv("ISOEXEC_ATTENTION_BLOCKS_MIN", value)
         with pytest.raises(ValueError, match="ISOEXEC_ATTENTION_BLOCKS_MIN must be a positive number of key blocks or 'off'"):
-            triton_blocks._env_blocks("ISOEXEC_ATTENTION_BLOCKS_MIN")
-    monkeypatch.setattr(triton_blocks, "BLOCKS_MIN", None)  # the default: off
+            triton_blocks._env_blocks("ISOEXEC_ATTENTION_BLOCKS_MIN", 8)
+    monkeypatch.setattr(triton_blocks, "BLOCKS_MIN", None)  # off
     assert not triton_blocks.applies(1, 8, 128, torch.device("cpu"))
     monkeypatch.setattr(triton_blocks, "BLOCKS_MIN", 64)  # on for tables of 64 key blocks or more
     assert triton_blocks.applies(1, 8, 128, torch.device("cpu")) and not triton_blocks.applies(1, 8, 32, torch.device("cpu"))

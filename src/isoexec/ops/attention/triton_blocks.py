@@ -21,8 +21,9 @@ maximum is exact in any order. So three launches compute the same values:
 What stays serial is the fold, one multiply-add per element a block. Bits equal to the walk's are shown in the
 interpreter (tests/ops/attention/test_triton.py); on a GPU the two places a compiler could part them are the fold's
 multiply-adds (compiled for sm_90a, both kernels contract them to `fma.rn.f32`) and p · v, a separate sum in both
-(`settled` in the walk, a store here). No GPU has run it yet, so `BLOCKS_MIN` is off unless set
-(`ISOEXEC_ATTENTION_BLOCKS_MIN`).
+(`settled` in the walk, a store here). On an H100 the rows were the walk's bit for bit at batch 1-16 and 128-8,192
+keys, the GPU tests passed and the 0.6B- and 8B-shaped audits were bitwise with every decode step spread
+(`benchmarks/RESULTS.md`, "The spread decode"); `ISOEXEC_ATTENTION_BLOCKS_MIN` sets the threshold, `off` turns it off.
 """
 from __future__ import annotations
 
@@ -38,9 +39,11 @@ from ..triton_support import cdiv, jit, next_power_of_2, tl
 from .triton_steps import _finish, _fold_sums, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores, _visible
 
 
-def _env_blocks(name: str) -> int | None:
+def _env_blocks(name: str, default: int | None) -> int | None:
     value = os.environ.get(name, "")
-    if value in ("", "off"):
+    if value == "":
+        return default
+    if value == "off":
         return None
     if not value.isdigit() or int(value) < 1:
         raise EnvError(f"{name} must be a positive number of key blocks or 'off', got {value!r}")
@@ -48,11 +51,17 @@ def _env_blocks(name: str) -> int | None:
 
 
 # A decode call takes this path where its rows span at least BLOCKS_MIN key blocks of the table and its programs
-# (queries x KV heads) are at most BLOCKS_MAX_FILL an SM. Off (None) until a GPU has shown its bits and its time.
-BLOCKS_MIN: int | None = _env_blocks("ISOEXEC_ATTENTION_BLOCKS_MIN")
+# (queries x KV heads) are at most BLOCKS_MAX_FILL an SM (None: never). On an H100 at Qwen3-8B's heads (graph replays,
+# benchmarks/attention_blocks.py) the spread rows beat the walk from 8 blocks of 32 keys at batch 1 (128 keys: even) and
+# up to batch 8 (64 programs, half the SMs: 101 against 109 us at 2,048 keys), and lost from batch 16 (181 against 109).
+BLOCKS_MIN: int | None = _env_blocks("ISOEXEC_ATTENTION_BLOCKS_MIN", 8)
 BLOCKS_MAX_FILL = 0.5
-FOLD_STAGES = 4  # blocks' terms the fold has in flight (its loop's pipeline depth)
-PROGRAM_WAVES = 2  # programs an SM for the blocks' kernels (`_programs_a_row`; 225 registers a thread in the terms kernel: two fit an SM)
+# The fold's pipeline depth (blocks' terms in flight) and the blocks' kernels' programs an SM (`_programs_a_row`; the
+# terms kernel takes 225 registers a thread, so two programs fit an SM and the rest wait their turn). On an H100, batch 1
+# at 2,048 / 8,192 keys: 31.6 / 109.7 us at 2 programs an SM and 4 in flight, 27.5 / 86.9 at 8 and 4, 26.2 / 79.9 at 8
+# and 8; 16 programs an SM or 16 in flight gained 1-3% more.
+FOLD_STAGES = 8
+PROGRAM_WAVES = 8
 
 
 @jit
