@@ -1,5 +1,6 @@
-"""attention.triton's decode rows by the walk (one program per query and KV head over every key block) against the
-key blocks spread over the grid (`ops/attention/triton_blocks.py`, forced on), and flash SDPA: the bits of the two
+"""attention.triton's decode rows by the walk (one program per query and KV head over every key block, the spread
+path forced off) against the key blocks spread over the grid (`ops/attention/triton_blocks.py`, forced on), the walk's
+tile in Gluon (`ops/attention/gluon_tile.py`, where it imports) and flash SDPA: the bits of each against the walk
 (elements whose int16 views differ: must be 0) and each one's time as a CUDA-graph replay, at Qwen3-8B's heads
 (32 query heads, 8 KV heads of 128, bf16), one query per sequence over a paged cache of `keys` keys.
 
@@ -15,7 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention import PAGE_SIZE, _randn
 from isoexec.ops.attention import triton as attention_triton
-from isoexec.ops.attention import triton_blocks
+from isoexec.ops.attention import gluon_tile, triton_blocks
 from isoexec.ops.attention.metadata import paged_slot_table
 from timing import graphed_ms
 
@@ -24,21 +25,26 @@ HEADS = (32, 8, 128)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1x2048,1x8192,1x512,1x256,1x128,4x512,4x2048,8x2048,16x2048",
+    parser.add_argument("--sizes", default="1x2048,1x8192,1x512,1x256,1x128,4x512,4x2048,8x2048,16x2048,64x512,64x2048",
                         help="batch x keys, comma-separated (the first ones first: a call cut short keeps them)")
     parser.add_argument("--out", help="append each row here too")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run in the interpreter (no flash)")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), torch.bfloat16
-    walk = attention_triton.bench_op()
+    op = attention_triton.bench_op()
 
-    def spread(*call):
-        saved = triton_blocks.BLOCKS_MIN, triton_blocks.BLOCKS_MAX_FILL
-        triton_blocks.BLOCKS_MIN, triton_blocks.BLOCKS_MAX_FILL = 1, float("inf")
-        try:
-            return walk(*call)
-        finally:
-            triton_blocks.BLOCKS_MIN, triton_blocks.BLOCKS_MAX_FILL = saved
+    def forced(blocks_min, fill, gluon):
+        def run(*call):
+            saved = triton_blocks.BLOCKS_MIN, triton_blocks.BLOCKS_MAX_FILL, gluon_tile.ENABLED
+            triton_blocks.BLOCKS_MIN, triton_blocks.BLOCKS_MAX_FILL, gluon_tile.ENABLED = blocks_min, fill, gluon
+            try:
+                return op(*call)
+            finally:
+                triton_blocks.BLOCKS_MIN, triton_blocks.BLOCKS_MAX_FILL, gluon_tile.ENABLED = saved
+        return run
+
+    walk, spread = forced(None, 0.0, False), forced(1, float("inf"), False)
+    gluon = forced(None, 0.0, True) if device.type == "cuda" and gluon_tile.available() else None
 
     generator = torch.Generator(device=device).manual_seed(0)
     num_heads, num_kv_heads, head_dim = HEADS
@@ -55,8 +61,14 @@ def main() -> None:
         v_store[slot_table.flatten()] = v.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
         call = (q, k_store, v_store, slot_table, torch.arange(batch, device=device), torch.full((batch,), keys - 1, device=device),
                 head_dim**-0.5)
-        differing = int((walk(*call).view(torch.int16) != spread(*call).view(torch.int16)).sum())
+        want = walk(*call).view(torch.int16)
+        differing = int((want != spread(*call).view(torch.int16)).sum())
         walk_ms, spread_ms = graphed_ms(lambda: walk(*call), device), graphed_ms(lambda: spread(*call), device)
+        gluon_part = ""
+        if gluon is not None:
+            gluon_differing = int((want != gluon(*call).view(torch.int16)).sum())
+            gluon_ms = graphed_ms(lambda: gluon(*call), device)
+            gluon_part = f"  gluon {gluon_ms * 1e3:7.1f} us  gluon_differing {gluon_differing}"
         flash_ms = float("nan")
         if device.type == "cuda":
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
@@ -64,7 +76,7 @@ def main() -> None:
                                       device)
         line = (f"decode batch {batch:<3} keys {keys:<5} walk {walk_ms * 1e3:7.1f} us  spread {spread_ms * 1e3:7.1f} us  flash "
                 f"{flash_ms * 1e3:7.1f} us  flash/walk {flash_ms / walk_ms:.2f}  flash/spread {flash_ms / spread_ms:.2f}  "
-                f"differing {differing}")
+                f"differing {differing}{gluon_part}")
         print(line, flush=True)
         if args.out:
             with open(args.out, "a") as f:
