@@ -19,9 +19,9 @@ every form (tests/ops/attention/test_gluon_tile.py).
 
 It serves the calls `attention_fwd` runs as tiles of 64 or 128 rows (one or two warpgroups: the many-query tiles,
 lone and stacked, and a decode batch's tile of one query) with 16-bit operands, head_dim 128 and no window on a Hopper
-GPU, where `ISOEXEC_ATTENTION_GLUON=1`: off by default until a GPU has shown its bits and its time
-(`benchmarks/attention_gluon.py`, `gpu_checks.sh attention-gluon`). No interpreter runs Gluon, so off a GPU only its
-compilation for sm_90a is tested.
+GPU, where `ISOEXEC_ATTENTION_GLUON=1`. Off by default: on an H100 its prefill rows were the walk's bit for bit and
+0.82-0.96x as fast as Triton's walk (`benchmarks/attention_gluon.py`; benchmarks/RESULTS.md, "The spread decode and the
+Gluon tile"). No interpreter runs Gluon, so off a GPU only its compilation for sm_90a is tested.
 """
 from __future__ import annotations
 
