@@ -1,16 +1,17 @@
 """attention.triton's prefill in Gluon (`ops/attention/gluon_tile.py`) against the Triton walk and flash SDPA: the bits
 (elements whose int16 views differ from the walk's: must be 0) and graph-replay times at Qwen3-8B's heads (32 query
-heads, 8 KV heads of 128, bf16) on one sequence, as bench.py attention's prefill rows; and, to tell what the overlap buys
-from what Gluon's code does otherwise, the walk's own order written with the tile's block step (`sync`: each wgmma
-waited at once, so no softmax under the tensor cores), at 4 warps (one 64-row tile) and 8 (two stacked); and the tile as
-lone 64-row programs (`tile-4w`), where attention_fwd stacks two at these heads.
+heads, 8 KV heads of 128, bf16) on one sequence, as bench.py attention's prefill rows. `tile`: the op's Gluon tile as
+ISOEXEC_ATTENTION_GLUON=1 runs it (lone 64-row tiles, the walk's order); `overlap-8w` / `overlap-4w`: the tile's
+overlapped loop (block j's softmax under block j - 1's PV wgmma), stacked and lone; `sync-4w` / `sync-8w`: a probe
+kernel of the walk's order for one sequence from position 0 (no metadata), lone and stacked.
 
     cd benchmarks && PYTHONPATH=../src python3 attention_gluon.py [--lengths 2048,8192,512] [--out FILE]
     PYTHONPATH=src python3 benchmarks/attention_gluon.py --compile-only   # no GPU: every kernel built for sm_90a, its resources
 
 Why: compiled by Triton the walk issues each 32-key block's QK wgmma and waits, runs the softmax, issues the PV wgmma and
-waits, then folds, so nothing of the softmax runs under an MMA (RESULTS.md, "What bounds prefill") and Triton 3.6 takes
-no say in it; the tile issues block j's QK with block j - 1's PV and runs block j's softmax while that PV is in flight.
+waits, then folds, so nothing of the softmax runs under an MMA (RESULTS.md, "What bounds prefill"). The overlapped loop
+was written to change that and was slower on an H100; the walk's order written in Gluon was faster than Triton's code
+for it (RESULTS.md, "The spread decode and the Gluon tile").
 
 The `sync` kernel is one sequence from position 0, bf16, head_dim 128, query heads a power of two per KV head.
 """
@@ -149,7 +150,7 @@ def compile_only() -> None:
 
     def report(label, ptx, shared, registers, spills):
         waits = re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx)
-        print(f"{label:<16} registers {registers}  spill stores {spills} B  shared {shared} B  wgmma.mma_async {ptx.count('wgmma.mma_async')}  "
+        print(f"{label:<24} registers {registers}  spill stores {spills} B  shared {shared} B  wgmma.mma_async {ptx.count('wgmma.mma_async')}  "
               f"waits {waits}  ex2 {ptx.count('ex2.approx')}", flush=True)
 
     pointers = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "o": "*bf16", "slot_table": "*i64"}
@@ -157,12 +158,13 @@ def compile_only() -> None:
         constants = {"G": 4, "D": HEAD_DIM, "BLOCK_M": rows, "BLOCK_N": BLOCK_N, "STAGES": STAGES}
         report(f"sync-{rows // 16}w", *_compile(prefill_kernel, constants, pointers, rows // 16))
     pointers |= {"lse": "*fp32", "seq_ids": "*i64", "positions": "*i64"}
-    for warps, group, positions, queries in ((4, 4, 16, 16), (8, 4, 32, 32), (4, 2, 32, 32), (4, 4, 16, 1)):  # 8B's lone, stacked, 0.6B's, decode
-        for lse in (False, True) if queries > 1 else (False,):
-            constants = {"G": group, "G_PAD": group, "D": HEAD_DIM, "BLOCK_Q": positions, "BLOCK_N": BLOCK_N, "QUERIES": queries,
-                         "WITH_LSE": lse}
-            label = f"tile-{warps}w-g{group}{'-decode' if queries == 1 else ''}{'-lse' if lse else ''}"
-            report(label, *_compile(gluon_tile.gluon_fwd_kernel, constants, pointers, warps))
+    for overlap in (False, True):
+        for warps, group, positions, queries in ((4, 4, 16, 16), (8, 4, 32, 32), (4, 2, 32, 32), (4, 4, 16, 1)):  # 8B's lone, stacked, 0.6B's, decode
+            for lse in (False, True) if queries > 1 else (False,):
+                constants = {"G": group, "G_PAD": group, "D": HEAD_DIM, "BLOCK_Q": positions, "BLOCK_N": BLOCK_N, "QUERIES": queries,
+                             "WITH_LSE": lse, "OVERLAP": overlap}
+                label = f"tile{'-overlap' if overlap else ''}-{warps}w-g{group}{'-decode' if queries == 1 else ''}{'-lse' if lse else ''}"
+                report(label, *_compile(gluon_tile.gluon_fwd_kernel, constants, pointers, warps))
 
 
 def main() -> None:
@@ -195,13 +197,16 @@ def main() -> None:
         row = {"length": length}
         fns = {"triton": lambda: walk(*call)}
 
-        def tile(call=call):
-            saved, gluon_tile.ENABLED = gluon_tile.ENABLED, True
+        def tile(call=call, overlap=False):
+            saved = gluon_tile.ENABLED, gluon_tile.OVERLAP
+            gluon_tile.ENABLED, gluon_tile.OVERLAP = True, overlap
             try:
                 return walk(*call)
             finally:
-                gluon_tile.ENABLED = saved
+                gluon_tile.ENABLED, gluon_tile.OVERLAP = saved
 
+        # the op's tile (lone 64-row tiles in the walk's order: what ISOEXEC_ATTENTION_GLUON=1 runs), and the overlapped
+        # loop stacked as attention_fwd stacked the walk's tiles before the tile stopped stacking
         launches = []
         launch = gluon_tile.attention_fwd
         gluon_tile.attention_fwd = lambda *a, **kw: launches.append(1) or launch(*a, **kw)
@@ -215,17 +220,18 @@ def main() -> None:
         if not launches:  # attention_fwd did not hand the call to the tile: its row would be the walk's
             row["tile_error"] = "not taken (gluon_tile.applies refused the call)"
             fns.pop("tile", None)
-        # the tile as lone 64-row programs (attention_fwd stacks two at 4 query heads per KV head): two programs an SM
-        # with their own K and V loads, against one with shared loads
-        def lone(call=call):
-            return gluon_tile.attention_fwd(*call, torch.empty_like(q), None, group=4, g_pad=4, tile_positions=16, queries=16,
-                                            block_n=BLOCK_N, num_warps=4)
 
-        try:
-            row["tile-4w_differing"] = int((lone().view(torch.int16) != expected).sum())
-            fns["tile-4w"] = lone
-        except Exception as error:  # noqa: BLE001
-            row["tile-4w_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+        def shaped(warps, overlap, call=call):
+            positions = 16 * warps // 4
+            return gluon_tile.attention_fwd(*call, torch.empty_like(q), None, group=4, g_pad=4, tile_positions=positions, queries=positions,
+                                            block_n=BLOCK_N, num_warps=warps, overlap=overlap)
+
+        for name, warps in (("overlap-8w", 8), ("overlap-4w", 4)):
+            try:
+                row[f"{name}_differing"] = int((shaped(warps, True).view(torch.int16) != expected).sum())
+                fns[name] = lambda warps=warps: shaped(warps, True)
+            except Exception as error:  # noqa: BLE001
+                row[f"{name}_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
         for rows in SYNC_ROWS:
             name = f"sync-{rows // 16}w"
             try:

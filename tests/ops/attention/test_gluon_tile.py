@@ -34,18 +34,25 @@ def test_the_gluon_tile_compiles_for_hopper(tmp_path):
                             timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith("tile")]
-    assert len(rows) == 7, result.stdout
+    assert len(rows) == 14, result.stdout
     assert all(0 < int(row[row.index("registers") + 1]) <= 255 for row in rows), result.stdout
-    # the overlapped loop: a wgmma wait with one group in flight
-    assert all("'1'" in " ".join(row) for row in rows), result.stdout
+    # the overlapped loop waits with one wgmma group in flight; the walk's order waits for each at once
+    overlapped = [row for row in rows if row[0].startswith("tile-overlap")]
+    assert len(overlapped) == 7 and all("'1'" in " ".join(row) for row in overlapped), result.stdout
+    assert not any("'1'" in " ".join(row) for row in rows if row not in overlapped), result.stdout
 
 
 gpu = pytest.mark.skipif(not (HOPPER and gluon_tile.available()), reason="the Gluon tile runs on a Hopper GPU")
 
 
-def _both(args, monkeypatch, constants=BF16, lse=False):
-    """(the Triton walk's output, the Gluon tile's) for one call; with lse, each one's log-sum-exp too. The second call
-    must have gone to the tile (else the comparison would be the walk's with itself)."""
+def _both(args, monkeypatch, constants=BF16, lse=False, overlap=False):
+    """(the Triton walk's output, the Gluon tile's) for one call, the tile's loop overlapped or in the walk's order; with
+    lse, each one's log-sum-exp too. The second call must have gone to the tile (else the comparison would be the walk's
+    with itself), so decode calls keep to the tile, not the spread path."""
+    from isoexec.ops.attention import triton_blocks
+
+    monkeypatch.setattr(triton_blocks, "BLOCKS_MIN", None)
+    monkeypatch.setattr(gluon_tile, "OVERLAP", overlap)
     launches = []
     launch = gluon_tile.attention_fwd
     monkeypatch.setattr(gluon_tile, "attention_fwd", lambda *a, **kw: launches.append(1) or launch(*a, **kw))
@@ -70,12 +77,13 @@ def _packed(lengths, heads, kv_heads, dtype=torch.bfloat16, seed=0):
 
 
 @gpu
-@pytest.mark.parametrize("heads", [4, 8])  # 2 query heads per KV head (a lone 64-row tile), 4 (two stacked)
+@pytest.mark.parametrize("heads", [4, 8])  # 2 query heads per KV head, 4 (the walk stacks two 64-row tiles there)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_packed_rows_and_log_sum_exp_equal_the_walks(heads, dtype, monkeypatch):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_packed_rows_and_log_sum_exp_equal_the_walks(heads, dtype, overlap, monkeypatch):
     """The trainer's form: sequences packed back to back, short and long, across tile and key-block edges."""
     args = _packed([300, 1, 17, 64, 65, 33, 200, 16], heads, 2, dtype)
-    (walk, walk_lse), (tile, tile_lse) = _both(args, monkeypatch, lse=True)
+    (walk, walk_lse), (tile, tile_lse) = _both(args, monkeypatch, lse=True, overlap=overlap)
     assert torch.equal(int_view(tile), int_view(walk))
     assert torch.equal(int_view(tile_lse), int_view(walk_lse))
 
@@ -107,16 +115,17 @@ def test_a_prefill_chunk_after_cached_keys_equals_the_walks(heads, monkeypatch):
 
 @gpu
 @pytest.mark.parametrize("heads", [4, 8])
-def test_decode_rows_equal_training_rows_whichever_kernel_computes_them(heads, monkeypatch):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_decode_rows_equal_training_rows_whichever_kernel_computes_them(heads, overlap, monkeypatch):
     """The contract's claim across kernels: decode steps (one query a sequence, a 64-row tile each) by the tile or by
     the walk give the rows the trainer's packed call gives, by the tile or by the walk."""
     q, k, v, slot_table, seq_ids, positions, scale = _packed([70, 33, 300], heads, 2)
     starts = (0, 70, 103)
-    trained = [out for out, _ in _both((q, k, v, slot_table, seq_ids, positions, scale), monkeypatch)]
+    trained = [out for out, _ in _both((q, k, v, slot_table, seq_ids, positions, scale), monkeypatch, overlap=overlap)]
     for step in ((69, 32, 299), (50, 20, 256), (31, 0, 95), (32, 31, 64)):
         rows = torch.tensor([start + p for start, p in zip(starts, step)], device=DEVICE)
         call = (q[rows], k, v, slot_table, torch.arange(3, device=DEVICE), torch.tensor(step, device=DEVICE), scale)
-        for decoded, _ in _both(call, monkeypatch):
+        for decoded, _ in _both(call, monkeypatch, overlap=overlap):
             for train in trained:
                 assert torch.equal(int_view(decoded), int_view(train[rows])), step
 

@@ -52,6 +52,11 @@ def _env_switch(name: str) -> bool:
 
 
 ENABLED: bool = _env_switch("ISOEXEC_ATTENTION_GLUON")
+# The block loop's order. False: the walk's own, each wgmma waited at once (softmax between the two MMAs), in lone
+# 64-row tiles (`attention_fwd` stacks none while the tile is on). True: block j's QK issued with block j - 1's PV and
+# block j's softmax run while that PV is in flight. On an H100 the overlap ran 0.83-0.85x the walk's order at 4 warps
+# (benchmarks/RESULTS.md, "The spread decode and the Gluon tile"); both give the walk's bits.
+OVERLAP = False
 
 
 def available() -> bool:
@@ -156,7 +161,8 @@ if gluon is not None:
     @gluon.jit
     def _tile(i, q, o, lse, k, v, slot_table, seq_ids, positions, kv_head, q_smem, k_bufs, v_bufs, T, L, S, scale,
               stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_sb, stride_lh,
-              G: gl.constexpr, G_PAD: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, WITH_LSE: gl.constexpr):
+              G: gl.constexpr, G_PAD: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, WITH_LSE: gl.constexpr,
+              OVERLAP: gl.constexpr):
         """`_tile` for the tile that starts at query i: its rows, every key block they see, their outputs."""
         ROWS: gl.constexpr = q_smem.shape[0]
         D: gl.constexpr = q_smem.shape[1]
@@ -201,30 +207,45 @@ if gluon is not None:
         acc = gl.zeros([ROWS, D], gl.float32, layout=O_LAYOUT)
         zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
         zero_o = gl.zeros([ROWS, D], gl.float32, layout=O_LAYOUT)
-        # Block 0 by the masked step, which gives the unmasked step's values for a whole block; a tile that sees no
-        # key (hi_blk = 0) gathers zeros and keeps every row's state there.
-        _landed(_STAGES - 2)
-        _issue(_STAGES - 1, hi, k_bufs, v_bufs, k, v, seq_row, L, S, kv_head, stride_ks, stride_kh, stride_vs, stride_vh)
-        s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zero_s, use_acc=False)
-        m, l, alpha_prev, p, active_prev = _softmax(s, m, l, 0, pos, row_ok, seq_row, L, S, scale, True, BLOCK_N)
-        p_prev = gl.convert_layout(p.to(q_smem.dtype), P_LAYOUT)
-        for j in range(1, hi_blk):
+        if OVERLAP:
+            # Block 0 by the masked step, which gives the unmasked step's values for a whole block; a tile that sees no
+            # key (hi_blk = 0) gathers zeros and keeps every row's state there.
             _landed(_STAGES - 2)
-            # into block j - 2's buffer: its PV was waited in the last iteration, before this barrier
-            _issue(j + _STAGES - 1, hi, k_bufs, v_bufs, k, v, seq_row, L, S, kv_head, stride_ks, stride_kh, stride_vs, stride_vh)
-            s_mma = warpgroup_mma(q_smem, k_bufs.index(j % BUFFERS).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            pv_mma = warpgroup_mma(p_prev, v_bufs.index((j - 1) % BUFFERS), zero_o, use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_mma, ))
-            if j < full_blk:
-                m, l, alpha, p, active = _softmax(s, m, l, j, pos, row_ok, seq_row, L, S, scale, False, BLOCK_N)
-            else:
-                m, l, alpha, p, active = _softmax(s, m, l, j, pos, row_ok, seq_row, L, S, scale, True, BLOCK_N)
-            pv, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(pv_mma, p_prev))
-            acc = _fold_block(acc, alpha_prev, pv, active_prev, j - 1, full_blk)
-            p_prev, alpha_prev, active_prev = gl.convert_layout(p.to(q_smem.dtype), P_LAYOUT), alpha, active
-        last = gl.maximum(hi_blk - 1, 0)
-        pv = warpgroup_mma(p_prev, v_bufs.index(last % BUFFERS), zero_o, use_acc=False)
-        acc = _fold_block(acc, alpha_prev, pv, active_prev, last, full_blk)
+            _issue(_STAGES - 1, hi, k_bufs, v_bufs, k, v, seq_row, L, S, kv_head, stride_ks, stride_kh, stride_vs, stride_vh)
+            s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zero_s, use_acc=False)
+            m, l, alpha_prev, p, active_prev = _softmax(s, m, l, 0, pos, row_ok, seq_row, L, S, scale, True, BLOCK_N)
+            p_prev = gl.convert_layout(p.to(q_smem.dtype), P_LAYOUT)
+            for j in range(1, hi_blk):
+                _landed(_STAGES - 2)
+                # into block j - 2's buffer: its PV was waited in the last iteration, before this barrier
+                _issue(j + _STAGES - 1, hi, k_bufs, v_bufs, k, v, seq_row, L, S, kv_head, stride_ks, stride_kh, stride_vs, stride_vh)
+                s_mma = warpgroup_mma(q_smem, k_bufs.index(j % BUFFERS).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                pv_mma = warpgroup_mma(p_prev, v_bufs.index((j - 1) % BUFFERS), zero_o, use_acc=False, is_async=True)
+                s = warpgroup_mma_wait(num_outstanding=1, deps=(s_mma, ))
+                if j < full_blk:
+                    m, l, alpha, p, active = _softmax(s, m, l, j, pos, row_ok, seq_row, L, S, scale, False, BLOCK_N)
+                else:
+                    m, l, alpha, p, active = _softmax(s, m, l, j, pos, row_ok, seq_row, L, S, scale, True, BLOCK_N)
+                pv, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(pv_mma, p_prev))
+                acc = _fold_block(acc, alpha_prev, pv, active_prev, j - 1, full_blk)
+                p_prev, alpha_prev, active_prev = gl.convert_layout(p.to(q_smem.dtype), P_LAYOUT), alpha, active
+            last = gl.maximum(hi_blk - 1, 0)
+            pv = warpgroup_mma(p_prev, v_bufs.index(last % BUFFERS), zero_o, use_acc=False)
+            acc = _fold_block(acc, alpha_prev, pv, active_prev, last, full_blk)
+        else:
+            # The walk's order: block j's QK waited, its softmax, its PV waited, its fold. A tile that sees no key
+            # (hi_blk = 0) runs no block and keeps every row's state.
+            for j in range(hi_blk):
+                _landed(_STAGES - 2)
+                # into block j - 1's buffer: its wgmmas were waited before this barrier
+                _issue(j + _STAGES - 1, hi, k_bufs, v_bufs, k, v, seq_row, L, S, kv_head, stride_ks, stride_kh, stride_vs, stride_vh)
+                s = warpgroup_mma(q_smem, k_bufs.index(j % BUFFERS).permute((1, 0)), zero_s, use_acc=False)
+                if j < full_blk:
+                    m, l, alpha, p, active = _softmax(s, m, l, j, pos, row_ok, seq_row, L, S, scale, False, BLOCK_N)
+                else:
+                    m, l, alpha, p, active = _softmax(s, m, l, j, pos, row_ok, seq_row, L, S, scale, True, BLOCK_N)
+                pv = warpgroup_mma(gl.convert_layout(p.to(q_smem.dtype), P_LAYOUT), v_bufs.index(j % BUFFERS), zero_o, use_acc=False)
+                acc = _fold_block(acc, alpha, pv, active, j, full_blk)
         async_copy.wait_group(0)
 
         # `_finish`: 0 for a row that saw no key, a zero acc taken as +0.0
@@ -243,17 +264,19 @@ if gluon is not None:
     def gluon_fwd_kernel(q, k, v, o, lse, slot_table, seq_ids, positions, T, L, S, scale,
                          stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_sb, stride_lh,
                          G: gl.constexpr, G_PAD: gl.constexpr, D: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-                         QUERIES: gl.constexpr, WITH_LSE: gl.constexpr):
+                         QUERIES: gl.constexpr, WITH_LSE: gl.constexpr, OVERLAP: gl.constexpr):
         """`attention_fwd_kernel`: program (r, kv_head) runs the tiles that start among queries [r * QUERIES, (r + 1) *
         QUERIES), last queries first (QUERIES = BLOCK_Q for many queries, 1 for a decode batch)."""
         WARPS: gl.constexpr = gl.num_warps()
         SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         ONE_D: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[WARPS], order=[0])
         DT: gl.constexpr = q.dtype.element_ty
-        # one buffer more than the loads in flight: block j - 1's V is read by its PV while block j's softmax runs
+        # overlapped, one buffer more than the loads in flight: block j - 1's V is read by its PV while block j's softmax
+        # runs; in the walk's order block j - 1's wgmmas are done before block j + STAGES - 1's copy takes its buffer
+        BUFFERS: gl.constexpr = _STAGES + 1 if OVERLAP else _STAGES
         q_smem = gl.allocate_shared_memory(DT, [16 * WARPS, D], SMEM)
-        k_bufs = gl.allocate_shared_memory(DT, [_STAGES + 1, BLOCK_N, D], SMEM)
-        v_bufs = gl.allocate_shared_memory(DT, [_STAGES + 1, BLOCK_N, D], SMEM)
+        k_bufs = gl.allocate_shared_memory(DT, [BUFFERS, BLOCK_N, D], SMEM)
+        v_bufs = gl.allocate_shared_memory(DT, [BUFFERS, BLOCK_N, D], SMEM)
 
         r = gl.num_programs(0) - 1 - gl.program_id(0)
         kv_head = gl.program_id(1)
@@ -270,15 +293,15 @@ if gluon is not None:
         while start < QUERIES:
             _tile(r * QUERIES + start, q, o, lse, k, v, slot_table, seq_ids, positions, kv_head, q_smem, k_bufs, v_bufs, T, L, S, scale,
                   stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_sb, stride_lh,
-                  G, G_PAD, BLOCK_Q, BLOCK_N, WITH_LSE)
+                  G, G_PAD, BLOCK_Q, BLOCK_N, WITH_LSE, OVERLAP)
             start = gl.min(gl.where(starts & (c > start), c, QUERIES), 0)
 
 
 def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor, scale: float,
                   o: Tensor, lse: Tensor | None, group: int, g_pad: int, tile_positions: int, queries: int, block_n: int,
-                  num_warps: int) -> Tensor:
+                  num_warps: int, overlap: bool | None = None) -> Tensor:
     """`attention_fwd`'s call into `o` (and `lse`) by the Gluon kernel, with the tile and queries a program as
-    `attention_fwd` chose them."""
+    `attention_fwd` chose them; `overlap` the block loop's order (None: `OVERLAP`)."""
     num_tokens = q.shape[0]
     gluon_fwd_kernel[(-(-num_tokens // queries), k_store.shape[1])](
         q, k_store, v_store, o, o if lse is None else lse, slot_table, seq_ids, positions,
@@ -286,5 +309,5 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
         q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), o.stride(0), o.stride(1),
         slot_table.stride(0), 0 if lse is None else lse.stride(0),
         G=group, G_PAD=g_pad, D=q.shape[2], BLOCK_Q=tile_positions, BLOCK_N=block_n, QUERIES=queries, WITH_LSE=lse is not None,
-        num_warps=num_warps)
+        OVERLAP=OVERLAP if overlap is None else overlap, num_warps=num_warps)
     return o

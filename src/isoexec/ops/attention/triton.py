@@ -302,9 +302,11 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
     # H200, by sha-256 against the lone tile, docs/experiments.md), and each key block's loads serve twice
     # the rows. Only while the pair spans at most one key block of positions: beyond that the rows' causal
     # walks part by more than a block, and on an H200 32 x 512 tokens at 2 heads per KV head ran 8% slower.
-    # Not with a window, which no measurement covered.
+    # Not with a window, which no measurement covered. Nor where the tile runs in Gluon (`gluon_tile.py`): there lone
+    # 64-row tiles ran faster than stacked ones on an H100.
     stacked = (queries > 1 and rows == 64 and num_warps == 4 and 2 * tile_positions <= block_n and head_dim <= 128
-               and window is None and q.dtype != torch.float32 and _warpgroup_mma(q.device))
+               and window is None and q.dtype != torch.float32 and _warpgroup_mma(q.device)
+               and not gluon_tile.applies(rows, num_warps, head_dim, window, q.dtype, q.device))
     if stacked:
         tile_positions, rows, num_warps = 2 * tile_positions, 128, 8
         queries = tile_positions
@@ -320,8 +322,8 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
                                                                                    q.device):
         return triton_blocks.attention_decode(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o,
                                               block_m, block_n, num_warps, num_stages)
-    # On Hopper the tile may be the same tile written in Gluon (`gluon_tile.py`: each block's softmax under the tensor
-    # cores, the same operations in the same layouts), where ISOEXEC_ATTENTION_GLUON=1.
+    # On Hopper the tile may be the same tile written in Gluon (`gluon_tile.py`: the same operations in the same layouts),
+    # where ISOEXEC_ATTENTION_GLUON=1.
     if gluon_tile.applies(rows, num_warps, head_dim, window, q.dtype, q.device):
         return gluon_tile.attention_fwd(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o, lse,
                                         group, g_pad, tile_positions, queries, block_n, num_warps)
