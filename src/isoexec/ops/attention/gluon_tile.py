@@ -1,11 +1,13 @@
-"""attention.triton's tile on Hopper, written in Gluon so that each block's softmax runs under a wgmma.
+"""attention.triton's tile on Hopper, written in Gluon.
 
 Compiled by Triton, `attention_fwd_kernel`'s walk issues a key block's QK wgmma and waits for it, runs the softmax,
-issues the PV wgmma and waits for it, then folds: the softmax never overlaps the tensor cores, and prefill runs at
-0.60-0.64 of flash (benchmarks/RESULTS.md, "What bounds prefill"). Gluon (`triton.experimental.gluon`: Triton's own
-back end with the layouts, shared buffers and wgmma waits written out) lets a tile issue block j's QK together with
-block j - 1's PV, run block j's softmax while that PV is in flight, and fold block j - 1 after it. Only when each
-wgmma is waited moves: the folds of l and acc stay in block order.
+issues the PV wgmma and waits for it, then folds, and prefill runs at 0.60-0.65 of flash (benchmarks/RESULTS.md).
+Gluon (`triton.experimental.gluon`: Triton's own back end with the layouts, shared buffers and wgmma waits written out)
+runs the same walk by hand. Two block loops (`OVERLAP`): the walk's own order, and one that issues block j's QK together
+with block j - 1's PV, runs block j's softmax while that PV is in flight and folds block j - 1 after it (only when each
+wgmma is waited moves: the folds of l and acc stay in block order). On an H100 the overlap cost more than it gave, and
+the walk's order written in Gluon as one 64-row tile ran faster than Triton's code for it (RESULTS.md, "The spread
+decode and the Gluon tile"), so that order is the default and the tile runs lone (`attention_fwd` stacks none for it).
 
 The bits are the walk's by construction, not by test alone: the same tile (BLOCK_Q positions x the G_PAD query heads
 of one KV head, `_tile`'s rows, tiles found among a program's queries by `attention_fwd_kernel`'s rule), the same
@@ -17,11 +19,11 @@ layout, p · V a separate sum (`settled`), the same zero select and division at 
 are gathered as +0.0, as `_block` gathers them. The GPU tests compare every output bit with the Triton walk's in
 every form (tests/ops/attention/test_gluon_tile.py).
 
-It serves the calls `attention_fwd` runs as tiles of 64 or 128 rows (one or two warpgroups: the many-query tiles,
-lone and stacked, and a decode batch's tile of one query) with 16-bit operands, head_dim 128 and no window on a Hopper
-GPU, where `ISOEXEC_ATTENTION_GLUON=1`. Off by default: on an H100 its prefill rows were the walk's bit for bit and
-0.82-0.96x as fast as Triton's walk (`benchmarks/attention_gluon.py`; benchmarks/RESULTS.md, "The spread decode and the
-Gluon tile"). No interpreter runs Gluon, so off a GPU only its compilation for sm_90a is tested.
+It serves the calls `attention_fwd` runs as tiles of 64 or 128 rows (one or two warpgroups: the many-query tiles and a
+decode batch's tile of one query) with 16-bit operands, head_dim 128 and no window on a Hopper GPU, where
+`ISOEXEC_ATTENTION_GLUON=1`; off by default until a GPU has timed the walk's order in the op (`benchmarks/attention_gluon.py`:
+the overlapped loop gave the walk's bits and ran 0.82-0.96x as fast as Triton's walk). No interpreter runs Gluon, so
+off a GPU only its compilation for sm_90a is tested.
 """
 from __future__ import annotations
 
