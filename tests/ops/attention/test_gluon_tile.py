@@ -14,6 +14,7 @@ import torch
 from conftest import DEVICE, ON_GPU, int_view, randn
 
 triton = pytest.importorskip("triton")
+pytestmark = pytest.mark.gpu  # gpu_checks.sh selects the device's tests by this marker
 
 from isoexec.ops.attention import gluon_tile, packed_slot_table, paged_slot_table  # noqa: E402
 from isoexec.ops.attention import triton as attention_triton  # noqa: E402
