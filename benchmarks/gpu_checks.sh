@@ -204,7 +204,7 @@ if [ "$PART" = attention-gluon-bench ]; then
     | grep -E "^(engine|roofline|trainer|bench)" | tee "$OUT/bench_gluon.txt")
 fi
 
-# Both attention paths that are off by default, in one call: the spread decode's and the Gluon tile's bits and times
+# The spread decode and the Gluon tile in one call: their bits and times
 # against the walk and flash (attention_blocks.py, attention_gluon.py), then the engine and roofline on both presets
 # with each beside the walk and the fast baseline (bench.py's +blocks and +gluon entries, variants.py).
 if [ "$PART" = attention-probes ]; then
