@@ -301,9 +301,10 @@ if gluon is not None:
 
 def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor, scale: float,
                   o: Tensor, lse: Tensor | None, group: int, g_pad: int, tile_positions: int, queries: int, block_n: int,
-                  num_warps: int, overlap: bool | None = None) -> Tensor:
+                  num_warps: int, overlap: bool | None = None, maxnreg: int | None = None) -> Tensor:
     """`attention_fwd`'s call into `o` (and `lse`) by the Gluon kernel, with the tile and queries a program as
-    `attention_fwd` chose them; `overlap` the block loop's order (None: `OVERLAP`)."""
+    `attention_fwd` chose them; `overlap` the block loop's order (None: `OVERLAP`); `maxnreg` a cap on the registers a
+    thread (ptxas's; None: its own choice), for the probe (`benchmarks/attention_gluon.py`)."""
     num_tokens = q.shape[0]
     gluon_fwd_kernel[(-(-num_tokens // queries), k_store.shape[1])](
         q, k_store, v_store, o, o if lse is None else lse, slot_table, seq_ids, positions,
@@ -311,5 +312,5 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
         q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), o.stride(0), o.stride(1),
         slot_table.stride(0), 0 if lse is None else lse.stride(0),
         G=group, G_PAD=g_pad, D=q.shape[2], BLOCK_Q=tile_positions, BLOCK_N=block_n, QUERIES=queries, WITH_LSE=lse is not None,
-        OVERLAP=OVERLAP if overlap is None else overlap, num_warps=num_warps)
+        OVERLAP=OVERLAP if overlap is None else overlap, num_warps=num_warps, **({} if maxnreg is None else {"maxnreg": maxnreg}))
     return o
