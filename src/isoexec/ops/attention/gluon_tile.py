@@ -21,9 +21,9 @@ every form (tests/ops/attention/test_gluon_tile.py).
 
 It serves the calls `attention_fwd` runs as tiles of 64 or 128 rows (one or two warpgroups: the many-query tiles and a
 decode batch's tile of one query) with 16-bit operands, head_dim 128 and no window on a Hopper GPU, where
-`ISOEXEC_ATTENTION_GLUON=1`; off by default until a GPU has timed the walk's order in the op (`benchmarks/attention_gluon.py`:
-the overlapped loop gave the walk's bits and ran 0.82-0.96x as fast as Triton's walk). No interpreter runs Gluon, so
-off a GPU only its compilation for sm_90a is tested.
+`ISOEXEC_ATTENTION_GLUON=1`. Off by default: on an H200 both loops gave the walk's bits and ran slower than Triton's walk
+in prefill (the walk's order 0.82-0.99x; `benchmarks/attention_gluon.py`). No interpreter runs Gluon, so off a GPU only
+its compilation for sm_90a is tested.
 """
 from __future__ import annotations
 
