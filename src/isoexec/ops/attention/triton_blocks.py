@@ -18,7 +18,10 @@ maximum is exact in any order. So three launches compute the same values:
 3. `fold_kernel`, a program per (query, KV head): l and acc folded over the blocks in ascending order with the
    walk's multiply-adds, then the walk's division and zero select.
 
-What stays serial is the fold, one multiply-add per element a block. Bits equal to the walk's are shown in the
+The three launch with programmatic dependent launch (`triton_support.jit(dependent=True)`), as the walk and the rest of
+a decode step do: compiled for sm_90a with PDL on and off, each kernel's floating-point and MMA instructions are the same
+sequence (register names aside), beside the two `griddepcontrol` instructions. What stays serial is the fold, one
+multiply-add per element a block. Bits equal to the walk's are shown in the
 interpreter (tests/ops/attention/test_triton.py); on a GPU the two places a compiler could part them are the fold's
 multiply-adds (compiled for sm_90a, both kernels contract them to `fma.rn.f32`) and p · v, a separate sum in both
 (`settled` in the walk, a store here). On an H100 the rows were the walk's bit for bit at batch 1-16 and 128-8,192
@@ -35,7 +38,7 @@ from torch import Tensor
 
 from ...env import EnvError
 from .. import triton_support
-from ..triton_support import cdiv, jit, next_power_of_2, tl
+from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, tl
 from .triton_steps import _finish, _fold_sums, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores, _visible
 
 
@@ -103,15 +106,16 @@ def _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N: 
     return p_i, seq_row, (hi_key + 1) // BLOCK_N, tl.where(hi_key >= 0, hi_key // BLOCK_N + 1, 0)
 
 
-@jit(do_not_specialize=["L", "S"])
+@jit(do_not_specialize=["L", "S"], dependent=True)
 def block_max_kernel(
     q, k, v, slot_table, seq_ids, positions, maxima, L, S, scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    NB: tl.constexpr,
+    NB: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): for blocks j = c, c + P, ... of the row (P programs a row), the row maxima of
     block j's scores, into maxima[i, head, j, :G_PAD]."""
+    after_upstream(PDL)
     i, kv_head, i_blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     p_i, seq_row, full_blk, hi_blk = _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
@@ -124,17 +128,18 @@ def block_max_kernel(
         i_blk += tl.num_programs(2)
 
 
-@jit(do_not_specialize=["L", "S"])
+@jit(do_not_specialize=["L", "S"], dependent=True)
 def block_terms_kernel(
     q, k, v, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, L, S, scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr,
+    ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c), for blocks j = c, c + P, ... of the row: the running maximum before and after
     block j (from every earlier block's maxima: a maximum, exact in any order), then block j's alpha, sum_j p and
     p · v as the walk computes them; a row that sees no key of the block gets the terms that leave its state as the
     walk's select does (alpha 1, sums 0)."""
+    after_upstream(PDL)
     i, kv_head, i_blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     p_i, seq_row, full_blk, hi_blk = _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
@@ -175,15 +180,16 @@ def _fold_block(l, acc, alphas, sums, pvs, at, keep, o_d, D: tl.constexpr):
                       tl.load(pvs + at[:, None] * D + o_d[None, :], mask=keep[:, None], other=0.0))
 
 
-@jit(do_not_specialize=["L"])
+@jit(do_not_specialize=["L"], dependent=True)
 def fold_kernel(
     o, positions, alphas, sums, pvs, L, stride_ot, stride_oh,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr, INTERPRETED: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head): l and acc over the row's blocks in ascending order, then the walk's zero select
     and division. The loop's loads do not depend on the fold, so it is software-pipelined (STAGES blocks' terms in
     flight, copied asynchronously): otherwise each block would wait out a load's latency."""
+    after_upstream(PDL)
     i, kv_head = tl.program_id(0), tl.program_id(1)
     hi_key = tl.minimum(tl.load(positions + i).to(tl.int32), L - 1)
     hi_blk = tl.where(hi_key >= 0, hi_key // BLOCK_N + 1, 0)
