@@ -24,6 +24,7 @@ require_triton()
 from isoexec.ops import triton_support  # noqa: E402
 from isoexec.ops.activation import triton as activation_triton  # noqa: E402
 from isoexec.ops.attention import triton as attention_triton  # noqa: E402
+from isoexec.ops.attention import triton_blocks  # noqa: E402
 from isoexec.ops.gdn import conv_triton as gdn_conv_triton  # noqa: E402
 from isoexec.ops.gdn import triton as gdn_triton  # noqa: E402
 from isoexec.ops.linear import persistent_triton, row_parallel_triton, swapped_triton  # noqa: E402
@@ -39,7 +40,8 @@ HOPPER = ON_GPU and torch.cuda.get_device_capability() >= (9, 0)
 
 DECODE_KERNELS = [
     swapped_triton.linear_swapped_kernel, persistent_triton.linear_persistent_kernel, row_parallel_triton.fused_kernel,
-    attention_triton.attention_fwd_kernel, rms_norm_triton.rms_norm_fwd_kernel, qk_triton.qk_norm_rope_kernel,
+    attention_triton.attention_fwd_kernel, triton_blocks.block_max_kernel, triton_blocks.block_terms_kernel, triton_blocks.fold_kernel,
+    rms_norm_triton.rms_norm_fwd_kernel, qk_triton.qk_norm_rope_kernel,
     activation_triton.silu_mul_fwd_kernel, logprobs_triton.chunk_max_kernel,
     logprobs_triton.chunk_sum_kernel, logprobs_triton.chunk_write_kernel,
     sampling_triton.segment_max_kernel, sampling_triton.sample_kernel, sampling_triton.pick_kernel,
@@ -77,9 +79,9 @@ def test_a_dependent_kernel_waits_first():
 
 
 def test_the_decode_path_is_dependent():
-    """Every kernel of a dense model's decode step (and the sampler's, and a hybrid model's Gated DeltaNet conv)
-    declares itself dependent; the check at decoration is what keeps each of them waiting before it touches
-    memory. The Gated DeltaNet core does not: its decode steps were slower launched so (gdn/triton.py)."""
+    """Every kernel of a dense model's decode step (the walk's attention or its spread path, the sampler's, and a hybrid
+    model's Gated DeltaNet conv) declares itself dependent; the check at decoration is what keeps each of them waiting
+    before it touches memory. The Gated DeltaNet core does not: its decode steps were slower launched so (gdn/triton.py)."""
     for kernel in DECODE_KERNELS:
         assert kernel.arg_names[-1] == "PDL", kernel
         if not triton_support.interpreting():

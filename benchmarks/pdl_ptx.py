@@ -1,0 +1,54 @@
+"""Kernels compiled for sm_90a with programmatic dependent launch on and off (no GPU needed): whether their floating-point
+and MMA instructions are the same sequence (register names aside), and how many `griddepcontrol` instructions PDL adds.
+PDL changes when a kernel starts, not what it computes; this shows the compiler left the arithmetic alone.
+
+    env -u TRITON_INTERPRET PYTHONPATH=src python3 benchmarks/pdl_ptx.py
+
+The kernels: attention.triton's spread decode (`ops/attention/triton_blocks.py`) at Qwen3-8B's heads (4 query heads
+per KV head of 128, bf16, key blocks of 32).
+"""
+import inspect
+import re
+
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.compiler import compile as triton_compile
+
+from isoexec.ops.attention import triton_blocks
+
+FLOAT = re.compile(r"\.(f32|f16|bf16)\b|wgmma|mma\.|ex2|rcp|div")
+TYPES = ({n: "*bf16" for n in ("q", "k", "v", "o")} | {n: "*i64" for n in ("slot_table", "seq_ids", "positions")}
+         | {n: "*fp32" for n in ("maxima", "alphas", "sums", "pvs")} | {"scale": "fp32"})
+HEADS = dict(G=4, G_PAD=4, D=128, BLOCK_N=32)
+KERNELS = [  # (kernel, constexprs, num_warps, num_stages), as `triton_blocks.attention_decode` launches them
+    (triton_blocks.block_max_kernel, HEADS | dict(DOT_IN_FP32=False, ROWS=64, NB=64), 4, 3),
+    (triton_blocks.block_terms_kernel, HEADS | dict(DOT_IN_FP32=False, SUM_BY_DOT=False, ROWS=64, NB=64, MAX_CHUNK=32), 4, 3),
+    (triton_blocks.fold_kernel, HEADS | dict(NB=64, INTERPRETED=False, STAGES=triton_blocks.FOLD_STAGES), 4, 1),
+]
+
+
+def ptx(kernel, constants: dict, num_warps: int, num_stages: int) -> str:
+    signature, constexprs = {}, {}
+    for i, name in enumerate(inspect.signature(kernel.fn).parameters):
+        if name in constants:
+            signature[name], constexprs[(i,)] = "constexpr", constants[name]
+        else:
+            signature[name] = TYPES.get(name, "i32")
+    source = ASTSource(kernel, signature, constexprs=constexprs)
+    return triton_compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}).asm["ptx"]
+
+
+def float_ops(text: str) -> list[str]:
+    return [re.sub(r"%[a-z]+\d+", "%R", line.strip()) for line in text.splitlines() if FLOAT.search(line)]
+
+
+def main() -> None:
+    for kernel, constants, num_warps, num_stages in KERNELS:
+        off, on = (ptx(kernel, constants | {"PDL": pdl}, num_warps, num_stages) for pdl in (False, True))
+        same = float_ops(off) == float_ops(on)
+        print(f"{kernel.fn.__name__:<20} float and MMA instructions {len(float_ops(off))} / {len(float_ops(on))}  same sequence: {same}  "
+              f"griddepcontrol {off.count('griddepcontrol')} / {on.count('griddepcontrol')}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
