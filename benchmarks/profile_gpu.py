@@ -16,6 +16,10 @@ trainer:   one trainer_fwd forward + backward (bench.py's trainer workload, --se
            GPU busy time, and GPU time per kernel name; then a host profile (cProfile) of each.
 decode-kernels: one decode step's graph replay and kernels under the contract and under
            contracts/fast-baseline.toml, batch 1 and 64.
+prefill:   bench.py engine's batch-64 work up to its first token (64 prompts of 128 tokens, one draw each) under the
+           contract and contracts/fast-baseline.toml: wall time over repeats, engine steps and prefill chunks, the
+           host's share (cProfile), and GPU time per kernel under torch.profiler. Where bench.py's batch-64 ratio
+           and its decode steps disagree, this is the rest of the generate.
 decode-launch: every projection shape of --model at decode sizes (M = 1, 16, 64) under its Hopper decode
            tile, launched persistently (as linear.triton does where K allows TMA) and one program per
            tile, and the row-parallel fold of o_proj and down_proj, as graph replays beside cuBLAS, with
@@ -162,10 +166,46 @@ def decode_kernels(model_name: str, contracts: list[str], batches=(1, 64)) -> No
             pos = torch.full((b,), 100, dtype=torch.int64, device="cuda")
             slots = torch.arange(b * 128, device="cuda").reshape(b, 128)
             write = slots[:, 100].clone()
-            replay = kernel_ms(lambda: graphs.run(ids, pos, write, slots), torch.device("cuda"))
+            replay = kernel_ms(lambda graphs=graphs: graphs.run(ids, pos, write, slots), torch.device("cuda"))
             print(f"== {contract.name}, batch {b}: decode graph replay (forward + log-probs) {replay:.3f} ms")
             kernel_table(graphs, b)
         del engine, graphs
+        torch.cuda.empty_cache()
+
+
+def profile_prefill(model_name: str, contracts: list[str], batch: int = 64, prompt_len: int = 128, reps: int = 5) -> None:
+    """Per contract: `generate` of bench.py engine's batch-64 prompts with one new token each, on an engine configured as
+    bench.py's (its decode graphs captured, async scheduling on)."""
+    model = init_random(PRESETS[model_name], seed=0).cuda()
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(model.spec.vocab_size, (prompt_len,), generator=generator).tolist() for _ in range(batch)]
+    params = SamplingParams(temperature=1.0, max_tokens=1, ignore_eos=True)
+    for spec in contracts:
+        contract = fit_contract(load(spec), model.spec, device="cuda")
+        pages = -(-(prompt_len + 128) // contract.deployment.engine.kv_page_size) + 1
+        config = EngineConfig.from_contract(contract, num_pages=batch * pages + 8, max_num_seqs=batch, max_model_len=prompt_len + 128,
+                                            cuda_graphs=True)
+        engine = LLMEngine(model, contract, config, device="cuda")
+
+        def run(engine=engine):
+            engine.generate(prompts, params, progress=False)
+
+        run()
+        before = dict(engine.stats)
+        times = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            run()
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e3)
+        per_run = {key: (engine.stats[key] - before[key]) / reps for key in ("steps", "prefill_chunks", "prefill_tokens")}
+        print(f"== {contract.name}, {batch} x {prompt_len} prompt tokens and one draw each: median {sorted(times)[reps // 2]:.2f} ms "
+              f"(min {min(times):.2f}) over {reps}; a run's engine steps {per_run['steps']:.0f}, prefill chunks "
+              f"{per_run['prefill_chunks']:.0f}, prefill tokens {per_run['prefill_tokens']:.0f}", flush=True)
+        host_profile(run, f"{contract.name}, prefill", rows=16)
+        profiled_kernels(run, f"{contract.name}, prefill")
+        del engine
         torch.cuda.empty_cache()
 
 
@@ -342,7 +382,8 @@ def profile_moe(tokens=(4096, 16384)) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="*", help="decode, decode-kernels, attention, gemm, trainer, launch, moe, moe-tiles (default: decode and attention)")
+    parser.add_argument("what", nargs="*", help="decode, decode-kernels, prefill, attention, gemm, trainer, launch, moe, moe-tiles (default: decode "
+                                                "and attention)")
     parser.add_argument("--model", default="qwen3-0.6b-random")
     parser.add_argument("--contract", default="tiny-dense-triton")
     parser.add_argument("--seqs", type=int, default=8, help="trainer: sequences per step")
@@ -352,7 +393,7 @@ def main():
     parser.add_argument("--gdn-no-fla", action="store_true", help="gdn-tiles: leave flash-linear-attention's rows out")
     parser.add_argument("--gdn-shape", action="append", default=[], help="gdn-tiles: one of bench gdn's SHAPES (repeatable; default: all)")
     args = parser.parse_args()
-    sections = {"decode", "decode-kernels", "decode-launch", "attention", "gemm", "trainer", "launch", "moe", "moe-tiles", "mla-tiles", "gdn-tiles"}
+    sections = {"decode", "decode-kernels", "prefill", "decode-launch", "attention", "gemm", "trainer", "launch", "moe", "moe-tiles", "mla-tiles", "gdn-tiles"}
     args.what = args.what or ["decode", "attention"]
     if set(args.what) - sections:
         parser.error(f"unknown section(s) {sorted(set(args.what) - sections)}: choose from {', '.join(sorted(sections))}")
@@ -366,6 +407,8 @@ def main():
         sweep_decode_gemm(args.model)
     if "decode-kernels" in args.what:
         decode_kernels(args.model, [args.contract, FAST_BASELINE])
+    if "prefill" in args.what:
+        profile_prefill(args.model, [args.contract, FAST_BASELINE])
     if "decode-launch" in args.what:
         decode_launch(args.model)
     if "launch" in args.what:
