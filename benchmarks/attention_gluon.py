@@ -2,8 +2,9 @@
 (elements whose int16 views differ from the walk's: must be 0) and graph-replay times at Qwen3-8B's heads (32 query
 heads, 8 KV heads of 128, bf16) on one sequence, as bench.py attention's prefill rows. `tile`: the op's Gluon tile as
 ISOEXEC_ATTENTION_GLUON=1 runs it (lone 64-row tiles, the walk's order); `overlap-8w` / `overlap-4w`: the tile's
-overlapped loop (block j's softmax under block j - 1's PV wgmma), stacked and lone; `sync-4w` / `sync-8w`: a probe
-kernel of the walk's order for one sequence from position 0 (no metadata), lone and stacked.
+overlapped loop (block j's softmax under block j - 1's PV wgmma), stacked and lone; `tile-168r`: the op's tile capped
+at 168 registers a thread (three programs an SM); `sync-4w` / `sync-8w`: a probe kernel of the walk's order for one
+sequence from position 0 (no metadata), lone and stacked.
 
     cd benchmarks && PYTHONPATH=../src python3 attention_gluon.py [--lengths 2048,8192,512] [--out FILE]
     PYTHONPATH=src python3 benchmarks/attention_gluon.py --compile-only   # no GPU: every kernel built for sm_90a, its resources
@@ -197,13 +198,12 @@ def main() -> None:
         row = {"length": length}
         fns = {"triton": lambda: walk(*call)}
 
-        def tile(call=call, overlap=False):
-            saved = gluon_tile.ENABLED, gluon_tile.OVERLAP
-            gluon_tile.ENABLED, gluon_tile.OVERLAP = True, overlap
+        def tile(call=call):
+            saved, gluon_tile.ENABLED = gluon_tile.ENABLED, True
             try:
                 return walk(*call)
             finally:
-                gluon_tile.ENABLED, gluon_tile.OVERLAP = saved
+                gluon_tile.ENABLED = saved
 
         # the op's tile (lone 64-row tiles in the walk's order: what ISOEXEC_ATTENTION_GLUON=1 runs), and the overlapped
         # loop stacked as attention_fwd stacked the walk's tiles before the tile stopped stacking

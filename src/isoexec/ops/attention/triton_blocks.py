@@ -21,8 +21,9 @@ maximum is exact in any order. So three launches compute the same values:
 The three launch with programmatic dependent launch (`triton_support.jit(dependent=True)`), as the walk and the rest of
 a decode step do: compiled for sm_90a with PDL on and off, each kernel's floating-point and MMA instructions are the same
 sequence (register names aside), beside the two `griddepcontrol` instructions (`benchmarks/pdl_ptx.py`); not yet timed
-against the kernels launched without it. What stays serial is the fold, one
-multiply-add per element a block. Bits equal to the walk's are shown in the
+against the kernels launched without it.
+
+What stays serial is the fold, one multiply-add per element a block. Bits equal to the walk's are shown in the
 interpreter (tests/ops/attention/test_triton.py); on a GPU the two places a compiler could part them are the fold's
 multiply-adds (compiled for sm_90a, both kernels contract them to `fma.rn.f32`) and p · v, a separate sum in both
 (`settled` in the walk, a store here). On an H100 the rows were the walk's bit for bit at batch 1-16 and 128-8,192
