@@ -4,7 +4,8 @@ PDL changes when a kernel starts, not what it computes; this shows the compiler 
 
     env -u TRITON_INTERPRET PYTHONPATH=src python3 benchmarks/pdl_ptx.py
 
-The kernels: attention.triton's spread decode (`ops/attention/triton_blocks.py`) at Qwen3-8B's heads (4 query heads
+The kernels: attention.triton's spread decode's dependent two (`ops/attention/triton_blocks.py`; its terms kernel
+launches without PDL) at Qwen3-8B's heads (4 query heads
 per KV head of 128, bf16, key blocks of 32).
 """
 import inspect
@@ -22,7 +23,6 @@ TYPES = ({n: "*bf16" for n in ("q", "k", "v", "o")} | {n: "*i64" for n in ("slot
 HEADS = dict(G=4, G_PAD=4, D=128, BLOCK_N=32)
 KERNELS = [  # (kernel, constexprs, num_warps, num_stages), as `triton_blocks.attention_decode` launches them
     (triton_blocks.block_max_kernel, HEADS | dict(DOT_IN_FP32=False, ROWS=64, NB=64), 4, 3),
-    (triton_blocks.block_terms_kernel, HEADS | dict(DOT_IN_FP32=False, SUM_BY_DOT=False, ROWS=64, NB=64, MAX_CHUNK=32), 4, 3),
     (triton_blocks.fold_kernel, HEADS | dict(NB=64, INTERPRETED=False, STAGES=triton_blocks.FOLD_STAGES), 4, 1),
 ]
 

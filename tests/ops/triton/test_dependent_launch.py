@@ -40,7 +40,7 @@ HOPPER = ON_GPU and torch.cuda.get_device_capability() >= (9, 0)
 
 DECODE_KERNELS = [
     swapped_triton.linear_swapped_kernel, persistent_triton.linear_persistent_kernel, row_parallel_triton.fused_kernel,
-    attention_triton.attention_fwd_kernel, triton_blocks.block_max_kernel, triton_blocks.block_terms_kernel, triton_blocks.fold_kernel,
+    attention_triton.attention_fwd_kernel, triton_blocks.block_max_kernel, triton_blocks.fold_kernel,
     rms_norm_triton.rms_norm_fwd_kernel, qk_triton.qk_norm_rope_kernel,
     activation_triton.silu_mul_fwd_kernel, logprobs_triton.chunk_max_kernel,
     logprobs_triton.chunk_sum_kernel, logprobs_triton.chunk_write_kernel,
@@ -81,12 +81,14 @@ def test_a_dependent_kernel_waits_first():
 def test_the_decode_path_is_dependent():
     """Every kernel of a dense model's decode step (the walk's attention or its spread path, the sampler's, and a hybrid
     model's Gated DeltaNet conv) declares itself dependent; the check at decoration is what keeps each of them waiting
-    before it touches memory. The Gated DeltaNet core does not: its decode steps were slower launched so (gdn/triton.py)."""
+    before it touches memory. Two do not, each slower launched so: the Gated DeltaNet core (gdn/triton.py) and the
+    spread path's terms kernel (attention/triton_blocks.py)."""
     for kernel in DECODE_KERNELS:
         assert kernel.arg_names[-1] == "PDL", kernel
         if not triton_support.interpreting():
             assert kernel.dependent_launches is triton_support.dependent_launches
     assert "PDL" not in gdn_triton.gdn_fwd_kernel.arg_names
+    assert "PDL" not in triton_blocks.block_terms_kernel.arg_names
 
 
 def test_off_in_the_interpreter_and_when_turned_off(monkeypatch):

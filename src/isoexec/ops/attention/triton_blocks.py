@@ -18,10 +18,15 @@ maximum is exact in any order. So three launches compute the same values:
 3. `fold_kernel`, a program per (query, KV head): l and acc folded over the blocks in ascending order with the
    walk's multiply-adds, then the walk's division and zero select.
 
-The three launch with programmatic dependent launch (`triton_support.jit(dependent=True)`), as the walk and the rest of
-a decode step do: compiled for sm_90a with PDL on and off, each kernel's floating-point and MMA instructions are the same
-sequence (register names aside), beside the two `griddepcontrol` instructions (`benchmarks/pdl_ptx.py`); not yet timed
-against the kernels launched without it.
+`block_max_kernel` and `fold_kernel` launch with programmatic dependent launch (`triton_support.jit(dependent=True)`), as
+the walk and the rest of a decode step do; `block_terms_kernel` does not. A dependent kernel lets the kernel behind it
+launch once its own programs are past their wait, so the next kernel's programs take whatever SM room is free while its
+last wave still runs. Launched so behind the terms kernel (two programs an SM, several waves), the fold's few long,
+serial programs ran slower: on an H100 at batch 1 (graph replays, `benchmarks/spread_pdl.py`), 46.3 / 155.2 us at 2,048
+/ 8,192 keys with PDL on the terms kernel and the fold, 26.1 / 80.7 with it on every kernel but the terms one, 26.5 /
+80.8 with it on none. Without PDL the terms kernel lets the fold launch only as its programs end. Compiled for sm_90a,
+each dependent kernel's floating-point and MMA instructions are the same sequence with PDL on and off (register names
+aside), beside the two `griddepcontrol` instructions (`benchmarks/pdl_ptx.py`).
 
 What stays serial is the fold, one multiply-add per element a block. Bits equal to the walk's are shown in the
 interpreter (tests/ops/attention/test_triton.py); on a GPU the two places a compiler could part them are the fold's
@@ -130,18 +135,17 @@ def block_max_kernel(
         i_blk += tl.num_programs(2)
 
 
-@jit(do_not_specialize=["L", "S"], dependent=True)
+@jit(do_not_specialize=["L", "S"])  # not dependent: the module doc says why
 def block_terms_kernel(
     q, k, v, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, L, S, scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, PDL: tl.constexpr = False,
+    ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr,
 ):
     """Program (query i, KV head, c), for blocks j = c, c + P, ... of the row: the running maximum before and after
     block j (from every earlier block's maxima: a maximum, exact in any order), then block j's alpha, sum_j p and
     p · v as the walk computes them; a row that sees no key of the block gets the terms that leave its state as the
     walk's select does (alpha 1, sums 0)."""
-    after_upstream(PDL)
     i, kv_head, i_blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     p_i, seq_row, full_blk, hi_blk = _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
