@@ -22,7 +22,7 @@ maximum is exact in any order. So three launches compute the same values:
 the walk and the rest of a decode step do; `block_terms_kernel` does not. A dependent kernel lets the kernel behind it
 launch once its own programs are past their wait, so the next kernel's programs take whatever SM room is free while its
 last wave still runs. Launched so behind the terms kernel (two programs an SM, several waves), the fold's few long,
-serial programs ran slower: on an H100 at batch 1 (graph replays, `benchmarks/spread_pdl.py`), 46.3 / 155.2 us at 2,048
+serial programs ran slower: on an H100 at batch 1 (graph replays, `benchmarks/attention_spread.py`), 46.3 / 155.2 us at 2,048
 / 8,192 keys with PDL on the terms kernel and the fold, 26.1 / 80.7 with it on every kernel but the terms one, 26.5 /
 80.8 with it on none. Without PDL the terms kernel lets the fold launch only as its programs end. Compiled for sm_90a,
 each dependent kernel's floating-point and MMA instructions are the same sequence with PDL on and off (register names
@@ -72,6 +72,9 @@ BLOCKS_MAX_FILL = 0.5
 # and 8; 16 programs an SM or 16 in flight gained 1-3% more.
 FOLD_STAGES = 8
 PROGRAM_WAVES = 8
+# The fold's programs a (query, KV head), each over head_dim / FOLD_SPLIT of acc's columns, and their warps.
+FOLD_SPLIT = 1
+FOLD_WARPS = 4
 
 
 @jit
@@ -189,22 +192,24 @@ def _fold_block(l, acc, alphas, sums, pvs, at, keep, o_d, D: tl.constexpr):
 @jit(do_not_specialize=["L"], dependent=True)
 def fold_kernel(
     o, positions, alphas, sums, pvs, L, stride_ot, stride_oh,
-    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr, INTERPRETED: tl.constexpr,
-    STAGES: tl.constexpr, PDL: tl.constexpr = False,
+    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PART: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
+    INTERPRETED: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """Program (query i, KV head): l and acc over the row's blocks in ascending order, then the walk's zero select
-    and division. The loop's loads do not depend on the fold, so it is software-pipelined (STAGES blocks' terms in
-    flight, copied asynchronously): otherwise each block would wait out a load's latency."""
+    """Program (query i, KV head, c): l and acc's columns [c * D_PART, (c + 1) * D_PART) over the row's blocks in
+    ascending order, then the walk's zero select and division. Each element of acc is its own chain of multiply-adds,
+    so splitting the columns over programs leaves every one's order, and l (recomputed by each) is the same chain.
+    The loop's loads do not depend on the fold, so it is software-pipelined (STAGES blocks' terms in flight, copied
+    asynchronously): otherwise each block would wait out a load's latency."""
     after_upstream(PDL)
     i, kv_head = tl.program_id(0), tl.program_id(1)
     hi_key = tl.minimum(tl.load(positions + i).to(tl.int32), L - 1)
     hi_blk = tl.where(hi_key >= 0, hi_key // BLOCK_N + 1, 0)
     rows = tl.arange(0, G_PAD)
-    o_d = tl.arange(0, D)
+    o_d = tl.program_id(2) * D_PART + tl.arange(0, D_PART)
     keep = rows < G
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
     l = tl.zeros([G_PAD], dtype=tl.float32)
-    acc = tl.zeros([G_PAD, D], dtype=tl.float32)
+    acc = tl.zeros([G_PAD, D_PART], dtype=tl.float32)
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = 0
         while i_blk < hi_blk:
@@ -266,7 +271,9 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
                              float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
                              MAX_CHUNK=min(nb, 32), num_warps=num_warps, num_stages=num_stages)
-    fold_kernel[(num_tokens, num_kv_heads)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
-                                            G=group, G_PAD=g_pad, D=head_dim, BLOCK_N=block_n, NB=nb, INTERPRETED=interpret,
-                                            STAGES=FOLD_STAGES, num_warps=4)
+    d_part = max(1, head_dim // FOLD_SPLIT)
+    fold_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
+                                                                G=group, G_PAD=g_pad, D=head_dim, D_PART=d_part, BLOCK_N=block_n,
+                                                                NB=nb, INTERPRETED=interpret, STAGES=FOLD_STAGES,
+                                                                num_warps=FOLD_WARPS)
     return o

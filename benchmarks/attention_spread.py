@@ -1,0 +1,113 @@
+"""The spread decode (`ops/attention/triton_blocks.py`) under its launch choices: each one's time as a CUDA-graph replay
+beside the walk's, and its bits against the walk's (elements whose int16 views differ: must be 0), at Qwen3-8B's heads
+as attention_blocks.py.
+
+    cd benchmarks && PYTHONPATH=../src python3 attention_spread.py [pdl] [fold] [kernels] [--sizes 1x2048,...] [--out FILE]
+
+- pdl: programmatic dependent launch on or off per kernel (written max/terms/fold, 1 where that kernel launches with
+  PDL), at 2, 4 and 8 programs an SM (PROGRAM_WAVES);
+- fold: the fold's columns split over FOLD_SPLIT programs of FOLD_WARPS warps (split x warps);
+- kernels: each kernel's mean GPU time (torch.profiler over eager calls) at the defaults.
+"""
+import argparse
+import itertools
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from attention import PAGE_SIZE, _randn
+from attention_blocks import HEADS
+from isoexec.ops import triton_support
+from isoexec.ops.attention import triton as attention_triton
+from isoexec.ops.attention import triton_blocks
+from isoexec.ops.attention.metadata import paged_slot_table
+from timing import graphed_ms
+
+KERNELS = (triton_blocks.block_max_kernel, triton_blocks.block_terms_kernel, triton_blocks.fold_kernel)
+FOLDS = ((1, 4), (2, 4), (4, 4), (4, 2), (8, 2), (8, 1), (16, 1), (32, 1))
+
+
+def case(batch: int, keys: int, generator: torch.Generator, device: torch.device) -> tuple:
+    num_heads, num_kv_heads, head_dim = HEADS
+    dtype = torch.bfloat16
+    q = _randn(generator, batch, num_heads, head_dim, dtype=dtype)
+    k, v = (_randn(generator, batch, num_kv_heads, keys, head_dim, dtype=dtype) for _ in range(2))
+    pages = -(-keys // PAGE_SIZE)
+    block_table = torch.randperm(batch * pages, generator=generator, device=device).view(batch, pages)
+    slot_table = paged_slot_table(block_table, PAGE_SIZE, keys)
+    k_store = torch.full((batch * pages * PAGE_SIZE, num_kv_heads, head_dim), float("nan"), device=device, dtype=dtype)
+    v_store = k_store.clone()
+    k_store[slot_table.flatten()] = k.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
+    v_store[slot_table.flatten()] = v.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
+    return (q, k_store, v_store, slot_table, torch.arange(batch, device=device), torch.full((batch,), keys - 1, device=device),
+            head_dim**-0.5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", nargs="*", default=["pdl", "fold", "kernels"])
+    parser.add_argument("--sizes", default="1x2048,1x8192,4x2048,8x2048")
+    parser.add_argument("--out", help="append each row here too")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    op = attention_triton.bench_op()
+    names = ("BLOCKS_MIN", "BLOCKS_MAX_FILL", "PROGRAM_WAVES", "FOLD_SPLIT", "FOLD_WARPS")
+    defaults = {name: getattr(triton_blocks, name) for name in names}
+    default_pdl = tuple(kernel.dependent_launches is not None for kernel in KERNELS)
+
+    def run(call, pdl=default_pdl, **settings):
+        for name, value in (defaults | settings).items():
+            setattr(triton_blocks, name, value)
+        for kernel, on in zip(KERNELS, pdl):
+            kernel.dependent_launches = lambda device, on=on: on and triton_support.dependent_launches(device)
+        try:
+            return op(*call)
+        finally:
+            for name, value in defaults.items():
+                setattr(triton_blocks, name, value)
+
+    spread = dict(BLOCKS_MIN=1, BLOCKS_MAX_FILL=float("inf"))
+
+    def emit(line: str) -> None:
+        print(line, flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(line + "\n")
+
+    generator = torch.Generator(device=device).manual_seed(0)
+    for size in args.sizes.split(","):
+        batch, keys = map(int, size.split("x"))
+        call = case(batch, keys, generator, device)
+        want = run(call, BLOCKS_MIN=None).view(torch.int16)
+        walk_ms = graphed_ms(lambda: run(call, BLOCKS_MIN=None), device)
+
+        def timed(label, **settings):
+            differing = int((want != run(call, **settings).view(torch.int16)).sum())
+            ms = graphed_ms(lambda: run(call, **settings), device)
+            return f"{label} {ms * 1e3:.1f}" + (f" DIFFERING {differing}" if differing else "")
+
+        head = f"decode batch {batch} keys {keys}  walk {walk_ms * 1e3:.1f} us"
+        if "pdl" in args.what:
+            parts = [timed(f"w{waves} {''.join(str(int(p)) for p in pdl)}", pdl=pdl, PROGRAM_WAVES=waves, **spread)
+                     for waves in (2, 4, 8) for pdl in itertools.product((False, True), repeat=3)]
+            emit(f"{head}  spread by PDL (us): " + ", ".join(parts))
+        if "fold" in args.what:
+            parts = [timed(f"{split}x{warps}", FOLD_SPLIT=split, FOLD_WARPS=warps, **spread) for split, warps in FOLDS]
+            emit(f"{head}  spread by fold split x warps (us): " + ", ".join(parts))
+        if "kernels" in args.what:
+            run(call, **spread)
+            torch.cuda.synchronize()
+            reps = 20
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(reps):
+                    run(call, **spread)
+                torch.cuda.synchronize()
+            times = {}
+            for event in prof.events():
+                if event.device_type.name == "CUDA" and "kernel" in event.name:
+                    times[event.name] = times.get(event.name, 0.0) + event.device_time / reps
+            emit(f"{head}  spread kernels (us, eager): " + ", ".join(f"{name} {us:.1f}" for name, us in times.items()))
+
+
+if __name__ == "__main__":
+    main()
