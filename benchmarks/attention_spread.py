@@ -6,7 +6,8 @@ as attention_blocks.py.
 
 - pdl: programmatic dependent launch on or off per kernel (written max/terms/fold, 1 where that kernel launches with
   PDL), at 2, 4 and 8 programs an SM (PROGRAM_WAVES);
-- fold: the fold's columns split over FOLD_SPLIT programs of FOLD_WARPS warps (split x warps);
+- fold: the fold's columns split over FOLD_SPLIT programs of FOLD_WARPS warps, FOLD_UNROLL blocks an iteration
+  (split x warps x unroll);
 - kernels: each kernel's mean GPU time (torch.profiler over eager calls) at the defaults.
 """
 import argparse
@@ -24,7 +25,8 @@ from isoexec.ops.attention.metadata import paged_slot_table
 from timing import graphed_ms
 
 KERNELS = (triton_blocks.block_max_kernel, triton_blocks.block_terms_kernel, triton_blocks.fold_kernel)
-FOLDS = ((1, 4), (2, 4), (4, 4), (4, 2), (8, 2), (8, 1), (16, 1), (32, 1))
+FOLDS = ((1, 4, 1), (1, 4, 2), (1, 4, 4), (2, 4, 1), (4, 4, 1), (4, 2, 1), (4, 2, 4), (8, 1, 1), (8, 1, 4), (16, 1, 1), (16, 1, 4),
+         (32, 1, 4))
 
 
 def case(batch: int, keys: int, generator: torch.Generator, device: torch.device) -> tuple:
@@ -51,7 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda")
     op = attention_triton.bench_op()
-    names = ("BLOCKS_MIN", "BLOCKS_MAX_FILL", "PROGRAM_WAVES", "FOLD_SPLIT", "FOLD_WARPS")
+    names = ("BLOCKS_MIN", "BLOCKS_MAX_FILL", "PROGRAM_WAVES", "FOLD_SPLIT", "FOLD_WARPS", "FOLD_UNROLL")
     defaults = {name: getattr(triton_blocks, name) for name in names}
     default_pdl = tuple(kernel.dependent_launches is not None for kernel in KERNELS)
 
@@ -92,8 +94,9 @@ def main() -> None:
                      for waves in (2, 4, 8) for pdl in itertools.product((False, True), repeat=3)]
             emit(f"{head}  spread by PDL (us): " + ", ".join(parts))
         if "fold" in args.what:
-            parts = [timed(f"{split}x{warps}", FOLD_SPLIT=split, FOLD_WARPS=warps, **spread) for split, warps in FOLDS]
-            emit(f"{head}  spread by fold split x warps (us): " + ", ".join(parts))
+            parts = [timed(f"{split}x{warps}x{unroll}", FOLD_SPLIT=split, FOLD_WARPS=warps, FOLD_UNROLL=unroll, **spread)
+                     for split, warps, unroll in FOLDS]
+            emit(f"{head}  spread by fold split x warps x unroll (us): " + ", ".join(parts))
         if "kernels" in args.what:
             run(call, **spread)
             torch.cuda.synchronize()

@@ -329,15 +329,16 @@ def test_decode_rows_with_their_key_blocks_over_the_grid_equal_training_rows(hea
 
 
 @pytest.mark.parametrize("constants", [CONSTANTS, BF16])
-@pytest.mark.parametrize("fold_split", [1, 4])
-def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(constants, fold_split, monkeypatch):
+@pytest.mark.parametrize("fold_split, fold_unroll", [(1, 1), (4, 3)])
+def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(constants, fold_split, fold_unroll, monkeypatch):
     """Rows of 1,100 keys (69 blocks of 16: the maxima read in several loads), decoded at positions on and next to
-    block edges, by the spread path (its fold in one program a row and head, or over 4 programs of a quarter of the
-    columns each) and by the walk; the training rows are the walk's (the tests above). The control, the spread path
+    block edges, by the spread path (its fold in one program a row and head a block an iteration, or over 4 programs of a
+    quarter of the columns each, 3 blocks an iteration: rows of 69 blocks end mid-iteration) and by the walk; the training rows are the walk's (the tests above). The control, the spread path
     over blocks of 32 against the walk's 16 (fp32 boundaries, where a re-blocked online softmax shows), must differ."""
     from isoexec.ops.attention import triton_blocks
 
     monkeypatch.setattr(triton_blocks, "FOLD_SPLIT", fold_split)
+    monkeypatch.setattr(triton_blocks, "FOLD_UNROLL", fold_unroll)
 
     q, k, v, slot_table, seq_ids, positions = packed([1100, 40], dtype=torch.float32 if constants is CONSTANTS else torch.bfloat16)
     steps = [(1099, 39), (1024, 0), (1023, 16), (15, 17)]

@@ -72,9 +72,11 @@ BLOCKS_MAX_FILL = 0.5
 # and 8; 16 programs an SM or 16 in flight gained 1-3% more.
 FOLD_STAGES = 8
 PROGRAM_WAVES = 8
-# The fold's programs a (query, KV head), each over head_dim / FOLD_SPLIT of acc's columns, and their warps.
+# The fold's programs a (query, KV head), each over head_dim / FOLD_SPLIT of acc's columns, their warps, and the
+# blocks an iteration of its loop.
 FOLD_SPLIT = 1
 FOLD_WARPS = 4
+FOLD_UNROLL = 1
 
 
 @jit
@@ -193,7 +195,7 @@ def _fold_block(l, acc, alphas, sums, pvs, at, keep, o_d, D: tl.constexpr):
 def fold_kernel(
     o, positions, alphas, sums, pvs, L, stride_ot, stride_oh,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PART: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
-    INTERPRETED: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False,
+    INTERPRETED: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): l and acc's columns [c * D_PART, (c + 1) * D_PART) over the row's blocks in
     ascending order, then the walk's zero select and division. Each element of acc is its own chain of multiply-adds,
@@ -210,14 +212,20 @@ def fold_kernel(
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
     l = tl.zeros([G_PAD], dtype=tl.float32)
     acc = tl.zeros([G_PAD, D_PART], dtype=tl.float32)
+    # UNROLL blocks an iteration, their loads issued together. A block past the row's last reads alpha 1 and zero
+    # sums, which leave l and acc as they are (a -0.0 in acc may turn +0.0, which `_finish` does to every zero).
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = 0
         while i_blk < hi_blk:
-            l, acc = _fold_block(l, acc, alphas, sums, pvs, (head_base + i_blk) * G_PAD + rows, keep, o_d, D)
-            i_blk += 1
+            for u in tl.static_range(UNROLL):
+                at = (head_base + i_blk + u) * G_PAD + rows
+                l, acc = _fold_block(l, acc, alphas, sums, pvs, at, keep & (i_blk + u < hi_blk), o_d, D)
+            i_blk += UNROLL
     else:
-        for i_blk in tl.range(0, hi_blk, num_stages=STAGES):
-            l, acc = _fold_block(l, acc, alphas, sums, pvs, (head_base + i_blk) * G_PAD + rows, keep, o_d, D)
+        for i_blk in tl.range(0, hi_blk, UNROLL, num_stages=STAGES):
+            for u in tl.static_range(UNROLL):
+                at = (head_base + i_blk + u) * G_PAD + rows
+                l, acc = _fold_block(l, acc, alphas, sums, pvs, at, keep & (i_blk + u < hi_blk), o_d, D)
     _, out = _finish(l, acc)
     head = kv_head * G + rows
     tl.store(o + i.to(tl.int64) * stride_ot + head[:, None] * stride_oh + o_d[None, :], out.to(o.dtype.element_ty), mask=keep[:, None])
@@ -275,5 +283,5 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     fold_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
                                                                 G=group, G_PAD=g_pad, D=head_dim, D_PART=d_part, BLOCK_N=block_n,
                                                                 NB=nb, INTERPRETED=interpret, STAGES=FOLD_STAGES,
-                                                                num_warps=FOLD_WARPS)
+                                                                UNROLL=FOLD_UNROLL, num_warps=FOLD_WARPS)
     return o
