@@ -8,6 +8,7 @@ as attention_blocks.py.
   PDL), at 2, 4 and 8 programs an SM (PROGRAM_WAVES);
 - fold: the fold's columns split over FOLD_SPLIT programs of FOLD_WARPS warps, FOLD_UNROLL blocks an iteration
   (split x warps x unroll);
+- blocks: the blocks kernels' loads in flight (BLOCK_STAGES 1-3) at 4, 8 and 16 programs an SM (stages x waves);
 - kernels: each kernel's mean GPU time (torch.profiler over eager calls) at the defaults.
 """
 import argparse
@@ -47,21 +48,22 @@ def case(batch: int, keys: int, generator: torch.Generator, device: torch.device
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", nargs="*", default=["pdl", "fold", "kernels"])
+    parser.add_argument("what", nargs="*", default=["pdl", "fold", "blocks", "kernels"])
     parser.add_argument("--sizes", default="1x2048,1x8192,4x2048,8x2048")
     parser.add_argument("--out", help="append each row here too")
     args = parser.parse_args()
     device = torch.device("cuda")
     op = attention_triton.bench_op()
-    names = ("BLOCKS_MIN", "BLOCKS_MAX_FILL", "PROGRAM_WAVES", "FOLD_SPLIT", "FOLD_WARPS", "FOLD_UNROLL")
+    names = ("BLOCKS_MIN", "BLOCKS_MAX_FILL", "PROGRAM_WAVES", "FOLD_SPLIT", "FOLD_WARPS", "FOLD_UNROLL", "BLOCK_STAGES")
     defaults = {name: getattr(triton_blocks, name) for name in names}
     default_pdl = tuple(kernel.dependent_launches is not None for kernel in KERNELS)
 
     def run(call, pdl=default_pdl, **settings):
         for name, value in (defaults | settings).items():
             setattr(triton_blocks, name, value)
-        for kernel, on in zip(KERNELS, pdl):
-            kernel.dependent_launches = lambda device, on=on: on and triton_support.dependent_launches(device)
+        for kernel, on, dependent in zip(KERNELS, pdl, default_pdl):
+            if dependent:  # a kernel declared without PDL has no PDL parameter to set
+                kernel.dependent_launches = lambda device, on=on: on and triton_support.dependent_launches(device)
         try:
             return op(*call)
         finally:
@@ -97,6 +99,9 @@ def main() -> None:
             parts = [timed(f"{split}x{warps}x{unroll}", FOLD_SPLIT=split, FOLD_WARPS=warps, FOLD_UNROLL=unroll, **spread)
                      for split, warps, unroll in FOLDS]
             emit(f"{head}  spread by fold split x warps x unroll (us): " + ", ".join(parts))
+        if "blocks" in args.what:
+            parts = [timed(f"{stages}x{waves}", BLOCK_STAGES=stages, PROGRAM_WAVES=waves, **spread) for stages in (1, 2, 3) for waves in (4, 8, 16)]
+            emit(f"{head}  spread by block stages x programs an SM (us): " + ", ".join(parts))
         if "kernels" in args.what:
             run(call, **spread)
             torch.cuda.synchronize()

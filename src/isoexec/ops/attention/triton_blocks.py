@@ -10,13 +10,13 @@ one after the other. The row's bits come from that fold (triton.py's module doc)
 A block's s, p, p · v and sum_j p depend on the blocks before it only through m, the running maximum, and a
 maximum is exact in any order. So three launches compute the same values:
 
-1. `block_max_kernel`, programs per (query, KV head) dealt the row's key blocks: each block's scores and their
-   row maxima;
-2. `block_terms_kernel`, the same grid: m before the block (the maximum of the earlier blocks' maxima) and after
-   it, then the block's alpha, sum_j p and p · v, by the same helpers on the same 64-row tile as the walk, so the
-   same instructions (the tile decides an MMA's bits, not which rows fill it);
-3. `fold_kernel`, a program per (query, KV head): l and acc folded over the blocks in ascending order with the
-   walk's multiply-adds, then the walk's division and zero select.
+1. `block_max_kernel`, P programs per (query, KV head), each dealt a contiguous run of the row's key blocks: each
+   block's scores and their row maxima;
+2. `block_terms_kernel`, the same grid: m before the program's run (the maximum of the earlier blocks' maxima), then
+   along the run as the walk carries it, and each block's alpha, sum_j p and p · v, by the same helpers on the same
+   64-row tile as the walk, so the same instructions (the tile decides an MMA's bits, not which rows fill it);
+3. `fold_kernel`, programs per (query, KV head) over slices of the columns: l and acc folded over the blocks in
+   ascending order with the walk's multiply-adds, then the walk's division and zero select.
 
 `block_max_kernel` and `fold_kernel` launch with programmatic dependent launch (`triton_support.jit(dependent=True)`), as
 the walk and the rest of a decode step do; `block_terms_kernel` does not. A dependent kernel lets the kernel behind it
@@ -73,10 +73,14 @@ BLOCKS_MAX_FILL = 0.5
 FOLD_STAGES = 8
 PROGRAM_WAVES = 8
 # The fold's programs a (query, KV head), each over head_dim / FOLD_SPLIT of acc's columns, their warps, and the
-# blocks an iteration of its loop.
-FOLD_SPLIT = 1
-FOLD_WARPS = 4
-FOLD_UNROLL = 1
+# blocks an iteration of its loop. On an H100 (benchmarks/attention_spread.py fold) 4 programs of 2 warps, 4 blocks an
+# iteration, took batch 1 at 2,048 / 8,192 keys from 26.8 / 88.5 us to 24.0 / 71.8, batch 4 from 58.0 to 54.2, and
+# was within 1 us of the best setting tried at batch 1 x 512 and batch 8 and 16.
+FOLD_SPLIT = 4
+FOLD_WARPS = 2
+FOLD_UNROLL = 4
+# The blocks kernels' loops over their run of key blocks: blocks' loads in flight (1: none ahead).
+BLOCK_STAGES = 1
 
 
 @jit
@@ -111,11 +115,25 @@ def _block_scores(b_q, row_ok, p_i, i_blk, full, seq_row, kv_head, k, v, L, S, s
 
 @jit
 def _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N: tl.constexpr):
-    """Query i's position, its table row, the walk's first partial block (`full_blk`) and its end (`hi_blk`)."""
+    """Query i's position, its table row, the walk's first partial block (`full_blk`), and the row's blocks
+    [lo, hi) this program (c of P) takes: a contiguous run of cdiv(row blocks, P)."""
     p_i = tl.load(positions + i).to(tl.int32)
     seq_row = slot_table + tl.load(seq_ids + i).to(tl.int64) * stride_sb
     hi_key = tl.minimum(p_i, L - 1)
-    return p_i, seq_row, (hi_key + 1) // BLOCK_N, tl.where(hi_key >= 0, hi_key // BLOCK_N + 1, 0)
+    hi_blk = tl.where(hi_key >= 0, hi_key // BLOCK_N + 1, 0)
+    per = tl.cdiv(hi_blk, tl.num_programs(2))
+    lo = tl.program_id(2) * per
+    return p_i, seq_row, (hi_key + 1) // BLOCK_N, lo, tl.minimum(lo + per, hi_blk)
+
+
+@jit
+def _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks, stride_kh,
+               stride_vs, stride_vh, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+               DOT_IN_FP32: tl.constexpr):
+    s, _, _ = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
+                            stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
+    rows = tl.arange(0, ROWS)
+    tl.store(maxima + (head_base + i_blk) * G_PAD + rows, tl.max(s, 1), mask=rows < G_PAD)
 
 
 @jit(do_not_specialize=["L", "S"], dependent=True)
@@ -123,21 +141,47 @@ def block_max_kernel(
     q, k, v, slot_table, seq_ids, positions, maxima, L, S, scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    NB: tl.constexpr, PDL: tl.constexpr = False,
+    NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """Program (query i, KV head, c): for blocks j = c, c + P, ... of the row (P programs a row), the row maxima of
-    block j's scores, into maxima[i, head, j, :G_PAD]."""
+    """Program (query i, KV head, c): for its run of the row's blocks, the row maxima of each block's scores, into
+    maxima[i, head, j, :G_PAD]."""
     after_upstream(PDL)
-    i, kv_head, i_blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    p_i, seq_row, full_blk, hi_blk = _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
+    i, kv_head = tl.program_id(0), tl.program_id(1)
+    p_i, seq_row, full_blk, lo, hi = _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
-    rows = tl.arange(0, ROWS)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
-    while i_blk < hi_blk:  # not `range`: the interpreter cannot take a loaded bound
-        s, _, _ = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
-                                stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
-        tl.store(maxima + (head_base + i_blk) * G_PAD + rows, tl.max(s, 1), mask=rows < G_PAD)
-        i_blk += tl.num_programs(2)
+    if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
+        i_blk = lo
+        while i_blk < hi:
+            _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks, stride_kh,
+                       stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32)
+            i_blk += 1
+    else:
+        for i_blk in tl.range(lo, hi, num_stages=STAGES):
+            _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks, stride_kh,
+                       stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32)
+
+
+@jit
+def _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
+                 stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
+                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr):
+    """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored; returns m after it."""
+    s, b_v, row_active = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
+                                       stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
+    m_new, m_safe, alpha = _running_max(m, s)
+    p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
+    p_sum = _row_sum(p, SUM_BY_DOT)
+    alpha = tl.where(row_active, alpha, 1.0)
+    p_sum = tl.where(row_active, p_sum, 0.0)
+    pv = tl.where(row_active[:, None], pv, 0.0)
+    rows = tl.arange(0, ROWS)
+    keep = rows < G
+    at = (head_base + i_blk) * G_PAD + rows
+    tl.store(alphas + at, alpha, mask=keep)
+    tl.store(sums + at, p_sum, mask=keep)
+    tl.store(pvs + at[:, None] * D + tl.arange(0, D)[None, :], pv, mask=keep[:, None])
+    return m_new
 
 
 @jit(do_not_specialize=["L", "S"])  # not dependent: the module doc says why
@@ -145,42 +189,36 @@ def block_terms_kernel(
     q, k, v, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, L, S, scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr,
+    ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """Program (query i, KV head, c), for blocks j = c, c + P, ... of the row: the running maximum before and after
-    block j (from every earlier block's maxima: a maximum, exact in any order), then block j's alpha, sum_j p and
-    p · v as the walk computes them; a row that sees no key of the block gets the terms that leave its state as the
-    walk's select does (alpha 1, sums 0)."""
-    i, kv_head, i_blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    p_i, seq_row, full_blk, hi_blk = _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
+    """Program (query i, KV head, c), over its run of blocks [lo, hi): the running maximum before block lo (the
+    maximum of every earlier block's maxima: a maximum, exact in any order), then block by block that block's alpha,
+    sum_j p and p · v as the walk computes them, the running maximum carried on as the walk carries it; a row that
+    sees no key of a block gets the terms that leave its state as the walk's select does (alpha 1, sums 0)."""
+    i, kv_head = tl.program_id(0), tl.program_id(1)
+    p_i, seq_row, full_blk, lo, hi = _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
     rows = tl.arange(0, ROWS)
-    keep = rows < G
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
+    # The walk's m before block lo ([ROWS]; -inf before the first), MAX_CHUNK blocks a load.
     o_b = tl.arange(0, MAX_CHUNK)
-    while i_blk < hi_blk:
-        s, b_v, row_active = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
-                                           stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
-        # The walk's m before block j: the maximum of the earlier blocks' maxima ([ROWS]; -inf before the first),
-        # MAX_CHUNK blocks a load.
-        m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-        j0 = 0
-        while j0 < i_blk:
-            earlier = tl.load(maxima + (head_base + j0 + o_b[:, None]) * G_PAD + rows[None, :],
-                              mask=(j0 + o_b[:, None] < i_blk) & (rows[None, :] < G_PAD), other=float("-inf"))
-            m = tl.maximum(m, tl.max(earlier, 0))
-            j0 += MAX_CHUNK
-        _, m_safe, alpha = _running_max(m, s)
-        p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
-        p_sum = _row_sum(p, SUM_BY_DOT)
-        alpha = tl.where(row_active, alpha, 1.0)
-        p_sum = tl.where(row_active, p_sum, 0.0)
-        pv = tl.where(row_active[:, None], pv, 0.0)
-        at = (head_base + i_blk) * G_PAD + rows
-        tl.store(alphas + at, alpha, mask=keep)
-        tl.store(sums + at, p_sum, mask=keep)
-        tl.store(pvs + at[:, None] * D + tl.arange(0, D)[None, :], pv, mask=keep[:, None])
-        i_blk += tl.num_programs(2)
+    m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    j0 = 0
+    while j0 < lo:
+        earlier = tl.load(maxima + (head_base + j0 + o_b[:, None]) * G_PAD + rows[None, :],
+                          mask=(j0 + o_b[:, None] < lo) & (rows[None, :] < G_PAD), other=float("-inf"))
+        m = tl.maximum(m, tl.max(earlier, 0))
+        j0 += MAX_CHUNK
+    if INTERPRETED:
+        i_blk = lo
+        while i_blk < hi:
+            m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
+                             stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+            i_blk += 1
+    else:
+        for i_blk in tl.range(lo, hi, num_stages=STAGES):
+            m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
+                             stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
 
 
 @jit
@@ -242,7 +280,7 @@ def applies(num_tokens: int, num_kv_heads: int, table_blocks: int, device: torch
 
 
 def _programs_a_row(rows: int, blocks: int, device: torch.device) -> int:
-    """Programs a row's blocks are dealt to (program c takes blocks c, c + P, ...): about PROGRAM_WAVES programs an SM
+    """Programs a row's blocks are dealt to (program c takes the c-th run of cdiv(blocks, P)): about PROGRAM_WAVES programs an SM
     over all the call's rows, at most one a block of the table, so that a table wider than the rows' keys (an
     engine's, sized for its longest sequence) does not launch a program for every block of it. Off a GPU, 3, so
     that the interpreter's tests deal several blocks to a program."""
@@ -274,11 +312,12 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     grid = (num_tokens, num_kv_heads, _programs_a_row(num_tokens * num_kv_heads, cdiv(table, block_n), q.device))
     block_max_kernel[grid](q, k_store, v_store, slot_table, seq_ids, positions, maxima, table, k_store.shape[0], float(scale), *common,
                            G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
-                           num_warps=num_warps, num_stages=num_stages)
+                           INTERPRETED=interpret, STAGES=BLOCK_STAGES, num_warps=num_warps, num_stages=num_stages)
     block_terms_kernel[grid](q, k_store, v_store, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, table, k_store.shape[0],
                              float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
-                             MAX_CHUNK=min(nb, 32), num_warps=num_warps, num_stages=num_stages)
+                             MAX_CHUNK=min(nb, 32), INTERPRETED=interpret, STAGES=BLOCK_STAGES, num_warps=num_warps,
+                             num_stages=num_stages)
     d_part = max(1, head_dim // FOLD_SPLIT)
     fold_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
                                                                 G=group, G_PAD=g_pad, D=head_dim, D_PART=d_part, BLOCK_N=block_n,
