@@ -32,8 +32,9 @@ What stays serial is the fold, one multiply-add per element a block. Bits equal 
 interpreter (tests/ops/attention/test_triton.py); on a GPU the two places a compiler could part them are the fold's
 multiply-adds (compiled for sm_90a, both kernels contract them to `fma.rn.f32`) and p · v, a separate sum in both
 (`settled` in the walk, a store here). On an H100 the rows were the walk's bit for bit at batch 1-16 and 128-8,192
-keys, the GPU tests passed and the 0.6B- and 8B-shaped audits were bitwise with every decode step spread
-(`benchmarks/RESULTS.md`, "The spread decode"); `ISOEXEC_ATTENTION_BLOCKS_MIN` sets the threshold, `off` turns it off.
+keys at every launch setting swept, and with blocks dealt in strides (before contiguous runs) the GPU tests passed and
+the 0.6B- and 8B-shaped audits were bitwise with every decode step spread (`benchmarks/RESULTS.md`, "The spread
+decode"); `ISOEXEC_ATTENTION_BLOCKS_MIN` sets the threshold, `off` turns it off.
 """
 from __future__ import annotations
 
@@ -63,24 +64,25 @@ def _env_blocks(name: str, default: int | None) -> int | None:
 # A decode call takes this path where its rows span at least BLOCKS_MIN key blocks of the table and its programs
 # (queries x KV heads) are at most BLOCKS_MAX_FILL an SM (None: never). On an H100 at Qwen3-8B's heads (graph replays,
 # benchmarks/attention_blocks.py) the spread rows beat the walk from 8 blocks of 32 keys at batch 1 (128 keys: even) and
-# up to batch 8 (64 programs, half the SMs: 101 against 109 us at 2,048 keys), and lost from batch 16 (181 against 109).
+# up to batch 8 (64 programs, half the SMs: 84 against 109 us at 2,048 keys), and lost from batch 16 (142-161 against 109).
 BLOCKS_MIN: int | None = _env_blocks("ISOEXEC_ATTENTION_BLOCKS_MIN", 8)
 BLOCKS_MAX_FILL = 0.5
-# The fold's pipeline depth (blocks' terms in flight) and the blocks' kernels' programs an SM (`_programs_a_row`; the
-# terms kernel takes 225 registers a thread, so two programs fit an SM and the rest wait their turn). On an H100, batch 1
-# at 2,048 / 8,192 keys: 31.6 / 109.7 us at 2 programs an SM and 4 in flight, 27.5 / 86.9 at 8 and 4, 26.2 / 79.9 at 8
-# and 8; 16 programs an SM or 16 in flight gained 1-3% more.
+# The constants below were chosen on an H100 (benchmarks/attention_spread.py; batch 1 at 2,048 / 8,192 keys):
+# - PROGRAM_WAVES, the blocks kernels' programs an SM (`_programs_a_row`; the terms kernel takes ~250 registers a
+#   thread, so two fit an SM and the rest wait their turn): 21.8 / 60.0 us at 4, 22.7 / 62.0 at 8, 22.8 / 69.4 at 16
+#   (batch 4 and 8 the same way);
+# - BLOCK_STAGES, a blocks kernel's loads in flight along its run of blocks: 1 (none ahead) beat 2 and 3 at every size
+#   (27.1 / 66.0 us at 2, 29.3 / 70.8 at 3);
+# - FOLD_STAGES, the fold's blocks' terms in flight: 8 (16 gained 1-3% more);
+# - the fold's programs a (query, KV head), each over head_dim / FOLD_SPLIT of acc's columns, their warps, and the
+#   blocks an iteration of its loop: 4 programs of 2 warps at 4 blocks an iteration took 24.0 / 71.8 us against
+#   26.8 / 88.5 for one program of 4 warps at one block, and was within 1 us of the best setting tried at batch 4 to 16.
+PROGRAM_WAVES = 4
+BLOCK_STAGES = 1
 FOLD_STAGES = 8
-PROGRAM_WAVES = 8
-# The fold's programs a (query, KV head), each over head_dim / FOLD_SPLIT of acc's columns, their warps, and the
-# blocks an iteration of its loop. On an H100 (benchmarks/attention_spread.py fold) 4 programs of 2 warps, 4 blocks an
-# iteration, took batch 1 at 2,048 / 8,192 keys from 26.8 / 88.5 us to 24.0 / 71.8, batch 4 from 58.0 to 54.2, and
-# was within 1 us of the best setting tried at batch 1 x 512 and batch 8 and 16.
 FOLD_SPLIT = 4
 FOLD_WARPS = 2
 FOLD_UNROLL = 4
-# The blocks kernels' loops over their run of key blocks: blocks' loads in flight (1: none ahead).
-BLOCK_STAGES = 1
 
 
 @jit
