@@ -115,31 +115,14 @@ def gluon_prefill(q, k_store, v_store, slot_table, scale, rows: int = BLOCK_M) -
 
 
 def _compile(kernel, constants: dict, pointers: dict, num_warps: int):
-    """kernel compiled for sm_90a on this machine: (PTX, shared bytes, registers, spill-store bytes)."""
-    import inspect
-    import pathlib
-    import tempfile
+    """kernel compiled for sm_90a on this machine: (PTX, shared bytes, registers, spill-store bytes). Pointers and
+    strides are marked divisible by 16, as a launch specializes them here."""
+    from sm90 import compile_kernel, ptxas
 
-    from gdn_registers import ptxas
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import compile as triton_compile
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    signature, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(inspect.signature(kernel.fn).parameters):
-        if name in constants:
-            signature[name], constexprs[(i,)] = "constexpr", constants[name]
-        elif name in pointers:
-            signature[name], attrs[(i,)] = pointers[name], [["tt.divisibility", 16]]
-        elif name.startswith("stride"):  # a launch specializes them so: every stride here is a multiple of 16
-            signature[name], attrs[(i,)] = "i32", [["tt.divisibility", 16]]
-        else:
-            signature[name] = "fp32" if name == "scale" else "i32"
-    compiled = triton_compile(GluonASTSource(kernel, signature, constexprs=constexprs, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": num_warps})
+    compiled = compile_kernel(kernel, constants, lambda name: pointers.get(name, "fp32" if name == "scale" else "i32"), num_warps,
+                              aligned=lambda name, type_: name in pointers or name.startswith("stride"), gluon=True)
     ptx = compiled.asm["ptx"]
-    with tempfile.TemporaryDirectory() as folder:
-        registers, spills = ptxas(ptx, pathlib.Path(folder), "kernel")
+    registers, spills = ptxas(ptx)
     return ptx, compiled.metadata.shared, registers, spills
 
 

@@ -10,22 +10,14 @@ how a change meant to relieve a kernel's registers is checked before a GPU times
 
 import argparse
 import inspect
-import os
 import pathlib
-import re
-import subprocess
 import sys
 import tempfile
 
-os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
+from sm90 import PTXAS, compile_kernel as compile_sm90, ptxas
 
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+from isoexec.ops.gdn import triton as fwd, triton_bwd as bwd, triton_two_launch as two
 
-from isoexec.ops.gdn import triton as fwd, triton_bwd as bwd, triton_two_launch as two  # noqa: E402
-
-PTXAS = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 HEADS = dict(GROUP=2, HV=32, HK=16, DK=128, DV=128, DK_PAD=128, DV_PAD=128, SUB=16, PRECISION=2, INTERPRET=False)
 # Pointer arguments by name: bf16 operands and the buffers held as operands, int32 tables, the rest fp32.
 BF16 = {"q", "k", "v", "a", "b", "out", "d_out", "dx", "x", "dv", "w_buf", "qn_buf", "scores_buf", "decayed_buf", "t_buf",
@@ -36,32 +28,17 @@ INT64 = {"positions"}
 FLOATS = {"q_scale", "scale"}
 
 
+def arg_type(name: str) -> str:
+    if name in FLOATS:
+        return "fp32"
+    if name.startswith("stride") or name in ("T", "has_cache", "every_token", "num_tokens"):
+        return "i32"
+    return "*bf16" if name in BF16 else "*i32" if name in INT32 else "*i64" if name in INT64 else "*fp32"
+
+
 def compile_kernel(kernel, constants: dict, num_warps: int, num_stages: int) -> str:
     """The kernel's PTX for sm_90a, every pointer 16-byte aligned (as the wrappers pass them)."""
-    signature, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(inspect.signature(kernel.fn).parameters):
-        if name in constants:
-            signature[name], constexprs[(i,)] = "constexpr", constants[name]
-        elif name in FLOATS:
-            signature[name] = "fp32"
-        elif name.startswith("stride") or name in ("T", "has_cache", "every_token", "num_tokens"):
-            signature[name] = "i32"
-        else:
-            signature[name] = "*bf16" if name in BF16 else "*i32" if name in INT32 else "*i64" if name in INT64 else "*fp32"
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=num_warps, num_stages=num_stages))
-    return compiled.asm["ptx"]
-
-
-def ptxas(ptx: str, folder: pathlib.Path, name: str) -> tuple[int, int]:
-    """(registers, bytes of spill stores) as ptxas reports them."""
-    path = folder / f"{name}.ptx"
-    path.write_text(ptx)
-    report = subprocess.run([str(PTXAS), "-arch=sm_90a", "-v", str(path), "-o", os.devnull], capture_output=True, text=True, check=True).stderr
-    registers = re.search(r"Used (\d+) registers", report)
-    spills = re.search(r"(\d+) bytes spill stores", report)
-    return int(registers.group(1)) if registers else -1, int(spills.group(1)) if spills else 0
+    return compile_sm90(kernel, constants, arg_type, num_warps, num_stages, aligned=lambda name, type_: type_.startswith("*")).asm["ptx"]
 
 
 def main() -> None:

@@ -8,12 +8,9 @@ The kernels: attention.triton's spread decode's dependent two (`ops/attention/tr
 launches without PDL) at Qwen3-8B's heads (4 query heads
 per KV head of 128, bf16, key blocks of 32).
 """
-import inspect
 import re
 
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from triton.compiler import compile as triton_compile
+from sm90 import compile_kernel
 
 from isoexec.ops.attention import triton_blocks
 
@@ -28,14 +25,7 @@ KERNELS = [  # (kernel, constexprs, num_warps, num_stages), as `triton_blocks.at
 
 
 def ptx(kernel, constants: dict, num_warps: int, num_stages: int) -> str:
-    signature, constexprs = {}, {}
-    for i, name in enumerate(inspect.signature(kernel.fn).parameters):
-        if name in constants:
-            signature[name], constexprs[(i,)] = "constexpr", constants[name]
-        else:
-            signature[name] = TYPES.get(name, "i32")
-    source = ASTSource(kernel, signature, constexprs=constexprs)
-    return triton_compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}).asm["ptx"]
+    return compile_kernel(kernel, constants, lambda name: TYPES.get(name, "i32"), num_warps, num_stages).asm["ptx"]
 
 
 def float_ops(text: str) -> list[str]:
