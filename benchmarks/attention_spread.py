@@ -51,12 +51,13 @@ def main() -> None:
     parser.add_argument("what", nargs="*", default=["pdl", "fold", "blocks", "kernels"])
     parser.add_argument("--sizes", default="1x2048,1x8192,4x2048,8x2048")
     parser.add_argument("--out", help="append each row here too")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run in the interpreter")
     args = parser.parse_args()
-    device = torch.device("cuda")
+    device = torch.device(args.device)
     op = attention_triton.bench_op()
     names = ("BLOCKS_MIN", "BLOCKS_MAX_FILL", "PROGRAM_WAVES", "FOLD_SPLIT", "FOLD_WARPS", "FOLD_UNROLL", "BLOCK_STAGES")
     defaults = {name: getattr(triton_blocks, name) for name in names}
-    default_pdl = tuple(kernel.dependent_launches is not None for kernel in KERNELS)
+    default_pdl = tuple(getattr(kernel, "dependent_launches", None) is not None for kernel in KERNELS)
 
     def run(call, pdl=default_pdl, **settings):
         for name, value in (defaults | settings).items():
@@ -102,7 +103,7 @@ def main() -> None:
         if "blocks" in args.what:
             parts = [timed(f"{stages}x{waves}", BLOCK_STAGES=stages, PROGRAM_WAVES=waves, **spread) for stages in (1, 2, 3) for waves in (4, 8, 16)]
             emit(f"{head}  spread by block stages x programs an SM (us): " + ", ".join(parts))
-        if "kernels" in args.what:
+        if "kernels" in args.what and device.type == "cuda":
             run(call, **spread)
             torch.cuda.synchronize()
             reps = 20

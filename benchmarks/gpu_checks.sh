@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -206,13 +206,29 @@ fi
 
 # The spread decode and the Gluon tile in one call: their bits and times
 # against the walk and flash (attention_blocks.py, attention_gluon.py), then the engine and roofline on both presets
-# with each beside the walk and the fast baseline (bench.py's +blocks and +gluon entries, variants.py).
+# with each beside the walk and the fast baseline (bench.py's +walk and +gluon entries, variants.py).
 if [ "$PART" = attention-probes ]; then
 (cd benchmarks && PYTHONPATH=../src timeout 150 python3 attention_blocks.py --out "$OUT/attention_blocks.txt" 2>&1 | grep -v Warning)
 (cd benchmarks && PYTHONPATH=../src timeout 200 python3 attention_gluon.py --out "$OUT/attention_gluon.txt" 2>&1 | grep -v Warning | tail -20)
 (cd benchmarks && PYTHONPATH=../src python3 bench.py engine roofline --cuda-graphs \
-    --contracts tiny-dense-triton+blocks,tiny-dense-triton+gluon,tiny-dense-triton,contracts/fast-baseline.toml --json "$OUT/bench_probes.json" 2>&1 \
+    --contracts tiny-dense-triton,tiny-dense-triton+walk,tiny-dense-triton+gluon,contracts/fast-baseline.toml --json "$OUT/bench_probes.json" 2>&1 \
     | grep -E "^(engine|roofline|bench)" | tee "$OUT/bench_probes.txt")
+fi
+
+# The spread decode at its defaults: its launch settings swept and each kernel's time (attention_spread.py), its bits
+# and times against the walk and flash, its GPU tests, the 0.6B and 8B audits, and the engine and roofline on both
+# presets with the spread decode off (+walk) beside the default and the fast baseline. About 8 minutes on an H100.
+if [ "$PART" = attention-spread ]; then
+(cd benchmarks && PYTHONPATH=../src timeout 150 python3 attention_spread.py blocks fold kernels --out "$OUT/attention_spread.txt" 2>&1 | grep -v -i warn)
+(cd benchmarks && PYTHONPATH=../src timeout 60 python3 attention_blocks.py --sizes 1x512,1x2048,1x8192,4x2048,8x2048,64x512 \
+    --out "$OUT/attention_blocks.txt" 2>&1 | grep -v Warning)
+timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/test_triton.py 2>&1 | tail -4 | tee "$OUT/pytest_attention.txt"
+for model in qwen3-0.6b-random qwen3-8b-random; do
+timeout 120 python3 -m isoexec audit --device cuda --quiet --model "$model" --contract tiny-dense-triton --json "$OUT/audit_$model.json" 2>&1 \
+    | tail -4 | tee "$OUT/audit_$model.txt"
+done
+(cd benchmarks && PYTHONPATH=../src python3 bench.py engine roofline --cuda-graphs --contracts tiny-dense-triton,tiny-dense-triton+walk,contracts/fast-baseline.toml \
+    --json "$OUT/bench_spread.json" 2>&1 | grep -E "^(engine|roofline|bench)" | tee "$OUT/bench_spread.txt")
 fi
 
 # Parallel layouts with every rank on the one GPU (issue 20 item 7): which collectives gloo and NCCL carry with CUDA

@@ -4,12 +4,15 @@
     +gluon  attention.triton's tile in Gluon (ops/attention/gluon_tile.py, as ISOEXEC_ATTENTION_GLUON=1 sets it) for
             this entry's engine and trainer runs, the Triton walk for the others;
     +blocks decode calls of few programs with their key blocks spread over the grid (ops/attention/triton_blocks.py,
-            as ISOEXEC_ATTENTION_BLOCKS_MIN=1 sets it) for this entry's runs, the walk for the others.
+            as ISOEXEC_ATTENTION_BLOCKS_MIN=1 sets it) from one key block of the table, where the default takes it
+            from 8;
+    +walk   the spread decode off (ISOEXEC_ATTENTION_BLOCKS_MIN=off): every decode call walks its key blocks.
+Each sets its kernels for its own entry's runs; the other entries take the defaults.
 """
 import contextlib
 
-SYNC, GLUON, BLOCKS = "+sync", "+gluon", "+blocks"
-SUFFIXES = (SYNC, GLUON, BLOCKS)
+SYNC, GLUON, BLOCKS, WALK = "+sync", "+gluon", "+blocks", "+walk"
+SUFFIXES = (SYNC, GLUON, BLOCKS, WALK)
 
 
 def base(spec: str) -> str:
@@ -30,9 +33,11 @@ def kernels(label: str):
     if has(label, GLUON):
         from isoexec.ops.attention import gluon_tile
         switches.append((gluon_tile, "ENABLED", True))
-    if has(label, BLOCKS):
+    if has(label, BLOCKS) and has(label, WALK):
+        raise ValueError(f"{label}: +blocks and +walk contradict each other")
+    if has(label, BLOCKS) or has(label, WALK):
         from isoexec.ops.attention import triton_blocks
-        switches.append((triton_blocks, "BLOCKS_MIN", 1))
+        switches.append((triton_blocks, "BLOCKS_MIN", 1 if has(label, BLOCKS) else None))
     saved = [getattr(module, name) for module, name, _ in switches]
     for module, name, value in switches:
         setattr(module, name, value)

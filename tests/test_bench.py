@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = ("tiny-dense", "native")
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
@@ -88,8 +90,9 @@ def test_small_cpu_run_of_the_moe_and_mla_sections(tmp_path):
 
 
 def test_contract_suffixes_name_the_same_contract_run_another_way():
-    """bench.py's --contracts suffixes (benchmarks/variants.py): +sync, +gluon and +blocks, in any order, after a preset or
-    a file; +gluon turns attention.triton's Gluon tile on, +blocks its spread decode, for the `with` block only."""
+    """bench.py's --contracts suffixes (benchmarks/variants.py): +sync, +gluon, +blocks and +walk, in any order, after a
+    preset or a file; +gluon turns attention.triton's Gluon tile on, +blocks its spread decode on from one key block,
+    +walk the spread decode off, for the `with` block only; +blocks with +walk is refused."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import variants
 
@@ -110,3 +113,10 @@ def test_contract_suffixes_name_the_same_contract_run_another_way():
     with variants.kernels("tiny-dense-triton+blocks"):
         assert triton_blocks.BLOCKS_MIN == 1 and gluon_tile.ENABLED == before
     assert triton_blocks.BLOCKS_MIN == blocks_before
+    assert variants.base("tiny-dense-triton+walk") == "tiny-dense-triton"
+    with variants.kernels("tiny-dense-triton+walk"):
+        assert triton_blocks.BLOCKS_MIN is None
+    assert triton_blocks.BLOCKS_MIN == blocks_before
+    with pytest.raises(ValueError, match="contradict"):
+        with variants.kernels("tiny-dense-triton+blocks+walk"):
+            pass
