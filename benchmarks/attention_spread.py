@@ -49,7 +49,8 @@ def case(batch: int, keys: int, generator: torch.Generator, device: torch.device
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", nargs="*", default=["pdl", "fold", "blocks", "kernels"])
-    parser.add_argument("--sizes", default="1x2048,1x8192,4x2048,8x2048")
+    parser.add_argument("--sizes", default="1x2048,1x2000,1x8192,4x2048,8x2048",
+                        help="batch x keys, comma-separated (keys that are no multiple of 4 blocks of 32 end the fold mid-iteration)")
     parser.add_argument("--out", help="append each row here too")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run in the interpreter")
     args = parser.parse_args()

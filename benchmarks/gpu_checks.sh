@@ -220,7 +220,7 @@ fi
 # presets with the spread decode off (+walk) beside the default and the fast baseline. About 8 minutes on an H100.
 if [ "$PART" = attention-spread ]; then
 (cd benchmarks && PYTHONPATH=../src timeout 150 python3 attention_spread.py blocks fold kernels --out "$OUT/attention_spread.txt" 2>&1 | grep -v -i warn)
-(cd benchmarks && PYTHONPATH=../src timeout 60 python3 attention_blocks.py --sizes 1x512,1x2048,1x8192,4x2048,8x2048,64x512 \
+(cd benchmarks && PYTHONPATH=../src timeout 60 python3 attention_blocks.py --sizes 1x512,1x2048,1x2000,1x8192,4x2048,4x1000,8x2048,64x512 \
     --out "$OUT/attention_blocks.txt" 2>&1 | grep -v Warning)
 timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/test_triton.py 2>&1 | tail -4 | tee "$OUT/pytest_attention.txt"
 for model in qwen3-0.6b-random qwen3-8b-random; do
