@@ -23,6 +23,24 @@ from timing import graphed_ms
 HEADS = (32, 8, 128)
 
 
+def case(batch: int, keys: int, generator: torch.Generator, device: torch.device, dtype: torch.dtype = torch.bfloat16):
+    """One query per sequence at HEADS over a paged cache of `keys` keys (pages in random order, the rest NaN): the op's
+    arguments, and K and V as [batch, KV heads, keys, D] for flash."""
+    num_heads, num_kv_heads, head_dim = HEADS
+    q = _randn(generator, batch, num_heads, head_dim, dtype=dtype)
+    k, v = (_randn(generator, batch, num_kv_heads, keys, head_dim, dtype=dtype) for _ in range(2))
+    pages = -(-keys // PAGE_SIZE)
+    block_table = torch.randperm(batch * pages, generator=generator, device=device).view(batch, pages)
+    slot_table = paged_slot_table(block_table, PAGE_SIZE, keys)
+    k_store = torch.full((batch * pages * PAGE_SIZE, num_kv_heads, head_dim), float("nan"), device=device, dtype=dtype)
+    v_store = k_store.clone()
+    k_store[slot_table.flatten()] = k.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
+    v_store[slot_table.flatten()] = v.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
+    call = (q, k_store, v_store, slot_table, torch.arange(batch, device=device), torch.full((batch,), keys - 1, device=device),
+            head_dim**-0.5)
+    return call, k, v
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1x2048,1x8192,1x512,1x256,1x128,4x512,4x2048,8x2048,16x2048,64x512,64x2048",
@@ -47,20 +65,11 @@ def main() -> None:
     gluon = forced(None, 0.0, True) if device.type == "cuda" and gluon_tile.available() else None
 
     generator = torch.Generator(device=device).manual_seed(0)
-    num_heads, num_kv_heads, head_dim = HEADS
+    head_dim = HEADS[2]
     for size in args.sizes.split(","):
         batch, keys = map(int, size.split("x"))
-        q = _randn(generator, batch, num_heads, head_dim, dtype=dtype)
-        k, v = (_randn(generator, batch, num_kv_heads, keys, head_dim, dtype=dtype) for _ in range(2))
-        pages = -(-keys // PAGE_SIZE)
-        block_table = torch.randperm(batch * pages, generator=generator, device=device).view(batch, pages)
-        slot_table = paged_slot_table(block_table, PAGE_SIZE, keys)
-        k_store = torch.full((batch * pages * PAGE_SIZE, num_kv_heads, head_dim), float("nan"), device=device, dtype=dtype)
-        v_store = k_store.clone()
-        k_store[slot_table.flatten()] = k.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
-        v_store[slot_table.flatten()] = v.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
-        call = (q, k_store, v_store, slot_table, torch.arange(batch, device=device), torch.full((batch,), keys - 1, device=device),
-                head_dim**-0.5)
+        call, k, v = case(batch, keys, generator, device, dtype)
+        q = call[0]
         want = walk(*call).view(torch.int16)
         differing = int((want != spread(*call).view(torch.int16)).sum())
         walk_ms, spread_ms = graphed_ms(lambda: walk(*call), device), graphed_ms(lambda: spread(*call), device)

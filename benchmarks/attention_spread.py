@@ -1,8 +1,8 @@
 """The spread decode (`ops/attention/triton_blocks.py`) under its launch choices: each one's time as a CUDA-graph replay
 beside the walk's, and its bits against the walk's (elements whose int16 views differ: must be 0), at Qwen3-8B's heads
-as attention_blocks.py.
+on attention_blocks.py's cases.
 
-    cd benchmarks && PYTHONPATH=../src python3 attention_spread.py [pdl] [fold] [kernels] [--sizes 1x2048,...] [--out FILE]
+    cd benchmarks && PYTHONPATH=../src python3 attention_spread.py [pdl] [fold] [blocks] [kernels] [--sizes 1x2048,...] [--out FILE]
 
 - pdl: programmatic dependent launch on or off per kernel (written max/terms/fold, 1 where that kernel launches with
   PDL), at 2, 4 and 8 programs an SM (PROGRAM_WAVES);
@@ -17,33 +17,15 @@ import itertools
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from attention import PAGE_SIZE, _randn
-from attention_blocks import HEADS
+from attention_blocks import case
 from isoexec.ops import triton_support
 from isoexec.ops.attention import triton as attention_triton
 from isoexec.ops.attention import triton_blocks
-from isoexec.ops.attention.metadata import paged_slot_table
 from timing import graphed_ms
 
 KERNELS = (triton_blocks.block_max_kernel, triton_blocks.block_terms_kernel, triton_blocks.fold_kernel)
 FOLDS = ((1, 4, 1), (1, 4, 2), (1, 4, 4), (2, 4, 1), (4, 4, 1), (4, 2, 1), (4, 2, 4), (8, 1, 1), (8, 1, 4), (16, 1, 1), (16, 1, 4),
          (32, 1, 4))
-
-
-def case(batch: int, keys: int, generator: torch.Generator, device: torch.device) -> tuple:
-    num_heads, num_kv_heads, head_dim = HEADS
-    dtype = torch.bfloat16
-    q = _randn(generator, batch, num_heads, head_dim, dtype=dtype)
-    k, v = (_randn(generator, batch, num_kv_heads, keys, head_dim, dtype=dtype) for _ in range(2))
-    pages = -(-keys // PAGE_SIZE)
-    block_table = torch.randperm(batch * pages, generator=generator, device=device).view(batch, pages)
-    slot_table = paged_slot_table(block_table, PAGE_SIZE, keys)
-    k_store = torch.full((batch * pages * PAGE_SIZE, num_kv_heads, head_dim), float("nan"), device=device, dtype=dtype)
-    v_store = k_store.clone()
-    k_store[slot_table.flatten()] = k.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
-    v_store[slot_table.flatten()] = v.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
-    return (q, k_store, v_store, slot_table, torch.arange(batch, device=device), torch.full((batch,), keys - 1, device=device),
-            head_dim**-0.5)
 
 
 def main() -> None:
@@ -83,7 +65,7 @@ def main() -> None:
     generator = torch.Generator(device=device).manual_seed(0)
     for size in args.sizes.split(","):
         batch, keys = map(int, size.split("x"))
-        call = case(batch, keys, generator, device)
+        call, _, _ = case(batch, keys, generator, device)
         want = run(call, BLOCKS_MIN=None).view(torch.int16)
         walk_ms = graphed_ms(lambda: run(call, BLOCKS_MIN=None), device)
 
