@@ -93,6 +93,7 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, capsys, name
     ("ISOEXEC_ATTENTION_BLOCKS_MIN", "many", "ISOEXEC_ATTENTION_BLOCKS_MIN must be a positive number of key blocks or 'off', got 'many'"),
     ("ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN", "0", "ISOEXEC_GDN_TWO_LAUNCH_MIN_RUN must be a whole number >= 1 or 'off', got '0'"),
     ("ISOEXEC_ATTENTION_GLUON", "yes", "ISOEXEC_ATTENTION_GLUON must be 0 or 1, got 'yes'"),
+    ("ISOEXEC_ATTENTION_SPANS", "off", "ISOEXEC_ATTENTION_SPANS must be 0 or 1, got 'off'"),
 ])
 def test_a_bad_environment_knob_is_one_line_and_exit_2(variable, value, message):
     """The kernels' ISOEXEC_* knobs are read when their modules import (`isoexec.env.EnvError`)."""

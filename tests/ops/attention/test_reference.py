@@ -148,11 +148,29 @@ def forms(op, dtype, window):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, 20])
-def test_reference_is_bitwise_equal_in_every_form(dtype, window):
-    results = dict(forms(reference_op(dtype), dtype, window))
+@pytest.mark.parametrize("split_kv_size", [0, 32])
+def test_reference_is_bitwise_equal_in_every_form(dtype, window, split_kv_size):
+    """Every form of a row gives its bits, walked in one pass or over spans of two key blocks."""
+    results = dict(forms(reference_op(dtype, split_kv_size=split_kv_size), dtype, window))
     alone = results.pop("alone")
     for form, out in results.items():
         assert torch.equal(bits(out), bits(alone)), form
+
+
+@pytest.mark.parametrize("split_kv_size", [16, 32, 48])
+@pytest.mark.parametrize("window", [None, 20])
+def test_spans_match_float64_and_are_other_arithmetic(split_kv_size, window):
+    """Spans of 1-3 key blocks: within float32 rounding of float64's softmax, and (the walk restarted and combined)
+    other bits than the one-pass walk's for rows longer than a span; rows within one span keep the one-pass bits
+    (a total that starts at (-inf, 0, 0) times 0 plus the span's own state times exp(0) = 1)."""
+    seqs = make_seqs((7, 16, 40, 61))
+    spans = run_packed(reference_op(split_kv_size=split_kv_size), seqs, window)
+    walk = run_packed(reference_op(), seqs, window)
+    for (q, k, v), out, one_pass in zip(seqs, spans, walk):
+        torch.testing.assert_close(out.double(), naive(q, k, v, SCALE, window), atol=2e-6, rtol=2e-6)
+        short = min(q.shape[0], split_kv_size)
+        assert torch.equal(bits(out[:short]), bits(one_pass[:short]))
+    assert sum(int((bits(out) != bits(one_pass)).sum()) for out, one_pass in zip(spans, walk)) > 100
 
 
 def control_op(dtype=torch.float32):
@@ -275,16 +293,16 @@ def test_bad_metadata_raises():
         _call(op, q, k, k, slot_table=torch.tensor([[0, 1, 7]]))
 
 
-def test_split_kv_is_refused_at_resolve_time(dense):
+def test_spans_of_part_of_a_key_block_are_refused_at_resolve_time(dense):
     def split_kv(data):
-        data["composition"][entry_index(data, "attention")]["constants"]["split_kv_size"] = 64
+        data["composition"][entry_index(data, "attention")]["constants"]["split_kv_size"] = 24
 
-    with pytest.raises(ResolutionError, match="split_kv_size must be 0"):
+    with pytest.raises(ResolutionError, match="split_kv_size must be 0 or a positive multiple of block_n"):
         REGISTRY.resolve(mutated(dense, split_kv))
     (q, k, v), = make_seqs((1,))
-    with pytest.raises(ValueError, match="split_kv_size must be 0"):
+    with pytest.raises(ValueError, match=r"split_kv_size must be 0 or a positive multiple of block_n \(16\), got 24"):
         reference.attention(q, k, v, torch.zeros(1, 1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64),
-                            torch.zeros(1, dtype=torch.int64), SCALE, **{**reference_op().keywords, "split_kv_size": 64})
+                            torch.zeros(1, dtype=torch.int64), SCALE, **{**reference_op().keywords, "split_kv_size": 24})
 
 
 def test_a_contract_fitted_to_a_model_is_probed_at_its_head_sizes():

@@ -246,14 +246,15 @@ def _battery(impl_id: str, constants: dict, registry=REGISTRY, small_probe=SMALL
                           registry=registry, device=DEVICE, dtypes=BATTERY_DTYPES)
 
 
-def test_the_battery_admits_attention_triton():
+@pytest.mark.parametrize("split_kv_size", [0, 32])
+def test_the_battery_admits_attention_triton(split_kv_size):
     """Every sequence, in every form of every case (packed, chunked prefill over a poisoned paged
     cache, staggered decode), bitwise equal to itself computed alone. The control, a key block chosen
     from the batch, is the next test. (Native SDPA is none: whether it fails these trials depends on the
     CPU and the library build.) Tiles of 8 queries (16 rows, as full as the preset's 64-row tiles): half
     the programs of BF16's 4-query tiles, which the interpreter runs one by one; chunks and decode steps
-    still cut them anywhere."""
-    result = _battery("attention.triton", {**BF16, "block_m": 16})
+    still cut them anywhere. Rows walked in one pass, and over spans of two key blocks (`split_kv_size`)."""
+    result = _battery("attention.triton", {**BF16, "block_m": 16, "split_kv_size": split_kv_size})
     assert result.status == "admitted", result.failures[:5]
     assert result.dtypes == BATTERY_DTYPES and result.trials >= 50
 
@@ -357,6 +358,70 @@ def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(co
     assert (int_view(decode(1, {**CONSTANTS, "block_n": 32}, *fp32)) != int_view(walk)).sum() > 100
 
 
+@pytest.mark.parametrize("split_kv_size", [16, 32])
+def test_rows_over_spans_are_bitwise_equal_in_every_form(split_kv_size):
+    """split_kv_size > 0: each row's walk restarts every span of 1 or 2 key blocks (pairs of blocks, and none) and the
+    spans combine in order. Chunked prefill (chunks of 5 over pages of 4), the prompt in one call and the trainer's packed
+    batch give every row the same bits, and differ from the one-pass walk past the first span (other arithmetic: 5 of
+    the 37-token prompt's rows at spans of 32)."""
+    op = functools.partial(attention, constants={**CONSTANTS, "split_kv_size": split_kv_size})
+    rows = list(_chunked_prefill(op, 4, 5, torch.float32))
+    for chunked, whole, trainer in rows:
+        assert bitwise_equal(chunked, whole) and bitwise_equal(whole, trainer)
+    one_pass = list(_chunked_prefill(attention, 4, 5, torch.float32))
+    assert sum(int((int_view(a[0]) != int_view(b[0])).sum()) for a, b in zip(rows, one_pass)) > 20
+
+
+@pytest.mark.parametrize("heads", [4, 8])
+def test_decode_rows_over_spans_equal_training_rows(heads, monkeypatch):
+    """`triton_spans.py`: decode steps whose spans (2 key blocks of the preset's 32) run in programs of their own and
+    combine in a second launch, at the preset's tile (bf16 and fp32 boundaries), bit for bit the training rows, which
+    walk the same spans in one program; and the path is the one taken. The control, decode over spans of one block
+    against training over two (a span size chosen from the batch), must fail the comparison."""
+    from isoexec.ops.attention import triton_spans
+
+    calls = []
+    spans = triton_spans.attention_decode
+    monkeypatch.setattr(triton_spans, "attention_decode", lambda *args, **kwargs: calls.append(1) or spans(*args, **kwargs))
+    constants = {**load_preset("tiny-dense-triton").entry("attention", "engine_decode").constants, "split_kv_size": 64}
+    fp32 = {**constants, "input_dtype": "float32", "output_dtype": "float32", "kv_cache_dtype": "float32"}
+    for tile, dtype in ((constants, torch.bfloat16), (fp32, torch.float32)):
+        want, got = _decode_rows_vs_training_rows(functools.partial(attention_triton.attention, **tile), dtype, heads)
+        assert bitwise_equal(got, want), dtype
+    assert len(calls) == 8  # every decode step of both dtypes took the spans path
+
+    def control(q, *args):
+        return attention_triton.attention(q, *args, **{**fp32, "split_kv_size": 32 if q.shape[0] <= 2 else 64})
+
+    want, got = _decode_rows_vs_training_rows(control, torch.float32, heads)
+    assert (int_view(got) != int_view(want)).sum() > 100
+
+
+@pytest.mark.parametrize("constants", [CONSTANTS, BF16])
+@pytest.mark.parametrize("split_kv_size", [48, 64])
+def test_long_decode_rows_over_spans_equal_the_walks(constants, split_kv_size, monkeypatch):
+    """Rows of 1,100 keys (23 or 18 spans of 3 or 4 blocks of 16: the combine pipelined over many), decoded at positions
+    on and next to span and block edges, over spans in two launches and by the walk over the same spans in one program
+    (ISOEXEC_ATTENTION_SPANS=0): the same bits. The control, spans of 4 blocks against 3 (fp32 boundaries), differs."""
+    from isoexec.ops.attention import triton_spans
+
+    q, k, v, slot_table, seq_ids, positions = packed([1100, 40], dtype=torch.float32 if constants is CONSTANTS else torch.bfloat16)
+    steps = [(1099, 39), (1055, 0), (1056, 16), (47, 17)]
+    rows = torch.tensor([p for p, _ in steps] + [1100 + p for _, p in steps], device=DEVICE).view(2, -1).T.reshape(-1)
+    ids, pos = torch.tensor([0, 1] * len(steps), device=DEVICE), torch.tensor([p for step in steps for p in step], device=DEVICE)
+
+    def decode(enabled, constants, q=q, k=k, v=v):
+        monkeypatch.setattr(triton_spans, "ENABLED", enabled)
+        return torch.cat([attention(q[rows[2 * i : 2 * i + 2]], k, v, slot_table, ids[:2], pos[2 * i : 2 * i + 2], 0.25, constants=constants)
+                          for i in range(len(steps))])
+
+    spans = {**constants, "split_kv_size": split_kv_size}
+    assert bitwise_equal(decode(True, spans), decode(False, spans))
+    fp32 = [t.float() for t in (q, k, v)]
+    walk = decode(False, {**CONSTANTS, "split_kv_size": 48}, *fp32)
+    assert (int_view(decode(True, {**CONSTANTS, "split_kv_size": 64}, *fp32)) != int_view(walk)).sum() > 100
+
+
 def test_the_spread_decode_knob_reads_the_environment_and_refuses_bad_values(monkeypatch):
     """ISOEXEC_ATTENTION_BLOCKS_MIN: a number of key blocks (unset: the default, 8), or off; anything else is refused in
     one line."""
@@ -388,7 +453,8 @@ def test_a_key_block_chosen_from_the_batch_is_caught():
 
 def test_bad_constants_and_shapes_are_refused():
     check = attention_triton.check_constants
-    for change, message in [({"split_kv_size": 64}, "split_kv_size must be 0"), ({"block_n": 8}, "block_n must be >= 16"),
+    for change, message in [({"split_kv_size": 24}, "split_kv_size must be 0 or a positive multiple of block_n"),
+                            ({"block_n": 8}, "block_n must be >= 16"),
                             ({"block_m": 12}, "block_m must be a power of two"), ({"accum_dtype": "float64"}, "float32 only"),
                             ({"kv_cache_dtype": "bfloat16"}, "must match")]:
         with pytest.raises(ValueError, match=message):

@@ -28,12 +28,11 @@ its compilation for sm_90a is tested.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 from torch import Tensor
 
-from ...env import EnvError
+from ...env import switch
 
 try:
     from triton.experimental import gluon
@@ -46,14 +45,7 @@ except ImportError:  # no Triton, or one without Gluon (before 3.5)
 STAGES = 3  # key blocks whose K and V are in flight or waiting: the walk's num_stages (a constexpr in the kernels below)
 
 
-def _env_switch(name: str) -> bool:
-    value = os.environ.get(name, "0")
-    if value not in ("0", "1"):
-        raise EnvError(f"{name} must be 0 or 1, got {value!r}")
-    return value == "1"
-
-
-ENABLED: bool = _env_switch("ISOEXEC_ATTENTION_GLUON")
+ENABLED: bool = switch("ISOEXEC_ATTENTION_GLUON", False)
 # The block loop's order. False: the walk's own, each wgmma waited at once (softmax between the two MMAs), in lone
 # 64-row tiles (`attention_fwd` stacks none while the tile is on). True: block j's QK issued with block j - 1's PV and
 # block j's softmax run while that PV is in flight. On an H100 the overlap ran 0.83-0.85x the walk's order at 4 warps

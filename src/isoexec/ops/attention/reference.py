@@ -4,7 +4,9 @@ The query at absolute position p walks the keys in fixed absolute blocks [0, B),
 ascending order with one fp32 online softmax, whether the row sits in a packed training batch, a
 prefill chunk or a decode step: the forms differ only in the integer metadata (see `metadata.py`).
 The op order per block is written out in README.md; nothing in it depends on T, on the other rows,
-on how keys are laid out in the store, or on which blocks other rows needed.
+on how keys are laid out in the store, or on which blocks other rows needed. With `split_kv_size` S > 0
+the walk restarts at every absolute span [0, S), [S, 2S) … and the spans' states are combined in
+ascending order (`_combine`), so a decode step may walk its spans in parallel and get the same bits.
 
 The backward pass is plain autograd over the same ops: gradients are correct, not invariant.
 """
@@ -19,10 +21,13 @@ NEG_INF = float("-inf")
 
 
 def check_constants(constants: dict) -> None:
-    """Refuse split-KV at resolve time: this impl walks every key block of a row in one pass."""
-    split_kv_size = constants.get("split_kv_size", 0)
-    if split_kv_size != 0:
-        raise ValueError(f"attention.reference does not split the keys: split_kv_size must be 0, got {split_kv_size}")
+    """split_kv_size: 0 (one walk per row) or a multiple of block_n (absolute spans of whole key blocks)."""
+    check_split("attention.reference", constants.get("split_kv_size", 0), constants.get("block_n", 1))
+
+
+def check_split(impl_id: str, split_kv_size: int, block_n: int) -> None:
+    if split_kv_size < 0 or split_kv_size % block_n:
+        raise ValueError(f"{impl_id}: split_kv_size must be 0 or a positive multiple of block_n ({block_n}), got {split_kv_size}")
 
 
 def _check_inputs(q, k_store, v_store, slot_table, seq_ids, positions, window, input_dtype, kv_cache_dtype):
@@ -106,16 +111,36 @@ def _block_update(state, qf, k, v, visible, scale, reduce_block, block_tree):
     return torch.where(active, m_new, m), torch.where(active, l_new, l), torch.where(active[..., None], acc_new, acc)
 
 
-def _attend_rows(q, k_store, v_store, table, positions, scale, window, accum, block_n, reduce_block, block_tree):
+def _combine(total, part):
+    """The state of the spans so far after one more span's: both rescaled to their common maximum and added,
+    the span's product rounded before the add (`acc * b` on its own, then `A * a + it`: one multiply-add on a
+    GPU). A row that saw no key of the span keeps the total bit for bit."""
+    m_t, l_t, acc_t = total
+    m, l, acc = part
+    m_new = torch.maximum(m_t, m)
+    m_safe = torch.where(m_new == NEG_INF, 0.0, m_new)
+    a, b = torch.exp(m_t - m_safe), torch.exp(m - m_safe)
+    l_new = l_t * a + l * b
+    acc_new = acc_t * a[..., None] + acc * b[..., None]
+    seen = m != NEG_INF
+    return torch.where(seen, m_new, m_t), torch.where(seen, l_new, l_t), torch.where(seen[..., None], acc_new, acc_t)
+
+
+def _attend_rows(q, k_store, v_store, table, positions, scale, window, accum, block_n, reduce_block, block_tree, span_blocks=0):
     """q [T, H, D], v_store [S, Hkv, Dv] with table [T, L] (the slot row of each query) -> [T, H, Dv] in
-    `accum`. Dv may differ from D (MLA's values are its keys' latent part)."""
+    `accum`. Dv may differ from D (MLA's values are its keys' latent part). span_blocks > 0: the walk restarts
+    after every span of that many absolute blocks, each span's state combined into the total (`_combine`)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, num_keys = k_store.shape[1], table.shape[1]
     qf = q.to(accum).reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, 1, head_dim)
     scale = torch.tensor(scale, dtype=accum, device=q.device)
-    m = qf.new_full((num_tokens, num_heads), NEG_INF)
-    l = qf.new_zeros((num_tokens, num_heads))
-    acc = qf.new_zeros((num_tokens, num_heads, v_store.shape[-1]))
+
+    def fresh():
+        return (qf.new_full((num_tokens, num_heads), NEG_INF), qf.new_zeros((num_tokens, num_heads)),
+                qf.new_zeros((num_tokens, num_heads, v_store.shape[-1])))
+
+    m, l, acc = fresh()
+    total = fresh()
     for t in _block_range(positions, window, block_n, num_keys):
         keys = torch.arange(t * block_n, (t + 1) * block_n, device=q.device)  # [N]
         visible = _visible(keys, positions, window, num_keys)  # [T, N]
@@ -125,6 +150,10 @@ def _attend_rows(q, k_store, v_store, table, positions, scale, window, accum, bl
         k = _gather_block(k_store, slots, visible, accum)
         v = _gather_block(v_store, slots, visible, accum)
         m, l, acc = _block_update((m, l, acc), qf, k, v, visible, scale, reduce_block, block_tree)
+        if span_blocks and (t + 1) % span_blocks == 0:
+            total, (m, l, acc) = _combine(total, (m, l, acc)), fresh()
+    if span_blocks:
+        m, l, acc = _combine(total, (m, l, acc))
     has_keys = (l > 0)[..., None]  # [T, H, 1]
     return torch.where(has_keys, acc / torch.where(has_keys, l[..., None], 1.0), 0.0)
 
@@ -141,7 +170,7 @@ def attention(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, s
     sees no key is zero. `packed_len`, where the caller declares a packed batch of whole sequences (the
     longest of them), may let an impl pick a faster layout; a row's bits here never depend on it.
     """
-    check_constants({"split_kv_size": split_kv_size})
+    check_constants({"split_kv_size": split_kv_size, "block_n": block_n})
     _check_inputs(q, k_store, v_store, slot_table, seq_ids, positions, window, input_dtype, kv_cache_dtype)
     accum = torch_dtype(accum_dtype)
     table = slot_table[seq_ids]  # [T, L]
@@ -149,7 +178,7 @@ def attention(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, s
     rows = max(1, TILE_ELEMENTS // max(1, q.shape[1] * block_n * q.shape[2]))
     tiles = [
         _attend_rows(q[r0 : r0 + rows], k_store, v_store, table[r0 : r0 + rows], positions[r0 : r0 + rows], scale, window,
-                     accum, block_n, reduce_block, block_tree)
+                     accum, block_n, reduce_block, block_tree, split_kv_size // block_n)
         for r0 in range(0, q.shape[0], rows)
     ]
     out = torch.cat(tiles) if tiles else q.new_zeros(q.shape, dtype=accum)

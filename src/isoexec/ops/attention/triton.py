@@ -69,9 +69,10 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
 from ..triton_support import after_upstream, cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
-from . import flash_backward, gluon_tile, native, triton_blocks
-from .triton_steps import _finish, _fold, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores, _update, _visible
-from .reference import _check_inputs
+from . import flash_backward, gluon_tile, native, triton_blocks, triton_spans
+from .triton_steps import (_block, _close_span, _combine, _finish, _fold, _full_block, _full_block_pair, _gather_kv, _probs_times_v,
+                           _row_sum, _running_max, _scores, _update, _visible, _walk)
+from .reference import _check_inputs, check_split
 
 ID = "attention.triton"
 DTYPES = ("bfloat16", "float16", "float32")
@@ -85,81 +86,13 @@ HOPPER_CONSTANTS = dict(input_dtype="bfloat16", output_dtype="bfloat16", kv_cach
 
 
 @jit
-def _block(
-    m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head,
-    k, v, L, S, scale, window,
-    stride_ks, stride_kh, stride_vs, stride_vh,
-    HAS_WINDOW: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
-):
-    """One online-softmax step of every row over key block i_blk, masked per row and key; a row that
-    sees no key of the block keeps its state (selected, not updated)."""
-    slots, vis, key_ok, row_active = _visible(i_blk, pos, row_ok, seq_row, L, S, window, HAS_WINDOW, BLOCK_N)
-    b_k, b_v = _gather_kv(slots, key_ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
-    m_new, l_new, acc_new = _update(m, l, acc, b_q, b_k, b_v, vis, scale, DOT_IN_FP32, SUM_BY_DOT)
-    m = tl.where(row_active, m_new, m)
-    l = tl.where(row_active, l_new, l)
-    acc = tl.where(row_active[:, None], acc_new, acc)
-    return m, l, acc
-
-
-@jit
-def _full_block(
-    m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
-    stride_ks, stride_kh, stride_vs, stride_vh,
-    D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
-):
-    """`_block` over a key block that lies wholly below every row's position (and inside the table):
-    there a key is visible to a row iff its slot is in the store, the same for every row, so the
-    per-row masks and their reductions drop out and `_update` gets the same values.
-
-    `_block` keeps a row's state where the row sees no key of the block; here that case (every slot
-    outside the store) needs no select, because the update leaves the state as it is: the maximum stays
-    m, so alpha = exp(m - m) = exp(+0) = 1 exactly (ex2 of +0 is +1 in PTX; -inf rows get alpha = 0 with
-    l = 0 and acc = +0), p = 0, l * 1 + 0 = l, and acc * 1 + (+0) = acc up to the sign of a zero, which
-    the end's select discards."""
-    keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)
-    slots = tl.load(seq_row + keys).to(tl.int64)
-    ok = (slots >= 0) & (slots < S)  # [BLOCK_N]
-    b_k, b_v = _gather_kv(slots, ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
-    return _update(m, l, acc, b_q, b_k, b_v, ok[None, :], scale, DOT_IN_FP32, SUM_BY_DOT)
-
-
-@jit
-def _full_block_pair(
-    m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
-    stride_ks, stride_kh, stride_vs, stride_vh,
-    D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
-):
-    """`_full_block` over blocks i_blk and i_blk + 1, the same operations on the same values in the same
-    fold order, written so that what does not wait on the first block's state does not wait for it: both
-    blocks' loads and scores, then the running max through both (a max, exact), both blocks' p and p · V,
-    and last the two folds of l and acc in block order. Only the dependency chain between two blocks is
-    shorter (the second block's dots no longer wait for the first block's softmax)."""
-    o_n = tl.arange(0, BLOCK_N)
-    slots0 = tl.load(seq_row + i_blk * BLOCK_N + o_n).to(tl.int64)
-    slots1 = tl.load(seq_row + (i_blk + 1) * BLOCK_N + o_n).to(tl.int64)
-    ok0, ok1 = (slots0 >= 0) & (slots0 < S), (slots1 >= 0) & (slots1 < S)
-    b_k0, b_v0 = _gather_kv(slots0, ok0, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
-    b_k1, b_v1 = _gather_kv(slots1, ok1, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
-    s0 = _scores(b_q, b_k0, ok0[None, :], scale)
-    s1 = _scores(b_q, b_k1, ok1[None, :], scale)
-    m0, m0_safe, alpha0 = _running_max(m, s0)
-    m1, m1_safe, alpha1 = _running_max(m0, s1)
-    p0, pv0 = _probs_times_v(s0, m0_safe, b_v0, DOT_IN_FP32)
-    p1, pv1 = _probs_times_v(s1, m1_safe, b_v1, DOT_IN_FP32)
-    l, acc = _fold(l, acc, alpha0, p0, pv0, SUM_BY_DOT)
-    l, acc = _fold(l, acc, alpha1, p1, pv1, SUM_BY_DOT)
-    return m1, l, acc
-
-
-@jit
 def _tile(
     i, q, k, v, o, lse, slot_table, seq_ids, positions, kv_head,
     T, L, S, scale, window,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_sb, stride_lh,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     SUM_BY_DOT: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, PAIRED: tl.constexpr,
-    WITH_LSE: tl.constexpr,
+    WITH_LSE: tl.constexpr, SPAN: tl.constexpr,
 ):
     """The tile that starts at query i: its queries' rows, every key block they see, their outputs."""
     seq = tl.load(seq_ids + i)
@@ -195,37 +128,9 @@ def _tile(
     if not HAS_WINDOW:
         full_blk = (tl.minimum(tl.load(positions + i), L - 1).to(tl.int32) + 1) // BLOCK_N
 
-    m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([ROWS], dtype=tl.float32)
-    acc = tl.zeros([ROWS, D], dtype=tl.float32)
     seq_row = slot_table + seq.to(tl.int64) * stride_sb
-    if DOT_IN_FP32:  # the interpreter cannot take a loaded scalar as a `range` bound
-        i_blk = lo_blk
-        while PAIRED and i_blk + 1 < full_blk:
-            m, l, acc = _full_block_pair(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
-                                         stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
-            i_blk += 2
-        while i_blk < full_blk:
-            m, l, acc = _full_block(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
-                                    stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
-            i_blk += 1
-        while i_blk < hi_blk:
-            m, l, acc = _block(m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
-                               stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
-            i_blk += 1
-    else:
-        paired = lo_blk
-        if PAIRED:
-            paired = lo_blk + (full_blk - lo_blk) // 2 * 2
-        for i_blk in range(lo_blk, paired, 2):
-            m, l, acc = _full_block_pair(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
-                                         stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
-        for i_blk in range(paired, full_blk):
-            m, l, acc = _full_block(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
-                                    stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
-        for i_blk in range(full_blk, hi_blk):
-            m, l, acc = _block(m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
-                               stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+    m, l, acc = _walk(b_q, pos, row_ok, lo_blk, full_blk, hi_blk, seq_row, kv_head, k, v, L, S, scale, window,
+                      stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, ROWS, DOT_IN_FP32, SUM_BY_DOT, PAIRED, SPAN)
 
     has_keys, out = _finish(l, acc)
     p_o = o + tok[:, None] * stride_ot + head[:, None] * stride_oh + o_d[None, :]
@@ -252,6 +157,7 @@ def attention_fwd_kernel(
     QUERIES: tl.constexpr,
     PAIRED: tl.constexpr,
     WITH_LSE: tl.constexpr,
+    SPAN: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     after_upstream(PDL)
@@ -273,16 +179,17 @@ def attention_fwd_kernel(
     while start < QUERIES:
         _tile(r * QUERIES + start, q, k, v, o, lse, slot_table, seq_ids, positions, kv_head, T, L, S, scale, window,
               stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_sb, stride_lh,
-              G, G_PAD, D, HAS_WINDOW, DOT_IN_FP32, SUM_BY_DOT, BLOCK_Q, BLOCK_N, ROWS, PAIRED, WITH_LSE)
+              G, G_PAD, D, HAS_WINDOW, DOT_IN_FP32, SUM_BY_DOT, BLOCK_Q, BLOCK_N, ROWS, PAIRED, WITH_LSE, SPAN)
         start = tl.min(tl.where(starts & (c > start), c, QUERIES), 0)
 
 
 def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor, scale: float,
                   window: int | None, out_dtype: torch.dtype, block_m: int, block_n: int, num_warps: int,
-                  num_stages: int, lse: Tensor | None = None) -> Tensor:
+                  num_stages: int, split_kv_size: int = 0, lse: Tensor | None = None) -> Tensor:
     """q [T, H, D], k_store / v_store [S, Hkv, D] -> [T, H, D] in `out_dtype`; with `lse` [H, T] float32, each
     row's log-sum-exp of its scaled scores is written there too (a flash backward's input; no bit of the
-    output depends on it)."""
+    output depends on it). split_kv_size > 0: each row's walk restarts every split_kv_size keys (absolute
+    spans), the spans' states combined in ascending order."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_store.shape[1]
     o = q.new_empty(q.shape, dtype=out_dtype)
@@ -313,18 +220,26 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
     # Whole key blocks are walked two at a time (`_full_block_pair`, the same operations in the same order)
     # in the one-query form and in stacked tiles. A lone 64-row tile of many queries spills with both
     # blocks' scores at 4 warps: on one H200 pairs ran 0.86x as fast there for 300- and 512-token sequences.
-    paired = queries == 1 or stacked
+    # A pair of blocks never straddles a span's end: pairs start at even blocks, so spans of an even number of blocks.
+    span = split_kv_size // block_n
+    paired = (queries == 1 or stacked) and span % 2 == 0
     q, k_store, v_store = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_store, v_store))
     slot_table = slot_table.contiguous()
+    # A decode call over spans walks each row's spans in programs of their own and combines them in a second launch
+    # (`triton_spans.py`: the same walk and combine), where its table holds more than one span.
+    if (span and triton_spans.ENABLED and queries == 1 and window is None and lse is None
+            and cdiv(slot_table.shape[1], block_n) > span):
+        return triton_spans.attention_decode(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o,
+                                             block_m, block_n, num_warps, num_stages, span, paired)
     # A decode call of few programs may spread each row's key blocks over the grid (`triton_blocks.py`: the same
     # block steps and fold, in three launches).
-    if queries == 1 and window is None and lse is None and triton_blocks.applies(num_tokens, num_kv_heads, cdiv(slot_table.shape[1], block_n),
+    if not span and queries == 1 and window is None and lse is None and triton_blocks.applies(num_tokens, num_kv_heads, cdiv(slot_table.shape[1], block_n),
                                                                                    q.device):
         return triton_blocks.attention_decode(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o,
                                               block_m, block_n, num_warps, num_stages)
     # On Hopper the tile may be the same tile written in Gluon (`gluon_tile.py`: the same operations in the same layouts),
     # where ISOEXEC_ATTENTION_GLUON=1.
-    if gluon_tile.applies(rows, num_warps, head_dim, window, q.dtype, q.device):
+    if not span and gluon_tile.applies(rows, num_warps, head_dim, window, q.dtype, q.device):
         return gluon_tile.attention_fwd(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o, lse,
                                         group, g_pad, tile_positions, queries, block_n, num_warps)
     attention_fwd_kernel[(cdiv(num_tokens, queries), num_kv_heads)](
@@ -335,7 +250,7 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
         G=group, G_PAD=g_pad, D=head_dim, HAS_WINDOW=window is not None,
         DOT_IN_FP32=triton_support.interpreting(), SUM_BY_DOT=q.dtype == torch.float32 and not triton_support.interpreting(),
         BLOCK_Q=tile_positions, BLOCK_N=block_n, ROWS=rows, QUERIES=queries, PAIRED=paired,
-        WITH_LSE=lse is not None, num_warps=num_warps, num_stages=num_stages,
+        WITH_LSE=lse is not None, SPAN=span, num_warps=num_warps, num_stages=num_stages,
     )
     return o
 
@@ -391,7 +306,7 @@ def attention(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, s
     if head_dim < 16 or head_dim & (head_dim - 1):
         raise ValueError(f"{ID}: head_dim must be a power of two >= 16, got {head_dim}")
     require_device(ID, q, k_store, v_store, slot_table)
-    config = dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+    config = dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages, split_kv_size=split_kv_size)
     if needs_grad(q, k_store, v_store):
         dtypes = dict(input_dtype=input_dtype, output_dtype=output_dtype, kv_cache_dtype=kv_cache_dtype)
         return _TritonAttention.apply(q, k_store, v_store, slot_table, seq_ids, positions, scale, window, packed_len, dtypes, config)
@@ -409,8 +324,6 @@ def bench_op(**overrides):
 def check_constants(constants: dict) -> None:
     if constants["accum_dtype"] != "float32":
         raise ValueError(f'{ID} accumulates in float32 only, got accum_dtype = "{constants["accum_dtype"]}"')
-    if constants["split_kv_size"] != 0:
-        raise ValueError(f"{ID} walks every key block of a row in one program: split_kv_size must be 0, got {constants['split_kv_size']}")
     for name in ("input_dtype", "kv_cache_dtype"):
         if constants[name] not in DTYPES:
             raise ValueError(f"{ID}: {name} must be one of {', '.join(DTYPES)} (tl.dot operands), got {constants[name]!r}")
@@ -422,6 +335,7 @@ def check_constants(constants: dict) -> None:
             raise ValueError(f"{ID}: {name} must be a power of two, got {value}")
     if constants["block_n"] < 16:
         raise ValueError(f"{ID}: block_n must be >= 16 (tl.dot's smallest tile), got {constants['block_n']}")
+    check_split(ID, constants["split_kv_size"], constants["block_n"])
     if constants["num_warps"] not in (1, 2, 4, 8, 16) or constants["num_stages"] < 1:
         raise ValueError(f"{ID}: num_warps must be a power of two <= 16 and num_stages >= 1")
 
@@ -437,6 +351,7 @@ def register(registry) -> None:
     """Register attention.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="attention", cases=ALL_CASES, fn=attention, check_constants=check_constants, check_geometry=check_geometry,
-                               sources=(attention_fwd_kernel, _tile, _full_block, _full_block_pair, _block, _update, _scores,
-                                        _running_max, _probs_times_v, _fold, _gather_kv, _row_sum, _visible, _finish, triton_support,
-                                        triton_blocks.block_max_kernel, triton_blocks.block_terms_kernel, triton_blocks.fold_kernel, gluon_tile)))
+                               sources=(attention_fwd_kernel, _tile, _walk, _close_span, _combine, _full_block, _full_block_pair, _block,
+                                        _update, _scores, _running_max, _probs_times_v, _fold, _gather_kv, _row_sum, _visible, _finish,
+                                        triton_support, triton_blocks.block_max_kernel, triton_blocks.block_terms_kernel,
+                                        triton_blocks.fold_kernel, triton_spans.span_kernel, triton_spans.combine_kernel, gluon_tile)))

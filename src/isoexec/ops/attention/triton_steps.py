@@ -1,6 +1,6 @@
-"""One online-softmax step over a key block, for attention.triton's walk (`triton.py`) and its decode rows with the
-key blocks spread over the grid (`triton_blocks.py`): the one copy of this arithmetic, which decides every row's bits
-(triton.py's module doc)."""
+"""One online-softmax step over a key block and the walk over a row's blocks, for attention.triton's tiles
+(`triton.py`), its decode rows with the key blocks spread over the grid (`triton_blocks.py`) and its decode rows by
+spans (`triton_spans.py`): the one copy of this arithmetic, which decides every row's bits (triton.py's module doc)."""
 from __future__ import annotations
 
 from ..triton_support import jit, settled, tl
@@ -84,6 +84,22 @@ def _fold(l, acc, alpha, p, pv, SUM_BY_DOT: tl.constexpr):
 
 
 @jit
+def _combine(m_t, l_t, acc_t, m, l, acc, INTERPRETED: tl.constexpr):
+    """The state of a row's spans so far (m_t, l_t, acc_t) after one more span's (m, l, acc): both rescaled to
+    their common maximum and added, the span's products `settled` (rounded on their own) so that the one
+    multiply-add left, t * a + (x * b), is the same instruction in every kernel that combines spans. A row that
+    saw no key of the span (m = -inf) keeps the total."""
+    m_new = tl.maximum(m_t, m)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    a = tl.exp(m_t - m_safe)
+    b = tl.exp(m - m_safe)
+    l_new = l_t * a + settled(l * b, INTERPRETED)
+    acc_new = acc_t * a[:, None] + settled(acc * b[:, None], INTERPRETED)
+    seen = m != float("-inf")
+    return tl.where(seen, m_new, m_t), tl.where(seen, l_new, l_t), tl.where(seen[:, None], acc_new, acc_t)
+
+
+@jit
 def _finish(l, acc):
     """Whether each row saw a key, and its output acc / l (0 for a row that saw none; a zero acc taken as +0.0,
     triton.py's module doc)."""
@@ -102,3 +118,142 @@ def _update(m, l, acc, b_q, b_k, b_v, vis, scale, DOT_IN_FP32: tl.constexpr, SUM
     p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
     l_new, acc_new = _fold(l, acc, alpha, p, pv, SUM_BY_DOT)
     return m_new, l_new, acc_new
+
+
+@jit
+def _block(
+    m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head,
+    k, v, L, S, scale, window,
+    stride_ks, stride_kh, stride_vs, stride_vh,
+    HAS_WINDOW: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
+):
+    """One online-softmax step of every row over key block i_blk, masked per row and key; a row that
+    sees no key of the block keeps its state (selected, not updated)."""
+    slots, vis, key_ok, row_active = _visible(i_blk, pos, row_ok, seq_row, L, S, window, HAS_WINDOW, BLOCK_N)
+    b_k, b_v = _gather_kv(slots, key_ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
+    m_new, l_new, acc_new = _update(m, l, acc, b_q, b_k, b_v, vis, scale, DOT_IN_FP32, SUM_BY_DOT)
+    m = tl.where(row_active, m_new, m)
+    l = tl.where(row_active, l_new, l)
+    acc = tl.where(row_active[:, None], acc_new, acc)
+    return m, l, acc
+
+
+@jit
+def _full_block(
+    m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
+    stride_ks, stride_kh, stride_vs, stride_vh,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
+):
+    """`_block` over a key block that lies wholly below every row's position (and inside the table):
+    there a key is visible to a row iff its slot is in the store, the same for every row, so the
+    per-row masks and their reductions drop out and `_update` gets the same values.
+
+    `_block` keeps a row's state where the row sees no key of the block; here that case (every slot
+    outside the store) needs no select, because the update leaves the state as it is: the maximum stays
+    m, so alpha = exp(m - m) = exp(+0) = 1 exactly (ex2 of +0 is +1 in PTX; -inf rows get alpha = 0 with
+    l = 0 and acc = +0), p = 0, l * 1 + 0 = l, and acc * 1 + (+0) = acc up to the sign of a zero, which
+    the end's select discards."""
+    keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)
+    slots = tl.load(seq_row + keys).to(tl.int64)
+    ok = (slots >= 0) & (slots < S)  # [BLOCK_N]
+    b_k, b_v = _gather_kv(slots, ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
+    return _update(m, l, acc, b_q, b_k, b_v, ok[None, :], scale, DOT_IN_FP32, SUM_BY_DOT)
+
+
+@jit
+def _full_block_pair(
+    m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
+    stride_ks, stride_kh, stride_vs, stride_vh,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
+):
+    """`_full_block` over blocks i_blk and i_blk + 1, the same operations on the same values in the same
+    fold order, written so that what does not wait on the first block's state does not wait for it: both
+    blocks' loads and scores, then the running max through both (a max, exact), both blocks' p and p · V,
+    and last the two folds of l and acc in block order. Only the dependency chain between two blocks is
+    shorter (the second block's dots no longer wait for the first block's softmax)."""
+    o_n = tl.arange(0, BLOCK_N)
+    slots0 = tl.load(seq_row + i_blk * BLOCK_N + o_n).to(tl.int64)
+    slots1 = tl.load(seq_row + (i_blk + 1) * BLOCK_N + o_n).to(tl.int64)
+    ok0, ok1 = (slots0 >= 0) & (slots0 < S), (slots1 >= 0) & (slots1 < S)
+    b_k0, b_v0 = _gather_kv(slots0, ok0, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
+    b_k1, b_v1 = _gather_kv(slots1, ok1, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
+    s0 = _scores(b_q, b_k0, ok0[None, :], scale)
+    s1 = _scores(b_q, b_k1, ok1[None, :], scale)
+    m0, m0_safe, alpha0 = _running_max(m, s0)
+    m1, m1_safe, alpha1 = _running_max(m0, s1)
+    p0, pv0 = _probs_times_v(s0, m0_safe, b_v0, DOT_IN_FP32)
+    p1, pv1 = _probs_times_v(s1, m1_safe, b_v1, DOT_IN_FP32)
+    l, acc = _fold(l, acc, alpha0, p0, pv0, SUM_BY_DOT)
+    l, acc = _fold(l, acc, alpha1, p1, pv1, SUM_BY_DOT)
+    return m1, l, acc
+
+
+@jit
+def _close_span(m, l, acc, m_t, l_t, acc_t, i_next, SPAN: tl.constexpr, INTERPRETED: tl.constexpr):
+    """After the block before i_next: where a span of SPAN blocks ends there, the span's state combined into the
+    total and restarted (-inf, 0, 0); elsewhere, both as they are."""
+    if i_next % SPAN == 0:
+        m_t, l_t, acc_t = _combine(m_t, l_t, acc_t, m, l, acc, INTERPRETED)
+        m = tl.full(m.shape, float("-inf"), dtype=tl.float32)
+        l = tl.zeros(l.shape, dtype=tl.float32)
+        acc = tl.zeros(acc.shape, dtype=tl.float32)
+    return m, l, acc, m_t, l_t, acc_t
+
+
+@jit
+def _walk(
+    b_q, pos, row_ok, lo_blk, full_blk, hi_blk, seq_row, kv_head, k, v, L, S, scale, window,
+    stride_ks, stride_kh, stride_vs, stride_vh,
+    HAS_WINDOW: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    SUM_BY_DOT: tl.constexpr, PAIRED: tl.constexpr, SPAN: tl.constexpr,
+):
+    """Every row's state (m, l, acc) after key blocks [lo_blk, hi_blk) in ascending order: [lo_blk, full_blk) whole
+    (`_full_block`, two at a time where PAIRED), the rest masked per row (`_block`). SPAN > 0: the walk restarts
+    after every SPAN absolute blocks and the returned state is the spans' combined in ascending order (`_combine`);
+    a pair never straddles a span's end (PAIRED needs an even SPAN and, as every caller has, an even lo_blk)."""
+    m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, D], dtype=tl.float32)
+    m_t, l_t, acc_t = m, l, acc
+    if DOT_IN_FP32:  # the interpreter cannot take a loaded scalar as a `range` bound
+        i_blk = lo_blk
+        while PAIRED and i_blk + 1 < full_blk:
+            m, l, acc = _full_block_pair(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
+                                         stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+            i_blk += 2
+            if SPAN > 0:
+                m, l, acc, m_t, l_t, acc_t = _close_span(m, l, acc, m_t, l_t, acc_t, i_blk, SPAN, DOT_IN_FP32)
+        while i_blk < full_blk:
+            m, l, acc = _full_block(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
+                                    stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+            i_blk += 1
+            if SPAN > 0:
+                m, l, acc, m_t, l_t, acc_t = _close_span(m, l, acc, m_t, l_t, acc_t, i_blk, SPAN, DOT_IN_FP32)
+        while i_blk < hi_blk:
+            m, l, acc = _block(m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
+                               stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+            i_blk += 1
+            if SPAN > 0:
+                m, l, acc, m_t, l_t, acc_t = _close_span(m, l, acc, m_t, l_t, acc_t, i_blk, SPAN, DOT_IN_FP32)
+    else:
+        paired = lo_blk
+        if PAIRED:
+            paired = lo_blk + (full_blk - lo_blk) // 2 * 2
+        for i_blk in range(lo_blk, paired, 2):
+            m, l, acc = _full_block_pair(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
+                                         stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+            if SPAN > 0:
+                m, l, acc, m_t, l_t, acc_t = _close_span(m, l, acc, m_t, l_t, acc_t, i_blk + 2, SPAN, DOT_IN_FP32)
+        for i_blk in range(paired, full_blk):
+            m, l, acc = _full_block(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
+                                    stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+            if SPAN > 0:
+                m, l, acc, m_t, l_t, acc_t = _close_span(m, l, acc, m_t, l_t, acc_t, i_blk + 1, SPAN, DOT_IN_FP32)
+        for i_blk in range(full_blk, hi_blk):
+            m, l, acc = _block(m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
+                               stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+            if SPAN > 0:
+                m, l, acc, m_t, l_t, acc_t = _close_span(m, l, acc, m_t, l_t, acc_t, i_blk + 1, SPAN, DOT_IN_FP32)
+    if SPAN > 0:
+        m, l, acc = _combine(m_t, l_t, acc_t, m, l, acc, DOT_IN_FP32)
+    return m, l, acc

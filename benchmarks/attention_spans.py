@@ -1,0 +1,106 @@
+"""attention.triton with `split_kv_size` > 0 (each row's walk restarted every span of keys, the spans combined in order)
+against the one-pass walk and flash SDPA, at Qwen3-8B's heads (32 query heads, 8 KV heads of 128, bf16).
+
+decode:  one query per sequence over a paged cache (`attention_blocks.case`), as CUDA-graph replays: the preset's path
+         (split 0: the walk or the spread decode), and per span size the spans in two launches (`triton_spans.py`);
+         `differing` counts elements (int16 views) where the two launches and the walk over the same spans in one
+         program (ISOEXEC_ATTENTION_SPANS=0's path) differ: must be 0.
+prefill: one sequence of L tokens packed (`packed_slot_table`), kernel time, split 0 and each span size, against flash
+         SDPA's causal call on the same values; `moved` counts output elements whose bits the spans changed (rows
+         past the first span do other arithmetic: expected > 0).
+
+    cd benchmarks && PYTHONPATH=../src python3 attention_spans.py [--spans 128,256,512] [--decode 1x2048,...]
+        [--prefill 2048,8192] [--out FILE]
+
+Each row is printed (and appended to --out) as soon as it is measured.
+"""
+import argparse
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attention import _randn
+from attention_blocks import HEADS, case
+from isoexec.ops.attention import triton as attention_triton
+from isoexec.ops.attention import triton_spans
+from isoexec.ops.attention.metadata import packed_slot_table
+from timing import graphed_ms, kernel_ms
+
+
+def _emit(line: str, out: str | None) -> None:
+    print(line, flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
+
+
+def _spans_off(op):
+    def run(*call):
+        saved, triton_spans.ENABLED = triton_spans.ENABLED, False
+        try:
+            return op(*call)
+        finally:
+            triton_spans.ENABLED = saved
+    return run
+
+
+def decode(sizes: list[str], spans: list[int], device, generator, out) -> None:
+    head_dim = HEADS[2]
+    base = attention_triton.bench_op()
+    for size in sizes:
+        batch, keys = map(int, size.split("x"))
+        call, k, v = case(batch, keys, generator, device)
+        q = call[0]
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            flash_ms = graphed_ms(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True, scale=head_dim**-0.5), device)
+        base_ms = graphed_ms(lambda: base(*call), device)
+        parts = [f"decode batch {batch:<3} keys {keys:<5} flash {flash_ms * 1e3:7.1f} us  split 0 {base_ms * 1e3:7.1f} us "
+                 f"({flash_ms / base_ms:.2f})"]
+        for span in spans:
+            op = attention_triton.bench_op(split_kv_size=span)
+            differing = int((op(*call).view(torch.int16) != _spans_off(op)(*call).view(torch.int16)).sum())
+            ms = graphed_ms(lambda: op(*call), device)
+            parts.append(f"span {span} {ms * 1e3:7.1f} us ({flash_ms / ms:.2f}, differing {differing})")
+        _emit("  ".join(parts), out)
+
+
+def prefill(lengths: list[int], spans: list[int], device, generator, out) -> None:
+    num_heads, num_kv_heads, head_dim = HEADS
+    scale = head_dim**-0.5
+    for length in lengths:
+        q = _randn(generator, length, num_heads, head_dim, dtype=torch.bfloat16)
+        k, v = (_randn(generator, length, num_kv_heads, head_dim, dtype=torch.bfloat16) for _ in range(2))
+        dense = [t.transpose(0, 1)[None].contiguous() for t in (q, k, v)]
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            flash_ms = kernel_ms(lambda: F.scaled_dot_product_attention(*dense, is_causal=True, enable_gqa=True, scale=scale), device)
+        call = (q, k, v, *packed_slot_table(torch.tensor([0, length], device=device)), scale)
+        base = attention_triton.bench_op()
+        want = base(*call).view(torch.int16)
+        base_ms = kernel_ms(lambda: base(*call), device)
+        parts = [f"prefill keys {length:<5} flash {flash_ms:7.3f} ms  split 0 {base_ms:7.3f} ms ({flash_ms / base_ms:.2f})"]
+        for span in spans:
+            op = attention_triton.bench_op(split_kv_size=span)
+            moved = int((op(*call).view(torch.int16) != want).sum())
+            ms = kernel_ms(lambda: op(*call), device)
+            parts.append(f"span {span} {ms:7.3f} ms ({flash_ms / ms:.2f}, moved {moved})")
+        _emit("  ".join(parts), out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spans", default="128,256,512", help="split_kv_size values (keys, multiples of 32), comma-separated")
+    parser.add_argument("--decode", default="1x512,1x2048,1x8192,4x2048,8x2048,64x512,64x2048",
+                        help="batch x keys, comma-separated ('' for none)")
+    parser.add_argument("--prefill", default="2048,8192", help="sequence lengths, comma-separated ('' for none)")
+    parser.add_argument("--out", help="append each row here too")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    spans = [int(s) for s in args.spans.split(",")]
+    generator = torch.Generator(device=device).manual_seed(0)
+    decode([s for s in args.decode.split(",") if s], spans, device, generator, args.out)
+    prefill([int(s) for s in args.prefill.split(",") if s], spans, device, generator, args.out)
+
+
+if __name__ == "__main__":
+    main()
