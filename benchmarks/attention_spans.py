@@ -65,7 +65,7 @@ def decode(sizes: list[str], spans: list[int], device, generator, out) -> None:
         _emit("  ".join(parts), out)
 
 
-def prefill(lengths: list[int], spans: list[int], device, generator, out) -> None:
+def prefill(lengths: list[int], spans: list[int], device, generator, out, pairs: bool) -> None:
     num_heads, num_kv_heads, head_dim = HEADS
     scale = head_dim**-0.5
     for length in lengths:
@@ -81,9 +81,18 @@ def prefill(lengths: list[int], spans: list[int], device, generator, out) -> Non
         parts = [f"prefill keys {length:<5} flash {flash_ms:7.3f} ms  split 0 {base_ms:7.3f} ms ({flash_ms / base_ms:.2f})"]
         for span in spans:
             op = attention_triton.bench_op(split_kv_size=span)
-            moved = int((op(*call).view(torch.int16) != want).sum())
+            got = op(*call).view(torch.int16)
+            moved = int((got != want).sum())
             ms = kernel_ms(lambda: op(*call), device)
             parts.append(f"span {span} {ms:7.3f} ms ({flash_ms / ms:.2f}, moved {moved})")
+            if pairs:  # the tiles' pairs of blocks on (PAIRS_WITH_SPANS): the same bits
+                saved, attention_triton.PAIRS_WITH_SPANS = attention_triton.PAIRS_WITH_SPANS, True
+                try:
+                    same = torch.equal(op(*call).view(torch.int16), got)
+                    paired_ms = kernel_ms(lambda: op(*call), device)
+                finally:
+                    attention_triton.PAIRS_WITH_SPANS = saved
+                parts.append(f"paired {paired_ms:7.3f} ms (same bits {same})")
         _emit("  ".join(parts), out)
 
 
@@ -93,13 +102,14 @@ def main() -> None:
     parser.add_argument("--decode", default="1x512,1x2048,1x8192,4x2048,8x2048,64x512,64x2048",
                         help="batch x keys, comma-separated ('' for none)")
     parser.add_argument("--prefill", default="2048,8192", help="sequence lengths, comma-separated ('' for none)")
+    parser.add_argument("--pairs", action="store_true", help="prefill: also time the stacked tiles with pairs of blocks")
     parser.add_argument("--out", help="append each row here too")
     args = parser.parse_args()
     device = torch.device("cuda")
     spans = [int(s) for s in args.spans.split(",")]
     generator = torch.Generator(device=device).manual_seed(0)
     decode([s for s in args.decode.split(",") if s], spans, device, generator, args.out)
-    prefill([int(s) for s in args.prefill.split(",") if s], spans, device, generator, args.out)
+    prefill([int(s) for s in args.prefill.split(",") if s], spans, device, generator, args.out, args.pairs)
 
 
 if __name__ == "__main__":

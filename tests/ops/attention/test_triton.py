@@ -401,8 +401,9 @@ def test_decode_rows_over_spans_equal_training_rows(heads, monkeypatch):
 @pytest.mark.parametrize("split_kv_size", [48, 64])
 def test_long_decode_rows_over_spans_equal_the_walks(constants, split_kv_size, monkeypatch):
     """Rows of 1,100 keys (23 or 18 spans of 3 or 4 blocks of 16: the combine pipelined over many), decoded at positions
-    on and next to span and block edges, over spans in two launches and by the walk over the same spans in one program
-    (ISOEXEC_ATTENTION_SPANS=0): the same bits. The control, spans of 4 blocks against 3 (fp32 boundaries), differs."""
+    on and next to span and block edges, over spans in two launches (pairs of blocks in even spans) and by the walk over
+    the same spans in one program (ISOEXEC_ATTENTION_SPANS=0), block by block and by pairs: the same bits. The control,
+    spans of 4 blocks against 3 (fp32 boundaries), differs."""
     from isoexec.ops.attention import triton_spans
 
     q, k, v, slot_table, seq_ids, positions = packed([1100, 40], dtype=torch.float32 if constants is CONSTANTS else torch.bfloat16)
@@ -416,7 +417,11 @@ def test_long_decode_rows_over_spans_equal_the_walks(constants, split_kv_size, m
                           for i in range(len(steps))])
 
     spans = {**constants, "split_kv_size": split_kv_size}
-    assert bitwise_equal(decode(True, spans), decode(False, spans))
+    two_launches = decode(True, spans)
+    assert bitwise_equal(two_launches, decode(False, spans))
+    monkeypatch.setattr(attention_triton, "PAIRS_WITH_SPANS", True)  # the walk by pairs of blocks where spans are even
+    assert bitwise_equal(two_launches, decode(False, spans))
+    monkeypatch.setattr(attention_triton, "PAIRS_WITH_SPANS", False)
     fp32 = [t.float() for t in (q, k, v)]
     walk = decode(False, {**CONSTANTS, "split_kv_size": 48}, *fp32)
     assert (int_view(decode(True, {**CONSTANTS, "split_kv_size": 64}, *fp32)) != int_view(walk)).sum() > 100

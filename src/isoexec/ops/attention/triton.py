@@ -85,6 +85,13 @@ HOPPER_CONSTANTS = dict(input_dtype="bfloat16", output_dtype="bfloat16", kv_cach
                         block_m=64, block_n=32, num_warps=4, num_stages=3, split_kv_size=0)
 
 
+# A tile over spans holds a second accumulator (the spans' total) through its walk. Compiled for sm_90a at Qwen3-8B's
+# heads (benchmarks/sm90.py), a stacked tile then spills 484 bytes a thread with pairs of blocks and 124 without (40
+# and 0 without spans); a one-query tile 476 and 108 (108 and 108). `triton_spans.span_kernel` walks one span and
+# holds no total: it takes pairs.
+PAIRS_WITH_SPANS = False
+
+
 @jit
 def _tile(
     i, q, k, v, o, lse, slot_table, seq_ids, positions, kv_head,
@@ -220,9 +227,10 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
     # Whole key blocks are walked two at a time (`_full_block_pair`, the same operations in the same order)
     # in the one-query form and in stacked tiles. A lone 64-row tile of many queries spills with both
     # blocks' scores at 4 warps: on one H200 pairs ran 0.86x as fast there for 300- and 512-token sequences.
-    # A pair of blocks never straddles a span's end: pairs start at even blocks, so spans of an even number of blocks.
+    # With spans, a tile takes pairs only where PAIRS_WITH_SPANS says (the constant's comment), and a pair never
+    # straddles a span's end: pairs start at even blocks, so only in spans of an even number of blocks.
     span = split_kv_size // block_n
-    paired = (queries == 1 or stacked) and span % 2 == 0
+    paired = (queries == 1 or stacked) and (not span or (PAIRS_WITH_SPANS and span % 2 == 0))
     q, k_store, v_store = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_store, v_store))
     slot_table = slot_table.contiguous()
     # A decode call over spans walks each row's spans in programs of their own and combines them in a second launch
@@ -230,7 +238,7 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
     if (span and triton_spans.ENABLED and queries == 1 and window is None and lse is None
             and cdiv(slot_table.shape[1], block_n) > span):
         return triton_spans.attention_decode(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o,
-                                             block_m, block_n, num_warps, num_stages, span, paired)
+                                             block_m, block_n, num_warps, num_stages, span)
     # A decode call of few programs may spread each row's key blocks over the grid (`triton_blocks.py`: the same
     # block steps and fold, in three launches).
     if not span and queries == 1 and window is None and lse is None and triton_blocks.applies(num_tokens, num_kv_heads, cdiv(slot_table.shape[1], block_n),

@@ -110,9 +110,10 @@ def combine_kernel(
 
 
 def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor, scale: float,
-                     o: Tensor, block_m: int, block_n: int, num_warps: int, num_stages: int, span: int, paired: bool) -> Tensor:
+                     o: Tensor, block_m: int, block_n: int, num_warps: int, num_stages: int, span: int) -> Tensor:
     """`attention_fwd`'s decode rows (no window, no log-sum-exp) over spans of `span` key blocks into `o`, by the two
-    kernels above. The grid covers the table's spans, so a captured step serves any row up to the table's length."""
+    kernels above. The grid covers the table's spans, so a captured step serves any row up to the table's length. A span
+    program walks pairs of blocks (`_full_block_pair`) where a span holds an even number of blocks."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_store.shape[1]
     group = num_heads // num_kv_heads
@@ -128,7 +129,7 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
         q, k_store, v_store, slot_table, seq_ids, positions, ms, ls, accs, table, k_store.shape[0], float(scale),
         q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), slot_table.stride(0),
         G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret, SUM_BY_DOT=q.dtype == torch.float32 and not interpret,
-        BLOCK_N=block_n, ROWS=rows, SPAN=span, NSPAN=nspan, PAIRED=paired, num_warps=num_warps, num_stages=num_stages)
+        BLOCK_N=block_n, ROWS=rows, SPAN=span, NSPAN=nspan, PAIRED=span % 2 == 0, num_warps=num_warps, num_stages=num_stages)
     d_part = max(1, head_dim // COMBINE_SPLIT)
     combine_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](
         o, positions, ms, ls, accs, table, o.stride(0), o.stride(1), G=group, G_PAD=g_pad, D=head_dim, D_PART=d_part,
