@@ -372,6 +372,33 @@ def test_rows_over_spans_are_bitwise_equal_in_every_form(split_kv_size):
     assert sum(int((int_view(a[0]) != int_view(b[0])).sum()) for a, b in zip(rows, one_pass)) > 20
 
 
+def test_rows_within_their_first_span_keep_the_one_pass_bits_and_narrow_tables_skip_spans(monkeypatch):
+    """A row inside its first span has the one-pass walk's bits (the span's state, combined into the empty total,
+    comes back as it is), so a call whose table is no wider than a span runs without spans: in a packed batch whose
+    table is wider (the tile over spans), its first-span rows equal the calls over narrow tables (no spans) bit for
+    bit, decode steps included, and no narrow call takes the spans path. The rows past the first span differ."""
+    from isoexec.ops.attention import triton_spans
+
+    calls = []
+    two_launches = triton_spans.attention_decode
+    monkeypatch.setattr(triton_spans, "attention_decode", lambda *args, **kwargs: calls.append(1) or two_launches(*args, **kwargs))
+    spans = {**CONSTANTS, "split_kv_size": 64}
+    q, k, v, slot_table, seq_ids, positions = packed([100, 37])
+    trained = attention(q, k, v, slot_table, seq_ids, positions, 0.25, constants=spans)
+    narrow = slot_table[:, :64]
+    first = positions < 64
+    alone = attention(q[first], k, v, narrow, seq_ids[first], positions[first], 0.25, constants=spans)
+    assert bitwise_equal(alone, trained[first])
+    for rows in ([63, 100 + 36], [40, 100 + 5]):  # one query per sequence: decode steps
+        rows = torch.tensor(rows, device=DEVICE)
+        decoded = attention(q[rows], k, v, narrow, seq_ids[rows], positions[rows], 0.25, constants=spans)
+        assert bitwise_equal(decoded, trained[rows])
+    assert not calls
+    one_pass = attention(q, k, v, slot_table, seq_ids, positions, 0.25)
+    assert bitwise_equal(one_pass[first], trained[first])
+    assert (int_view(one_pass[~first]) != int_view(trained[~first])).sum() > 100
+
+
 @pytest.mark.parametrize("heads", [4, 8])
 def test_decode_rows_over_spans_equal_training_rows(heads, monkeypatch):
     """`triton_spans.py`: decode steps whose spans (2 key blocks of the preset's 32) run in programs of their own and

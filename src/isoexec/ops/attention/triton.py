@@ -227,16 +227,19 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
     # Whole key blocks are walked two at a time (`_full_block_pair`, the same operations in the same order)
     # in the one-query form and in stacked tiles. A lone 64-row tile of many queries spills with both
     # blocks' scores at 4 warps: on one H200 pairs ran 0.86x as fast there for 300- and 512-token sequences.
+    # A row within its first span has the one-pass walk's bits (`triton_steps._walk`: that span's state is the total as
+    # it is), so a call whose table is no wider than a span runs as if without spans, with every path that has.
+    span = split_kv_size // block_n
+    if cdiv(slot_table.shape[1], block_n) <= span:
+        span = 0
     # With spans, a tile takes pairs only where PAIRS_WITH_SPANS says (the constant's comment), and a pair never
     # straddles a span's end: pairs start at even blocks, so only in spans of an even number of blocks.
-    span = split_kv_size // block_n
     paired = (queries == 1 or stacked) and (not span or (PAIRS_WITH_SPANS and span % 2 == 0))
     q, k_store, v_store = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_store, v_store))
     slot_table = slot_table.contiguous()
     # A decode call over spans walks each row's spans in programs of their own and combines them in a second launch
-    # (`triton_spans.py`: the same walk and combine), where its table holds more than one span.
-    if (span and triton_spans.ENABLED and queries == 1 and window is None and lse is None
-            and cdiv(slot_table.shape[1], block_n) > span):
+    # (`triton_spans.py`: the same walk and combine).
+    if span and triton_spans.ENABLED and queries == 1 and window is None and lse is None:
         return triton_spans.attention_decode(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o,
                                              block_m, block_n, num_warps, num_stages, span)
     # A decode call of few programs may spread each row's key blocks over the grid (`triton_blocks.py`: the same

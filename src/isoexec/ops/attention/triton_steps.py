@@ -210,7 +210,10 @@ def _walk(
     """Every row's state (m, l, acc) after key blocks [lo_blk, hi_blk) in ascending order: [lo_blk, full_blk) whole
     (`_full_block`, two at a time where PAIRED), the rest masked per row (`_block`). SPAN > 0: the walk restarts
     after every SPAN absolute blocks and the returned state is the spans' combined in ascending order (`_combine`);
-    a pair never straddles a span's end (PAIRED needs an even SPAN and, as every caller has, an even lo_blk)."""
+    a pair never straddles a span's end (PAIRED needs an even SPAN and, as every caller has, an even lo_blk). A row
+    within its first span ends with that span's state combined into the empty total: exp(-inf) = 0 and exp(0) = 1
+    give l and acc back as they are, but for a -0.0 in acc turned +0.0, which `_finish` does to every zero; so its
+    output (and log-sum-exp) is the one-pass walk's."""
     m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, D], dtype=tl.float32)
