@@ -203,8 +203,8 @@ def test_registry_checks_constants_against_the_impl_signature():
     with pytest.raises(ResolutionError, match="missing constants block_k"):
         REGISTRY.resolve(missing, ["trainer_fwd"])
     att = next(i for i, e in enumerate(data["composition"]) if e["region"] == "attention")
-    split = mutated(data, lambda d: d["composition"][att]["constants"].update(split_kv_size=64))
-    with pytest.raises(ResolutionError, match="split_kv_size must be 0"):
+    split = mutated(data, lambda d: d["composition"][att]["constants"].update(split_kv_size=24))
+    with pytest.raises(ResolutionError, match="split_kv_size must be 0 or a positive multiple of block_n"):
         REGISTRY.resolve(split, ["engine_decode"])
     assert len(REGISTRY.resolve(load_preset("tiny-dense"))) == 38  # 9 regions x 4 cases + sampling x 2
 
