@@ -296,14 +296,20 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def decode_tile(q: Tensor, k_store: Tensor, block_m: int) -> tuple[int, int, int]:
+    """A decode call's query heads per KV head, that rounded up to a power of two, and the rows of `attention_fwd`'s
+    tile of one query."""
+    group = q.shape[1] // k_store.shape[1]
+    g_pad = next_power_of_2(group)
+    return group, g_pad, max(16, max(1, block_m // g_pad) * g_pad)
+
+
 def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tensor, seq_ids: Tensor, positions: Tensor, scale: float,
                      o: Tensor, block_m: int, block_n: int, num_warps: int, num_stages: int) -> Tensor:
     """`attention_fwd`'s decode rows (no window, no log-sum-exp) into `o`, by the three kernels above."""
-    num_tokens, num_heads, head_dim = q.shape
+    num_tokens, _, head_dim = q.shape
     num_kv_heads = k_store.shape[1]
-    group = num_heads // num_kv_heads
-    g_pad = next_power_of_2(group)
-    rows = max(16, max(1, block_m // g_pad) * g_pad)  # `attention_fwd`'s tile of one query
+    group, g_pad, rows = decode_tile(q, k_store, block_m)
     table = slot_table.shape[1]
     nb = next_power_of_2(cdiv(table, block_n))
     maxima = q.new_empty((num_tokens, num_kv_heads, nb, g_pad), dtype=torch.float32)

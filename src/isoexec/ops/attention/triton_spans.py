@@ -23,8 +23,8 @@ from torch import Tensor
 
 from ...env import switch
 from .. import triton_support
-from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, tl
-from .triton_blocks import _decode_rows
+from ..triton_support import after_upstream, cdiv, jit, tl
+from .triton_blocks import _decode_rows, decode_tile
 from .triton_steps import _combine, _finish, _walk
 
 # Off (ISOEXEC_ATTENTION_SPANS=0), a decode call walks its spans in one program as training does (`_walk`): the same
@@ -114,11 +114,9 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     """`attention_fwd`'s decode rows (no window, no log-sum-exp) over spans of `span` key blocks into `o`, by the two
     kernels above. The grid covers the table's spans, so a captured step serves any row up to the table's length. A span
     program walks pairs of blocks (`_full_block_pair`) where a span holds an even number of blocks."""
-    num_tokens, num_heads, head_dim = q.shape
+    num_tokens, _, head_dim = q.shape
     num_kv_heads = k_store.shape[1]
-    group = num_heads // num_kv_heads
-    g_pad = next_power_of_2(group)
-    rows = max(16, max(1, block_m // g_pad) * g_pad)  # `attention_fwd`'s tile of one query
+    group, g_pad, rows = decode_tile(q, k_store, block_m)
     table = slot_table.shape[1]
     nspan = cdiv(cdiv(table, block_n), span)
     ms = q.new_empty((num_tokens, num_kv_heads, nspan, g_pad), dtype=torch.float32)
