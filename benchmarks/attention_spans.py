@@ -10,7 +10,7 @@ prefill: one sequence of L tokens packed (`packed_slot_table`), kernel time, spl
          past the first span do other arithmetic: expected > 0).
 
     cd benchmarks && PYTHONPATH=../src python3 attention_spans.py [--spans 128,256,512] [--decode 1x2048,...]
-        [--prefill 2048,8192] [--out FILE]
+        [--prefill 2048,8192] [--pairs] [--out FILE] [--device cpu]
 
 Each row is printed (and appended to --out) as soon as it is measured.
 """
@@ -52,8 +52,11 @@ def decode(sizes: list[str], spans: list[int], device, generator, out) -> None:
         batch, keys = map(int, size.split("x"))
         call, k, v = case(batch, keys, generator, device)
         q = call[0]
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            flash_ms = graphed_ms(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True, scale=head_dim**-0.5), device)
+        flash_ms = float("nan")
+        if device.type == "cuda":
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                flash_ms = graphed_ms(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True, scale=head_dim**-0.5),
+                                      device)
         base_ms = graphed_ms(lambda: base(*call), device)
         parts = [f"decode batch {batch:<3} keys {keys:<5} flash {flash_ms * 1e3:7.1f} us  split 0 {base_ms * 1e3:7.1f} us "
                  f"({flash_ms / base_ms:.2f})"]
@@ -72,8 +75,10 @@ def prefill(lengths: list[int], spans: list[int], device, generator, out, pairs:
         q = _randn(generator, length, num_heads, head_dim, dtype=torch.bfloat16)
         k, v = (_randn(generator, length, num_kv_heads, head_dim, dtype=torch.bfloat16) for _ in range(2))
         dense = [t.transpose(0, 1)[None].contiguous() for t in (q, k, v)]
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            flash_ms = kernel_ms(lambda: F.scaled_dot_product_attention(*dense, is_causal=True, enable_gqa=True, scale=scale), device)
+        flash_ms = float("nan")
+        if device.type == "cuda":
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                flash_ms = kernel_ms(lambda: F.scaled_dot_product_attention(*dense, is_causal=True, enable_gqa=True, scale=scale), device)
         call = (q, k, v, *packed_slot_table(torch.tensor([0, length], device=device)), scale)
         base = attention_triton.bench_op()
         want = base(*call).view(torch.int16)
@@ -104,8 +109,9 @@ def main() -> None:
     parser.add_argument("--prefill", default="2048,8192", help="sequence lengths, comma-separated ('' for none)")
     parser.add_argument("--pairs", action="store_true", help="prefill: also time the stacked tiles with pairs of blocks")
     parser.add_argument("--out", help="append each row here too")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run in the interpreter (TRITON_INTERPRET=1; no flash)")
     args = parser.parse_args()
-    device = torch.device("cuda")
+    device = torch.device(args.device)
     spans = [int(s) for s in args.spans.split(",")]
     generator = torch.Generator(device=device).manual_seed(0)
     decode([s for s in args.decode.split(",") if s], spans, device, generator, args.out)
