@@ -10,7 +10,7 @@ prefill: one sequence of L tokens packed (`packed_slot_table`), kernel time, spl
          past the first span do other arithmetic: expected > 0).
 
     cd benchmarks && PYTHONPATH=../src python3 attention_spans.py [--spans 128,256,512] [--decode 1x2048,...]
-        [--prefill 2048,8192] [--pairs] [--out FILE] [--device cpu]
+        [--prefill 2048,8192] [--pairs] [--tile num_warps=8] [--out FILE] [--device cpu]
 
 Each row is printed (and appended to --out) as soon as it is measured.
 """
@@ -45,7 +45,7 @@ def _spans_off(op):
     return run
 
 
-def decode(sizes: list[str], spans: list[int], device, generator, out) -> None:
+def decode(sizes: list[str], spans: list[int], device, generator, out, tile: dict) -> None:
     head_dim = HEADS[2]
     base = attention_triton.bench_op()
     for size in sizes:
@@ -61,14 +61,14 @@ def decode(sizes: list[str], spans: list[int], device, generator, out) -> None:
         parts = [f"decode batch {batch:<3} keys {keys:<5} flash {flash_ms * 1e3:7.1f} us  split 0 {base_ms * 1e3:7.1f} us "
                  f"({flash_ms / base_ms:.2f})"]
         for span in spans:
-            op = attention_triton.bench_op(split_kv_size=span)
+            op = attention_triton.bench_op(**tile, split_kv_size=span)
             differing = int((op(*call).view(torch.int16) != _spans_off(op)(*call).view(torch.int16)).sum())
             ms = graphed_ms(lambda: op(*call), device)
             parts.append(f"span {span} {ms * 1e3:7.1f} us ({flash_ms / ms:.2f}, differing {differing})")
         _emit("  ".join(parts), out)
 
 
-def prefill(lengths: list[int], spans: list[int], device, generator, out, pairs: bool) -> None:
+def prefill(lengths: list[int], spans: list[int], device, generator, out, pairs: bool, tile: dict) -> None:
     num_heads, num_kv_heads, head_dim = HEADS
     scale = head_dim**-0.5
     for length in lengths:
@@ -85,7 +85,7 @@ def prefill(lengths: list[int], spans: list[int], device, generator, out, pairs:
         base_ms = kernel_ms(lambda: base(*call), device)
         parts = [f"prefill keys {length:<5} flash {flash_ms:7.3f} ms  split 0 {base_ms:7.3f} ms ({flash_ms / base_ms:.2f})"]
         for span in spans:
-            op = attention_triton.bench_op(split_kv_size=span)
+            op = attention_triton.bench_op(**tile, split_kv_size=span)
             got = op(*call).view(torch.int16)
             moved = int((got != want).sum())
             ms = kernel_ms(lambda: op(*call), device)
@@ -107,6 +107,8 @@ def main() -> None:
     parser.add_argument("--decode", default="1x512,1x2048,1x8192,4x2048,8x2048,64x512,64x2048",
                         help="batch x keys, comma-separated ('' for none)")
     parser.add_argument("--prefill", default="2048,8192", help="sequence lengths, comma-separated ('' for none)")
+    parser.add_argument("--tile", default="", help="the spans' tile constants where not the preset's, e.g. num_warps=8 (split 0 keeps "
+                                                   "the preset's)")
     parser.add_argument("--pairs", action="store_true", help="prefill: also time the stacked tiles with pairs of blocks")
     parser.add_argument("--out", help="append each row here too")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run in the interpreter (TRITON_INTERPRET=1; no flash)")
@@ -114,8 +116,10 @@ def main() -> None:
     device = torch.device(args.device)
     spans = [int(s) for s in args.spans.split(",")]
     generator = torch.Generator(device=device).manual_seed(0)
-    decode([s for s in args.decode.split(",") if s], spans, device, generator, args.out)
-    prefill([int(s) for s in args.prefill.split(",") if s], spans, device, generator, args.out, args.pairs)
+    tile = dict(item.split("=") for item in args.tile.split(",") if item)
+    tile = {name: int(value) for name, value in tile.items()}
+    decode([s for s in args.decode.split(",") if s], spans, device, generator, args.out, tile)
+    prefill([int(s) for s in args.prefill.split(",") if s], spans, device, generator, args.out, args.pairs, tile)
 
 
 if __name__ == "__main__":
