@@ -38,6 +38,27 @@ def test_every_token_and_row_is_bitwise_equal_under_the_contract_and_not_under_t
     assert control["trace"]["summary"]
 
 
+def test_an_audit_over_attention_spans_is_bitwise_and_its_control_is_not():
+    """split_kv_size 32 (spans of two 16-key blocks; the audit's rows run to ~150 keys): the engine's chunked prefill
+    and decode and the trainer's packed rows combine the same spans in the same order. The control walks the spans
+    in blocks twice as wide in calls of many queries."""
+    spec = PRESETS["tiny-dense"]
+    model = init_random(spec, seed=0)
+
+    def with_spans(data):
+        for entry in data["composition"]:
+            if entry["region"] == "attention":
+                entry["constants"]["split_kv_size"] = 32
+        return Contract.from_dict(data)
+
+    from conftest import preset_dict
+
+    report = run_audit(model, fit_contract(with_spans(preset_dict("tiny-dense")), spec), progress=False)
+    assert all_equal(report) and report["tokens"] == 16 * 16
+    control = run_audit(model, fit_contract(with_spans(control_dict("attention")), spec), progress=False)
+    assert not all_equal(control) and control["bitwise_equal_tokens"] < control["tokens"]
+
+
 def test_an_moe_audit_counts_the_tokens_routed_to_other_experts():
     """Under tiny-moe every sampled token's row goes to the same experts in the engine and in both trainer
     cases. The control router (`controls.reversed_scan_moe_router`) breaks ties at the top-k boundary
