@@ -270,6 +270,8 @@ def _parse(argv):
                                             f"{variants.GLUON} its engine and trainer with attention.triton's Gluon tile, one in {variants.BLOCKS} "
                                             "its decode calls of few programs with the key blocks spread over the grid")
     parser.add_argument("--new-tokens", type=int, help="new tokens per request in engine, hf and roofline (default: 128, or 8 with --small)")
+    parser.add_argument("--prompt-len", type=int, help="prompt tokens per request in engine, hf and roofline (default: 128, or 16 with "
+                                                       "--small): long contexts for the decode attention")
     parser.add_argument("--trainer-reps", type=int, default=7, help="trainer: timed steps per contract, taking turns (default: 7)")
     parser.add_argument("--cuda-graphs", action="store_true", help="run the engine with CUDA graphs (where EngineConfig has them)")
     parser.add_argument("--json", help="write the results here (rewritten after every section)")
@@ -277,8 +279,9 @@ def _parse(argv):
     unknown = [s for s in args.what if s not in SECTIONS]
     if unknown:  # checked here: argparse 3.11 refuses an empty list against `choices` for nargs="*"
         parser.error(f"unknown section(s) {', '.join(unknown)} (choose from {', '.join(SECTIONS)})")
-    if args.new_tokens is not None and args.new_tokens < 1:
-        parser.error("--new-tokens must be at least 1")
+    for name in ("new_tokens", "prompt_len"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
     try:
         args.rl_layout = {key: value.lower() == "true" if key.endswith("_sp") else int(value)
                           for key, value in (item.split("=") for item in args.rl_layout.split(",") if item)}
@@ -302,6 +305,8 @@ def main(argv=None) -> int:
         sizes = dataclasses.replace(sizes, models=tuple(args.model.split(",")))
     if args.new_tokens:
         sizes = dataclasses.replace(sizes, new_tokens=args.new_tokens)
+    if args.prompt_len:
+        sizes = dataclasses.replace(sizes, prompt_len=args.prompt_len)
     if args.rl_model:
         sizes = dataclasses.replace(sizes, rl_models=tuple(args.rl_model.split(",")))
     specs = args.contracts.split(",") if args.contracts else list(GPU_CONTRACTS if device.type == "cuda" else ("tiny-dense", "native"))

@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -229,6 +229,31 @@ timeout 120 python3 -m isoexec audit --device cuda --quiet --model "$model" --co
 done
 (cd benchmarks && PYTHONPATH=../src python3 bench.py engine roofline --cuda-graphs --contracts tiny-dense-triton,tiny-dense-triton+walk,contracts/fast-baseline.toml \
     --json "$OUT/bench_spread.json" 2>&1 | grep -E "^(engine|roofline|bench)" | tee "$OUT/bench_spread.txt")
+fi
+
+# Attention over spans (split_kv_size > 0; no preset takes it). attention-spans: the spans' decode and prefill against
+# flash and split 0 (0 differing against the walk over the same spans), the 64-row tile on 8 warps, the span GPU tests
+# (about 6 minutes). attention-spans-engine: the engine at 2,048-token prompts with a contract file at spans of 256
+# (/tmp/spans256.json) beside the preset and the fast baseline (set ISOEXEC_COMMIT).
+if [ "$PART" = attention-spans ]; then
+(cd benchmarks && PYTHONPATH=../src timeout 150 python3 attention_spans.py --pairs --prefill 512,2048,8192 --out "$OUT/attention_spans.txt" 2>&1 | grep -v -i warn)
+(cd benchmarks && PYTHONPATH=../src timeout 120 python3 attention_spans.py --tile num_warps=8 --decode 1x2048,8x2048,64x512 --prefill 2048,8192 \
+    --out "$OUT/attention_spans_w8.txt" 2>&1 | grep -v -i warn)
+timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/test_triton.py -k span 2>&1 | tail -4 | tee "$OUT/pytest_spans.txt"
+fi
+
+if [ "$PART" = attention-spans-engine ]; then
+python3 -m isoexec contract show --preset tiny-dense-triton --json | python3 -c '
+import json, sys
+c = json.load(sys.stdin)
+c["name"] += "-spans256"
+for e in c["composition"]:
+    if e["region"] == "attention":
+        e["constants"]["split_kv_size"] = 256
+json.dump(c, open("/tmp/spans256.json", "w"), indent=1)'
+(cd benchmarks && PYTHONPATH=../src timeout 500 python3 bench.py engine --cuda-graphs --prompt-len 2048 \
+    --contracts /tmp/spans256.json,tiny-dense-triton,contracts/fast-baseline.toml --json "$OUT/bench_spans.json" 2>&1 \
+    | grep -E "^(engine|bench)" | tee "$OUT/bench_spans.txt")
 fi
 
 # Parallel layouts with every rank on the one GPU (issue 20 item 7): which collectives gloo and NCCL carry with CUDA
