@@ -84,6 +84,14 @@ def prefill(lengths: list[int], spans: list[int], device, generator, out, pairs:
         want = base(*call).view(torch.int16)
         base_ms = kernel_ms(lambda: base(*call), device)
         parts = [f"prefill keys {length:<5} flash {flash_ms:7.3f} ms  split 0 {base_ms:7.3f} ms ({flash_ms / base_ms:.2f})"]
+        if pairs:  # split 0 with its tiles' pairs of blocks off (PAIRS): what the spans' tiles, which take none, start from
+            saved, attention_triton.PAIRS = attention_triton.PAIRS, False
+            try:
+                same = torch.equal(base(*call).view(torch.int16), want)
+                single_ms = kernel_ms(lambda: base(*call), device)
+            finally:
+                attention_triton.PAIRS = saved
+            parts.append(f"unpaired {single_ms:7.3f} ms (same bits {same})")
         for span in spans:
             op = attention_triton.bench_op(**tile, split_kv_size=span)
             got = op(*call).view(torch.int16)
@@ -109,7 +117,8 @@ def main() -> None:
     parser.add_argument("--prefill", default="2048,8192", help="sequence lengths, comma-separated ('' for none)")
     parser.add_argument("--tile", default="", help="the spans' tile constants where not the preset's, e.g. num_warps=8 (split 0 keeps "
                                                    "the preset's)")
-    parser.add_argument("--pairs", action="store_true", help="prefill: also time the stacked tiles with pairs of blocks")
+    parser.add_argument("--pairs", action="store_true", help="prefill: also time split 0 without pairs of blocks, and the spans' "
+                                                             "tiles with them")
     parser.add_argument("--out", help="append each row here too")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run in the interpreter (TRITON_INTERPRET=1; no flash)")
     args = parser.parse_args()

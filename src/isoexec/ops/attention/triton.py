@@ -85,6 +85,9 @@ HOPPER_CONSTANTS = dict(input_dtype="bfloat16", output_dtype="bfloat16", kv_cach
                         block_m=64, block_n=32, num_warps=4, num_stages=3, split_kv_size=0)
 
 
+# Whole key blocks two at a time where a tile takes them (`attention_fwd`); False walks them one by one, the same bits
+# (for measuring pairs).
+PAIRS = True
 # A tile over spans holds a second accumulator (the spans' total) through its walk. Compiled for sm_90a at Qwen3-8B's
 # heads (benchmarks/sm90.py), a stacked tile then spills 484 bytes a thread with pairs of blocks and 124 without (40
 # and 0 without spans); a one-query tile 476 and 108 (108 and 108). `triton_spans.span_kernel` walks one span and
@@ -224,17 +227,18 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
     if stacked:
         tile_positions, rows, num_warps = 2 * tile_positions, 128, 8
         queries = tile_positions
-    # Whole key blocks are walked two at a time (`_full_block_pair`, the same operations in the same order)
-    # in the one-query form and in stacked tiles. A lone 64-row tile of many queries spills with both
-    # blocks' scores at 4 warps: on one H200 pairs ran 0.86x as fast there for 300- and 512-token sequences.
-    # A row within its first span has the one-pass walk's bits (`triton_steps._walk`: that span's state is the total as
-    # it is), so a call whose table is no wider than a span runs as if without spans, with every path that has.
+    # A row within its first span has the one-pass walk's bits (`triton_steps._walk`: that span's state, combined into
+    # the empty total, comes back as it is), so a call whose table is no wider than a span runs as if without spans,
+    # with every path that has.
     span = split_kv_size // block_n
     if cdiv(slot_table.shape[1], block_n) <= span:
         span = 0
+    # Whole key blocks are walked two at a time (`_full_block_pair`, the same operations in the same order)
+    # in the one-query form and in stacked tiles. A lone 64-row tile of many queries spills with both
+    # blocks' scores at 4 warps: on one H200 pairs ran 0.86x as fast there for 300- and 512-token sequences.
     # With spans, a tile takes pairs only where PAIRS_WITH_SPANS says (the constant's comment), and a pair never
     # straddles a span's end: pairs start at even blocks, so only in spans of an even number of blocks.
-    paired = (queries == 1 or stacked) and (not span or (PAIRS_WITH_SPANS and span % 2 == 0))
+    paired = PAIRS and (queries == 1 or stacked) and (not span or (PAIRS_WITH_SPANS and span % 2 == 0))
     q, k_store, v_store = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_store, v_store))
     slot_table = slot_table.contiguous()
     # A decode call over spans walks each row's spans in programs of their own and combines them in a second launch
