@@ -15,6 +15,7 @@ prefill: one sequence of L tokens packed (`packed_slot_table`), kernel time, spl
 Each row is printed (and appended to --out) as soon as it is measured.
 """
 import argparse
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -35,14 +36,28 @@ def _emit(line: str, out: str | None) -> None:
             f.write(line + "\n")
 
 
+@contextlib.contextmanager
+def _set(module, name: str, value):
+    """module.name = value for the `with` block."""
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
+
+
 def _spans_off(op):
     def run(*call):
-        saved, triton_spans.ENABLED = triton_spans.ENABLED, False
-        try:
+        with _set(triton_spans, "ENABLED", False):
             return op(*call)
-        finally:
-            triton_spans.ENABLED = saved
     return run
+
+
+def _timed_variant(op, call, want, module, name: str, value, device) -> tuple[bool, float]:
+    """(whether op's output keeps want's bits, its time) with module.name = value."""
+    with _set(module, name, value):
+        return torch.equal(op(*call).view(torch.int16), want), kernel_ms(lambda: op(*call), device)
 
 
 def decode(sizes: list[str], spans: list[int], device, generator, out, tile: dict) -> None:
@@ -85,12 +100,7 @@ def prefill(lengths: list[int], spans: list[int], device, generator, out, pairs:
         base_ms = kernel_ms(lambda: base(*call), device)
         parts = [f"prefill keys {length:<5} flash {flash_ms:7.3f} ms  split 0 {base_ms:7.3f} ms ({flash_ms / base_ms:.2f})"]
         if pairs:  # split 0 with its tiles' pairs of blocks off (PAIRS): what the spans' tiles, which take none, start from
-            saved, attention_triton.PAIRS = attention_triton.PAIRS, False
-            try:
-                same = torch.equal(base(*call).view(torch.int16), want)
-                single_ms = kernel_ms(lambda: base(*call), device)
-            finally:
-                attention_triton.PAIRS = saved
+            same, single_ms = _timed_variant(base, call, want, attention_triton, "PAIRS", False, device)
             parts.append(f"unpaired {single_ms:7.3f} ms (same bits {same})")
         for span in spans:
             op = attention_triton.bench_op(**tile, split_kv_size=span)
@@ -99,12 +109,7 @@ def prefill(lengths: list[int], spans: list[int], device, generator, out, pairs:
             ms = kernel_ms(lambda: op(*call), device)
             parts.append(f"span {span} {ms:7.3f} ms ({flash_ms / ms:.2f}, moved {moved})")
             if pairs:  # the tiles' pairs of blocks on (PAIRS_WITH_SPANS): the same bits
-                saved, attention_triton.PAIRS_WITH_SPANS = attention_triton.PAIRS_WITH_SPANS, True
-                try:
-                    same = torch.equal(op(*call).view(torch.int16), got)
-                    paired_ms = kernel_ms(lambda: op(*call), device)
-                finally:
-                    attention_triton.PAIRS_WITH_SPANS = saved
+                same, paired_ms = _timed_variant(op, call, got, attention_triton, "PAIRS_WITH_SPANS", True, device)
                 parts.append(f"paired {paired_ms:7.3f} ms (same bits {same})")
         _emit("  ".join(parts), out)
 
