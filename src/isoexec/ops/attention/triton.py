@@ -34,6 +34,11 @@ values whether zeros are made +0.0 after every block or only at the end, up to t
 One limit: a key visible to a neighbour whose value is inf or NaN gives 0 * inf = NaN in this row too;
 the engine and trainer only ever expose written (finite) keys to any row.
 
+With `split_kv_size` S > 0 the walk restarts from (-inf, 0, 0) at every absolute span of S keys, and the tile keeps
+the spans' states combined in ascending order beside the open span's (`triton_steps._walk`, `_combine`; the op order
+is in README.md, "Spans"); a decode call runs its spans in programs of their own and combines them in a second launch
+(`triton_spans.py`), and a call whose table is no wider than one span runs as if S were 0 (the same bits).
+
 Blocks wholly below the tile's first position (most of a long row's walk) are visible to every row
 alike, so `_full_block` runs them without the per-row masks and their reductions. Both walks gather
 through `_gather_kv` and update through `_update`, the one copy of the arithmetic, on the same values,
