@@ -1,0 +1,116 @@
+"""attention.triton at other tile constants than the preset's (key block, stages, pairs of blocks) against the preset
+and flash SDPA, side by side in one run: prefill kernel time of one packed sequence and decode graph replays over a
+paged cache, at Qwen3-8B's heads (32 query heads, 8 KV heads of 128, bf16) or others (--heads).
+
+A variant that changes `block_n` changes the rows' bits (the walk's online-softmax steps are its key blocks): `moved`
+counts prefill output elements whose int16 views differ from the preset's (> 0 expected there, 0 for a variant of
+stages or pairs alone), and `decode=prefill` says whether the last query's row decoded over the same keys has the
+prefill row's bits under that variant (the contract's property: must be True).
+
+    cd benchmarks && PYTHONPATH=../src python3 attention_tiles.py --variants "block_n=64,pairs=0;block_n=64,num_stages=2"
+        [--prefill 512,2048,8192] [--decode 1x2048,8x2048,64x512,64x2048] [--heads 32,8,128] [--out FILE] [--device cpu]
+
+A variant is `name=value` items joined by commas: the op's constants (block_n, num_stages, num_warps, block_m) and
+`pairs` (0 or 1: `attention.triton.PAIRS`). Each row is printed (and appended to --out) as soon as it is measured.
+"""
+import argparse
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import attention_blocks
+from attention import _randn
+from attention_spans import _emit, _set
+from isoexec.ops.attention import triton as attention_triton
+from isoexec.ops.attention.metadata import packed_slot_table
+from timing import graphed_ms, kernel_ms
+
+
+def _parse(variant: str) -> tuple[dict, bool]:
+    items = dict(item.split("=") for item in variant.split(",") if item)
+    pairs = bool(int(items.pop("pairs", 1)))
+    return {name: int(value) for name, value in items.items()}, pairs
+
+
+def _op(constants: dict, pairs: bool):
+    op = attention_triton.bench_op(**constants)
+
+    def run(*call):
+        with _set(attention_triton, "PAIRS", pairs):
+            return op(*call)
+    return run
+
+
+def prefill(lengths, variants, heads, device, generator, out) -> None:
+    num_heads, num_kv_heads, head_dim = heads
+    scale = head_dim**-0.5
+    for length in lengths:
+        q = _randn(generator, length, num_heads, head_dim, dtype=torch.bfloat16)
+        k, v = (_randn(generator, length, num_kv_heads, head_dim, dtype=torch.bfloat16) for _ in range(2))
+        dense = [t.transpose(0, 1)[None].contiguous() for t in (q, k, v)]
+        flash_ms = float("nan")
+        if device.type == "cuda":
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                flash_ms = kernel_ms(lambda: F.scaled_dot_product_attention(*dense, is_causal=True, enable_gqa=True, scale=scale), device)
+        slot_table, seq_ids, positions = packed_slot_table(torch.tensor([0, length], device=device))
+        call = (q, k, v, slot_table, seq_ids, positions, scale)
+        base = attention_triton.bench_op()
+        want = base(*call).view(torch.int16)
+        base_ms = kernel_ms(lambda: base(*call), device)
+        parts = [f"prefill keys {length:<5} flash {flash_ms:7.3f} ms  preset {base_ms:7.3f} ms ({flash_ms / base_ms:.2f})"]
+        last = (q[-1:], k, v, slot_table, seq_ids[:1], positions[-1:], scale)  # the last query alone: a decode call
+        for variant in variants:
+            op = _op(*_parse(variant))
+            got = op(*call).view(torch.int16)
+            decoded = torch.equal(op(*last).view(torch.int16)[0], got[-1])
+            ms = kernel_ms(lambda: op(*call), device)
+            parts.append(f"[{variant}] {ms:7.3f} ms ({flash_ms / ms:.2f}, moved {int((got != want).sum())}, decode=prefill {decoded})")
+        _emit("  ".join(parts), out)
+
+
+def decode(sizes, variants, heads, device, generator, out) -> None:
+    attention_blocks.HEADS = heads
+    head_dim = heads[2]
+    base = attention_triton.bench_op()
+    for size in sizes:
+        batch, keys = map(int, size.split("x"))
+        call, k, v = attention_blocks.case(batch, keys, generator, device)
+        q = call[0]
+        flash_ms = float("nan")
+        if device.type == "cuda":
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                flash_ms = graphed_ms(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True, scale=head_dim**-0.5),
+                                      device)
+        base_ms = graphed_ms(lambda: base(*call), device)
+        parts = [f"decode batch {batch:<3} keys {keys:<5} flash {flash_ms * 1e3:7.1f} us  preset {base_ms * 1e3:7.1f} us "
+                 f"({flash_ms / base_ms:.2f})"]
+        for variant in variants:
+            op = _op(*_parse(variant))
+            ms = graphed_ms(lambda: op(*call), device)
+            parts.append(f"[{variant}] {ms * 1e3:7.1f} us ({flash_ms / ms:.2f})")
+        _emit("  ".join(parts), out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", required=True, help="variants separated by ';', each name=value items joined by ','")
+    parser.add_argument("--prefill", default="512,2048,8192", help="sequence lengths, comma-separated ('' for none)")
+    parser.add_argument("--decode", default="1x2048,8x2048,64x512,64x2048", help="batch x keys, comma-separated ('' for none)")
+    parser.add_argument("--heads", default="32,8,128", help="query heads, KV heads, head_dim")
+    parser.add_argument("--out", help="append each row here too")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run in the interpreter (TRITON_INTERPRET=1; no flash)")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    heads = tuple(int(h) for h in args.heads.split(","))
+    variants = [v for v in args.variants.split(";") if v]
+    for variant in variants:
+        _parse(variant)  # a malformed variant fails before any timing
+    generator = torch.Generator(device=device).manual_seed(0)
+    _emit(f"heads {heads}, preset {attention_triton.HOPPER_CONSTANTS}, pairs {attention_triton.PAIRS}", args.out)
+    prefill([int(s) for s in args.prefill.split(",") if s], variants, heads, device, generator, args.out)
+    decode([s for s in args.decode.split(",") if s], variants, heads, device, generator, args.out)
+
+
+if __name__ == "__main__":
+    main()
