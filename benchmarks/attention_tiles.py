@@ -10,8 +10,8 @@ prefill row's bits under that variant (the contract's property: must be True).
     cd benchmarks && PYTHONPATH=../src python3 attention_tiles.py --variants "block_n=64,pairs=0;block_n=64,num_stages=2"
         [--prefill 512,2048,8192] [--decode 1x2048,8x2048,64x512,64x2048] [--heads 32,8,128] [--out FILE] [--device cpu]
 
-A variant is `name=value` items joined by commas: the op's constants (block_n, num_stages, num_warps, block_m) and
-`pairs` (0 or 1: `attention.triton.PAIRS`). Each row is printed (and appended to --out) as soon as it is measured.
+A variant is `name=value` items joined by commas: the op's constants (block_n, num_stages, num_warps, block_m),
+`pairs` and `check_slots` (0 or 1: `attention.triton.PAIRS`, `CHECK_SLOTS`). Each row is printed (and appended to --out) as soon as it is measured.
 """
 import argparse
 
@@ -21,24 +21,33 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attention_blocks
 from attention import _randn
-from attention_spans import _emit, _set
+from attention_spans import _emit
 from isoexec.ops.attention import triton as attention_triton
 from isoexec.ops.attention.metadata import packed_slot_table
 from timing import graphed_ms, kernel_ms
 
 
-def _parse(variant: str) -> tuple[dict, bool]:
+KNOBS = {"pairs": "PAIRS", "check_slots": "CHECK_SLOTS"}  # variant item -> attention.triton's module constant
+
+
+def _parse(variant: str) -> tuple[dict, dict]:
     items = dict(item.split("=") for item in variant.split(",") if item)
-    pairs = bool(int(items.pop("pairs", 1)))
-    return {name: int(value) for name, value in items.items()}, pairs
+    knobs = {KNOBS[name]: bool(int(items.pop(name))) for name in list(items) if name in KNOBS}
+    return {name: int(value) for name, value in items.items()}, knobs
 
 
-def _op(constants: dict, pairs: bool):
+def _op(constants: dict, knobs: dict):
     op = attention_triton.bench_op(**constants)
 
     def run(*call):
-        with _set(attention_triton, "PAIRS", pairs):
+        saved = {name: getattr(attention_triton, name) for name in knobs}
+        for name, value in knobs.items():
+            setattr(attention_triton, name, value)
+        try:
             return op(*call)
+        finally:
+            for name, value in saved.items():
+                setattr(attention_triton, name, value)
     return run
 
 
@@ -107,7 +116,8 @@ def main() -> None:
     for variant in variants:
         _parse(variant)  # a malformed variant fails before any timing
     generator = torch.Generator(device=device).manual_seed(0)
-    _emit(f"heads {heads}, preset {attention_triton.HOPPER_CONSTANTS}, pairs {attention_triton.PAIRS}", args.out)
+    _emit(f"heads {heads}, preset {attention_triton.HOPPER_CONSTANTS}, " + ", ".join(f"{name} {getattr(attention_triton, name)}" for name in KNOBS.values()),
+          args.out)
     prefill([int(s) for s in args.prefill.split(",") if s], variants, heads, device, generator, args.out)
     decode([s for s in args.decode.split(",") if s], variants, heads, device, generator, args.out)
 

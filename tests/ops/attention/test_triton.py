@@ -218,6 +218,26 @@ def test_rows_see_nothing_and_empty_batches():
     assert attention(q[:0], k, v, slot_table, empty, empty, 0.25).shape == (0, 4, 16)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_slots_outside_the_store_below_every_row_are_skipped_with_the_decode_rows_bits(dtype):
+    """A tile of many queries walks its whole key blocks unmasked once it has found all their slots in the store;
+    a table with a slot outside it there (-1, or past the store) sends the tile down the masked walk. Either way
+    each row equals its decode row (one query a call, always masked) and float64 without those keys."""
+    constants = CONSTANTS if dtype == torch.float32 else BF16
+    q, k, v, slot_table, seq_ids, positions = packed([70], dtype=dtype)
+    table = slot_table.clone()
+    table[0, 5], table[0, 20] = -1, k.shape[0] + 3  # in the first and second key blocks of 16
+    for slots in (slot_table, table):
+        prefill = attention(q, k, v, slots, seq_ids, positions, 0.25, constants=constants)
+        decoded = torch.cat([attention(q[t : t + 1], k, v, slots, seq_ids[:1], positions[t : t + 1], 0.25, constants=constants)
+                             for t in range(40, 70)])
+        assert bitwise_equal(prefill[40:], decoded)
+    kept = [j for j in range(70) if j not in (5, 20)]  # rows 40+ see both holes; as if the keys were not there
+    expected = float64_attention(q[40:], k[kept], v[kept], packed_slot_table(torch.tensor([0, 68], device=DEVICE))[0],
+                                 seq_ids[40:], positions[40:] - 2, 0.25)
+    assert (prefill[40:].cpu().double() - expected).abs().max() < (1e-5 if dtype == torch.float32 else 2e-2)
+
+
 def test_interleaved_and_non_consecutive_queries_form_their_own_tiles():
     """Queries of one sequence split by another's, or at positions that skip, start new tiles."""
     q, k, v, slot_table, _, _ = packed([30, 12])

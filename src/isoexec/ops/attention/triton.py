@@ -75,8 +75,8 @@ from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
 from ..triton_support import after_upstream, cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
 from . import flash_backward, gluon_tile, native, triton_blocks, triton_spans
-from .triton_steps import (_block, _close_span, _combine, _finish, _fold, _full_block, _full_block_pair, _gather_kv, _probs_times_v,
-                           _row_sum, _running_max, _scores, _update, _visible, _walk)
+from .triton_steps import (_block, _close_span, _combine, _finish, _fold, _full_block, _full_block_pair, _gather_kv, _in_store,
+                           _probs_times_v, _row_sum, _running_max, _scores, _slots_in_store, _update, _visible, _walk)
 from .reference import _check_inputs, check_split
 
 ID = "attention.triton"
@@ -93,6 +93,10 @@ HOPPER_CONSTANTS = dict(input_dtype="bfloat16", output_dtype="bfloat16", kv_cach
 # Whole key blocks two at a time where a tile takes them (`attention_fwd`); False walks them one by one, the same bits
 # (for measuring pairs).
 PAIRS = True
+# A tile of many queries first checks that every slot its whole key blocks read lies in the store, then walks them
+# without per-key masks (`triton_steps._slots_in_store`; the same bits). A decode program (one query) keeps the masks:
+# its check would be one more round trip before a walk of a few blocks. False masks every tile (for measuring).
+CHECK_SLOTS = True
 # A tile over spans holds a second accumulator (the spans' total) through its walk. Compiled for sm_90a at Qwen3-8B's
 # heads (benchmarks/sm90.py), a stacked tile then spills 484 bytes a thread with pairs of blocks and 124 without (40
 # and 0 without spans); a one-query tile 476 and 108 (108 and 108). `triton_spans.span_kernel` walks one span and
@@ -107,7 +111,7 @@ def _tile(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_sb, stride_lh,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     SUM_BY_DOT: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, PAIRED: tl.constexpr,
-    WITH_LSE: tl.constexpr, SPAN: tl.constexpr,
+    WITH_LSE: tl.constexpr, SPAN: tl.constexpr, CHECKED: tl.constexpr,
 ):
     """The tile that starts at query i: its queries' rows, every key block they see, their outputs."""
     seq = tl.load(seq_ids + i)
@@ -140,12 +144,17 @@ def _tile(
     lo_blk = lo // BLOCK_N
     hi_blk = tl.where(hi >= 0, hi // BLOCK_N + 1, lo_blk)
     full_blk = lo_blk
+    seq_row = slot_table + seq.to(tl.int64) * stride_sb
     if not HAS_WINDOW:
         full_blk = (tl.minimum(tl.load(positions + i), L - 1).to(tl.int32) + 1) // BLOCK_N
+        # CHECKED: whole blocks walk without per-key masks once their slots are all found in the store; a tile whose
+        # table has a slot outside it there (never in the engine or trainer) walks every block masked, the same bits.
+        if CHECKED:
+            if not _slots_in_store(seq_row, lo_blk * BLOCK_N, full_blk * BLOCK_N, S, 2048):
+                full_blk = lo_blk
 
-    seq_row = slot_table + seq.to(tl.int64) * stride_sb
-    m, l, acc = _walk(b_q, pos, row_ok, lo_blk, full_blk, hi_blk, seq_row, kv_head, k, v, L, S, scale, window,
-                      stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, ROWS, DOT_IN_FP32, SUM_BY_DOT, PAIRED, SPAN)
+    m, l, acc = _walk(b_q, pos, row_ok, lo_blk, full_blk, hi_blk, seq_row, kv_head, k, v, L, S, scale, window, stride_ks,
+                      stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, ROWS, DOT_IN_FP32, SUM_BY_DOT, PAIRED, SPAN, CHECKED)
 
     has_keys, out = _finish(l, acc)
     p_o = o + tok[:, None] * stride_ot + head[:, None] * stride_oh + o_d[None, :]
@@ -173,6 +182,7 @@ def attention_fwd_kernel(
     PAIRED: tl.constexpr,
     WITH_LSE: tl.constexpr,
     SPAN: tl.constexpr,
+    CHECKED: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     after_upstream(PDL)
@@ -194,7 +204,7 @@ def attention_fwd_kernel(
     while start < QUERIES:
         _tile(r * QUERIES + start, q, k, v, o, lse, slot_table, seq_ids, positions, kv_head, T, L, S, scale, window,
               stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_sb, stride_lh,
-              G, G_PAD, D, HAS_WINDOW, DOT_IN_FP32, SUM_BY_DOT, BLOCK_Q, BLOCK_N, ROWS, PAIRED, WITH_LSE, SPAN)
+              G, G_PAD, D, HAS_WINDOW, DOT_IN_FP32, SUM_BY_DOT, BLOCK_Q, BLOCK_N, ROWS, PAIRED, WITH_LSE, SPAN, CHECKED)
         start = tl.min(tl.where(starts & (c > start), c, QUERIES), 0)
 
 
@@ -270,7 +280,7 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
         G=group, G_PAD=g_pad, D=head_dim, HAS_WINDOW=window is not None,
         DOT_IN_FP32=triton_support.interpreting(), SUM_BY_DOT=q.dtype == torch.float32 and not triton_support.interpreting(),
         BLOCK_Q=tile_positions, BLOCK_N=block_n, ROWS=rows, QUERIES=queries, PAIRED=paired,
-        WITH_LSE=lse is not None, SPAN=span, num_warps=num_warps, num_stages=num_stages,
+        WITH_LSE=lse is not None, SPAN=span, CHECKED=CHECK_SLOTS and queries > 1, num_warps=num_warps, num_stages=num_stages,
     )
     return o
 
@@ -371,7 +381,7 @@ def register(registry) -> None:
     """Register attention.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="attention", cases=ALL_CASES, fn=attention, check_constants=check_constants, check_geometry=check_geometry,
-                               sources=(attention_fwd_kernel, _tile, _walk, _close_span, _combine, _full_block, _full_block_pair, _block,
+                               sources=(attention_fwd_kernel, _tile, _walk, _close_span, _combine, _full_block, _full_block_pair, _in_store, _slots_in_store, _block,
                                         _update, _scores, _running_max, _probs_times_v, _fold, _gather_kv, _row_sum, _visible, _finish,
                                         triton_support, triton_blocks.block_max_kernel, triton_blocks.block_terms_kernel,
                                         triton_blocks.fold_kernel, triton_spans.span_kernel, triton_spans.combine_kernel, gluon_tile)))

@@ -139,10 +139,33 @@ def _block(
 
 
 @jit
+def _in_store(slots, S, CHECKED: tl.constexpr):
+    """Which of a block's keys have their slot in the store [0, S): the constant true where CHECKED (the caller has
+    found them all there)."""
+    if CHECKED:
+        return tl.full(slots.shape, 1, tl.int1)
+    return (slots >= 0) & (slots < S)
+
+
+@jit
+def _slots_in_store(seq_row, lo, hi, S, SCAN: tl.constexpr):
+    """Whether the slots of keys [lo, hi) all lie in the store [0, S): what lets a tile walk its whole blocks
+    without a mask (`_full_block`'s CHECKED). One vector of SCAN slots a step, reduced once at the end."""
+    offs = tl.arange(0, SCAN)
+    outside = tl.zeros([SCAN], dtype=tl.int32)
+    j = lo
+    while j < hi:
+        slots = tl.load(seq_row + j + offs, mask=j + offs < hi, other=0)
+        outside |= ((slots < 0) | (slots >= S)).to(tl.int32)
+        j += SCAN
+    return tl.max(outside, 0) == 0
+
+
+@jit
 def _full_block(
     m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
     stride_ks, stride_kh, stride_vs, stride_vh,
-    D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, CHECKED: tl.constexpr,
 ):
     """`_block` over a key block that lies wholly below every row's position (and inside the table):
     there a key is visible to a row iff its slot is in the store, the same for every row, so the
@@ -152,10 +175,11 @@ def _full_block(
     outside the store) needs no select, because the update leaves the state as it is: the maximum stays
     m, so alpha = exp(m - m) = exp(+0) = 1 exactly (ex2 of +0 is +1 in PTX; -inf rows get alpha = 0 with
     l = 0 and acc = +0), p = 0, l * 1 + 0 = l, and acc * 1 + (+0) = acc up to the sign of a zero, which
-    the end's select discards."""
+    the end's select discards. CHECKED: the caller found every slot of the block in the store (`_slots_in_store`),
+    so `ok` is the constant true and its compares, selects and load masks compile away (the same values)."""
     keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)
     slots = tl.load(seq_row + keys).to(tl.int64)
-    ok = (slots >= 0) & (slots < S)  # [BLOCK_N]
+    ok = _in_store(slots, S, CHECKED)  # [BLOCK_N]
     b_k, b_v = _gather_kv(slots, ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
     return _update(m, l, acc, b_q, b_k, b_v, ok[None, :], scale, DOT_IN_FP32, SUM_BY_DOT)
 
@@ -164,7 +188,7 @@ def _full_block(
 def _full_block_pair(
     m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
     stride_ks, stride_kh, stride_vs, stride_vh,
-    D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, CHECKED: tl.constexpr,
 ):
     """`_full_block` over blocks i_blk and i_blk + 1, the same operations on the same values in the same
     fold order, written so that what does not wait on the first block's state does not wait for it: both
@@ -174,7 +198,7 @@ def _full_block_pair(
     o_n = tl.arange(0, BLOCK_N)
     slots0 = tl.load(seq_row + i_blk * BLOCK_N + o_n).to(tl.int64)
     slots1 = tl.load(seq_row + (i_blk + 1) * BLOCK_N + o_n).to(tl.int64)
-    ok0, ok1 = (slots0 >= 0) & (slots0 < S), (slots1 >= 0) & (slots1 < S)
+    ok0, ok1 = _in_store(slots0, S, CHECKED), _in_store(slots1, S, CHECKED)
     b_k0, b_v0 = _gather_kv(slots0, ok0, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
     b_k1, b_v1 = _gather_kv(slots1, ok1, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
     s0 = _scores(b_q, b_k0, ok0[None, :], scale)
@@ -205,12 +229,13 @@ def _walk(
     b_q, pos, row_ok, lo_blk, full_blk, hi_blk, seq_row, kv_head, k, v, L, S, scale, window,
     stride_ks, stride_kh, stride_vs, stride_vh,
     HAS_WINDOW: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-    SUM_BY_DOT: tl.constexpr, PAIRED: tl.constexpr, SPAN: tl.constexpr,
+    SUM_BY_DOT: tl.constexpr, PAIRED: tl.constexpr, SPAN: tl.constexpr, CHECKED: tl.constexpr,
 ):
     """Every row's state (m, l, acc) after key blocks [lo_blk, hi_blk) in ascending order: [lo_blk, full_blk) whole
     (`_full_block`, two at a time where PAIRED), the rest masked per row (`_block`). SPAN > 0: the walk restarts
     after every SPAN absolute blocks and the returned state is the spans' combined in ascending order (`_combine`);
-    a pair never straddles a span's end (PAIRED needs an even SPAN and, as every caller has, an even lo_blk). A row
+    a pair never straddles a span's end (PAIRED needs an even SPAN and, as every caller has, an even lo_blk). CHECKED:
+    the caller found every slot of [lo_blk, full_blk) in the store. A row
     within its first span ends with that span's state combined into the empty total: exp(-inf) = 0 and exp(0) = 1
     give l and acc back as they are, but for a -0.0 in acc turned +0.0, which `_finish` does to every zero; so its
     output (and log-sum-exp) is the one-pass walk's."""
@@ -222,13 +247,13 @@ def _walk(
         i_blk = lo_blk
         while PAIRED and i_blk + 1 < full_blk:
             m, l, acc = _full_block_pair(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
-                                         stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+                                         stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, CHECKED)
             i_blk += 2
             if SPAN > 0:
                 m, l, acc, m_t, l_t, acc_t = _close_span(m, l, acc, m_t, l_t, acc_t, i_blk, SPAN, DOT_IN_FP32)
         while i_blk < full_blk:
             m, l, acc = _full_block(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
-                                    stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+                                    stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, CHECKED)
             i_blk += 1
             if SPAN > 0:
                 m, l, acc, m_t, l_t, acc_t = _close_span(m, l, acc, m_t, l_t, acc_t, i_blk, SPAN, DOT_IN_FP32)
@@ -244,12 +269,12 @@ def _walk(
             paired = lo_blk + (full_blk - lo_blk) // 2 * 2
         for i_blk in range(lo_blk, paired, 2):
             m, l, acc = _full_block_pair(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
-                                         stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+                                         stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, CHECKED)
             if SPAN > 0:
                 m, l, acc, m_t, l_t, acc_t = _close_span(m, l, acc, m_t, l_t, acc_t, i_blk + 2, SPAN, DOT_IN_FP32)
         for i_blk in range(paired, full_blk):
             m, l, acc = _full_block(m, l, acc, b_q, i_blk, seq_row, kv_head, k, v, S, scale,
-                                    stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+                                    stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, CHECKED)
             if SPAN > 0:
                 m, l, acc, m_t, l_t, acc_t = _close_span(m, l, acc, m_t, l_t, acc_t, i_blk + 1, SPAN, DOT_IN_FP32)
         for i_blk in range(full_blk, hi_blk):
