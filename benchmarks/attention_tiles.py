@@ -4,8 +4,8 @@ paged cache, at Qwen3-8B's heads (32 query heads, 8 KV heads of 128, bf16) or ot
 
 A variant that changes `block_n` changes the rows' bits (the walk's online-softmax steps are its key blocks): `moved`
 counts prefill output elements whose int16 views differ from the preset's (> 0 expected there, 0 for a variant of
-stages or pairs alone), and `decode=prefill` says whether the last query's row decoded over the same keys has the
-prefill row's bits under that variant (the contract's property: must be True).
+stages or pairs alone), and `decode=prefill` says whether four of the queries decoded over the same keys (one query
+a sequence) have the prefill rows' bits under that variant (the contract's property: must be True).
 
     cd benchmarks && PYTHONPATH=../src python3 attention_tiles.py --variants "block_n=64,pairs=0;block_n=64,num_stages=2"
         [--prefill 512,2048,8192] [--decode 1x2048,8x2048,64x512,64x2048] [--heads 32,8,128] [--out FILE] [--device cpu]
@@ -67,12 +67,16 @@ def prefill(lengths, variants, heads, device, generator, out) -> None:
         base = attention_triton.bench_op()
         want = base(*call).view(torch.int16)
         base_ms = kernel_ms(lambda: base(*call), device)
-        parts = [f"prefill keys {length:<5} flash {flash_ms:7.3f} ms  preset {base_ms:7.3f} ms ({flash_ms / base_ms:.2f})"]
-        last = (q[-1:], k, v, slot_table, seq_ids[:1], positions[-1:], scale)  # the last query alone: a decode call
+        # Four of the queries as a decode batch (one query a sequence, each its own copy of the table): their rows
+        # must be the prefill's, bit for bit.
+        picks = torch.tensor([length - 1, length - 2, length // 2 + 5, 40], device=device)
+        last = (q[picks], k, v, slot_table.expand(4, -1).contiguous(), torch.arange(4, device=device), positions[picks], scale)
+        decoded = torch.equal(base(*last).view(torch.int16), want[picks])
+        parts = [f"prefill keys {length:<5} flash {flash_ms:7.3f} ms  preset {base_ms:7.3f} ms ({flash_ms / base_ms:.2f}, decode=prefill {decoded})"]
         for variant in variants:
             op = _op(*_parse(variant))
             got = op(*call).view(torch.int16)
-            decoded = torch.equal(op(*last).view(torch.int16)[0], got[-1])
+            decoded = torch.equal(op(*last).view(torch.int16), got[picks])
             ms = kernel_ms(lambda: op(*call), device)
             parts.append(f"[{variant}] {ms:7.3f} ms ({flash_ms / ms:.2f}, moved {int((got != want).sum())}, decode=prefill {decoded})")
         _emit("  ".join(parts), out)

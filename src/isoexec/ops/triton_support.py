@@ -208,6 +208,33 @@ def settled(b_acc, INTERPRETED: tl.constexpr):
     return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [b_acc], dtype=tl.float32, is_pure=True, pack=1)
 
 
+# The two PTX instructions the attention kernels write out themselves (`rounded_mul`, `exp_ftz`; gluon_tile.py too).
+_constexpr = tl.constexpr if tl is not None else (lambda value: value)  # kernels read module globals as constexprs only
+MUL_RN_F32 = _constexpr("mul.rn.f32 $0, $1, $2;")
+EX2_FTZ_F32 = _constexpr("ex2.approx.ftz.f32 $0, $1;")
+LOG2E = _constexpr(1.4426950408889634)  # rounds to tl.exp's fp32 log2(e), 0x3FB8AA3B
+
+
+@jit
+def rounded_mul(a, b, INTERPRETED: tl.constexpr):
+    """a * b in fp32, rounded on its own: with floating-point fusion on (Triton's default), a product followed by
+    an add with nothing between them becomes one fused multiply-add (other bits), so whether it fuses would depend
+    on whether a select happens to stand between. `mul.rn` is never fused. The interpreter fuses nothing."""
+    if INTERPRETED:
+        return a * b
+    return tl.inline_asm_elementwise(MUL_RN_F32, "=r,r,r", [a, b], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@jit
+def exp_ftz(x, INTERPRETED: tl.constexpr):
+    """e^x as 2^(x * log2 e) by `ex2.approx.ftz.f32`: tl.exp's multiply and ex2 without the fix-up it adds for
+    results below 2^-126 (three more instructions a value); such a result is +0 here. The interpreter takes
+    numpy's exp."""
+    if INTERPRETED:
+        return tl.exp(x)
+    return tl.inline_asm_elementwise(EX2_FTZ_F32, "=r,r", [x * LOG2E], dtype=tl.float32, is_pure=True, pack=1)
+
+
 @jit
 def load_fp32(p, o_r, o_n, m, stride_r, stride_n):
     """The [BLOCK_R, BLOCK_N] tile of p at rows o_r and columns o_n, widened to fp32 (masked lanes +0.0)."""

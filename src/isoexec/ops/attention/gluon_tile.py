@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ...env import switch
+from ..triton_support import EX2_FTZ_F32, LOG2E, MUL_RN_F32
 
 try:
     from triton.experimental import gluon
@@ -110,13 +111,18 @@ if gluon is not None:
         gl.thread_barrier()
 
     @gluon.jit
+    def _exp_ftz(x):
+        """triton_support.exp_ftz."""
+        return gl.inline_asm_elementwise(EX2_FTZ_F32, "=r,r", [x * LOG2E], dtype=gl.float32, is_pure=True, pack=1)
+
+    @gluon.jit
     def _softmax(s, m, l, j, pos, row_ok, seq_row, L, S, scale, MASKED: gl.constexpr, BLOCK_N: gl.constexpr):
         """Block j's step up to p · V (`_update`'s scores, running max, p and l; with MASKED, `_visible`'s masks and
         `_block`'s selects of m and l): the new m and l, alpha, p (fp32) and which rows see a key of the block."""
         keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
         slots = gl.load(seq_row + keys, mask=keys < L, other=-1)
         ok = (slots >= 0) & (slots < S)
-        s = s * scale
+        s = gl.inline_asm_elementwise(MUL_RN_F32, "=r,r,r", [s, scale], dtype=gl.float32, is_pure=True, pack=1)  # `rounded_mul`
         if MASKED:
             vis = (keys[None, :] <= pos[:, None]) & (keys[None, :] < L) & row_ok[:, None] & ok[None, :]
             s = gl.where(vis, s, float("-inf"))
@@ -126,8 +132,8 @@ if gluon is not None:
             active = pos >= -1  # every row: `_full_block` selects nothing
         m_new = gl.maximum(m, gl.max(s, 1))
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp(m - m_safe)
-        p = gl.exp(s - m_safe[:, None])
+        alpha = _exp_ftz(m - m_safe)
+        p = _exp_ftz(s - m_safe[:, None])
         l_new = l * alpha + gl.sum(p, 1)
         if MASKED:
             m_new = gl.where(active, m_new, m)

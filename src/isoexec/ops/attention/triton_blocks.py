@@ -112,7 +112,7 @@ def _block_scores(b_q, row_ok, p_i, i_blk, full, seq_row, kv_head, k, v, L, S, s
     key_ok = tl.where(full, ok, key_ok_part)
     row_active = tl.where(full, everyone, active_part)
     b_k, b_v = _gather_kv(slots, key_ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
-    return _scores(b_q, b_k, vis, scale), b_v, row_active
+    return _scores(b_q, b_k, vis, scale, DOT_IN_FP32), b_v, row_active
 
 
 @jit
@@ -171,7 +171,7 @@ def _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, a
     """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored; returns m after it."""
     s, b_v, row_active = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
                                        stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
-    m_new, m_safe, alpha = _running_max(m, s)
+    m_new, m_safe, alpha = _running_max(m, s, DOT_IN_FP32)
     p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
     p_sum = _row_sum(p, SUM_BY_DOT)
     alpha = tl.where(row_active, alpha, 1.0)

@@ -3,7 +3,7 @@
 spans (`triton_spans.py`): the one copy of this arithmetic, which decides every row's bits (triton.py's module doc)."""
 from __future__ import annotations
 
-from ..triton_support import jit, settled, tl
+from ..triton_support import exp_ftz, jit, rounded_mul, settled, tl
 
 
 @jit
@@ -33,26 +33,28 @@ def _gather_kv(slots, keep, kv_head, k, v, stride_ks, stride_kh, stride_vs, stri
 
 
 @jit
-def _scores(b_q, b_k, vis, scale):
-    """One key block's scores for every row [ROWS, BLOCK_N] fp32, -inf where `vis` hides a key."""
-    s = tl.dot(b_q, b_k, input_precision="ieee") * scale
+def _scores(b_q, b_k, vis, scale, INTERPRETED: tl.constexpr):
+    """One key block's scores for every row [ROWS, BLOCK_N] fp32, -inf where `vis` hides a key. The product by
+    scale is rounded on its own (`rounded_mul`): where `vis` is the constant true (a checked whole block) nothing
+    stands between it and the subtraction of the max, which it would otherwise fuse with."""
+    s = rounded_mul(tl.dot(b_q, b_k, input_precision="ieee"), scale, INTERPRETED)
     return tl.where(vis, s, float("-inf"))
 
 
 @jit
-def _running_max(m, s):
+def _running_max(m, s, INTERPRETED: tl.constexpr):
     """The running max after a block of scores, the max a row subtracts (0 for a row with no finite score
-    yet), and the factor the state before it is rescaled by."""
+    yet), and the factor the state before it is rescaled by (`exp_ftz`, as every exp of the walk)."""
     m_new = tl.maximum(m, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    return m_new, m_safe, tl.exp(m - m_safe)
+    return m_new, m_safe, exp_ftz(m - m_safe, INTERPRETED)
 
 
 @jit
 def _probs_times_v(s, m_safe, b_v, DOT_IN_FP32: tl.constexpr):
     """p = exp(s - m) (0 where s is -inf: hidden), and p · V [ROWS, D] fp32. The product is `settled`: left
     as a separate sum, Triton would fold the add that follows into the dot's accumulator (other bits)."""
-    p = tl.exp(s - m_safe[:, None])
+    p = exp_ftz(s - m_safe[:, None], DOT_IN_FP32)
     pv = tl.dot(p.to(b_v.dtype), b_v, input_precision="ieee")  # ieee: fp32 is never tf32
     return p, settled(pv, DOT_IN_FP32)
 
@@ -91,8 +93,8 @@ def _combine(m_t, l_t, acc_t, m, l, acc, INTERPRETED: tl.constexpr):
     saw no key of the span (m = -inf) keeps the total."""
     m_new = tl.maximum(m_t, m)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    a = tl.exp(m_t - m_safe)
-    b = tl.exp(m - m_safe)
+    a = exp_ftz(m_t - m_safe, INTERPRETED)
+    b = exp_ftz(m - m_safe, INTERPRETED)
     l_new = l_t * a + settled(l * b, INTERPRETED)
     acc_new = acc_t * a[:, None] + settled(acc * b[:, None], INTERPRETED)
     seen = m != float("-inf")
@@ -113,8 +115,8 @@ def _update(m, l, acc, b_q, b_k, b_v, vis, scale, DOT_IN_FP32: tl.constexpr, SUM
     """The online-softmax step over one key block, for every row; `vis` (broadcast to [ROWS, BLOCK_N])
     marks the keys each row sees. Its pieces are the one copy of this arithmetic: every walk calls them
     in this order for each block."""
-    s = _scores(b_q, b_k, vis, scale)
-    m_new, m_safe, alpha = _running_max(m, s)
+    s = _scores(b_q, b_k, vis, scale, DOT_IN_FP32)
+    m_new, m_safe, alpha = _running_max(m, s, DOT_IN_FP32)
     p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
     l_new, acc_new = _fold(l, acc, alpha, p, pv, SUM_BY_DOT)
     return m_new, l_new, acc_new
@@ -201,10 +203,10 @@ def _full_block_pair(
     ok0, ok1 = _in_store(slots0, S, CHECKED), _in_store(slots1, S, CHECKED)
     b_k0, b_v0 = _gather_kv(slots0, ok0, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
     b_k1, b_v1 = _gather_kv(slots1, ok1, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
-    s0 = _scores(b_q, b_k0, ok0[None, :], scale)
-    s1 = _scores(b_q, b_k1, ok1[None, :], scale)
-    m0, m0_safe, alpha0 = _running_max(m, s0)
-    m1, m1_safe, alpha1 = _running_max(m0, s1)
+    s0 = _scores(b_q, b_k0, ok0[None, :], scale, DOT_IN_FP32)
+    s1 = _scores(b_q, b_k1, ok1[None, :], scale, DOT_IN_FP32)
+    m0, m0_safe, alpha0 = _running_max(m, s0, DOT_IN_FP32)
+    m1, m1_safe, alpha1 = _running_max(m0, s1, DOT_IN_FP32)
     p0, pv0 = _probs_times_v(s0, m0_safe, b_v0, DOT_IN_FP32)
     p1, pv1 = _probs_times_v(s1, m1_safe, b_v1, DOT_IN_FP32)
     l, acc = _fold(l, acc, alpha0, p0, pv0, SUM_BY_DOT)
