@@ -15,9 +15,10 @@ blocks [j * BLOCK_N, (j + 1) * BLOCK_N) in ascending order, from the first block
 see to the last, gathering each key's row of the store through the slot table. Per block and row, in
 fp32:
 
-    s = (q · k) * scale              tl.dot, bf16 operands, fp32 accumulation; -inf where not visible
+    s = (q · k) * scale              tl.dot, bf16 operands, fp32 accumulation; the product by scale rounded
+                                     on its own (mul.rn); -inf where not visible
     m' = max(m, max_j s)             a row that has seen no key yet uses 0 in place of -inf below
-    p = exp(s - m'),  alpha = exp(m - m')
+    p = exp(s - m'),  alpha = exp(m - m')   exp(x) = ex2.approx.ftz(x * log2 e): +0 below 2^-126
     l' = l * alpha + sum_j p
     acc' = acc * alpha + (p · v)     p rounded to kv_cache_dtype
     (m, l, acc) <- (m', l', acc') only for rows that see a key of this block
@@ -40,7 +41,9 @@ is in README.md, "Spans"); a decode call runs its spans in programs of their own
 (`triton_spans.py`), and a call whose table is no wider than one span runs as if S were 0 (the same bits).
 
 Blocks wholly below the tile's first position (most of a long row's walk) are visible to every row
-alike, so `_full_block` runs them without the per-row masks and their reductions. Both walks gather
+alike, so `_full_block` runs them without the per-row masks and their reductions; a tile of many queries first
+checks that every slot of those blocks lies in the store (`_slots_in_store`) and then drops the per-key checks too
+(a table with a slot outside walks them masked). Both walks gather
 through `_gather_kv` and update through `_update`, the one copy of the arithmetic, on the same values,
 so a row's bits do not depend on which walk a block took (a decode row takes `_full_block` for blocks a
 training tile's row gets through `_block`). Compiled for sm_90, the split into these helpers left the
