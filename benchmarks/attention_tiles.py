@@ -11,7 +11,7 @@ a sequence) have the prefill rows' bits under that variant (the contract's prope
         [--prefill 512,2048,8192] [--decode 1x2048,8x2048,64x512,64x2048] [--heads 32,8,128] [--out FILE] [--device cpu]
 
 A variant is `name=value` items joined by commas: the op's constants (block_n, num_stages, num_warps, block_m),
-`pairs` and `check_slots` (0 or 1: `attention.triton.PAIRS`, `CHECK_SLOTS`). Each row is printed (and appended to --out) as soon as it is measured.
+`pairs`, `check_slots` and `check_decode` (0 or 1: `attention.triton.PAIRS`, `CHECK_SLOTS`, `CHECK_DECODE_SLOTS`). Each row is printed (and appended to --out) as soon as it is measured.
 """
 import argparse
 
@@ -27,7 +27,7 @@ from isoexec.ops.attention.metadata import packed_slot_table
 from timing import graphed_ms, kernel_ms
 
 
-KNOBS = {"pairs": "PAIRS", "check_slots": "CHECK_SLOTS"}  # variant item -> attention.triton's module constant
+KNOBS = {"pairs": "PAIRS", "check_slots": "CHECK_SLOTS", "check_decode": "CHECK_DECODE_SLOTS"}  # variant item -> attention.triton's module constant
 
 
 def _parse(variant: str) -> tuple[dict, dict]:
@@ -98,10 +98,12 @@ def decode(sizes, variants, heads, device, generator, out) -> None:
         base_ms = graphed_ms(lambda: base(*call), device)
         parts = [f"decode batch {batch:<3} keys {keys:<5} flash {flash_ms * 1e3:7.1f} us  preset {base_ms * 1e3:7.1f} us "
                  f"({flash_ms / base_ms:.2f})"]
+        want = base(*call).view(torch.int16)
         for variant in variants:
             op = _op(*_parse(variant))
+            same = torch.equal(op(*call).view(torch.int16), want)
             ms = graphed_ms(lambda: op(*call), device)
-            parts.append(f"[{variant}] {ms * 1e3:7.1f} us ({flash_ms / ms:.2f})")
+            parts.append(f"[{variant}] {ms * 1e3:7.1f} us ({flash_ms / ms:.2f}, preset's bits {same})")
         _emit("  ".join(parts), out)
 
 

@@ -97,9 +97,11 @@ HOPPER_CONSTANTS = dict(input_dtype="bfloat16", output_dtype="bfloat16", kv_cach
 # (for measuring pairs).
 PAIRS = True
 # A tile of many queries first checks that every slot its whole key blocks read lies in the store, then walks them
-# without per-key masks (`triton_steps._slots_in_store`; the same bits). A decode program (one query) keeps the masks:
-# its check would be one more round trip before a walk of a few blocks. False masks every tile (for measuring).
+# without per-key masks (`triton_steps._slots_in_store`; the same bits). A decode program (one query) keeps the masks
+# unless CHECK_DECODE_SLOTS: its check would be one more round trip before a walk of a few blocks. CHECK_SLOTS = False
+# masks every tile (both for measuring).
 CHECK_SLOTS = True
+CHECK_DECODE_SLOTS = False
 # A tile over spans holds a second accumulator (the spans' total) through its walk. Compiled for sm_90a at Qwen3-8B's
 # heads (benchmarks/sm90.py), a stacked tile then spills 484 bytes a thread with pairs of blocks and 124 without (40
 # and 0 without spans); a one-query tile 476 and 108 (108 and 108). `triton_spans.span_kernel` walks one span and
@@ -283,7 +285,7 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
         G=group, G_PAD=g_pad, D=head_dim, HAS_WINDOW=window is not None,
         DOT_IN_FP32=triton_support.interpreting(), SUM_BY_DOT=q.dtype == torch.float32 and not triton_support.interpreting(),
         BLOCK_Q=tile_positions, BLOCK_N=block_n, ROWS=rows, QUERIES=queries, PAIRED=paired,
-        WITH_LSE=lse is not None, SPAN=span, CHECKED=CHECK_SLOTS and queries > 1, num_warps=num_warps, num_stages=num_stages,
+        WITH_LSE=lse is not None, SPAN=span, CHECKED=CHECK_SLOTS and (queries > 1 or CHECK_DECODE_SLOTS), num_warps=num_warps, num_stages=num_stages,
     )
     return o
 
