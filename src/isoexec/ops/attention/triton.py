@@ -96,12 +96,12 @@ HOPPER_CONSTANTS = dict(input_dtype="bfloat16", output_dtype="bfloat16", kv_cach
 # Whole key blocks two at a time where a tile takes them (`attention_fwd`); False walks them one by one, the same bits
 # (for measuring pairs).
 PAIRS = True
-# A tile of many queries first checks that every slot its whole key blocks read lies in the store, then walks them
-# without per-key masks (`triton_steps._slots_in_store`; the same bits). A decode program (one query) keeps the masks
-# unless CHECK_DECODE_SLOTS: its check would be one more round trip before a walk of a few blocks. CHECK_SLOTS = False
-# masks every tile (both for measuring).
+# A tile first checks that every slot its whole key blocks read lies in the store, then walks them without per-key
+# masks (`triton_steps._slots_in_store`; the same bits). For a decode program too (CHECK_DECODE_SLOTS): on an H100 the
+# check's round trip cost less than the masks at batch 16-64 (benchmarks/RESULTS.md). The spread decode
+# (`triton_blocks.py`) keeps its masks. False masks those tiles (for measuring).
 CHECK_SLOTS = True
-CHECK_DECODE_SLOTS = False
+CHECK_DECODE_SLOTS = True
 # A tile over spans holds a second accumulator (the spans' total) through its walk. Compiled for sm_90a at Qwen3-8B's
 # heads (benchmarks/sm90.py), a stacked tile then spills 484 bytes a thread with pairs of blocks and 124 without (40
 # and 0 without spans); a one-query tile 476 and 108 (108 and 108). `triton_spans.span_kernel` walks one span and
