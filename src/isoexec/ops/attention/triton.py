@@ -41,9 +41,9 @@ is in README.md, "Spans"); a decode call runs its spans in programs of their own
 (`triton_spans.py`), and a call whose table is no wider than one span runs as if S were 0 (the same bits).
 
 Blocks wholly below the tile's first position (most of a long row's walk) are visible to every row
-alike, so `_full_block` runs them without the per-row masks and their reductions; a tile of many queries first
-checks that every slot of those blocks lies in the store (`_slots_in_store`) and then drops the per-key checks too
-(a table with a slot outside walks them masked). Both walks gather
+alike, so `_full_block` runs them without the per-row masks and their reductions; a tile first checks that every
+slot of those blocks lies in the store (`_slots_in_store`) and then drops the per-key checks too (a table with a slot
+outside walks them masked). Both walks gather
 through `_gather_kv` and update through `_update`, the one copy of the arithmetic, on the same values,
 so a row's bits do not depend on which walk a block took (a decode row takes `_full_block` for blocks a
 training tile's row gets through `_block`). Compiled for sm_90, the split into these helpers left the
