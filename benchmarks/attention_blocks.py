@@ -17,8 +17,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from attention import PAGE_SIZE, _randn
 from isoexec.ops.attention import triton as attention_triton
 from isoexec.ops.attention import gluon_tile, triton_blocks
-from isoexec.ops.attention.metadata import paged_slot_table
-from timing import graphed_ms
+from isoexec.ops.attention.metadata import packed_slot_table, paged_slot_table
+from timing import graphed_ms, kernel_ms
 
 HEADS = (32, 8, 128)
 
@@ -39,6 +39,30 @@ def case(batch: int, keys: int, generator: torch.Generator, device: torch.device
     call = (q, k_store, v_store, slot_table, torch.arange(batch, device=device), torch.full((batch,), keys - 1, device=device),
             head_dim**-0.5)
     return call, k, v
+
+
+def flash_decode_ms(call, k, v, device: torch.device) -> float:
+    """Flash SDPA's decode of `case`'s queries over its K and V as a CUDA-graph replay, in ms (NaN off CUDA)."""
+    if device.type != "cuda":
+        return float("nan")
+    q = call[0]
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return graphed_ms(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True, scale=q.shape[-1]**-0.5), device)
+
+
+def prefill_case(length: int, generator: torch.Generator, device: torch.device, heads: tuple = HEADS):
+    """One packed sequence of `length` tokens at `heads`: the op's arguments, and flash SDPA's causal call on the same
+    values timed as `kernel_ms` (ms; NaN off CUDA)."""
+    num_heads, num_kv_heads, head_dim = heads
+    scale = head_dim**-0.5
+    q = _randn(generator, length, num_heads, head_dim, dtype=torch.bfloat16)
+    k, v = (_randn(generator, length, num_kv_heads, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    flash_ms = float("nan")
+    if device.type == "cuda":
+        dense = [t.transpose(0, 1)[None].contiguous() for t in (q, k, v)]
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            flash_ms = kernel_ms(lambda: F.scaled_dot_product_attention(*dense, is_causal=True, enable_gqa=True, scale=scale), device)
+    return (q, k, v, *packed_slot_table(torch.tensor([0, length], device=device)), scale), flash_ms
 
 
 def main() -> None:
@@ -65,11 +89,9 @@ def main() -> None:
     gluon = forced(None, 0.0, True) if device.type == "cuda" and gluon_tile.available() else None
 
     generator = torch.Generator(device=device).manual_seed(0)
-    head_dim = HEADS[2]
     for size in args.sizes.split(","):
         batch, keys = map(int, size.split("x"))
         call, k, v = case(batch, keys, generator, device, dtype)
-        q = call[0]
         want = walk(*call).view(torch.int16)
         differing = int((want != spread(*call).view(torch.int16)).sum())
         walk_ms, spread_ms = graphed_ms(lambda: walk(*call), device), graphed_ms(lambda: spread(*call), device)
@@ -78,11 +100,7 @@ def main() -> None:
             gluon_differing = int((want != gluon(*call).view(torch.int16)).sum())
             gluon_ms = graphed_ms(lambda: gluon(*call), device)
             gluon_part = f"  gluon {gluon_ms * 1e3:7.1f} us  gluon_differing {gluon_differing}"
-        flash_ms = float("nan")
-        if device.type == "cuda":
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                flash_ms = graphed_ms(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True, scale=head_dim**-0.5),
-                                      device)
+        flash_ms = flash_decode_ms(call, k, v, device)
         line = (f"decode batch {batch:<3} keys {keys:<5} walk {walk_ms * 1e3:7.1f} us  spread {spread_ms * 1e3:7.1f} us  flash "
                 f"{flash_ms * 1e3:7.1f} us  flash/walk {flash_ms / walk_ms:.2f}  flash/spread {flash_ms / spread_ms:.2f}  "
                 f"differing {differing}{gluon_part}")

@@ -18,14 +18,10 @@ import argparse
 import contextlib
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attention import _randn
-from attention_blocks import HEADS, case
+from attention_blocks import case, flash_decode_ms, prefill_case
 from isoexec.ops.attention import triton as attention_triton
 from isoexec.ops.attention import triton_spans
-from isoexec.ops.attention.metadata import packed_slot_table
 from timing import graphed_ms, kernel_ms
 
 
@@ -61,17 +57,11 @@ def _timed_variant(op, call, want, module, name: str, value, device) -> tuple[bo
 
 
 def decode(sizes: list[str], spans: list[int], device, generator, out, tile: dict) -> None:
-    head_dim = HEADS[2]
     base = attention_triton.bench_op()
     for size in sizes:
         batch, keys = map(int, size.split("x"))
         call, k, v = case(batch, keys, generator, device)
-        q = call[0]
-        flash_ms = float("nan")
-        if device.type == "cuda":
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                flash_ms = graphed_ms(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True, scale=head_dim**-0.5),
-                                      device)
+        flash_ms = flash_decode_ms(call, k, v, device)
         base_ms = graphed_ms(lambda: base(*call), device)
         parts = [f"decode batch {batch:<3} keys {keys:<5} flash {flash_ms * 1e3:7.1f} us  split 0 {base_ms * 1e3:7.1f} us "
                  f"({flash_ms / base_ms:.2f})"]
@@ -84,17 +74,8 @@ def decode(sizes: list[str], spans: list[int], device, generator, out, tile: dic
 
 
 def prefill(lengths: list[int], spans: list[int], device, generator, out, pairs: bool, tile: dict) -> None:
-    num_heads, num_kv_heads, head_dim = HEADS
-    scale = head_dim**-0.5
     for length in lengths:
-        q = _randn(generator, length, num_heads, head_dim, dtype=torch.bfloat16)
-        k, v = (_randn(generator, length, num_kv_heads, head_dim, dtype=torch.bfloat16) for _ in range(2))
-        dense = [t.transpose(0, 1)[None].contiguous() for t in (q, k, v)]
-        flash_ms = float("nan")
-        if device.type == "cuda":
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                flash_ms = kernel_ms(lambda: F.scaled_dot_product_attention(*dense, is_causal=True, enable_gqa=True, scale=scale), device)
-        call = (q, k, v, *packed_slot_table(torch.tensor([0, length], device=device)), scale)
+        call, flash_ms = prefill_case(length, generator, device)
         base = attention_triton.bench_op()
         want = base(*call).view(torch.int16)
         base_ms = kernel_ms(lambda: base(*call), device)

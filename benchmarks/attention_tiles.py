@@ -16,14 +16,10 @@ A variant is `name=value` items joined by commas: the op's constants (block_n, n
 import argparse
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attention_blocks
-from attention import _randn
 from attention_spans import _emit
 from isoexec.ops.attention import triton as attention_triton
-from isoexec.ops.attention.metadata import packed_slot_table
 from timing import graphed_ms, kernel_ms
 
 
@@ -52,18 +48,9 @@ def _op(constants: dict, knobs: dict):
 
 
 def prefill(lengths, variants, heads, device, generator, out) -> None:
-    num_heads, num_kv_heads, head_dim = heads
-    scale = head_dim**-0.5
     for length in lengths:
-        q = _randn(generator, length, num_heads, head_dim, dtype=torch.bfloat16)
-        k, v = (_randn(generator, length, num_kv_heads, head_dim, dtype=torch.bfloat16) for _ in range(2))
-        dense = [t.transpose(0, 1)[None].contiguous() for t in (q, k, v)]
-        flash_ms = float("nan")
-        if device.type == "cuda":
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                flash_ms = kernel_ms(lambda: F.scaled_dot_product_attention(*dense, is_causal=True, enable_gqa=True, scale=scale), device)
-        slot_table, seq_ids, positions = packed_slot_table(torch.tensor([0, length], device=device))
-        call = (q, k, v, slot_table, seq_ids, positions, scale)
+        call, flash_ms = attention_blocks.prefill_case(length, generator, device, heads)
+        q, k, v, slot_table, seq_ids, positions, scale = call
         base = attention_triton.bench_op()
         want = base(*call).view(torch.int16)
         base_ms = kernel_ms(lambda: base(*call), device)
@@ -84,17 +71,11 @@ def prefill(lengths, variants, heads, device, generator, out) -> None:
 
 def decode(sizes, variants, heads, device, generator, out) -> None:
     attention_blocks.HEADS = heads
-    head_dim = heads[2]
     base = attention_triton.bench_op()
     for size in sizes:
         batch, keys = map(int, size.split("x"))
         call, k, v = attention_blocks.case(batch, keys, generator, device)
-        q = call[0]
-        flash_ms = float("nan")
-        if device.type == "cuda":
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                flash_ms = graphed_ms(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True, scale=head_dim**-0.5),
-                                      device)
+        flash_ms = attention_blocks.flash_decode_ms(call, k, v, device)
         base_ms = graphed_ms(lambda: base(*call), device)
         parts = [f"decode batch {batch:<3} keys {keys:<5} flash {flash_ms * 1e3:7.1f} us  preset {base_ms * 1e3:7.1f} us "
                  f"({flash_ms / base_ms:.2f})"]
