@@ -152,8 +152,9 @@ def _tile(
     seq_row = slot_table + seq.to(tl.int64) * stride_sb
     if not HAS_WINDOW:
         full_blk = (tl.minimum(tl.load(positions + i), L - 1).to(tl.int32) + 1) // BLOCK_N
-        # CHECKED: whole blocks walk without per-key masks once their slots are all found in the store; a tile whose
-        # table has a slot outside it there (never in the engine or trainer) walks every block masked, the same bits.
+        # CHECKED: whole blocks walk without per-key masks once their slots are all found in the store (2,048 slots a
+        # step of the check); a tile whose table has a slot outside it there (never in the engine or trainer) walks every
+        # block masked, the same bits.
         if CHECKED:
             if not _slots_in_store(seq_row, lo_blk * BLOCK_N, full_blk * BLOCK_N, S, 2048):
                 full_blk = lo_blk
