@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine|attention-profile]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -229,6 +229,26 @@ timeout 120 python3 -m isoexec audit --device cuda --quiet --model "$model" --co
 done
 (cd benchmarks && PYTHONPATH=../src python3 bench.py engine roofline --cuda-graphs --contracts tiny-dense-triton,tiny-dense-triton+walk,contracts/fast-baseline.toml \
     --json "$OUT/bench_spread.json" 2>&1 | grep -E "^(engine|roofline|bench)" | tee "$OUT/bench_spread.txt")
+fi
+
+# attention-profile: Nsight Compute on the calls issue 22 still misses (a 512-token prefill, decode at 64 x 512 keys) and
+# on the 8,192-token prefill, each as the details page and the per-instruction stall samples (in ncu.tar), then the GPU
+# attention tests with room to finish and bench.py attention (about 8 minutes on an H100).
+if [ "$PART" = attention-profile ]; then
+profile() {  # name, then profile_attention.py's arguments
+    local name=$1; shift
+    timeout 150 ncu --kernel-name regex:attention_fwd_kernel --launch-skip 2 --launch-count 1 --set full --import-source yes \
+        -o "$OUT/$name" python3 benchmarks/profile_attention.py "$@" > /dev/null 2>&1
+    ncu -i "$OUT/$name.ncu-rep" --page details > "$OUT/${name}_details.txt" 2>&1
+    ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/${name}_sass.csv" 2>&1
+    tar -rf "$OUT/ncu.tar" -C "$OUT" "${name}_details.txt" "${name}_sass.csv" && rm "$OUT/$name.ncu-rep" "$OUT/${name}_details.txt" "$OUT/${name}_sass.csv"
+}
+profile prefill_512 prefill 512
+profile prefill_8192 prefill 8192
+profile decode_64x512 decode 64x512
+timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention 2>&1 | tail -4 | tee "$OUT/pytest_attention.txt"
+(cd benchmarks && PYTHONPATH=../src timeout 100 python3 bench.py attention --json "$OUT/bench_attention.json" 2>&1 \
+    | grep -E "^attention (prefill|decode)" | tee "$OUT/bench_attention.txt")
 fi
 
 # Attention over spans (split_kv_size > 0; no preset takes it). attention-spans: the spans' decode and prefill against
