@@ -11,7 +11,8 @@ a sequence) have the prefill rows' bits under that variant (the contract's prope
         [--prefill 512,2048,8192] [--decode 1x2048,8x2048,64x512,64x2048] [--heads 32,8,128] [--out FILE] [--device cpu]
 
 A variant is `name=value` items joined by commas: the op's constants (block_n, num_stages, num_warps, block_m),
-`pairs`, `check_slots` and `check_decode` (0 or 1: `attention.triton.PAIRS`, `CHECK_SLOTS`, `CHECK_DECODE_SLOTS`). Each row is printed (and appended to --out) as soon as it is measured.
+`pairs`, `check_slots`, `check_decode` and `keep_scores` (0 or 1: `attention.triton.PAIRS`, `CHECK_SLOTS`,
+`CHECK_DECODE_SLOTS`, `triton_blocks.KEEP_SCORES`). Each row is printed (and appended to --out) as soon as it is measured.
 """
 import argparse
 
@@ -20,10 +21,14 @@ import torch
 import attention_blocks
 from attention_spans import _emit
 from isoexec.ops.attention import triton as attention_triton
+from isoexec.ops.attention import triton_blocks
 from timing import graphed_ms, kernel_ms
 
 
-KNOBS = {"pairs": "PAIRS", "check_slots": "CHECK_SLOTS", "check_decode": "CHECK_DECODE_SLOTS"}  # variant item -> attention.triton's module constant
+KNOBS = {  # variant item -> (module, constant)
+    "pairs": (attention_triton, "PAIRS"), "check_slots": (attention_triton, "CHECK_SLOTS"),
+    "check_decode": (attention_triton, "CHECK_DECODE_SLOTS"), "keep_scores": (triton_blocks, "KEEP_SCORES"),
+}
 
 
 def _parse(variant: str) -> tuple[dict, dict]:
@@ -36,14 +41,14 @@ def _op(constants: dict, knobs: dict):
     op = attention_triton.bench_op(**constants)
 
     def run(*call):
-        saved = {name: getattr(attention_triton, name) for name in knobs}
-        for name, value in knobs.items():
-            setattr(attention_triton, name, value)
+        saved = {knob: getattr(*knob) for knob in knobs}
+        for (module, name), value in knobs.items():
+            setattr(module, name, value)
         try:
             return op(*call)
         finally:
-            for name, value in saved.items():
-                setattr(attention_triton, name, value)
+            for (module, name), value in saved.items():
+                setattr(module, name, value)
     return run
 
 
@@ -103,7 +108,7 @@ def main() -> None:
     for variant in variants:
         _parse(variant)  # a malformed variant fails before any timing
     generator = torch.Generator(device=device).manual_seed(0)
-    _emit(f"heads {heads}, preset {attention_triton.HOPPER_CONSTANTS}, " + ", ".join(f"{name} {getattr(attention_triton, name)}" for name in KNOBS.values()),
+    _emit(f"heads {heads}, preset {attention_triton.HOPPER_CONSTANTS}, " + ", ".join(f"{name} {getattr(*knob)}" for name, knob in KNOBS.items()),
           args.out)
     prefill([int(s) for s in args.prefill.split(",") if s], variants, heads, device, generator, args.out)
     decode([s for s in args.decode.split(",") if s], variants, heads, device, generator, args.out)

@@ -18,6 +18,10 @@ maximum is exact in any order. So three launches compute the same values:
 3. `fold_kernel`, programs per (query, KV head) over slices of the columns: l and acc folded over the blocks in
    ascending order with the walk's multiply-adds, then the walk's division and zero select.
 
+With `KEEP_SCORES` the first kernel also stores each block's scores and the second reads them instead of gathering K
+and repeating q · k: the same values, K read once. Compiled for sm_90a the terms kernel then takes 166 registers
+instead of 250 (three programs an SM instead of two) and one wgmma a block instead of five. Not yet timed.
+
 `block_max_kernel` and `fold_kernel` launch with programmatic dependent launch (`triton_support.jit(dependent=True)`), as
 the walk and the rest of a decode step do; `block_terms_kernel` does not. A dependent kernel lets the kernel behind it
 launch once its own programs are past their wait, so the next kernel's programs take whatever SM room is free while its
@@ -83,6 +87,10 @@ FOLD_STAGES = 8
 FOLD_SPLIT = 4
 FOLD_WARPS = 2
 FOLD_UNROLL = 4
+# True: the max kernel also stores each block's scores (its real rows), and the terms kernel reads them and V instead of
+# gathering K again and repeating the product: the same values (an fp32 store and load), K read once instead of twice
+# and no QK product in the terms kernel. Not yet timed on a GPU, so off (`attention_tiles.py` takes `keep_scores=1`).
+KEEP_SCORES = False
 
 
 @jit
@@ -101,18 +109,34 @@ def _decode_rows(q, i, kv_head, stride_qt, stride_qh, G: tl.constexpr, G_PAD: tl
 
 
 @jit
-def _block_scores(b_q, row_ok, p_i, i_blk, full, seq_row, kv_head, k, v, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh,
-                  ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr):
-    """Block i_blk's scores [ROWS, BLOCK_N], its values [BLOCK_N, D] and which rows see a key of it, as
-    `_full_block` (a block wholly below the row: `full`) or `_block` (the row's last) compute them."""
+def _block_keys(row_ok, p_i, i_blk, full, seq_row, L, S, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Block i_blk's slots, which keys each row sees, which keys some row sees and which rows see a key, as
+    `_full_block` (a block wholly below the row: `full`) or `_block` (the row's last) take them."""
     slots, vis_part, key_ok_part, active_part = _visible(i_blk, tl.where(row_ok, p_i, -1), row_ok, seq_row, L, S, 0, False, BLOCK_N)
     ok = (slots >= 0) & (slots < S)
     everyone = tl.arange(0, ROWS) >= 0
     vis = tl.where(full, ok[None, :] & everyone[:, None], vis_part)
     key_ok = tl.where(full, ok, key_ok_part)
     row_active = tl.where(full, everyone, active_part)
+    return slots, vis, key_ok, row_active
+
+
+@jit
+def _block_scores(b_q, row_ok, p_i, i_blk, full, seq_row, kv_head, k, v, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh,
+                  ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """Block i_blk's scores [ROWS, BLOCK_N], its values [BLOCK_N, D] and which rows see a key of it, as
+    `_full_block` (a block wholly below the row: `full`) or `_block` (the row's last) compute them."""
+    slots, vis, key_ok, row_active = _block_keys(row_ok, p_i, i_blk, full, seq_row, L, S, ROWS, BLOCK_N)
     b_k, b_v = _gather_kv(slots, key_ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
     return _scores(b_q, b_k, vis, scale, DOT_IN_FP32), b_v, row_active
+
+
+@jit
+def _kept_scores(scores, at, ROWS: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pointers to a block's kept scores [ROWS, BLOCK_N] and which rows are kept (those below G_PAD); `at` is the
+    block's first row in the maxima's layout."""
+    rows = tl.arange(0, ROWS)
+    return scores + (at + rows)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :], (rows < G_PAD)[:, None]
 
 
 @jit
@@ -129,24 +153,27 @@ def _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N: 
 
 
 @jit
-def _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks, stride_kh,
-               stride_vs, stride_vh, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-               DOT_IN_FP32: tl.constexpr):
+def _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, scores, head_base, L, S, scale, stride_ks,
+               stride_kh, stride_vs, stride_vh, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+               DOT_IN_FP32: tl.constexpr, KEEP: tl.constexpr):
     s, _, _ = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
                             stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
     rows = tl.arange(0, ROWS)
     tl.store(maxima + (head_base + i_blk) * G_PAD + rows, tl.max(s, 1), mask=rows < G_PAD)
+    if KEEP:
+        kept, keep = _kept_scores(scores, (head_base + i_blk) * G_PAD, ROWS, G_PAD, BLOCK_N)
+        tl.store(kept, s, mask=keep)
 
 
 @jit(do_not_specialize=["L", "S"], dependent=True)
 def block_max_kernel(
-    q, k, v, slot_table, seq_ids, positions, maxima, L, S, scale,
+    q, k, v, slot_table, seq_ids, positions, maxima, scores, L, S, scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False,
+    NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, KEEP: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): for its run of the row's blocks, the row maxima of each block's scores, into
-    maxima[i, head, j, :G_PAD]."""
+    maxima[i, head, j, :G_PAD], and with KEEP the scores themselves into scores[i, head, j, :G_PAD, :BLOCK_N]."""
     after_upstream(PDL)
     i, kv_head = tl.program_id(0), tl.program_id(1)
     p_i, seq_row, full_blk, lo, hi = _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
@@ -155,22 +182,33 @@ def block_max_kernel(
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = lo
         while i_blk < hi:
-            _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks, stride_kh,
-                       stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32)
+            _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, scores, head_base, L, S, scale, stride_ks,
+                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, KEEP)
             i_blk += 1
     else:
         for i_blk in tl.range(lo, hi, num_stages=STAGES):
-            _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks, stride_kh,
-                       stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32)
+            _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, scores, head_base, L, S, scale, stride_ks,
+                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, KEEP)
 
 
 @jit
-def _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
+def _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
                  stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr):
-    """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored; returns m after it."""
-    s, b_v, row_active = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
-                                       stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
+                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, KEEP: tl.constexpr):
+    """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored; returns m after it.
+    KEEP: the block's scores as the max kernel kept them (rows from G_PAD on see no key: -inf, as `_visible` gives
+    them) and V gathered alone."""
+    if KEEP:
+        slots, _, key_ok, row_active = _block_keys(row_ok, p_i, i_blk, i_blk < full_blk, seq_row, L, S, ROWS, BLOCK_N)
+        o_d = tl.arange(0, D)
+        b_v = tl.load(v + slots[:, None] * stride_vs + kv_head * stride_vh + o_d[None, :], mask=key_ok[:, None], other=0.0)  # `_gather_kv`'s V
+        if DOT_IN_FP32:
+            b_v = b_v.to(tl.float32)
+        kept, keep = _kept_scores(scores, (head_base + i_blk) * G_PAD, ROWS, G_PAD, BLOCK_N)
+        s = tl.load(kept, mask=keep, other=float("-inf"))
+    else:
+        s, b_v, row_active = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
+                                           stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
     m_new, m_safe, alpha = _running_max(m, s, DOT_IN_FP32)
     p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
     p_sum = _row_sum(p, SUM_BY_DOT)
@@ -188,10 +226,10 @@ def _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, a
 
 @jit(do_not_specialize=["L", "S"])  # not dependent: the module doc says why
 def block_terms_kernel(
-    q, k, v, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, L, S, scale,
+    q, k, v, slot_table, seq_ids, positions, maxima, scores, alphas, sums, pvs, L, S, scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr,
+    ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, KEEP: tl.constexpr,
 ):
     """Program (query i, KV head, c), over its run of blocks [lo, hi): the running maximum before block lo (the
     maximum of every earlier block's maxima: a maximum, exact in any order), then block by block that block's alpha,
@@ -214,13 +252,13 @@ def block_terms_kernel(
     if INTERPRETED:
         i_blk = lo
         while i_blk < hi:
-            m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
-                             stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+            m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S,
+                             scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, KEEP)
             i_blk += 1
     else:
         for i_blk in tl.range(lo, hi, num_stages=STAGES):
-            m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
-                             stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+            m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S,
+                             scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, KEEP)
 
 
 @jit
@@ -315,16 +353,17 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     maxima = q.new_empty((num_tokens, num_kv_heads, nb, g_pad), dtype=torch.float32)
     alphas, sums = torch.empty_like(maxima), torch.empty_like(maxima)
     pvs = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, head_dim), dtype=torch.float32)
+    scores = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, block_n), dtype=torch.float32) if KEEP_SCORES else maxima
     interpret = triton_support.interpreting()
     common = (q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), slot_table.stride(0))
     grid = (num_tokens, num_kv_heads, _programs_a_row(num_tokens * num_kv_heads, cdiv(table, block_n), q.device))
-    block_max_kernel[grid](q, k_store, v_store, slot_table, seq_ids, positions, maxima, table, k_store.shape[0], float(scale), *common,
-                           G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
-                           INTERPRETED=interpret, STAGES=BLOCK_STAGES, num_warps=num_warps, num_stages=num_stages)
-    block_terms_kernel[grid](q, k_store, v_store, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, table, k_store.shape[0],
-                             float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
+    block_max_kernel[grid](q, k_store, v_store, slot_table, seq_ids, positions, maxima, scores, table, k_store.shape[0], float(scale),
+                           *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
+                           INTERPRETED=interpret, STAGES=BLOCK_STAGES, KEEP=KEEP_SCORES, num_warps=num_warps, num_stages=num_stages)
+    block_terms_kernel[grid](q, k_store, v_store, slot_table, seq_ids, positions, maxima, scores, alphas, sums, pvs, table,
+                             k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
-                             MAX_CHUNK=min(nb, 32), INTERPRETED=interpret, STAGES=BLOCK_STAGES, num_warps=num_warps,
+                             MAX_CHUNK=min(nb, 32), INTERPRETED=interpret, STAGES=BLOCK_STAGES, KEEP=KEEP_SCORES, num_warps=num_warps,
                              num_stages=num_stages)
     d_part = max(1, head_dim // FOLD_SPLIT)
     fold_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
