@@ -20,7 +20,8 @@ maximum is exact in any order. So three launches compute the same values:
 
 With `KEEP_SCORES` the first kernel also stores each block's scores and the second reads them instead of gathering K
 and repeating q · k: the same values, K read once. Compiled for sm_90a the terms kernel then takes 166 registers
-instead of 250 (three programs an SM instead of two) and one wgmma a block instead of five. Not yet timed.
+instead of 250 (three programs an SM instead of two) and two wgmma instructions a block instead of ten (p · v alone).
+Not yet timed.
 
 `block_max_kernel` and `fold_kernel` launch with programmatic dependent launch (`triton_support.jit(dependent=True)`), as
 the walk and the rest of a decode step do; `block_terms_kernel` does not. A dependent kernel lets the kernel behind it
