@@ -333,21 +333,27 @@ def test_decode_rows_with_their_key_blocks_over_the_grid_equal_training_rows(hea
     monkeypatch.setattr(triton_blocks, "KEEP_SCORES", keep_scores)
     monkeypatch.setattr(triton_blocks, "BLOCKS_MIN", 1)
     monkeypatch.setattr(triton_blocks, "BLOCKS_MAX_FILL", float("inf"))  # on a GPU too, however many programs
+    constants = load_preset("tiny-dense-triton").entry("attention", "engine_decode").constants
+    _decode_path_rows_equal_training_rows(monkeypatch, triton_blocks, constants, lambda decode: {"block_n": 16 if decode else 32}, heads)
+
+
+def _decode_path_rows_equal_training_rows(monkeypatch, module, constants, control, heads):
+    """Decode rows at `constants` (bf16, and fp32 boundaries) bit for bit the training rows, every decode step through
+    `module.attention_decode`; the control, the fp32 op with `control(is_decode)`'s constants for decode calls and for
+    training, must differ."""
     calls = []
-    spread = triton_blocks.attention_decode
-    monkeypatch.setattr(triton_blocks, "attention_decode", lambda *args, **kwargs: calls.append(1) or spread(*args, **kwargs))
-    preset = load_preset("tiny-dense-triton")
-    constants = preset.entry("attention", "engine_decode").constants
+    path = module.attention_decode
+    monkeypatch.setattr(module, "attention_decode", lambda *args, **kwargs: calls.append(1) or path(*args, **kwargs))
     fp32 = {**constants, "input_dtype": "float32", "output_dtype": "float32", "kv_cache_dtype": "float32"}
     for tile, dtype in ((constants, torch.bfloat16), (fp32, torch.float32)):
         want, got = _decode_rows_vs_training_rows(functools.partial(attention_triton.attention, **tile), dtype, heads)
         assert bitwise_equal(got, want), dtype
-    assert len(calls) == 8  # every decode step of both dtypes took the spread path
+    assert len(calls) == 8  # every decode step of both dtypes took the path
 
-    def control(q, *args):
-        return attention_triton.attention(q, *args, **{**fp32, "block_n": 16 if q.shape[0] <= 2 else 32})
+    def controlled(q, *args):
+        return attention_triton.attention(q, *args, **{**fp32, **control(q.shape[0] <= 2)})
 
-    want, got = _decode_rows_vs_training_rows(control, torch.float32, heads)
+    want, got = _decode_rows_vs_training_rows(controlled, torch.float32, heads)
     assert (int_view(got) != int_view(want)).sum() > 100
 
 
@@ -432,21 +438,9 @@ def test_decode_rows_over_spans_equal_training_rows(heads, monkeypatch):
     against training over two (a span size chosen from the batch), must fail the comparison."""
     from isoexec.ops.attention import triton_spans
 
-    calls = []
-    spans = triton_spans.attention_decode
-    monkeypatch.setattr(triton_spans, "attention_decode", lambda *args, **kwargs: calls.append(1) or spans(*args, **kwargs))
     constants = {**load_preset("tiny-dense-triton").entry("attention", "engine_decode").constants, "split_kv_size": 64}
-    fp32 = {**constants, "input_dtype": "float32", "output_dtype": "float32", "kv_cache_dtype": "float32"}
-    for tile, dtype in ((constants, torch.bfloat16), (fp32, torch.float32)):
-        want, got = _decode_rows_vs_training_rows(functools.partial(attention_triton.attention, **tile), dtype, heads)
-        assert bitwise_equal(got, want), dtype
-    assert len(calls) == 8  # every decode step of both dtypes took the spans path
-
-    def control(q, *args):
-        return attention_triton.attention(q, *args, **{**fp32, "split_kv_size": 32 if q.shape[0] <= 2 else 64})
-
-    want, got = _decode_rows_vs_training_rows(control, torch.float32, heads)
-    assert (int_view(got) != int_view(want)).sum() > 100
+    _decode_path_rows_equal_training_rows(monkeypatch, triton_spans, constants, lambda decode: {"split_kv_size": 32 if decode else 64},
+                                          heads)
 
 
 @pytest.mark.parametrize("constants", [CONSTANTS, BF16])
