@@ -220,9 +220,10 @@ def test_rows_see_nothing_and_empty_batches():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_slots_outside_the_store_below_every_row_are_skipped_with_the_decode_rows_bits(dtype):
-    """A tile of many queries walks its whole key blocks unmasked once it has found all their slots in the store;
-    a table with a slot outside it there (-1, or past the store) sends the tile down the masked walk. Either way
-    each row equals its decode row (one query a call, always masked) and float64 without those keys."""
+    """A tile walks its whole key blocks unmasked once it has found all their slots in the store; a table with a slot
+    outside it there (-1, or past the store) sends the tile down the masked walk. Either way each row of a prefill
+    equals its decode row (one query a call) and float64 without those keys. The control, decode over key blocks of
+    32 against the prefill's 16 (fp32 boundaries, where a re-blocked online softmax shows), must differ."""
     constants = CONSTANTS if dtype == torch.float32 else BF16
     q, k, v, slot_table, seq_ids, positions = packed([70], dtype=dtype)
     table = slot_table.clone()
@@ -236,6 +237,11 @@ def test_slots_outside_the_store_below_every_row_are_skipped_with_the_decode_row
     expected = float64_attention(q[40:], k[kept], v[kept], packed_slot_table(torch.tensor([0, 68], device=DEVICE))[0],
                                  seq_ids[40:], positions[40:] - 2, 0.25)
     assert (prefill[40:].cpu().double() - expected).abs().max() < (1e-5 if dtype == torch.float32 else 2e-2)
+    q, k, v = (t.float() for t in (q, k, v))
+    want = attention(q, k, v, table, seq_ids, positions, 0.25)[40:]
+    reblocked = torch.cat([attention(q[t : t + 1], k, v, table, seq_ids[:1], positions[t : t + 1], 0.25, constants={**CONSTANTS, "block_n": 32})
+                           for t in range(40, 70)])
+    assert (int_view(reblocked) != int_view(want)).sum() > 100
 
 
 def test_interleaved_and_non_consecutive_queries_form_their_own_tiles():
