@@ -11,8 +11,9 @@ a sequence) have the prefill rows' bits under that variant (the contract's prope
         [--prefill 512,2048,8192] [--decode 1x2048,8x2048,64x512,64x2048] [--heads 32,8,128] [--out FILE] [--device cpu]
 
 A variant is `name=value` items joined by commas: the op's constants (block_n, num_stages, num_warps, block_m),
-`pairs`, `check_slots`, `check_decode` and `keep_scores` (0 or 1: `attention.triton.PAIRS`, `CHECK_SLOTS`,
-`CHECK_DECODE_SLOTS`, `triton_blocks.KEEP_SCORES`). Each row is printed (and appended to --out) as soon as it is measured.
+`pairs`, `check_slots` and `check_decode` (0 or 1: `attention.triton.PAIRS`, `CHECK_SLOTS`, `CHECK_DECODE_SLOTS`), and
+the spread decode's `waves`, `fold_split`, `fold_warps`, `fold_stages` and `max_chunk` (`triton_blocks.PROGRAM_WAVES`,
+`FOLD_SPLIT`, `FOLD_WARPS`, `FOLD_STAGES`, `MAX_CHUNK`). Each row is printed (and appended to --out) as soon as it is measured.
 """
 import argparse
 
@@ -25,15 +26,17 @@ from isoexec.ops.attention import triton_blocks
 from timing import graphed_ms, kernel_ms
 
 
-KNOBS = {  # variant item -> (module, constant)
+KNOBS = {  # variant item -> (module, constant); a module constant keeps its type (bool or int)
     "pairs": (attention_triton, "PAIRS"), "check_slots": (attention_triton, "CHECK_SLOTS"),
-    "check_decode": (attention_triton, "CHECK_DECODE_SLOTS"), "keep_scores": (triton_blocks, "KEEP_SCORES"),
+    "check_decode": (attention_triton, "CHECK_DECODE_SLOTS"), "waves": (triton_blocks, "PROGRAM_WAVES"),
+    "fold_split": (triton_blocks, "FOLD_SPLIT"), "fold_warps": (triton_blocks, "FOLD_WARPS"),
+    "fold_stages": (triton_blocks, "FOLD_STAGES"), "max_chunk": (triton_blocks, "MAX_CHUNK"),
 }
 
 
 def _parse(variant: str) -> tuple[dict, dict]:
     items = dict(item.split("=") for item in variant.split(",") if item)
-    knobs = {KNOBS[name]: bool(int(items.pop(name))) for name in list(items) if name in KNOBS}
+    knobs = {KNOBS[name]: type(getattr(*KNOBS[name]))(int(items.pop(name))) for name in list(items) if name in KNOBS}
     return {name: int(value) for name, value in items.items()}, knobs
 
 

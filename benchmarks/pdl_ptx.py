@@ -16,11 +16,11 @@ from isoexec.ops.attention import triton_blocks
 
 FLOAT = re.compile(r"\.(f32|f16|bf16)\b|wgmma|mma\.|ex2|rcp|div")
 TYPES = ({n: "*bf16" for n in ("q", "k", "v", "o")} | {n: "*i64" for n in ("slot_table", "seq_ids", "positions")}
-         | {n: "*fp32" for n in ("maxima", "scores", "alphas", "sums", "pvs")} | {"scale": "fp32"})
+         | {n: "*fp32" for n in ("maxima", "alphas", "sums", "pvs")} | {"scale": "fp32"})
 HEADS = dict(G=4, G_PAD=4, D=128, BLOCK_N=32)
 KERNELS = [  # (kernel, constexprs, num_warps, num_stages), as `triton_blocks.attention_decode` launches them
-    (triton_blocks.block_max_kernel, HEADS | dict(DOT_IN_FP32=False, ROWS=64, NB=64, INTERPRETED=False, STAGES=triton_blocks.BLOCK_STAGES, KEEP=False), 4, 3),
-    (triton_blocks.fold_kernel, HEADS | dict(D_PART=128, NB=64, INTERPRETED=False, STAGES=triton_blocks.FOLD_STAGES, UNROLL=1), 4, 1),
+    (triton_blocks.block_max_kernel, HEADS | dict(DOT_IN_FP32=False, ROWS=64, NB=64, INTERPRETED=False, STAGES=triton_blocks.BLOCK_STAGES), 4, 3),
+    (triton_blocks.fold_kernel, HEADS | dict(D_PART=128, NB=64, INTERPRETED=False, STAGES=triton_blocks.FOLD_STAGES, GROUP=triton_blocks.FOLD_GROUP), 4, 1),
 ]
 
 

@@ -327,16 +327,14 @@ def test_decode_rows_equal_training_rows_at_model_head_sizes(heads):
     assert (int_view(got) != int_view(want)).sum() > 100
 
 
-@pytest.mark.parametrize("heads, keep_scores", [(4, False), (8, False), (8, True)])
-def test_decode_rows_with_their_key_blocks_over_the_grid_equal_training_rows(heads, keep_scores, monkeypatch):
+@pytest.mark.parametrize("heads", [4, 8])
+def test_decode_rows_with_their_key_blocks_over_the_grid_equal_training_rows(heads, monkeypatch):
     """`triton_blocks.py`: decode rows whose key blocks' maxima, terms and fold run as three launches, at the
-    preset's constants (bf16 and fp32 boundaries), bit for bit the training rows of the walk, also with the scores
-    kept from the max kernel for the terms kernel (`KEEP_SCORES`); and the path is the one taken. The control, the
-    same path with a smaller key block for decode batches, re-blocks the online softmax and must fail the comparison
-    (as in the test above)."""
+    preset's constants (bf16 and fp32 boundaries), bit for bit the training rows of the walk; and the path is the one
+    taken. The control, the same path with a smaller key block for decode batches, re-blocks the online softmax and
+    must fail the comparison (as in the test above)."""
     from isoexec.ops.attention import triton_blocks
 
-    monkeypatch.setattr(triton_blocks, "KEEP_SCORES", keep_scores)
     monkeypatch.setattr(triton_blocks, "BLOCKS_MIN", 1)
     monkeypatch.setattr(triton_blocks, "BLOCKS_MAX_FILL", float("inf"))  # on a GPU too, however many programs
     constants = load_preset("tiny-dense-triton").entry("attention", "engine_decode").constants
@@ -364,19 +362,17 @@ def _decode_path_rows_equal_training_rows(monkeypatch, module, constants, contro
 
 
 @pytest.mark.parametrize("constants", [CONSTANTS, BF16])
-@pytest.mark.parametrize("fold_split, fold_unroll, keep_scores", [(1, 1, False), (4, 3, False), (4, 3, True)])
-def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(constants, fold_split, fold_unroll, keep_scores, monkeypatch):
-    """Rows of 1,100 keys (69 blocks of 16: the maxima read in several loads), decoded at positions on and next to
-    block edges, by the spread path (its fold in one program a row and head a block an iteration, or over 4 programs of a
-    quarter of the columns each, 3 blocks an iteration: rows of 69 blocks end mid-iteration; with the scores kept from
-    the max kernel or recomputed) and by the walk; the training rows are the walk's (the tests above). The control, the
-    spread path over blocks of 32 against the walk's 16 (fp32 boundaries, where a re-blocked online softmax shows), must
-    differ."""
+@pytest.mark.parametrize("fold_split, max_chunk", [(1, 512), (4, 16)])
+def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(constants, fold_split, max_chunk, monkeypatch):
+    """Rows of 1,100 keys (69 blocks of 16), decoded at positions on and next to block edges, by the spread path (its
+    fold in one program a row and head, or over 4 programs of a quarter of the columns each; four blocks a load, so rows
+    of 69, 65 and 1 blocks end inside a group and 64 at its end; the earlier blocks' maxima read in one load, or in
+    several of 16) and by the walk; the training rows are the walk's (the tests above). The control, the spread path
+    over blocks of 32 against the walk's 16 (fp32 boundaries, where a re-blocked online softmax shows), must differ."""
     from isoexec.ops.attention import triton_blocks
 
-    monkeypatch.setattr(triton_blocks, "KEEP_SCORES", keep_scores)
     monkeypatch.setattr(triton_blocks, "FOLD_SPLIT", fold_split)
-    monkeypatch.setattr(triton_blocks, "FOLD_UNROLL", fold_unroll)
+    monkeypatch.setattr(triton_blocks, "MAX_CHUNK", max_chunk)
 
     q, k, v, slot_table, seq_ids, positions = packed([1100, 40], dtype=torch.float32 if constants is CONSTANTS else torch.bfloat16)
     steps = [(1099, 39), (1024, 0), (1023, 16), (15, 17)]

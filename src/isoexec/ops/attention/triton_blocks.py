@@ -18,10 +18,16 @@ maximum is exact in any order. So three launches compute the same values:
 3. `fold_kernel`, programs per (query, KV head) over slices of the columns: l and acc folded over the blocks in
    ascending order with the walk's multiply-adds, then the walk's division and zero select.
 
-With `KEEP_SCORES` the first kernel also stores each block's scores and the second reads them instead of gathering K
-and repeating q · k: the same values, K read once. Compiled for sm_90a the terms kernel then takes 166 registers
-instead of 250 (three programs an SM instead of two) and two wgmma instructions a block instead of ten (p · v alone).
-Not yet timed.
+The fold reads FOLD_GROUP = 4 blocks' terms a load and walks them in registers (`_four`): alpha and sum_j p are stored
+with a group's four blocks side by side (a row's four in one 16-byte load); p · v block after block as the tile holds
+it, the fold's copy through shared memory reading it back transposed (stored grouped straight from the MMA tile, it took
+the terms kernel 149 registers instead of 126). Block by block, the fold had spent ~200 SASS instructions a warp on
+each four blocks' addresses, masks and copies against 12 multiply-adds (75 now, compiled for sm_90a at 2 warps), and
+its few programs (32 at batch 1) are bound by instruction issue, not by memory.
+
+Keeping each block's scores from the first kernel for the second (which then reads V alone) was tried and gave nothing on
+an H100 at batch 1-8 (`benchmarks/RESULTS.md`): both kernels wait on memory latency along short runs of blocks rather
+than on bandwidth.
 
 `block_max_kernel` and `fold_kernel` launch with programmatic dependent launch (`triton_support.jit(dependent=True)`), as
 the walk and the rest of a decode step do; `block_terms_kernel` does not. A dependent kernel lets the kernel behind it
@@ -52,7 +58,7 @@ from torch import Tensor
 from ...env import EnvError
 from .. import triton_support
 from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, tl
-from .triton_steps import _finish, _fold_sums, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores, _visible
+from .triton_steps import _finish, _fold_elements, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores, _visible
 
 
 def _env_blocks(name: str, default: int | None) -> int | None:
@@ -87,11 +93,11 @@ BLOCK_STAGES = 1
 FOLD_STAGES = 8
 FOLD_SPLIT = 4
 FOLD_WARPS = 2
-FOLD_UNROLL = 4
-# True: the max kernel also stores each block's scores (its real rows), and the terms kernel reads them and V instead of
-# gathering K again and repeating the product: the same values (an fp32 store and load), K read once instead of twice
-# and no QK product in the terms kernel. Not yet timed on a GPU, so off (`attention_tiles.py` takes `keep_scores=1`).
-KEEP_SCORES = False
+# Blocks a fold thread reads in one load (the module doc); `_four` splits them.
+FOLD_GROUP = 4
+# The earlier blocks' maxima a terms program reads in one load before its run (a [chunk, G_PAD] tile): one load for
+# tables up to 16,384 keys at block_n 32.
+MAX_CHUNK = 512
 
 
 @jit
@@ -133,14 +139,6 @@ def _block_scores(b_q, row_ok, p_i, i_blk, full, seq_row, kv_head, k, v, L, S, s
 
 
 @jit
-def _kept_scores(scores, at, ROWS: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Pointers to a block's kept scores [ROWS, BLOCK_N] and which rows are kept (those below G_PAD); `at` is the
-    block's first row in the maxima's layout."""
-    rows = tl.arange(0, ROWS)
-    return scores + (at + rows)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :], (rows < G_PAD)[:, None]
-
-
-@jit
 def _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N: tl.constexpr):
     """Query i's position, its table row, the walk's first partial block (`full_blk`), and the row's blocks
     [lo, hi) this program (c of P) takes: a contiguous run of cdiv(row blocks, P)."""
@@ -154,27 +152,24 @@ def _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N: 
 
 
 @jit
-def _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, scores, head_base, L, S, scale, stride_ks,
+def _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
                stride_kh, stride_vs, stride_vh, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-               DOT_IN_FP32: tl.constexpr, KEEP: tl.constexpr):
+               DOT_IN_FP32: tl.constexpr):
     s, _, _ = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
                             stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
     rows = tl.arange(0, ROWS)
     tl.store(maxima + (head_base + i_blk) * G_PAD + rows, tl.max(s, 1), mask=rows < G_PAD)
-    if KEEP:
-        kept, keep = _kept_scores(scores, (head_base + i_blk) * G_PAD, ROWS, G_PAD, BLOCK_N)
-        tl.store(kept, s, mask=keep)
 
 
 @jit(do_not_specialize=["L", "S"], dependent=True)
 def block_max_kernel(
-    q, k, v, slot_table, seq_ids, positions, maxima, scores, L, S, scale,
+    q, k, v, slot_table, seq_ids, positions, maxima, L, S, scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, KEEP: tl.constexpr, PDL: tl.constexpr = False,
+    NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): for its run of the row's blocks, the row maxima of each block's scores, into
-    maxima[i, head, j, :G_PAD], and with KEEP the scores themselves into scores[i, head, j, :G_PAD, :BLOCK_N]."""
+    maxima[i, head, j, :G_PAD]."""
     after_upstream(PDL)
     i, kv_head = tl.program_id(0), tl.program_id(1)
     p_i, seq_row, full_blk, lo, hi = _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
@@ -183,33 +178,31 @@ def block_max_kernel(
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = lo
         while i_blk < hi:
-            _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, scores, head_base, L, S, scale, stride_ks,
-                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, KEEP)
+            _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
+                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32)
             i_blk += 1
     else:
         for i_blk in tl.range(lo, hi, num_stages=STAGES):
-            _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, scores, head_base, L, S, scale, stride_ks,
-                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, KEEP)
+            _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
+                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32)
 
 
 @jit
-def _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
+def _grouped(head_base, i_blk, G_PAD: tl.constexpr, GROUP: tl.constexpr):
+    """Where block i_blk's alpha and sum_j p go in the grouped layout (the module doc): its group's first element and
+    its place in the group; row g's are at first + g * GROUP + place."""
+    first = head_base + i_blk - i_blk % GROUP
+    return first * G_PAD, i_blk % GROUP
+
+
+@jit
+def _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
                  stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, KEEP: tl.constexpr):
-    """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored; returns m after it.
-    KEEP: the block's scores as the max kernel kept them (rows from G_PAD on see no key: -inf, as `_visible` gives
-    them) and V gathered alone."""
-    if KEEP:
-        slots, _, key_ok, row_active = _block_keys(row_ok, p_i, i_blk, i_blk < full_blk, seq_row, L, S, ROWS, BLOCK_N)
-        o_d = tl.arange(0, D)
-        b_v = tl.load(v + slots[:, None] * stride_vs + kv_head * stride_vh + o_d[None, :], mask=key_ok[:, None], other=0.0)  # `_gather_kv`'s V
-        if DOT_IN_FP32:
-            b_v = b_v.to(tl.float32)
-        kept, keep = _kept_scores(scores, (head_base + i_blk) * G_PAD, ROWS, G_PAD, BLOCK_N)
-        s = tl.load(kept, mask=keep, other=float("-inf"))
-    else:
-        s, b_v, row_active = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
-                                           stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
+                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, GROUP: tl.constexpr):
+    """Block i_blk's alpha, sum_j p (in the grouped layout) and p · v from m, the walk's running maximum before it,
+    stored; returns m after it."""
+    s, b_v, row_active = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
+                                       stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
     m_new, m_safe, alpha = _running_max(m, s, DOT_IN_FP32)
     p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
     p_sum = _row_sum(p, SUM_BY_DOT)
@@ -218,19 +211,19 @@ def _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, s
     pv = tl.where(row_active[:, None], pv, 0.0)
     rows = tl.arange(0, ROWS)
     keep = rows < G
-    at = (head_base + i_blk) * G_PAD + rows
-    tl.store(alphas + at, alpha, mask=keep)
-    tl.store(sums + at, p_sum, mask=keep)
-    tl.store(pvs + at[:, None] * D + tl.arange(0, D)[None, :], pv, mask=keep[:, None])
+    first, place = _grouped(head_base, i_blk, G_PAD, GROUP)
+    tl.store(alphas + first + rows * GROUP + place, alpha, mask=keep)
+    tl.store(sums + first + rows * GROUP + place, p_sum, mask=keep)
+    tl.store(pvs + (head_base + i_blk) * G_PAD * D + rows[:, None] * D + tl.arange(0, D)[None, :], pv, mask=keep[:, None])
     return m_new
 
 
 @jit(do_not_specialize=["L", "S"])  # not dependent: the module doc says why
 def block_terms_kernel(
-    q, k, v, slot_table, seq_ids, positions, maxima, scores, alphas, sums, pvs, L, S, scale,
+    q, k, v, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, L, S, scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, KEEP: tl.constexpr,
+    ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, GROUP: tl.constexpr,
 ):
     """Program (query i, KV head, c), over its run of blocks [lo, hi): the running maximum before block lo (the
     maximum of every earlier block's maxima: a maximum, exact in any order), then block by block that block's alpha,
@@ -239,75 +232,102 @@ def block_terms_kernel(
     i, kv_head = tl.program_id(0), tl.program_id(1)
     p_i, seq_row, full_blk, lo, hi = _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
-    rows = tl.arange(0, ROWS)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
-    # The walk's m before block lo ([ROWS]; -inf before the first), MAX_CHUNK blocks a load.
+    # The walk's m before block lo: the earlier blocks' maxima, MAX_CHUNK blocks a load of [MAX_CHUNK, G_PAD], then laid
+    # out as the tile's rows ([ROWS]; -inf before the first block and in rows from G_PAD on).
     o_b = tl.arange(0, MAX_CHUNK)
-    m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    o_g = tl.arange(0, G_PAD)
+    m_g = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
     j0 = 0
     while j0 < lo:
-        earlier = tl.load(maxima + (head_base + j0 + o_b[:, None]) * G_PAD + rows[None, :],
-                          mask=(j0 + o_b[:, None] < lo) & (rows[None, :] < G_PAD), other=float("-inf"))
-        m = tl.maximum(m, tl.max(earlier, 0))
+        earlier = tl.load(maxima + (head_base + j0 + o_b[:, None]) * G_PAD + o_g[None, :], mask=j0 + o_b[:, None] < lo,
+                          other=float("-inf"))
+        m_g = tl.maximum(m_g, tl.max(earlier, 0))
         j0 += MAX_CHUNK
+    rows = tl.arange(0, ROWS)
+    m = tl.max(tl.where(rows[:, None] == o_g[None, :], m_g[None, :], float("-inf")), 1)
     if INTERPRETED:
         i_blk = lo
         while i_blk < hi:
-            m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S,
-                             scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, KEEP)
+            m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S,
+                             scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, GROUP)
             i_blk += 1
     else:
         for i_blk in tl.range(lo, hi, num_stages=STAGES):
-            m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S,
-                             scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, KEEP)
+            m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S,
+                             scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, GROUP)
 
 
 @jit
-def _fold_block(l, acc, alphas, sums, pvs, at, keep, o_d, D: tl.constexpr):
-    """One block's stored terms folded into l and acc by the walk's `_fold_sums`."""
-    alpha = tl.load(alphas + at, mask=keep, other=1.0)
-    return _fold_sums(l, acc, alpha, tl.load(sums + at, mask=keep, other=0.0),
-                      tl.load(pvs + at[:, None] * D + o_d[None, :], mask=keep[:, None], other=0.0))
+def _four(x, G_PAD: tl.constexpr, D_PART: tl.constexpr):
+    """A [G_PAD, D_PART, 4] tile's four [G_PAD, D_PART] slices in order (element u of the last axis is (u // 2, u % 2)
+    after the reshape; `tl.split` takes the last axis), each held by the thread that loaded it: no data moves."""
+    even, odd = tl.split(tl.reshape(x, [G_PAD, D_PART, 2, 2]))
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    return x0, x1, x2, x3
+
+
+@jit
+def _fold_group(l, acc, alphas, sums, pvs, at, at_pv, mask, G_PAD: tl.constexpr, D_PART: tl.constexpr):
+    """One group's four blocks, in order, folded into l and acc (both [G_PAD, D_PART]: l's chain runs in every column,
+    the same multiply-adds) by the walk's multiply-adds (`_fold_elements`). Masked blocks (past the row's last) read alpha 1 and zero sums,
+    which leave l and acc as they are (a -0.0 in acc may turn +0.0, which `_finish` does to every zero)."""
+    a0, a1, a2, a3 = _four(tl.load(alphas + at, mask=mask, other=1.0), G_PAD, D_PART)
+    s0, s1, s2, s3 = _four(tl.load(sums + at, mask=mask, other=0.0), G_PAD, D_PART)
+    v0, v1, v2, v3 = _four(tl.load(pvs + at_pv, mask=mask, other=0.0), G_PAD, D_PART)
+    l, acc = _fold_elements(l, acc, a0, s0, a0, v0)
+    l, acc = _fold_elements(l, acc, a1, s1, a1, v1)
+    l, acc = _fold_elements(l, acc, a2, s2, a2, v2)
+    return _fold_elements(l, acc, a3, s3, a3, v3)
 
 
 @jit(do_not_specialize=["L"], dependent=True)
 def fold_kernel(
     o, positions, alphas, sums, pvs, L, stride_ot, stride_oh,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PART: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
-    INTERPRETED: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr = False,
+    INTERPRETED: tl.constexpr, STAGES: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): l and acc's columns [c * D_PART, (c + 1) * D_PART) over the row's blocks in
-    ascending order, then the walk's zero select and division. Each element of acc is its own chain of multiply-adds,
-    so splitting the columns over programs leaves every one's order, and l (recomputed by each) is the same chain.
-    The loop's loads do not depend on the fold, so it is software-pipelined (STAGES blocks' terms in flight, copied
-    asynchronously): otherwise each block would wait out a load's latency."""
+    ascending order, four blocks a load (the grouped layout), then the walk's zero select and division. Each element of
+    acc is its own chain of multiply-adds, so splitting the columns over programs leaves every one's order, and l
+    (recomputed by each) is the same chain. The loop's loads do not depend on the fold, so it is software-pipelined
+    (STAGES groups in flight, copied asynchronously): otherwise each group would wait out a load's latency."""
     after_upstream(PDL)
+    tl.static_assert(GROUP == 4, "_four takes groups of four blocks")
     i, kv_head = tl.program_id(0), tl.program_id(1)
     hi_key = tl.minimum(tl.load(positions + i).to(tl.int32), L - 1)
     hi_blk = tl.where(hi_key >= 0, hi_key // BLOCK_N + 1, 0)
     rows = tl.arange(0, G_PAD)
     o_d = tl.program_id(2) * D_PART + tl.arange(0, D_PART)
-    keep = rows < G
+    place = tl.arange(0, GROUP)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
-    l = tl.zeros([G_PAD], dtype=tl.float32)
+    # Offsets from a group's start: row g's alpha and sum (the same in every column; grouped), element (g, d)'s p · v
+    # (block after block).
+    at = (rows[:, None, None] * GROUP + place[None, None, :]) + 0 * o_d[None, :, None]
+    at_pv = (place[None, None, :] * G_PAD + rows[:, None, None]) * D + o_d[None, :, None]
+    everywhere = at >= 0
+    l = tl.zeros([G_PAD, D_PART], dtype=tl.float32)
     acc = tl.zeros([G_PAD, D_PART], dtype=tl.float32)
-    # UNROLL blocks an iteration, their loads issued together. A block past the row's last reads alpha 1 and zero
-    # sums, which leave l and acc as they are (a -0.0 in acc may turn +0.0, which `_finish` does to every zero).
+    whole = hi_blk // GROUP
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
-        i_blk = 0
-        while i_blk < hi_blk:
-            for u in tl.static_range(UNROLL):
-                at = (head_base + i_blk + u) * G_PAD + rows
-                l, acc = _fold_block(l, acc, alphas, sums, pvs, at, keep & (i_blk + u < hi_blk), o_d, D)
-            i_blk += UNROLL
+        j = 0
+        while j < whole:
+            first = (head_base + GROUP * j) * G_PAD
+            l, acc = _fold_group(l, acc, alphas, sums, pvs, first + at, first * D + at_pv, everywhere, G_PAD, D_PART)
+            j += 1
     else:
-        for i_blk in tl.range(0, hi_blk, UNROLL, num_stages=STAGES):
-            for u in tl.static_range(UNROLL):
-                at = (head_base + i_blk + u) * G_PAD + rows
-                l, acc = _fold_block(l, acc, alphas, sums, pvs, at, keep & (i_blk + u < hi_blk), o_d, D)
-    _, out = _finish(l, acc)
+        for j in tl.range(0, whole, num_stages=STAGES):
+            first = (head_base + GROUP * j) * G_PAD
+            l, acc = _fold_group(l, acc, alphas, sums, pvs, first + at, first * D + at_pv, everywhere, G_PAD, D_PART)
+    if whole * GROUP < hi_blk:  # the last blocks, fewer than a group
+        first = (head_base + GROUP * whole) * G_PAD
+        l, acc = _fold_group(l, acc, alphas, sums, pvs, first + at, first * D + at_pv, GROUP * whole + place[None, None, :] < hi_blk,
+                             G_PAD, D_PART)
+    _, out = _finish(tl.max(l, 1), acc)
     head = kv_head * G + rows
-    tl.store(o + i.to(tl.int64) * stride_ot + head[:, None] * stride_oh + o_d[None, :], out.to(o.dtype.element_ty), mask=keep[:, None])
+    tl.store(o + i.to(tl.int64) * stride_ot + head[:, None] * stride_oh + o_d[None, :], out.to(o.dtype.element_ty),
+             mask=(rows < G)[:, None])
 
 
 def applies(num_tokens: int, num_kv_heads: int, table_blocks: int, device: torch.device) -> bool:
@@ -350,25 +370,24 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     num_kv_heads = k_store.shape[1]
     group, g_pad, rows = decode_tile(q, k_store, block_m)
     table = slot_table.shape[1]
-    nb = next_power_of_2(cdiv(table, block_n))
+    nb = max(FOLD_GROUP, next_power_of_2(cdiv(table, block_n)))  # whole groups of blocks
     maxima = q.new_empty((num_tokens, num_kv_heads, nb, g_pad), dtype=torch.float32)
-    alphas, sums = torch.empty_like(maxima), torch.empty_like(maxima)
+    alphas, sums = torch.empty_like(maxima), torch.empty_like(maxima)  # laid out [.., nb / FOLD_GROUP, g_pad, FOLD_GROUP]
     pvs = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, head_dim), dtype=torch.float32)
-    scores = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, block_n), dtype=torch.float32) if KEEP_SCORES else maxima
     interpret = triton_support.interpreting()
     common = (q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), slot_table.stride(0))
     grid = (num_tokens, num_kv_heads, _programs_a_row(num_tokens * num_kv_heads, cdiv(table, block_n), q.device))
-    block_max_kernel[grid](q, k_store, v_store, slot_table, seq_ids, positions, maxima, scores, table, k_store.shape[0], float(scale),
+    block_max_kernel[grid](q, k_store, v_store, slot_table, seq_ids, positions, maxima, table, k_store.shape[0], float(scale),
                            *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
-                           INTERPRETED=interpret, STAGES=BLOCK_STAGES, KEEP=KEEP_SCORES, num_warps=num_warps, num_stages=num_stages)
-    block_terms_kernel[grid](q, k_store, v_store, slot_table, seq_ids, positions, maxima, scores, alphas, sums, pvs, table,
+                           INTERPRETED=interpret, STAGES=BLOCK_STAGES, num_warps=num_warps, num_stages=num_stages)
+    block_terms_kernel[grid](q, k_store, v_store, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, table,
                              k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
-                             MAX_CHUNK=min(nb, 32), INTERPRETED=interpret, STAGES=BLOCK_STAGES, KEEP=KEEP_SCORES, num_warps=num_warps,
+                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, GROUP=FOLD_GROUP, num_warps=num_warps,
                              num_stages=num_stages)
     d_part = max(1, head_dim // FOLD_SPLIT)
     fold_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
                                                                 G=group, G_PAD=g_pad, D=head_dim, D_PART=d_part, BLOCK_N=block_n,
                                                                 NB=nb, INTERPRETED=interpret, STAGES=FOLD_STAGES,
-                                                                UNROLL=FOLD_UNROLL, num_warps=FOLD_WARPS)
+                                                                GROUP=FOLD_GROUP, num_warps=FOLD_WARPS)
     return o
