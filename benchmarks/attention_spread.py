@@ -6,8 +6,8 @@ on attention_blocks.py's cases.
 
 - pdl: programmatic dependent launch on or off per kernel (written max/terms/fold, 1 where that kernel launches with
   PDL), at 2, 4 and 8 programs an SM (PROGRAM_WAVES);
-- fold: the fold's columns split over FOLD_SPLIT programs of FOLD_WARPS warps, FOLD_STAGES groups of four blocks in
-  flight (split x warps x stages);
+- fold: the fold's columns split over FOLD_SPLIT programs of FOLD_WARPS warps, FOLD_UNROLL blocks an iteration
+  (split x warps x unroll);
 - blocks: the blocks kernels' loads in flight (BLOCK_STAGES 1-3) at 4, 8 and 16 programs an SM (stages x waves);
 - kernels: each kernel's mean GPU time (torch.profiler over eager calls) at the defaults.
 """
@@ -24,20 +24,21 @@ from isoexec.ops.attention import triton_blocks
 from timing import graphed_ms
 
 KERNELS = (triton_blocks.block_max_kernel, triton_blocks.block_terms_kernel, triton_blocks.fold_kernel)
-FOLDS = ((1, 4, 8), (2, 4, 8), (4, 1, 8), (4, 2, 4), (4, 2, 8), (4, 4, 4), (4, 4, 8), (8, 1, 8), (8, 2, 8), (16, 1, 8))
+FOLDS = ((1, 4, 1), (1, 4, 2), (1, 4, 4), (2, 4, 1), (4, 4, 1), (4, 2, 1), (4, 2, 4), (8, 1, 1), (8, 1, 4), (16, 1, 1), (16, 1, 4),
+         (32, 1, 4))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", nargs="*", default=["pdl", "fold", "blocks", "kernels"])
     parser.add_argument("--sizes", default="1x2048,1x2000,1x8192,4x2048,8x2048",
-                        help="batch x keys, comma-separated (keys that are no multiple of 4 blocks of 32 end the fold inside a group)")
+                        help="batch x keys, comma-separated (keys that are no multiple of 4 blocks of 32 end the fold mid-iteration)")
     parser.add_argument("--out", help="append each row here too")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run in the interpreter")
     args = parser.parse_args()
     device = torch.device(args.device)
     op = attention_triton.bench_op()
-    names = ("BLOCKS_MIN", "BLOCKS_MAX_FILL", "PROGRAM_WAVES", "FOLD_SPLIT", "FOLD_WARPS", "FOLD_STAGES", "BLOCK_STAGES")
+    names = ("BLOCKS_MIN", "BLOCKS_MAX_FILL", "PROGRAM_WAVES", "FOLD_SPLIT", "FOLD_WARPS", "FOLD_UNROLL", "BLOCK_STAGES")
     defaults = {name: getattr(triton_blocks, name) for name in names}
     default_pdl = tuple(getattr(kernel, "dependent_launches", None) is not None for kernel in KERNELS)
 
@@ -79,9 +80,9 @@ def main() -> None:
                      for waves in (2, 4, 8) for pdl in itertools.product((False, True), repeat=3)]
             emit(f"{head}  spread by PDL (us): " + ", ".join(parts))
         if "fold" in args.what:
-            parts = [timed(f"{split}x{warps}x{stages}", FOLD_SPLIT=split, FOLD_WARPS=warps, FOLD_STAGES=stages, **spread)
-                     for split, warps, stages in FOLDS]
-            emit(f"{head}  spread by fold split x warps x stages (us): " + ", ".join(parts))
+            parts = [timed(f"{split}x{warps}x{unroll}", FOLD_SPLIT=split, FOLD_WARPS=warps, FOLD_UNROLL=unroll, **spread)
+                     for split, warps, unroll in FOLDS]
+            emit(f"{head}  spread by fold split x warps x unroll (us): " + ", ".join(parts))
         if "blocks" in args.what:
             parts = [timed(f"{stages}x{waves}", BLOCK_STAGES=stages, PROGRAM_WAVES=waves, **spread) for stages in (1, 2, 3) for waves in (4, 8, 16)]
             emit(f"{head}  spread by block stages x programs an SM (us): " + ", ".join(parts))

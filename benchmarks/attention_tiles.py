@@ -12,8 +12,8 @@ a sequence) have the prefill rows' bits under that variant (the contract's prope
 
 A variant is `name=value` items joined by commas: the op's constants (block_n, num_stages, num_warps, block_m),
 `pairs`, `check_slots` and `check_decode` (0 or 1: `attention.triton.PAIRS`, `CHECK_SLOTS`, `CHECK_DECODE_SLOTS`), and
-the spread decode's `waves`, `fold_split`, `fold_warps`, `fold_stages` and `max_chunk` (`triton_blocks.PROGRAM_WAVES`,
-`FOLD_SPLIT`, `FOLD_WARPS`, `FOLD_STAGES`, `MAX_CHUNK`). Each row is printed (and appended to --out) as soon as it is measured.
+the spread decode's `waves`, `fold_split`, `fold_warps`, `fold_unroll`, `fold_stages` and `max_chunk`
+(`triton_blocks.PROGRAM_WAVES`, `FOLD_SPLIT`, `FOLD_WARPS`, `FOLD_UNROLL`, `FOLD_STAGES`, `MAX_CHUNK`). Each row is printed (and appended to --out) as soon as it is measured.
 """
 import argparse
 
@@ -30,7 +30,8 @@ KNOBS = {  # variant item -> (module, constant); a module constant keeps its typ
     "pairs": (attention_triton, "PAIRS"), "check_slots": (attention_triton, "CHECK_SLOTS"),
     "check_decode": (attention_triton, "CHECK_DECODE_SLOTS"), "waves": (triton_blocks, "PROGRAM_WAVES"),
     "fold_split": (triton_blocks, "FOLD_SPLIT"), "fold_warps": (triton_blocks, "FOLD_WARPS"),
-    "fold_stages": (triton_blocks, "FOLD_STAGES"), "max_chunk": (triton_blocks, "MAX_CHUNK"),
+    "fold_unroll": (triton_blocks, "FOLD_UNROLL"), "fold_stages": (triton_blocks, "FOLD_STAGES"),
+    "max_chunk": (triton_blocks, "MAX_CHUNK"),
 }
 
 

@@ -18,13 +18,6 @@ maximum is exact in any order. So three launches compute the same values:
 3. `fold_kernel`, programs per (query, KV head) over slices of the columns: l and acc folded over the blocks in
    ascending order with the walk's multiply-adds, then the walk's division and zero select.
 
-The fold reads FOLD_GROUP = 4 blocks' terms a load and walks them in registers (`_four`): alpha and sum_j p are stored
-with a group's four blocks side by side (a row's four in one 16-byte load); p · v block after block as the tile holds
-it, the fold's copy through shared memory reading it back transposed (stored grouped straight from the MMA tile, it took
-the terms kernel 149 registers instead of 126). Block by block, the fold had spent ~200 SASS instructions a warp on
-each four blocks' addresses, masks and copies against 12 multiply-adds (75 now, compiled for sm_90a at 2 warps), and
-its few programs (32 at batch 1) are bound by instruction issue, not by memory.
-
 Keeping each block's scores from the first kernel for the second (which then reads V alone) was tried and gave nothing on
 an H100 at batch 1-8 (`benchmarks/RESULTS.md`): both kernels wait on memory latency along short runs of blocks rather
 than on bandwidth.
@@ -58,7 +51,7 @@ from torch import Tensor
 from ...env import EnvError
 from .. import triton_support
 from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, tl
-from .triton_steps import _finish, _fold_elements, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores, _visible
+from .triton_steps import _finish, _fold_sums, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores, _visible
 
 
 def _env_blocks(name: str, default: int | None) -> int | None:
@@ -93,8 +86,7 @@ BLOCK_STAGES = 1
 FOLD_STAGES = 8
 FOLD_SPLIT = 4
 FOLD_WARPS = 2
-# Blocks a fold thread reads in one load (the module doc); `_four` splits them.
-FOLD_GROUP = 4
+FOLD_UNROLL = 4
 # The earlier blocks' maxima a terms program reads in one load before its run (a [chunk, G_PAD] tile): one load for
 # tables up to 16,384 keys at block_n 32.
 MAX_CHUNK = 512
@@ -188,19 +180,10 @@ def block_max_kernel(
 
 
 @jit
-def _grouped(head_base, i_blk, G_PAD: tl.constexpr, GROUP: tl.constexpr):
-    """Where block i_blk's alpha and sum_j p go in the grouped layout (the module doc): its group's first element and
-    its place in the group; row g's are at first + g * GROUP + place."""
-    first = head_base + i_blk - i_blk % GROUP
-    return first * G_PAD, i_blk % GROUP
-
-
-@jit
 def _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
                  stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, GROUP: tl.constexpr):
-    """Block i_blk's alpha, sum_j p (in the grouped layout) and p · v from m, the walk's running maximum before it,
-    stored; returns m after it."""
+                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr):
+    """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored; returns m after it."""
     s, b_v, row_active = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
                                        stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
     m_new, m_safe, alpha = _running_max(m, s, DOT_IN_FP32)
@@ -211,10 +194,10 @@ def _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, a
     pv = tl.where(row_active[:, None], pv, 0.0)
     rows = tl.arange(0, ROWS)
     keep = rows < G
-    first, place = _grouped(head_base, i_blk, G_PAD, GROUP)
-    tl.store(alphas + first + rows * GROUP + place, alpha, mask=keep)
-    tl.store(sums + first + rows * GROUP + place, p_sum, mask=keep)
-    tl.store(pvs + (head_base + i_blk) * G_PAD * D + rows[:, None] * D + tl.arange(0, D)[None, :], pv, mask=keep[:, None])
+    at = (head_base + i_blk) * G_PAD + rows
+    tl.store(alphas + at, alpha, mask=keep)
+    tl.store(sums + at, p_sum, mask=keep)
+    tl.store(pvs + at[:, None] * D + tl.arange(0, D)[None, :], pv, mask=keep[:, None])
     return m_new
 
 
@@ -223,7 +206,7 @@ def block_terms_kernel(
     q, k, v, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, L, S, scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, GROUP: tl.constexpr,
+    ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Program (query i, KV head, c), over its run of blocks [lo, hi): the running maximum before block lo (the
     maximum of every earlier block's maxima: a maximum, exact in any order), then block by block that block's alpha,
@@ -250,84 +233,60 @@ def block_terms_kernel(
         i_blk = lo
         while i_blk < hi:
             m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S,
-                             scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, GROUP)
+                             scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
             i_blk += 1
     else:
         for i_blk in tl.range(lo, hi, num_stages=STAGES):
             m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S,
-                             scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, GROUP)
+                             scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
 
 
 @jit
-def _four(x, G_PAD: tl.constexpr, D_PART: tl.constexpr):
-    """A [G_PAD, D_PART, 4] tile's four [G_PAD, D_PART] slices in order (element u of the last axis is (u // 2, u % 2)
-    after the reshape; `tl.split` takes the last axis), each held by the thread that loaded it: no data moves."""
-    even, odd = tl.split(tl.reshape(x, [G_PAD, D_PART, 2, 2]))
-    x0, x2 = tl.split(even)
-    x1, x3 = tl.split(odd)
-    return x0, x1, x2, x3
-
-
-@jit
-def _fold_group(l, acc, alphas, sums, pvs, at, at_pv, mask, G_PAD: tl.constexpr, D_PART: tl.constexpr):
-    """One group's four blocks, in order, folded into l and acc (both [G_PAD, D_PART]: l's chain runs in every column,
-    the same multiply-adds) by the walk's multiply-adds (`_fold_elements`). Masked blocks (past the row's last) read alpha 1 and zero sums,
-    which leave l and acc as they are (a -0.0 in acc may turn +0.0, which `_finish` does to every zero)."""
-    a0, a1, a2, a3 = _four(tl.load(alphas + at, mask=mask, other=1.0), G_PAD, D_PART)
-    s0, s1, s2, s3 = _four(tl.load(sums + at, mask=mask, other=0.0), G_PAD, D_PART)
-    v0, v1, v2, v3 = _four(tl.load(pvs + at_pv, mask=mask, other=0.0), G_PAD, D_PART)
-    l, acc = _fold_elements(l, acc, a0, s0, a0, v0)
-    l, acc = _fold_elements(l, acc, a1, s1, a1, v1)
-    l, acc = _fold_elements(l, acc, a2, s2, a2, v2)
-    return _fold_elements(l, acc, a3, s3, a3, v3)
+def _fold_block(l, acc, alphas, sums, pvs, at, keep, o_d, D: tl.constexpr):
+    """One block's stored terms folded into l and acc by the walk's `_fold_sums`."""
+    alpha = tl.load(alphas + at, mask=keep, other=1.0)
+    return _fold_sums(l, acc, alpha, tl.load(sums + at, mask=keep, other=0.0),
+                      tl.load(pvs + at[:, None] * D + o_d[None, :], mask=keep[:, None], other=0.0))
 
 
 @jit(do_not_specialize=["L"], dependent=True)
 def fold_kernel(
     o, positions, alphas, sums, pvs, L, stride_ot, stride_oh,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PART: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
-    INTERPRETED: tl.constexpr, STAGES: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr = False,
+    INTERPRETED: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): l and acc's columns [c * D_PART, (c + 1) * D_PART) over the row's blocks in
-    ascending order, four blocks a load (the grouped layout), then the walk's zero select and division. Each element of
-    acc is its own chain of multiply-adds, so splitting the columns over programs leaves every one's order, and l
-    (recomputed by each) is the same chain. The loop's loads do not depend on the fold, so it is software-pipelined
-    (STAGES groups in flight, copied asynchronously): otherwise each group would wait out a load's latency."""
+    ascending order, then the walk's zero select and division. Each element of acc is its own chain of multiply-adds,
+    so splitting the columns over programs leaves every one's order, and l (recomputed by each) is the same chain.
+    The loop's loads do not depend on the fold, so it is software-pipelined (STAGES blocks' terms in flight, copied
+    asynchronously): otherwise each block would wait out a load's latency."""
     after_upstream(PDL)
-    tl.static_assert(GROUP == 4, "_four takes groups of four blocks")
     i, kv_head = tl.program_id(0), tl.program_id(1)
     hi_key = tl.minimum(tl.load(positions + i).to(tl.int32), L - 1)
     hi_blk = tl.where(hi_key >= 0, hi_key // BLOCK_N + 1, 0)
     rows = tl.arange(0, G_PAD)
     o_d = tl.program_id(2) * D_PART + tl.arange(0, D_PART)
-    place = tl.arange(0, GROUP)
+    keep = rows < G
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
-    # Offsets from a group's start: row g's alpha and sum (the same in every column; grouped), element (g, d)'s p · v
-    # (block after block).
-    at = (rows[:, None, None] * GROUP + place[None, None, :]) + 0 * o_d[None, :, None]
-    at_pv = (place[None, None, :] * G_PAD + rows[:, None, None]) * D + o_d[None, :, None]
-    everywhere = at >= 0
-    l = tl.zeros([G_PAD, D_PART], dtype=tl.float32)
+    l = tl.zeros([G_PAD], dtype=tl.float32)
     acc = tl.zeros([G_PAD, D_PART], dtype=tl.float32)
-    whole = hi_blk // GROUP
+    # UNROLL blocks an iteration, their loads issued together. A block past the row's last reads alpha 1 and zero
+    # sums, which leave l and acc as they are (a -0.0 in acc may turn +0.0, which `_finish` does to every zero).
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
-        j = 0
-        while j < whole:
-            first = (head_base + GROUP * j) * G_PAD
-            l, acc = _fold_group(l, acc, alphas, sums, pvs, first + at, first * D + at_pv, everywhere, G_PAD, D_PART)
-            j += 1
+        i_blk = 0
+        while i_blk < hi_blk:
+            for u in tl.static_range(UNROLL):
+                at = (head_base + i_blk + u) * G_PAD + rows
+                l, acc = _fold_block(l, acc, alphas, sums, pvs, at, keep & (i_blk + u < hi_blk), o_d, D)
+            i_blk += UNROLL
     else:
-        for j in tl.range(0, whole, num_stages=STAGES):
-            first = (head_base + GROUP * j) * G_PAD
-            l, acc = _fold_group(l, acc, alphas, sums, pvs, first + at, first * D + at_pv, everywhere, G_PAD, D_PART)
-    if whole * GROUP < hi_blk:  # the last blocks, fewer than a group
-        first = (head_base + GROUP * whole) * G_PAD
-        l, acc = _fold_group(l, acc, alphas, sums, pvs, first + at, first * D + at_pv, GROUP * whole + place[None, None, :] < hi_blk,
-                             G_PAD, D_PART)
-    _, out = _finish(tl.max(l, 1), acc)
+        for i_blk in tl.range(0, hi_blk, UNROLL, num_stages=STAGES):
+            for u in tl.static_range(UNROLL):
+                at = (head_base + i_blk + u) * G_PAD + rows
+                l, acc = _fold_block(l, acc, alphas, sums, pvs, at, keep & (i_blk + u < hi_blk), o_d, D)
+    _, out = _finish(l, acc)
     head = kv_head * G + rows
-    tl.store(o + i.to(tl.int64) * stride_ot + head[:, None] * stride_oh + o_d[None, :], out.to(o.dtype.element_ty),
-             mask=(rows < G)[:, None])
+    tl.store(o + i.to(tl.int64) * stride_ot + head[:, None] * stride_oh + o_d[None, :], out.to(o.dtype.element_ty), mask=keep[:, None])
 
 
 def applies(num_tokens: int, num_kv_heads: int, table_blocks: int, device: torch.device) -> bool:
@@ -370,9 +329,9 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     num_kv_heads = k_store.shape[1]
     group, g_pad, rows = decode_tile(q, k_store, block_m)
     table = slot_table.shape[1]
-    nb = max(FOLD_GROUP, next_power_of_2(cdiv(table, block_n)))  # whole groups of blocks
+    nb = next_power_of_2(cdiv(table, block_n))
     maxima = q.new_empty((num_tokens, num_kv_heads, nb, g_pad), dtype=torch.float32)
-    alphas, sums = torch.empty_like(maxima), torch.empty_like(maxima)  # laid out [.., nb / FOLD_GROUP, g_pad, FOLD_GROUP]
+    alphas, sums = torch.empty_like(maxima), torch.empty_like(maxima)
     pvs = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, head_dim), dtype=torch.float32)
     interpret = triton_support.interpreting()
     common = (q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), slot_table.stride(0))
@@ -383,11 +342,11 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     block_terms_kernel[grid](q, k_store, v_store, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, table,
                              k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
-                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, GROUP=FOLD_GROUP, num_warps=num_warps,
+                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, num_warps=num_warps,
                              num_stages=num_stages)
     d_part = max(1, head_dim // FOLD_SPLIT)
     fold_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
                                                                 G=group, G_PAD=g_pad, D=head_dim, D_PART=d_part, BLOCK_N=block_n,
                                                                 NB=nb, INTERPRETED=interpret, STAGES=FOLD_STAGES,
-                                                                GROUP=FOLD_GROUP, num_warps=FOLD_WARPS)
+                                                                UNROLL=FOLD_UNROLL, num_warps=FOLD_WARPS)
     return o

@@ -76,14 +76,7 @@ def _visible(i_blk, pos, row_ok, seq_row, L, S, window, HAS_WINDOW: tl.constexpr
 @jit
 def _fold_sums(l, acc, alpha, p_sum, pv):
     """The state after a block from its Σ p and p · V: l · alpha + Σ p, acc · alpha + p · V."""
-    return _fold_elements(l, acc, alpha, p_sum, alpha[:, None], pv)
-
-
-@jit
-def _fold_elements(l, acc, alpha_l, p_sum, alpha_acc, pv):
-    """`_fold_sums`'s multiply-adds, alpha laid out as l (alpha_l) and as acc (alpha_acc): the spread decode's fold
-    keeps l in every column of acc's layout."""
-    return l * alpha_l + p_sum, acc * alpha_acc + pv
+    return l * alpha + p_sum, acc * alpha[:, None] + pv
 
 
 @jit
