@@ -51,7 +51,7 @@ from torch import Tensor
 from ...env import EnvError
 from .. import triton_support
 from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, tl
-from .triton_steps import _block_slots, _finish, _fold_sums, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores, _visible_slots
+from .triton_steps import _finish, _fold_sums, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores, _visible
 
 
 def _env_blocks(name: str, default: int | None) -> int | None:
@@ -108,38 +108,26 @@ def _decode_rows(q, i, kv_head, stride_qt, stride_qh, G: tl.constexpr, G_PAD: tl
 
 
 @jit
-def _block_keys(row_ok, p_i, i_blk, full, slots, L, S, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Which keys of block i_blk (its slots loaded by `_run_slots`) each row sees, which keys some row sees and which
-    rows see a key, as `_full_block` (a block wholly below the row: `full`) or `_block` (the row's last) take them."""
-    slots, vis_part, key_ok_part, active_part = _visible_slots(slots, i_blk, tl.where(row_ok, p_i, -1), row_ok, L, S, 0, False, BLOCK_N)
+def _block_keys(row_ok, p_i, i_blk, full, seq_row, L, S, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Block i_blk's slots, which keys each row sees, which keys some row sees and which rows see a key, as
+    `_full_block` (a block wholly below the row: `full`) or `_block` (the row's last) take them."""
+    slots, vis_part, key_ok_part, active_part = _visible(i_blk, tl.where(row_ok, p_i, -1), row_ok, seq_row, L, S, 0, False, BLOCK_N)
     ok = (slots >= 0) & (slots < S)
     everyone = tl.arange(0, ROWS) >= 0
     vis = tl.where(full, ok[None, :] & everyone[:, None], vis_part)
     key_ok = tl.where(full, ok, key_ok_part)
     row_active = tl.where(full, everyone, active_part)
-    return vis, key_ok, row_active
+    return slots, vis, key_ok, row_active
 
 
 @jit
-def _run_slots(seq_row, i_blk, hi, L, BLOCK_N: tl.constexpr):
-    """Block i_blk's slots where it is in the program's run (i_blk < hi); -1 everywhere past it, with nothing read."""
-    return _block_slots(i_blk, seq_row, tl.where(i_blk < hi, L, 0), BLOCK_N)
-
-
-@jit
-def _fetch(slots, row_ok, p_i, i_blk, full_blk, kv_head, k, v, L, S, stride_ks, stride_kh, stride_vs, stride_vh, ROWS: tl.constexpr,
-           D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr):
-    """Block i_blk's K^T and V, gathered through its slots (nothing read past the run, whose slots are -1)."""
-    _, key_ok, _ = _block_keys(row_ok, p_i, i_blk, i_blk < full_blk, slots, L, S, ROWS, BLOCK_N)
-    return _gather_kv(slots, key_ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
-
-
-@jit
-def _block_scores(b_q, row_ok, p_i, i_blk, full_blk, slots, b_k, L, S, scale, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-                  DOT_IN_FP32: tl.constexpr):
-    """Block i_blk's scores [ROWS, BLOCK_N] from its slots and K^T, and which rows see a key of it."""
-    vis, _, row_active = _block_keys(row_ok, p_i, i_blk, i_blk < full_blk, slots, L, S, ROWS, BLOCK_N)
-    return _scores(b_q, b_k, vis, scale, DOT_IN_FP32), row_active
+def _block_scores(b_q, row_ok, p_i, i_blk, full, seq_row, kv_head, k, v, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh,
+                  ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """Block i_blk's scores [ROWS, BLOCK_N], its values [BLOCK_N, D] and which rows see a key of it, as
+    `_full_block` (a block wholly below the row: `full`) or `_block` (the row's last) compute them."""
+    slots, vis, key_ok, row_active = _block_keys(row_ok, p_i, i_blk, full, seq_row, L, S, ROWS, BLOCK_N)
+    b_k, b_v = _gather_kv(slots, key_ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
+    return _scores(b_q, b_k, vis, scale, DOT_IN_FP32), b_v, row_active
 
 
 @jit
@@ -156,19 +144,13 @@ def _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N: 
 
 
 @jit
-def _block_max(b_q, row_ok, p_i, i_blk, hi, full_blk, seq_row, slots, b_k, slots_next, kv_head, k, v, maxima, head_base, L, S, scale,
-               stride_ks, stride_kh, stride_vs, stride_vh, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-               BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr):
-    """Block i_blk's row maxima, stored, from its slots and K^T (loaded a block earlier); before its product, the next
-    block's K and the slots of the one after are asked for, so that a run's loads wait out one latency a block, not
-    two in a row. Returns the next block's slots and K^T and the slots after."""
-    k_next, _ = _fetch(slots_next, row_ok, p_i, i_blk + 1, full_blk, kv_head, k, v, L, S, stride_ks, stride_kh, stride_vs, stride_vh,
-                       ROWS, D, BLOCK_N, DOT_IN_FP32)
-    slots_after = _run_slots(seq_row, i_blk + 2, hi, L, BLOCK_N)
-    s, _ = _block_scores(b_q, row_ok, p_i, i_blk, full_blk, slots, b_k, L, S, scale, ROWS, BLOCK_N, DOT_IN_FP32)
+def _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
+               stride_kh, stride_vs, stride_vh, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+               DOT_IN_FP32: tl.constexpr):
+    s, _, _ = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
+                            stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
     rows = tl.arange(0, ROWS)
     tl.store(maxima + (head_base + i_blk) * G_PAD + rows, tl.max(s, 1), mask=rows < G_PAD)
-    return slots_next, k_next, slots_after
 
 
 @jit(do_not_specialize=["L", "S"], dependent=True)
@@ -185,35 +167,25 @@ def block_max_kernel(
     p_i, seq_row, full_blk, lo, hi = _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
-    slots = _run_slots(seq_row, lo, hi, L, BLOCK_N)
-    b_k, _ = _fetch(slots, row_ok, p_i, lo, full_blk, kv_head, k, v, L, S, stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N,
-                    DOT_IN_FP32)
-    slots_next = _run_slots(seq_row, lo + 1, hi, L, BLOCK_N)
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = lo
         while i_blk < hi:
-            slots, b_k, slots_next = _block_max(b_q, row_ok, p_i, i_blk, hi, full_blk, seq_row, slots, b_k, slots_next, kv_head, k, v,
-                                                maxima, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G_PAD, ROWS,
-                                                D, BLOCK_N, DOT_IN_FP32)
+            _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
+                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32)
             i_blk += 1
     else:
         for i_blk in tl.range(lo, hi, num_stages=STAGES):
-            slots, b_k, slots_next = _block_max(b_q, row_ok, p_i, i_blk, hi, full_blk, seq_row, slots, b_k, slots_next, kv_head, k, v,
-                                                maxima, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G_PAD, ROWS,
-                                                D, BLOCK_N, DOT_IN_FP32)
+            _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
+                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32)
 
 
 @jit
-def _block_terms(m, b_q, row_ok, p_i, i_blk, hi, full_blk, seq_row, slots, b_k, b_v, slots_next, kv_head, k, v, alphas, sums, pvs,
-                 head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr,
-                 ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr):
-    """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored, from its slots, K^T
-    and V (loaded a block earlier; the next ones asked for first, as in `_block_max`). Returns m after it, the next
-    block's slots, K^T and V, and the slots after."""
-    k_next, v_next = _fetch(slots_next, row_ok, p_i, i_blk + 1, full_blk, kv_head, k, v, L, S, stride_ks, stride_kh, stride_vs,
-                            stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
-    slots_after = _run_slots(seq_row, i_blk + 2, hi, L, BLOCK_N)
-    s, row_active = _block_scores(b_q, row_ok, p_i, i_blk, full_blk, slots, b_k, L, S, scale, ROWS, BLOCK_N, DOT_IN_FP32)
+def _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
+                 stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
+                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr):
+    """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored; returns m after it."""
+    s, b_v, row_active = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
+                                       stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
     m_new, m_safe, alpha = _running_max(m, s, DOT_IN_FP32)
     p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
     p_sum = _row_sum(p, SUM_BY_DOT)
@@ -226,7 +198,7 @@ def _block_terms(m, b_q, row_ok, p_i, i_blk, hi, full_blk, seq_row, slots, b_k, 
     tl.store(alphas + at, alpha, mask=keep)
     tl.store(sums + at, p_sum, mask=keep)
     tl.store(pvs + at[:, None] * D + tl.arange(0, D)[None, :], pv, mask=keep[:, None])
-    return m_new, slots_next, k_next, v_next, slots_after
+    return m_new
 
 
 @jit(do_not_specialize=["L", "S"])  # not dependent: the module doc says why
@@ -257,22 +229,16 @@ def block_terms_kernel(
         j0 += MAX_CHUNK
     rows = tl.arange(0, ROWS)
     m = tl.max(tl.where(rows[:, None] == o_g[None, :], m_g[None, :], float("-inf")), 1)
-    slots = _run_slots(seq_row, lo, hi, L, BLOCK_N)
-    b_k, b_v = _fetch(slots, row_ok, p_i, lo, full_blk, kv_head, k, v, L, S, stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D,
-                      BLOCK_N, DOT_IN_FP32)
-    slots_next = _run_slots(seq_row, lo + 1, hi, L, BLOCK_N)
     if INTERPRETED:
         i_blk = lo
         while i_blk < hi:
-            m, slots, b_k, b_v, slots_next = _block_terms(
-                m, b_q, row_ok, p_i, i_blk, hi, full_blk, seq_row, slots, b_k, b_v, slots_next, kv_head, k, v, alphas, sums, pvs,
-                head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+            m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S,
+                             scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
             i_blk += 1
     else:
         for i_blk in tl.range(lo, hi, num_stages=STAGES):
-            m, slots, b_k, b_v, slots_next = _block_terms(
-                m, b_q, row_ok, p_i, i_blk, hi, full_blk, seq_row, slots, b_k, b_v, slots_next, kv_head, k, v, alphas, sums, pvs,
-                head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+            m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S,
+                             scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
 
 
 @jit
