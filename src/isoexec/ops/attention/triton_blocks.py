@@ -82,6 +82,9 @@ BLOCKS_MAX_FILL = 0.5
 #   blocks an iteration of its loop: 4 programs of 2 warps at 4 blocks an iteration took 24.0 / 71.8 us against
 #   26.8 / 88.5 for one program of 4 warps at one block, and was within 1 us of the best setting tried at batch 4 to 16.
 PROGRAM_WAVES = 4
+# The max kernel's programs an SM, apart (its programs deal their own runs: a block's maxima do not depend on which
+# program computed them): it takes ~71 registers a thread against the terms kernel's ~126, so more of its programs fit.
+MAX_PROGRAM_WAVES = 4
 BLOCK_STAGES = 1
 FOLD_STAGES = 8
 FOLD_SPLIT = 4
@@ -299,14 +302,14 @@ def applies(num_tokens: int, num_kv_heads: int, table_blocks: int, device: torch
     return num_tokens * num_kv_heads <= BLOCKS_MAX_FILL * _num_sms(device)
 
 
-def _programs_a_row(rows: int, blocks: int, device: torch.device) -> int:
-    """Programs a row's blocks are dealt to (program c takes the c-th run of cdiv(blocks, P)): about PROGRAM_WAVES programs an SM
+def _programs_a_row(rows: int, blocks: int, device: torch.device, waves: int) -> int:
+    """Programs a row's blocks are dealt to (program c takes the c-th run of cdiv(blocks, P)): about `waves` programs an SM
     over all the call's rows, at most one a block of the table, so that a table wider than the rows' keys (an
-    engine's, sized for its longest sequence) does not launch a program for every block of it. Off a GPU, 3, so
-    that the interpreter's tests deal several blocks to a program."""
+    engine's, sized for its longest sequence) does not launch a program for every block of it. Off a GPU, waves - 1
+    (3 by default), so that the interpreter's tests deal several blocks to a program."""
     if device.type != "cuda":
-        return min(blocks, 3)
-    return max(1, min(blocks, cdiv(PROGRAM_WAVES * _num_sms(device), rows)))
+        return min(blocks, max(1, waves - 1))
+    return max(1, min(blocks, cdiv(waves * _num_sms(device), rows)))
 
 
 @functools.cache
@@ -335,8 +338,9 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     pvs = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, head_dim), dtype=torch.float32)
     interpret = triton_support.interpreting()
     common = (q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), slot_table.stride(0))
-    grid = (num_tokens, num_kv_heads, _programs_a_row(num_tokens * num_kv_heads, cdiv(table, block_n), q.device))
-    block_max_kernel[grid](q, k_store, v_store, slot_table, seq_ids, positions, maxima, table, k_store.shape[0], float(scale),
+    runs = functools.partial(_programs_a_row, num_tokens * num_kv_heads, cdiv(table, block_n), q.device)
+    grid = (num_tokens, num_kv_heads, runs(PROGRAM_WAVES))
+    block_max_kernel[(num_tokens, num_kv_heads, runs(MAX_PROGRAM_WAVES))](q, k_store, v_store, slot_table, seq_ids, positions, maxima, table, k_store.shape[0], float(scale),
                            *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
                            INTERPRETED=interpret, STAGES=BLOCK_STAGES, num_warps=num_warps, num_stages=num_stages)
     block_terms_kernel[grid](q, k_store, v_store, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, table,
