@@ -72,9 +72,8 @@ def _env_blocks(name: str, default: int | None) -> int | None:
 BLOCKS_MIN: int | None = _env_blocks("ISOEXEC_ATTENTION_BLOCKS_MIN", 8)
 BLOCKS_MAX_FILL = 0.5
 # The constants below were chosen on an H100 (benchmarks/attention_spread.py; batch 1 at 2,048 / 8,192 keys):
-# - PROGRAM_WAVES, the blocks kernels' programs an SM (`_programs_a_row`; the terms kernel takes ~250 registers a
-#   thread, so two fit an SM and the rest wait their turn): 21.8 / 60.0 us at 4, 22.7 / 62.0 at 8, 22.8 / 69.4 at 16
-#   (batch 4 and 8 the same way);
+# - PROGRAM_WAVES, the terms kernel's programs an SM (`_programs_a_row`; both blocks kernels' before the max kernel took
+#   MAX_PROGRAM_WAVES): 21.8 / 60.0 us at 4, 22.7 / 62.0 at 8, 22.8 / 69.4 at 16 (batch 4 and 8 the same way);
 # - BLOCK_STAGES, a blocks kernel's loads in flight along its run of blocks: 1 (none ahead) beat 2 and 3 at every size
 #   (27.1 / 66.0 us at 2, 29.3 / 70.8 at 3);
 # - FOLD_STAGES, the fold's blocks' terms in flight: 8 (16 gained 1-3% more);
@@ -82,9 +81,11 @@ BLOCKS_MAX_FILL = 0.5
 #   blocks an iteration of its loop: 4 programs of 2 warps at 4 blocks an iteration took 24.0 / 71.8 us against
 #   26.8 / 88.5 for one program of 4 warps at one block, and was within 1 us of the best setting tried at batch 4 to 16.
 PROGRAM_WAVES = 4
-# The max kernel's programs an SM, apart (its programs deal their own runs: a block's maxima do not depend on which
-# program computed them): it takes ~71 registers a thread against the terms kernel's ~126, so more of its programs fit.
-MAX_PROGRAM_WAVES = 4
+# The max kernel's programs an SM, apart (it deals its own runs: a block's maxima do not depend on which program
+# computed them). It takes ~71 registers a thread against the terms kernel's ~126, so more of its programs fit, and with
+# shorter runs more of its K loads are in flight: on an H100 (graph replays, one call) 6 against 4 took batch 8 x 2,048
+# keys from 82.8 to 75.3 us, 4 x 2,048 47.7 -> 46.4, 1 x 8,192 56.3 -> 55.1, 1 x 512 and 2,048 the same; 8 and 12 less.
+MAX_PROGRAM_WAVES = 6
 BLOCK_STAGES = 1
 FOLD_STAGES = 8
 FOLD_SPLIT = 4
