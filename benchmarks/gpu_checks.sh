@@ -233,8 +233,8 @@ fi
 
 # attention-profile: Nsight Compute on the calls issue 22 still misses (a 512-token prefill, decode at 64 x 512 keys) and
 # on the 8,192-token prefill, each as the details page and the per-instruction stall samples (in ncu.tar); the spread
-# decode with its scores kept (`triton_blocks.KEEP_SCORES`) against the preset; then the GPU attention tests with room
-# to finish and bench.py attention (about 9 minutes on an H100).
+# decode's kernels at batch 1 x 8,192 and 8 x 2,048 (their speed-of-light, memory and occupancy sections); then the GPU
+# attention tests with room to finish and bench.py attention (about 9 minutes on an H100).
 if [ "$PART" = attention-profile ]; then
 profile() {  # name, then profile_attention.py's arguments
     local name=$1; shift
@@ -247,8 +247,11 @@ profile() {  # name, then profile_attention.py's arguments
 profile prefill_512 prefill 512
 profile prefill_8192 prefill 8192
 profile decode_64x512 decode 64x512
-(cd benchmarks && PYTHONPATH=../src timeout 120 python3 attention_tiles.py --variants "keep_scores=1" --prefill "" \
-    --decode 1x2048,1x8192,4x2048,8x2048 --out "$OUT/keep_scores.txt" 2>&1 | grep -v -i warn)
+for size in 1x8192 8x2048; do
+    timeout 90 ncu --kernel-name regex:"block_|fold_" --launch-skip 6 --launch-count 3 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section LaunchStats --section Occupancy python3 benchmarks/profile_attention.py decode $size > "$OUT/spread_$size.txt" 2>&1
+    tar -rf "$OUT/ncu.tar" -C "$OUT" "spread_$size.txt" && rm "$OUT/spread_$size.txt"
+done
 timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention 2>&1 | tail -4 | tee "$OUT/pytest_attention.txt"
 (cd benchmarks && PYTHONPATH=../src timeout 100 python3 bench.py attention --json "$OUT/bench_attention.json" 2>&1 \
     | grep -E "^attention (prefill|decode)" | tee "$OUT/bench_attention.txt")
