@@ -12,20 +12,24 @@ maximum is exact in any order. So three launches compute the same values:
 
 1. `block_max_kernel`, P programs per (query, KV head), each dealt a contiguous run of the row's key blocks: each
    block's scores and their row maxima;
-2. `block_terms_kernel`, the same grid: m before the program's run (the maximum of the earlier blocks' maxima), then
-   along the run as the walk carries it, and each block's alpha, sum_j p and p · v, by the same helpers on the same
-   64-row tile as the walk, so the same instructions (the tile decides an MMA's bits, not which rows fill it);
+2. `block_terms_kernel`, P' programs per (query, KV head) over runs of their own (fewer than P: its registers let
+   fewer share an SM, and a block's maxima do not depend on which run computed them): m before the program's run (the
+   maximum of the earlier blocks' maxima), then along the run as the walk carries it, and each block's alpha,
+   sum_j p and p · v, by the same helpers on the same 64-row tile as the walk, so the same instructions (the tile
+   decides an MMA's bits, not which rows fill it);
 3. `fold_kernel`, programs per (query, KV head) over slices of the columns: l and acc folded over the blocks in
    ascending order with the walk's multiply-adds, then the walk's division and zero select.
 
-Keeping each block's scores from the first kernel for the second (which then reads V alone) was tried and gave nothing on
-an H100 at batch 1-8 (`benchmarks/RESULTS.md`): both kernels wait on memory latency along short runs of blocks rather
-than on bandwidth.
+Both blocks kernels wait on memory latency along short runs of blocks rather than on bandwidth (Nsight Compute on an
+H100: a quarter to a third of DRAM bandwidth). Three changes that kept the bits gave nothing at batch 1-8
+(`benchmarks/RESULTS.md`, "Issue 22 on the H200"): the first kernel keeping each block's scores for the second (which
+then reads V alone; 156 registers instead of 126), a fold that reads four blocks' terms a load, and blocks kernels that
+ask for the next block's K and V before the current block's product (the terms kernel at 204 registers).
 
 `block_max_kernel` and `fold_kernel` launch with programmatic dependent launch (`triton_support.jit(dependent=True)`), as
 the walk and the rest of a decode step do; `block_terms_kernel` does not. A dependent kernel lets the kernel behind it
 launch once its own programs are past their wait, so the next kernel's programs take whatever SM room is free while its
-last wave still runs. Launched so behind the terms kernel (two programs an SM, several waves), the fold's few long,
+last wave still runs. Launched so behind the terms kernel (several waves of programs), the fold's few long,
 serial programs ran slower: on an H100 at batch 1 (graph replays, `benchmarks/attention_spread.py`), 46.3 / 155.2 us at 2,048
 / 8,192 keys with PDL on the terms kernel and the fold, 26.1 / 80.7 with it on every kernel but the terms one, 26.5 /
 80.8 with it on none. Without PDL the terms kernel lets the fold launch only as its programs end. Compiled for sm_90a,
