@@ -77,7 +77,7 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
 from ..triton_support import after_upstream, cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
-from . import flash_backward, gluon_tile, native, triton_blocks, triton_spans
+from . import flash_backward, gluon_tile, native, triton_blocks, triton_blocks_fused, triton_spans
 from .triton_steps import (_block, _close_span, _combine, _finish, _fold, _full_block, _full_block_pair, _gather_kv, _in_store,
                            _probs_times_v, _row_sum, _running_max, _scores, _slots_in_store, _update, _visible, _walk)
 from .reference import _check_inputs, check_split
@@ -268,11 +268,12 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
         return triton_spans.attention_decode(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o,
                                              block_m, block_n, num_warps, num_stages, span)
     # A decode call of few programs may spread each row's key blocks over the grid (`triton_blocks.py`: the same
-    # block steps and fold, in three launches).
+    # block steps and fold, in three launches, or in one: `triton_blocks_fused.py`).
     if not span and queries == 1 and window is None and lse is None and triton_blocks.applies(num_tokens, num_kv_heads, cdiv(slot_table.shape[1], block_n),
                                                                                    q.device):
-        return triton_blocks.attention_decode(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o,
-                                              block_m, block_n, num_warps, num_stages)
+        spread = triton_blocks_fused if triton_blocks.ONE_LAUNCH else triton_blocks
+        return spread.attention_decode(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o,
+                                       block_m, block_n, num_warps, num_stages)
     # On Hopper the tile may be the same tile written in Gluon (`gluon_tile.py`: the same operations in the same layouts),
     # where ISOEXEC_ATTENTION_GLUON=1.
     if not span and gluon_tile.applies(rows, num_warps, head_dim, window, q.dtype, q.device):

@@ -95,6 +95,9 @@ FOLD_STAGES = 8
 FOLD_SPLIT = 4
 FOLD_WARPS = 2
 FOLD_UNROLL = 4
+# True: the three launches as one (`triton_blocks_fused.py`: the same values; a program waits for the runs before it in
+# its row, and the row's last program folds it). Off until timed on a GPU.
+ONE_LAUNCH = False
 # The earlier blocks' maxima a terms program reads in one load before its run (a [chunk, G_PAD] tile): one load for
 # tables up to 16,384 keys at block_n 32.
 MAX_CHUNK = 512
@@ -139,16 +142,22 @@ def _block_scores(b_q, row_ok, p_i, i_blk, full, seq_row, kv_head, k, v, L, S, s
 
 
 @jit
-def _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N: tl.constexpr):
+def _row_blocks(p_i, L, BLOCK_N: tl.constexpr):
+    """The key blocks a decode row at position p_i walks (0 for a row that sees no key)."""
+    hi_key = tl.minimum(p_i, L - 1)
+    return tl.where(hi_key >= 0, hi_key // BLOCK_N + 1, 0)
+
+
+@jit
+def _program(i, c, P, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N: tl.constexpr):
     """Query i's position, its table row, the walk's first partial block (`full_blk`), and the row's blocks
-    [lo, hi) this program (c of P) takes: a contiguous run of cdiv(row blocks, P)."""
+    [lo, hi) program c of P takes: a contiguous run of cdiv(row blocks, P)."""
     p_i = tl.load(positions + i).to(tl.int32)
     seq_row = slot_table + tl.load(seq_ids + i).to(tl.int64) * stride_sb
-    hi_key = tl.minimum(p_i, L - 1)
-    hi_blk = tl.where(hi_key >= 0, hi_key // BLOCK_N + 1, 0)
-    per = tl.cdiv(hi_blk, tl.num_programs(2))
-    lo = tl.program_id(2) * per
-    return p_i, seq_row, (hi_key + 1) // BLOCK_N, lo, tl.minimum(lo + per, hi_blk)
+    hi_blk = _row_blocks(p_i, L, BLOCK_N)
+    per = tl.cdiv(hi_blk, P)
+    lo = c * per
+    return p_i, seq_row, (tl.minimum(p_i, L - 1) + 1) // BLOCK_N, lo, tl.minimum(lo + per, hi_blk)
 
 
 @jit
@@ -172,7 +181,8 @@ def block_max_kernel(
     maxima[i, head, j, :G_PAD]."""
     after_upstream(PDL)
     i, kv_head = tl.program_id(0), tl.program_id(1)
-    p_i, seq_row, full_blk, lo, hi = _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
+    p_i, seq_row, full_blk, lo, hi = _program(i, tl.program_id(2), tl.num_programs(2), seq_ids, positions, slot_table, L,
+                                               stride_sb, BLOCK_N)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
@@ -221,7 +231,8 @@ def block_terms_kernel(
     sum_j p and p · v as the walk computes them, the running maximum carried on as the walk carries it; a row that
     sees no key of a block gets the terms that leave its state as the walk's select does (alpha 1, sums 0)."""
     i, kv_head = tl.program_id(0), tl.program_id(1)
-    p_i, seq_row, full_blk, lo, hi = _program(i, kv_head, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
+    p_i, seq_row, full_blk, lo, hi = _program(i, tl.program_id(2), tl.num_programs(2), seq_ids, positions, slot_table, L,
+                                               stride_sb, BLOCK_N)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
     # The walk's m before block lo: the earlier blocks' maxima, MAX_CHUNK blocks a load of [MAX_CHUNK, G_PAD], then laid
@@ -270,12 +281,20 @@ def fold_kernel(
     asynchronously): otherwise each block would wait out a load's latency."""
     after_upstream(PDL)
     i, kv_head = tl.program_id(0), tl.program_id(1)
-    hi_key = tl.minimum(tl.load(positions + i).to(tl.int32), L - 1)
-    hi_blk = tl.where(hi_key >= 0, hi_key // BLOCK_N + 1, 0)
-    rows = tl.arange(0, G_PAD)
-    o_d = tl.program_id(2) * D_PART + tl.arange(0, D_PART)
-    keep = rows < G
+    hi_blk = _row_blocks(tl.load(positions + i).to(tl.int32), L, BLOCK_N)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
+    _fold_row(o, i, kv_head, hi_blk, head_base, alphas, sums, pvs, stride_ot, stride_oh, tl.program_id(2) * D_PART, G, G_PAD, D,
+              D_PART, INTERPRETED, STAGES, UNROLL)
+
+
+@jit
+def _fold_row(o, i, kv_head, hi_blk, head_base, alphas, sums, pvs, stride_ot, stride_oh, d0, G: tl.constexpr, G_PAD: tl.constexpr,
+              D: tl.constexpr, D_PART: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr):
+    """Query i's rows of KV head `kv_head`, columns [d0, d0 + D_PART): l and acc folded over its hi_blk blocks' stored
+    terms in ascending order, then the walk's zero select and division, stored."""
+    rows = tl.arange(0, G_PAD)
+    o_d = d0 + tl.arange(0, D_PART)
+    keep = rows < G
     l = tl.zeros([G_PAD], dtype=tl.float32)
     acc = tl.zeros([G_PAD, D_PART], dtype=tl.float32)
     # UNROLL blocks an iteration, their loads issued together. A block past the row's last reads alpha 1 and zero
@@ -344,11 +363,11 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     interpret = triton_support.interpreting()
     common = (q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), slot_table.stride(0))
     runs = functools.partial(_programs_a_row, num_tokens * num_kv_heads, cdiv(table, block_n), q.device)
-    grid = (num_tokens, num_kv_heads, runs(PROGRAM_WAVES))
-    block_max_kernel[(num_tokens, num_kv_heads, runs(MAX_PROGRAM_WAVES))](q, k_store, v_store, slot_table, seq_ids, positions, maxima, table, k_store.shape[0], float(scale),
-                           *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
-                           INTERPRETED=interpret, STAGES=BLOCK_STAGES, num_warps=num_warps, num_stages=num_stages)
-    block_terms_kernel[grid](q, k_store, v_store, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, table,
+    block_max_kernel[(num_tokens, num_kv_heads, runs(MAX_PROGRAM_WAVES))](
+        q, k_store, v_store, slot_table, seq_ids, positions, maxima, table, k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad,
+        D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb, INTERPRETED=interpret, STAGES=BLOCK_STAGES,
+        num_warps=num_warps, num_stages=num_stages)
+    block_terms_kernel[(num_tokens, num_kv_heads, runs(PROGRAM_WAVES))](q, k_store, v_store, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, table,
                              k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
                              MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, num_warps=num_warps,
