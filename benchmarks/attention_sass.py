@@ -8,7 +8,9 @@ first measure of a change before any device time; timings still decide.
 
 Forms, at Qwen3-8B's heads (4 query heads per KV head of 128, bf16), as `attention_fwd` launches them: the stacked
 prefill tile (128 rows, 8 warps, pairs of blocks) and the one-query decode tile (64 rows, 4 warps, pairs), each with
-whole blocks checked (`CHECKED`, the default) and masked.
+whole blocks checked and the blocks of the tile's own positions too (`CHECKED` and `DIAGONAL`), whole blocks checked
+(`CHECKED`, the default), and masked. Beside the hottest loop, every loop with wgmma instructions and its length: the
+pairs of whole blocks, single whole blocks, the blocks of the tile's positions.
 """
 import argparse
 import collections
@@ -42,10 +44,9 @@ def forms(block_n: int):
     """(name, constexprs, num_warps) of each form."""
     base = dict(G=4, G_PAD=4, D=128, HAS_WINDOW=False, DOT_IN_FP32=False, SUM_BY_DOT=False, BLOCK_N=block_n, WITH_LSE=False,
                 SPAN=0, PAIRED=True)
-    for checked in (True, False):
-        tag = "checked" if checked else "masked"
-        yield f"prefill, stacked, {tag}", base | dict(BLOCK_Q=32, ROWS=128, QUERIES=32, CHECKED=checked, PDL=True), 8
-        yield f"decode, one query, {tag}", base | dict(BLOCK_Q=16, ROWS=64, QUERIES=1, CHECKED=checked, PDL=True), 4
+    for checked, diagonal, tag in ((True, True, "checked, diagonal"), (True, False, "checked"), (False, False, "masked")):
+        yield f"prefill, stacked, {tag}", base | dict(BLOCK_Q=32, ROWS=128, QUERIES=32, CHECKED=checked, DIAGONAL=diagonal, PDL=True), 8
+        yield f"decode, one query, {tag}", base | dict(BLOCK_Q=16, ROWS=64, QUERIES=1, CHECKED=checked, DIAGONAL=diagonal, PDL=True), 4
 
 
 def sass(cubin: bytes) -> list[tuple[int, str]]:
@@ -56,9 +57,9 @@ def sass(cubin: bytes) -> list[tuple[int, str]]:
     return [(int(address, 16), instruction.strip()) for address, instruction in LINE.findall(text)]
 
 
-def hottest_loop(code: list[tuple[int, str]]) -> list[str]:
-    """The instructions of the innermost backward-branch loop (one that holds no other loop with wgmma) with the most
-    wgmma instructions: a pair of key blocks in the forms here."""
+def mma_loops(code: list[tuple[int, str]]) -> list[tuple[int, int, int]]:
+    """(first, last, wgmma count) of every innermost backward-branch loop (one that holds no other loop with wgmma)
+    with wgmma instructions, in code order."""
     at = {address: i for i, (address, _) in enumerate(code)}
     loops = []
     for i, (_, instruction) in enumerate(code):
@@ -68,7 +69,12 @@ def hottest_loop(code: list[tuple[int, str]]) -> list[str]:
             mma = sum("HGMMA" in text for _, text in code[start : i + 1])
             if mma:
                 loops.append((start, i, mma))
-    inner = [(a, b, n) for a, b, n in loops if not any(a <= c and d <= b and (c, d) != (a, b) for c, d, _ in loops)]
+    return sorted((a, b, n) for a, b, n in loops if not any(a <= c and d <= b and (c, d) != (a, b) for c, d, _ in loops))
+
+
+def hottest_loop(code: list[tuple[int, str]]) -> list[str]:
+    """The instructions of the innermost loop with the most wgmma instructions: a pair of key blocks in the forms here."""
+    inner = mma_loops(code)
     if not inner:
         return []
     a, b, _ = max(inner, key=lambda loop: (loop[2], loop[0] - loop[1]))
@@ -103,7 +109,8 @@ def main() -> None:
         counts = classify(loop)
         print(f"{name:<26} registers {registers}, spill stores {spills} B, shared {kernel.metadata.shared} B, SASS {len(code)}; "
               f"hottest loop {len(loop)} instructions ({sum('HGMMA' in t for t in loop)} wgmma): "
-              + ", ".join(f"{k} {v}" for k, v in counts.most_common()), flush=True)
+              + ", ".join(f"{k} {v}" for k, v in counts.most_common())
+              + "; loops with wgmma (instructions): " + ", ".join(str(b - a + 1) for a, b, _ in mma_loops(code)), flush=True)
         if args.sass:
             with open(args.sass, "a") as f:
                 f.write(f"# {name}\n" + "\n".join(f"/*{a:04x}*/ {t}" for a, t in code) + "\n")

@@ -11,8 +11,8 @@ a sequence) have the prefill rows' bits under that variant (the contract's prope
         [--prefill 512,2048,8192] [--decode 1x2048,8x2048,64x512,64x2048] [--heads 32,8,128] [--out FILE] [--device cpu]
 
 A variant is `name=value` items joined by commas: the op's constants (block_n, num_stages, num_warps, block_m),
-`pairs`, `check_slots`, `check_decode` and `one_launch` (0 or 1: `attention.triton.PAIRS`, `CHECK_SLOTS`,
-`CHECK_DECODE_SLOTS`, `triton_blocks.ONE_LAUNCH`), and
+`pairs`, `check_slots`, `check_decode`, `diagonal`, `decode_diagonal` and `one_launch` (0 or 1: `attention.triton.PAIRS`,
+`CHECK_SLOTS`, `CHECK_DECODE_SLOTS`, `CHECK_DIAGONAL`, `CHECK_DECODE_DIAGONAL`, `triton_blocks.ONE_LAUNCH`), and
 the spread decode's `waves`, `max_waves`, `fold_split`, `fold_warps`, `fold_unroll`, `fold_stages` and `max_chunk`
 (`triton_blocks.PROGRAM_WAVES`, `MAX_PROGRAM_WAVES`, `FOLD_SPLIT`, `FOLD_WARPS`, `FOLD_UNROLL`, `FOLD_STAGES`, `MAX_CHUNK`). Each row is printed (and appended to --out) as soon as it is measured.
 """
@@ -29,7 +29,8 @@ from timing import graphed_ms, kernel_ms
 
 KNOBS = {  # variant item -> (module, constant); a module constant keeps its type (bool or int)
     "pairs": (attention_triton, "PAIRS"), "check_slots": (attention_triton, "CHECK_SLOTS"),
-    "check_decode": (attention_triton, "CHECK_DECODE_SLOTS"), "waves": (triton_blocks, "PROGRAM_WAVES"),
+    "check_decode": (attention_triton, "CHECK_DECODE_SLOTS"), "diagonal": (attention_triton, "CHECK_DIAGONAL"),
+    "decode_diagonal": (attention_triton, "CHECK_DECODE_DIAGONAL"), "waves": (triton_blocks, "PROGRAM_WAVES"),
     "max_waves": (triton_blocks, "MAX_PROGRAM_WAVES"), "one_launch": (triton_blocks, "ONE_LAUNCH"),
     "fold_split": (triton_blocks, "FOLD_SPLIT"), "fold_warps": (triton_blocks, "FOLD_WARPS"),
     "fold_unroll": (triton_blocks, "FOLD_UNROLL"), "fold_stages": (triton_blocks, "FOLD_STAGES"),

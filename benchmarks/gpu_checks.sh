@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine|attention-profile|attention-one-launch]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine|attention-profile|attention-knobs]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -257,13 +257,19 @@ timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention 
     | grep -E "^attention (prefill|decode)" | tee "$OUT/bench_attention.txt")
 fi
 
-# attention-one-launch: the spread decode in one launch (`triton_blocks.ONE_LAUNCH`) against its three launches and flash
-# (graph replays, the preset's bits per row), at 3, 4 and 6 programs an SM; each kernel's time; the spread GPU tests with
-# it on (about 4 minutes on an H100).
-if [ "$PART" = attention-one-launch ]; then
-(cd benchmarks && PYTHONPATH=../src timeout 200 python3 attention_tiles.py --variants "one_launch=1;one_launch=1,waves=3;one_launch=1,waves=6" \
+# attention-knobs: the two attention changes built and not yet timed, against the preset and flash in one call (graph
+# replays for decode, kernel time for prefill; each variant's bits against the preset's per row): the spread decode in
+# one launch (`triton_blocks.ONE_LAUNCH`, at 3, 4 and 6 programs an SM) at batch 1-8, and the blocks of a tile's own
+# positions walked checked (`attention.triton.CHECK_DIAGONAL`, `CHECK_DECODE_DIAGONAL`) in prefill and decode at batch
+# 16-64; then the GPU tests of both (about 6 minutes on an H100).
+if [ "$PART" = attention-knobs ]; then
+(cd benchmarks && PYTHONPATH=../src timeout 150 python3 attention_tiles.py --variants "one_launch=1;one_launch=1,waves=3;one_launch=1,waves=6" \
     --prefill "" --decode 1x512,1x2048,1x8192,4x2048,8x2048 --out "$OUT/one_launch.txt" 2>&1 | grep -v -i warn)
-timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/test_triton.py -k grid 2>&1 | tail -3 | tee "$OUT/pytest_grid.txt"
+(cd benchmarks && PYTHONPATH=../src timeout 200 python3 attention_tiles.py --variants "diagonal=1;decode_diagonal=1;diagonal=1,decode_diagonal=1" \
+    --prefill 512,2048,8192 --decode 16x2048,64x512,64x2048,64x8192 --out "$OUT/diagonal.txt" 2>&1 | grep -v -i warn)
+(cd benchmarks && PYTHONPATH=../src timeout 100 python3 bench.py attention --json "$OUT/bench_attention.json" 2>&1 \
+    | grep -E "^attention (prefill|decode)" | tee "$OUT/bench_attention.txt")
+timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/test_triton.py -k "grid or walked_checked" 2>&1 | tail -3 | tee "$OUT/pytest_knobs.txt"
 fi
 
 # Attention over spans (split_kv_size > 0; no preset takes it). attention-spans: the spans' decode and prefill against

@@ -244,6 +244,39 @@ def test_slots_outside_the_store_below_every_row_are_skipped_with_the_decode_row
     assert (int_view(reblocked) != int_view(want)).sum() > 100
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_blocks_of_a_tiles_positions_walked_checked_keep_the_masked_walks_bits(dtype, monkeypatch):
+    """`CHECK_DIAGONAL` / `CHECK_DECODE_DIAGONAL`: a tile that found the slots of every key it sees in the store walks the
+    blocks of its own positions by `_diagonal_block` (masks from positions alone) instead of `_block`. Every row keeps
+    its bits: the trainer's packed batch, prefill in chunks of 5 over shuffled pages of 4 (chunks that start and end
+    inside the blocks), decode steps, tiles of 16 and 64 rows, a table narrower than the positions, and a table with
+    slots outside the store (the masked walk). The control, the same path over key blocks of 32 against 16 (fp32),
+    differs."""
+    constants = CONSTANTS if dtype == torch.float32 else BF16
+    q, k, v, slot_table, seq_ids, positions = packed([37, 1, 20, 9], dtype=dtype)
+    holed = slot_table.clone()
+    holed[0, 20] = -1
+    narrow = slot_table[:, :30].contiguous()  # rows of the 37-token sequence past 29 see keys 0..29
+
+    def rows(op_constants):
+        out = [attention(q, k, v, table, seq_ids, positions, 0.25, constants={**op_constants, **tile})
+               for table in (slot_table, holed, narrow) for tile in ({}, {"block_m": 16})]
+        out += [torch.cat([attention(q[t : t + 1], k, v, slot_table, seq_ids[t : t + 1], positions[t : t + 1], 0.25,
+                                     constants=op_constants) for t in (36, 31, 16, 0, 50, 66)])]
+        op = functools.partial(attention, constants=op_constants)
+        out += [r for triple in _chunked_prefill(op, 4, 5, dtype) for r in triple]
+        return out
+
+    want = rows(constants)
+    monkeypatch.setattr(attention_triton, "CHECK_DIAGONAL", True)
+    monkeypatch.setattr(attention_triton, "CHECK_DECODE_DIAGONAL", True)
+    got = rows(constants)
+    assert all(bitwise_equal(a, b) for a, b in zip(got, want))
+    if dtype == torch.float32:
+        reblocked = attention(q, k, v, slot_table, seq_ids, positions, 0.25, constants={**constants, "block_n": 32})
+        assert (int_view(reblocked) != int_view(got[0])).sum() > 100
+
+
 def test_interleaved_and_non_consecutive_queries_form_their_own_tiles():
     """Queries of one sequence split by another's, or at positions that skip, start new tiles."""
     q, k, v, slot_table, _, _ = packed([30, 12])

@@ -78,8 +78,9 @@ from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
 from ..triton_support import after_upstream, cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
 from . import flash_backward, gluon_tile, native, triton_blocks, triton_blocks_fused, triton_spans
-from .triton_steps import (_block, _close_span, _combine, _finish, _fold, _full_block, _full_block_pair, _gather_kv, _in_store,
-                           _probs_times_v, _row_sum, _running_max, _scores, _slots_in_store, _update, _visible, _walk)
+from .triton_steps import (_block, _close_span, _combine, _diagonal_block, _finish, _fold, _full_block, _full_block_pair, _gather_kv,
+                           _in_store, _masked_block, _probs_times_v, _row_sum, _running_max, _scores, _slots_in_store, _update,
+                           _visible, _walk)
 from .reference import _check_inputs, check_split
 
 ID = "attention.triton"
@@ -102,6 +103,15 @@ PAIRS = True
 # (`triton_blocks.py`) keeps its masks. False masks those tiles (for measuring).
 CHECK_SLOTS = True
 CHECK_DECODE_SLOTS = True
+# With the check reaching the tile's last visible key, the blocks of the tile's own positions walk without slot compares
+# or reductions over the block (`triton_steps._diagonal_block`; the same values). Compiled for sm_90a at Qwen3-8B's heads
+# (benchmarks/attention_sass.py) that step is ~510 SASS instructions a warp against `_block`'s ~945 and its set-up ~165
+# against ~505 in the stacked prefill tile, where the 512-token prefill spent a third of its stall samples, and its pairs
+# of whole blocks 606 against 616; in the decode tile ~530 and ~240 against ~1,030 and ~650, but its pairs 695 against
+# 654 (a loss from a few hundred keys on). For tiles of many queries (CHECK_DIAGONAL) and decode programs
+# (CHECK_DECODE_DIAGONAL); both off until timed on a GPU.
+CHECK_DIAGONAL = False
+CHECK_DECODE_DIAGONAL = False
 # A tile over spans holds a second accumulator (the spans' total) through its walk. Compiled for sm_90a at Qwen3-8B's
 # heads (benchmarks/sm90.py), a stacked tile then spills 484 bytes a thread with pairs of blocks and 124 without (40
 # and 0 without spans); a one-query tile 476 and 108 (108 and 108). `triton_spans.span_kernel` walks one span and
@@ -116,7 +126,7 @@ def _tile(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_sb, stride_lh,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     SUM_BY_DOT: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, PAIRED: tl.constexpr,
-    WITH_LSE: tl.constexpr, SPAN: tl.constexpr, CHECKED: tl.constexpr,
+    WITH_LSE: tl.constexpr, SPAN: tl.constexpr, CHECKED: tl.constexpr, DIAGONAL: tl.constexpr,
 ):
     """The tile that starts at query i: its queries' rows, every key block they see, their outputs."""
     seq = tl.load(seq_ids + i)
@@ -149,18 +159,23 @@ def _tile(
     lo_blk = lo // BLOCK_N
     hi_blk = tl.where(hi >= 0, hi // BLOCK_N + 1, lo_blk)
     full_blk = lo_blk
+    diag_hi = -1
     seq_row = slot_table + seq.to(tl.int64) * stride_sb
     if not HAS_WINDOW:
         full_blk = (tl.minimum(tl.load(positions + i), L - 1).to(tl.int32) + 1) // BLOCK_N
-        # CHECKED: whole blocks walk without per-key masks once their slots are all found in the store (2,048 slots a
-        # step of the check); a tile whose table has a slot outside it there (never in the engine or trainer) walks every
-        # block masked, the same bits.
+        # CHECKED: once the slots of its whole blocks are found in the store (2,048 slots a step of the check), they walk
+        # without per-key masks; DIAGONAL: the check reaches the tile's last visible key, and the blocks of the tile's
+        # own positions walk without slot compares (`_diagonal_block`). A tile whose table has a slot outside it there
+        # (never in the engine or trainer) walks every block masked, the same bits.
         if CHECKED:
-            if not _slots_in_store(seq_row, lo_blk * BLOCK_N, full_blk * BLOCK_N, S, 2048):
+            if not _slots_in_store(seq_row, lo_blk * BLOCK_N, hi + 1 if DIAGONAL else full_blk * BLOCK_N, S, 2048):
                 full_blk = lo_blk
+            elif DIAGONAL:
+                diag_hi = hi
 
-    m, l, acc = _walk(b_q, pos, row_ok, lo_blk, full_blk, hi_blk, seq_row, kv_head, k, v, L, S, scale, window, stride_ks,
-                      stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, ROWS, DOT_IN_FP32, SUM_BY_DOT, PAIRED, SPAN, CHECKED)
+    m, l, acc = _walk(b_q, pos, row_ok, lo_blk, full_blk, hi_blk, diag_hi, seq_row, kv_head, k, v, L, S, scale, window, stride_ks,
+                      stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, ROWS, DOT_IN_FP32, SUM_BY_DOT, PAIRED, SPAN, CHECKED,
+                      DIAGONAL)
 
     has_keys, out = _finish(l, acc)
     p_o = o + tok[:, None] * stride_ot + head[:, None] * stride_oh + o_d[None, :]
@@ -189,6 +204,7 @@ def attention_fwd_kernel(
     WITH_LSE: tl.constexpr,
     SPAN: tl.constexpr,
     CHECKED: tl.constexpr,
+    DIAGONAL: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     after_upstream(PDL)
@@ -210,7 +226,7 @@ def attention_fwd_kernel(
     while start < QUERIES:
         _tile(r * QUERIES + start, q, k, v, o, lse, slot_table, seq_ids, positions, kv_head, T, L, S, scale, window,
               stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_sb, stride_lh,
-              G, G_PAD, D, HAS_WINDOW, DOT_IN_FP32, SUM_BY_DOT, BLOCK_Q, BLOCK_N, ROWS, PAIRED, WITH_LSE, SPAN, CHECKED)
+              G, G_PAD, D, HAS_WINDOW, DOT_IN_FP32, SUM_BY_DOT, BLOCK_Q, BLOCK_N, ROWS, PAIRED, WITH_LSE, SPAN, CHECKED, DIAGONAL)
         start = tl.min(tl.where(starts & (c > start), c, QUERIES), 0)
 
 
@@ -279,6 +295,7 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
     if not span and gluon_tile.applies(rows, num_warps, head_dim, window, q.dtype, q.device):
         return gluon_tile.attention_fwd(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o, lse,
                                         group, g_pad, tile_positions, queries, block_n, num_warps)
+    checked = CHECK_SLOTS and (queries > 1 or CHECK_DECODE_SLOTS)
     attention_fwd_kernel[(cdiv(num_tokens, queries), num_kv_heads)](
         q, k_store, v_store, o, o if lse is None else lse, slot_table, seq_ids.contiguous(), positions.contiguous(),
         num_tokens, slot_table.shape[1], k_store.shape[0], float(scale), 0 if window is None else int(window),
@@ -287,7 +304,7 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
         G=group, G_PAD=g_pad, D=head_dim, HAS_WINDOW=window is not None,
         DOT_IN_FP32=triton_support.interpreting(), SUM_BY_DOT=q.dtype == torch.float32 and not triton_support.interpreting(),
         BLOCK_Q=tile_positions, BLOCK_N=block_n, ROWS=rows, QUERIES=queries, PAIRED=paired,
-        WITH_LSE=lse is not None, SPAN=span, CHECKED=CHECK_SLOTS and (queries > 1 or CHECK_DECODE_SLOTS), num_warps=num_warps, num_stages=num_stages,
+        WITH_LSE=lse is not None, SPAN=span, CHECKED=checked, DIAGONAL=checked and (CHECK_DIAGONAL if queries > 1 else CHECK_DECODE_DIAGONAL), num_warps=num_warps, num_stages=num_stages,
     )
     return o
 
@@ -388,7 +405,7 @@ def register(registry) -> None:
     """Register attention.triton@1; without Triton installed, nothing is registered."""
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="attention", cases=ALL_CASES, fn=attention, check_constants=check_constants, check_geometry=check_geometry,
-                               sources=(attention_fwd_kernel, _tile, _walk, _close_span, _combine, _full_block, _full_block_pair, _in_store, _slots_in_store, _block,
+                               sources=(attention_fwd_kernel, _tile, _walk, _close_span, _combine, _full_block, _full_block_pair, _in_store, _slots_in_store, _block, _masked_block, _diagonal_block,
                                         _update, _scores, _running_max, _probs_times_v, _fold, _gather_kv, _row_sum, _visible, _finish,
                                         triton_support, triton_blocks.block_max_kernel, triton_blocks.block_terms_kernel,
                                         triton_blocks.fold_kernel, triton_spans.span_kernel, triton_spans.combine_kernel, gluon_tile)))

@@ -57,7 +57,7 @@ def span_kernel(
         pos = tl.where(row_ok, p_i, -1)
         hi = tl.minimum(lo + SPAN, hi_blk)
         full = tl.minimum(tl.maximum((hi_key + 1) // BLOCK_N, lo), hi)
-        m, l, acc = _walk(b_q, pos, row_ok, lo, full, hi, seq_row, kv_head, k, v, L, S, scale, 0,
+        m, l, acc = _walk(b_q, pos, row_ok, lo, full, hi, -1, seq_row, kv_head, k, v, L, S, scale, 0,
                           stride_ks, stride_kh, stride_vs, stride_vh, False, D, BLOCK_N, ROWS, DOT_IN_FP32, SUM_BY_DOT, PAIRED, 0, False)
         rows = tl.arange(0, ROWS)
         keep = rows < G

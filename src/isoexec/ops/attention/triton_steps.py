@@ -141,6 +141,30 @@ def _block(
 
 
 @jit
+def _diagonal_block(
+    m, l, acc, b_q, pos_c, hi, i_blk, seq_row, kv_head, k, v, scale,
+    stride_ks, stride_kh, stride_vs, stride_vh,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
+):
+    """`_block` over a block that reaches the tile's positions (no window), where the caller has found the slot of
+    every key up to the tile's last visible one (hi) in the store: there a row sees a key iff the key lies at or before
+    the row's position clipped to the table (pos_c; -1 for a padding row), some row sees it iff it lies at or before
+    hi (the tile's rows sit at consecutive positions), and a row sees a key of the block iff the block starts at or
+    before pos_c. Those are `_visible`'s masks, computed without the slot compares and without the two reductions
+    over the block; the same values follow."""
+    keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)
+    key_ok = keys <= hi
+    slots = tl.load(seq_row + keys, mask=key_ok, other=-1).to(tl.int64)
+    b_k, b_v = _gather_kv(slots, key_ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
+    m_new, l_new, acc_new = _update(m, l, acc, b_q, b_k, b_v, keys[None, :] <= pos_c[:, None], scale, DOT_IN_FP32, SUM_BY_DOT)
+    row_active = i_blk * BLOCK_N <= pos_c
+    m = tl.where(row_active, m_new, m)
+    l = tl.where(row_active, l_new, l)
+    acc = tl.where(row_active[:, None], acc_new, acc)
+    return m, l, acc
+
+
+@jit
 def _in_store(slots, S, CHECKED: tl.constexpr):
     """Which of a block's keys have their slot in the store [0, S): the constant true where CHECKED (the caller has
     found them all there)."""
@@ -227,17 +251,41 @@ def _close_span(m, l, acc, m_t, l_t, acc_t, i_next, SPAN: tl.constexpr, INTERPRE
 
 
 @jit
+def _masked_block(
+    m, l, acc, b_q, pos, pos_c, row_ok, diag_hi, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
+    stride_ks, stride_kh, stride_vs, stride_vh,
+    HAS_WINDOW: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
+    DIAGONAL: tl.constexpr,
+):
+    """A block that is not whole for every row: `_diagonal_block` where DIAGONAL and the caller checked its slots
+    (diag_hi >= 0), `_block` otherwise; the same values either way."""
+    if DIAGONAL:
+        if diag_hi >= 0:
+            m, l, acc = _diagonal_block(m, l, acc, b_q, pos_c, diag_hi, i_blk, seq_row, kv_head, k, v, scale,
+                                        stride_ks, stride_kh, stride_vs, stride_vh, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+        else:
+            m, l, acc = _block(m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
+                               stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+    else:
+        m, l, acc = _block(m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
+                           stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+    return m, l, acc
+
+
+@jit
 def _walk(
-    b_q, pos, row_ok, lo_blk, full_blk, hi_blk, seq_row, kv_head, k, v, L, S, scale, window,
+    b_q, pos, row_ok, lo_blk, full_blk, hi_blk, diag_hi, seq_row, kv_head, k, v, L, S, scale, window,
     stride_ks, stride_kh, stride_vs, stride_vh,
     HAS_WINDOW: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-    SUM_BY_DOT: tl.constexpr, PAIRED: tl.constexpr, SPAN: tl.constexpr, CHECKED: tl.constexpr,
+    SUM_BY_DOT: tl.constexpr, PAIRED: tl.constexpr, SPAN: tl.constexpr, CHECKED: tl.constexpr, DIAGONAL: tl.constexpr = False,
 ):
     """Every row's state (m, l, acc) after key blocks [lo_blk, hi_blk) in ascending order: [lo_blk, full_blk) whole
     (`_full_block`, two at a time where PAIRED), the rest masked per row (`_block`). SPAN > 0: the walk restarts
     after every SPAN absolute blocks and the returned state is the spans' combined in ascending order (`_combine`);
     a pair never straddles a span's end (PAIRED needs an even SPAN and, as every caller has, an even lo_blk). CHECKED:
-    the caller found every slot of [lo_blk, full_blk) in the store. A row
+    the caller found every slot of [lo_blk, full_blk) in the store. DIAGONAL and diag_hi >= 0: the caller found every
+    slot up to key diag_hi, the tile's last visible key, in the store (no window), so [full_blk, hi_blk) take
+    `_diagonal_block`. A row
     within its first span ends with that span's state combined into the empty total: exp(-inf) = 0 and exp(0) = 1
     give l and acc back as they are, but for a -0.0 in acc turned +0.0, which `_finish` does to every zero; so its
     output (and log-sum-exp) is the one-pass walk's."""
@@ -245,6 +293,7 @@ def _walk(
     l = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, D], dtype=tl.float32)
     m_t, l_t, acc_t = m, l, acc
+    pos_c = tl.minimum(pos, L - 1)  # where DIAGONAL
     if DOT_IN_FP32:  # the interpreter cannot take a loaded scalar as a `range` bound
         i_blk = lo_blk
         while PAIRED and i_blk + 1 < full_blk:
@@ -260,8 +309,9 @@ def _walk(
             if SPAN > 0:
                 m, l, acc, m_t, l_t, acc_t = _close_span(m, l, acc, m_t, l_t, acc_t, i_blk, SPAN, DOT_IN_FP32)
         while i_blk < hi_blk:
-            m, l, acc = _block(m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
-                               stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+            m, l, acc = _masked_block(m, l, acc, b_q, pos, pos_c, row_ok, diag_hi, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
+                                      stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT,
+                                      DIAGONAL)
             i_blk += 1
             if SPAN > 0:
                 m, l, acc, m_t, l_t, acc_t = _close_span(m, l, acc, m_t, l_t, acc_t, i_blk, SPAN, DOT_IN_FP32)
@@ -280,8 +330,9 @@ def _walk(
             if SPAN > 0:
                 m, l, acc, m_t, l_t, acc_t = _close_span(m, l, acc, m_t, l_t, acc_t, i_blk + 1, SPAN, DOT_IN_FP32)
         for i_blk in range(full_blk, hi_blk):
-            m, l, acc = _block(m, l, acc, b_q, pos, row_ok, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
-                               stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+            m, l, acc = _masked_block(m, l, acc, b_q, pos, pos_c, row_ok, diag_hi, i_blk, seq_row, kv_head, k, v, L, S, scale, window,
+                                      stride_ks, stride_kh, stride_vs, stride_vh, HAS_WINDOW, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT,
+                                      DIAGONAL)
             if SPAN > 0:
                 m, l, acc, m_t, l_t, acc_t = _close_span(m, l, acc, m_t, l_t, acc_t, i_blk + 1, SPAN, DOT_IN_FP32)
     if SPAN > 0:
