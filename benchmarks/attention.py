@@ -134,7 +134,8 @@ def bench_attention(sizes, device: torch.device) -> list[dict]:
     for length in sizes.prefill_lengths:
         rows.append(prefill(impls, length, sizes.attention_heads, device, dtype, generator))
         _print(rows[-1], "tflops")
-    for context in sizes.decode_contexts:
-        rows.append(decode(impls, sizes.decode_batch, context, sizes.attention_heads, device, dtype, generator))
-        _print(rows[-1], "tbps")
+    for batch in sizes.decode_batches:
+        for context in sizes.decode_contexts:
+            rows.append(decode(impls, batch, context, sizes.attention_heads, device, dtype, generator))
+            _print(rows[-1], "tbps")
     return rows

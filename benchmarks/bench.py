@@ -10,7 +10,7 @@ gemm:      invariant GEMM impls (linear.triton, launched persistently with TMA l
            timed as a CUDA-graph replay (device time, as decode graphs run) and eagerly (host launch cost
            included, as the trainer runs);
 attention: the Triton attention and attention.native vs SDPA (flash), Qwen3-8B heads, prefill of one
-           sequence and decode of 64 sequences (attention.py);
+           sequence and decode of 1, 8 and 64 sequences (attention.py);
 engine:    tokens/s of the IsoExec engine under each contract of --contracts, batch 1 and 64 (engine.py);
 hf:        the engine vs Hugging Face `generate` on the same model, weights and prompts (engine.py);
 roofline:  the engine's decode step time vs weights + KV bytes / measured copy bandwidth (engine.py);
@@ -93,7 +93,9 @@ class Sizes:
     attention_heads: tuple[int, int, int]
     """(query heads, KV heads, head dim)."""
     prefill_lengths: tuple[int, ...]
-    decode_batch: int
+    decode_batches: tuple[int, ...]
+    """Sequences of the attention section's decode calls: batch 1-8 takes the spread decode (`triton_blocks.py`), 64 the
+    walk."""
     decode_contexts: tuple[int, ...]
     attention_reference: bool
     """Also time attention.reference (only at tiny sizes: it is a loop of small torch ops)."""
@@ -116,11 +118,11 @@ class Sizes:
 TRAINER_MICRO_BATCH_TOKENS = {"qwen3-8b-random": 4096}
 
 FULL = Sizes(models=("qwen3-0.6b-random", "qwen3-8b-random"), gemm_shapes=QWEN3_8B, m_values=(1, 16, 64, 256, 1024, 4096), attention_heads=(32, 8, 128),
-             prefill_lengths=(512, 2048, 8192), decode_batch=64, decode_contexts=(512, 2048, 8192), attention_reference=False,
+             prefill_lengths=(512, 2048, 8192), decode_batches=(1, 8, 64), decode_contexts=(512, 2048, 8192), attention_reference=False,
              batches=(1, 64), prompt_len=128, new_tokens=128, trainer_shapes=((8, 512), (32, 512), (8, 2048)), copy_bytes=2 << 30,
              rl_models=("qwen3-0.6b-random",), rl_shape=(8, 8, 256, 3))
 SMALL = Sizes(models=("tiny-dense",), gemm_shapes={"qkv_proj": (128, 64), "o_proj": (64, 64), "gate_up_proj": (256, 64), "down_proj": (64, 128)},
-              m_values=(1, 16, 64), attention_heads=(4, 2, 32), prefill_lengths=(32, 64), decode_batch=4, decode_contexts=(32, 64),
+              m_values=(1, 16, 64), attention_heads=(4, 2, 32), prefill_lengths=(32, 64), decode_batches=(1, 4), decode_contexts=(32, 64),
               attention_reference=True, batches=(1, 4), prompt_len=16, new_tokens=8, trainer_shapes=((4, 32),), copy_bytes=64 << 20,
               rl_models=("tiny-dense",), rl_shape=(2, 2, 4, 1))
 

@@ -33,8 +33,8 @@ def test_small_cpu_run_writes_every_section(tmp_path):
     assert set(results["section_seconds"]) == set(sections) and "gemm" not in results
     assert "attention.triton: skipped" in done.stdout
 
-    forms = [(row["form"], row["keys"]) for row in results["attention"]]
-    assert forms == [("prefill", 32), ("prefill", 64), ("decode", 32), ("decode", 64)]
+    forms = [(row["form"], row["batch"], row["keys"]) for row in results["attention"]]
+    assert forms == [("prefill", 1, 32), ("prefill", 1, 64), ("decode", 1, 32), ("decode", 1, 64), ("decode", 4, 32), ("decode", 4, 64)]
     for row in results["attention"]:
         unit = "tflops" if row["form"] == "prefill" else "tbps"
         for impl in ("sdpa", "native", "reference"):
