@@ -6,7 +6,7 @@ does, and waits where those launches waited:
 1. its run's scores and their row maxima, kept in registers as the run's maximum, which it publishes (a store, then a
    flag set with release semantics);
 2. the walk's m before its run: the maximum of the runs before it in the row, each read once its flag is set
-   (acquire); then its blocks' alpha, sum_j p and p · v along the run, stored, by `triton_blocks._block_terms`;
+   (acquire); then its blocks' alpha, sum_j p and p · v along the run, stored, by `triton_blocks._run_terms`;
 3. it counts itself done for the row; the row's last program to finish folds the row's blocks in ascending order and
    divides (`triton_blocks._fold_row`, every column in the one program).
 
@@ -16,7 +16,7 @@ to a program that started earlier and waits on no later one. The counter, the fl
 for each call (one `torch.zeros`).
 
 Nothing here changes an operand or an order: step 1 computes each block's scores by the walk's helpers (a maximum is
-exact in any order), step 2 is the terms kernel's step, step 3 the fold kernel's loop.
+exact in any order), step 2 is the terms kernel's run (`_run_terms`), step 3 the fold kernel's loop.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from torch import Tensor
 from .. import triton_support
 from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, tl
 from . import triton_blocks
-from .triton_blocks import _block_scores, _block_terms, _decode_rows, _fold_row, _program, _row_blocks
+from .triton_blocks import _block_scores, _decode_rows, _fold_row, _program, _row_blocks, _run_terms
 
 
 @jit
@@ -77,17 +77,8 @@ def spread_decode_kernel(
         tl.debug_barrier()
         m_g = tl.maximum(m_g, tl.load(run_max + (t - c + before) * G_PAD + o_g))
         before += 1
-    m = tl.max(tl.where(rows[:, None] == o_g[None, :], m_g[None, :], float("-inf")), 1)
-    if INTERPRETED:
-        i_blk = lo
-        while i_blk < hi:
-            m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S,
-                             scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
-            i_blk += 1
-    else:
-        for i_blk in tl.range(lo, hi, num_stages=STAGES):
-            m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S,
-                             scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+    _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
+               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES)
     # 3. The row's last program to finish folds it.
     tl.debug_barrier()  # every thread's terms before the count
     if tl.atomic_add(done, 1, sem="acq_rel") == P - 1:
