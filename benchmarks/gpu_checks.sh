@@ -257,15 +257,11 @@ timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention 
     | grep -E "^attention (prefill|decode)" | tee "$OUT/bench_attention.txt")
 fi
 
-# attention-knobs: the two attention changes built and not yet timed, against the preset and flash in one call (graph
-# replays for decode, kernel time for prefill; each variant's bits against the preset's per row): the spread decode in
-# one launch (`triton_blocks.ONE_LAUNCH`, at 3, 4 and 6 programs an SM) at batch 1-8, and the blocks of a tile's own
-# positions walked checked (`attention.triton.CHECK_DIAGONAL`, `CHECK_DECODE_DIAGONAL`) in prefill and decode at batch
-# 16-64; then the GPU tests of both (about 6 minutes on an H100).
+# attention-knobs: the blocks of a tile's own positions walked checked (`attention.triton.CHECK_DIAGONAL`,
+# `CHECK_DECODE_DIAGONAL`, both on) against them off, in prefill and decode at batch 16-64 (each variant's bits against
+# the preset's per row), bench.py attention, then the GPU tests of the knob and the spread decode (about 5 minutes on an H100).
 if [ "$PART" = attention-knobs ]; then
-(cd benchmarks && PYTHONPATH=../src timeout 150 python3 attention_tiles.py --variants "one_launch=1;one_launch=1,waves=3;one_launch=1,waves=6" \
-    --prefill "" --decode 1x512,1x2048,1x8192,4x2048,8x2048 --out "$OUT/one_launch.txt" 2>&1 | grep -v -i warn)
-(cd benchmarks && PYTHONPATH=../src timeout 200 python3 attention_tiles.py --variants "diagonal=1;decode_diagonal=1;diagonal=1,decode_diagonal=1" \
+(cd benchmarks && PYTHONPATH=../src timeout 200 python3 attention_tiles.py --variants "diagonal=0,decode_diagonal=0;diagonal=0;decode_diagonal=0" \
     --prefill 512,2048,8192 --decode 16x2048,64x512,64x2048,64x8192 --out "$OUT/diagonal.txt" 2>&1 | grep -v -i warn)
 (cd benchmarks && PYTHONPATH=../src timeout 100 python3 bench.py attention --json "$OUT/bench_attention.json" 2>&1 \
     | grep -E "^attention (prefill|decode)" | tee "$OUT/bench_attention.txt")

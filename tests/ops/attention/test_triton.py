@@ -267,6 +267,8 @@ def test_the_blocks_of_a_tiles_positions_walked_checked_keep_the_masked_walks_bi
         out += [r for triple in _chunked_prefill(op, 4, 5, dtype) for r in triple]
         return out
 
+    monkeypatch.setattr(attention_triton, "CHECK_DIAGONAL", False)
+    monkeypatch.setattr(attention_triton, "CHECK_DECODE_DIAGONAL", False)
     want = rows(constants)
     monkeypatch.setattr(attention_triton, "CHECK_DIAGONAL", True)
     monkeypatch.setattr(attention_triton, "CHECK_DECODE_DIAGONAL", True)
@@ -360,19 +362,17 @@ def test_decode_rows_equal_training_rows_at_model_head_sizes(heads):
     assert (int_view(got) != int_view(want)).sum() > 100
 
 
-@pytest.mark.parametrize("heads, one_launch", [(4, False), (8, False), (8, True)])
-def test_decode_rows_with_their_key_blocks_over_the_grid_equal_training_rows(heads, one_launch, monkeypatch):
-    """`triton_blocks.py`: decode rows whose key blocks' maxima, terms and fold run as three launches (or as one,
-    `triton_blocks_fused.py`), at the preset's constants (bf16 and fp32 boundaries), bit for bit the training rows of
+@pytest.mark.parametrize("heads", [4, 8])
+def test_decode_rows_with_their_key_blocks_over_the_grid_equal_training_rows(heads, monkeypatch):
+    """`triton_blocks.py`: decode rows whose key blocks' maxima, terms and fold run as three launches, at the preset's constants (bf16 and fp32 boundaries), bit for bit the training rows of
     the walk; and the path is the one taken. The control, the same path with a smaller key block for decode batches,
     re-blocks the online softmax and must fail the comparison (as in the test above)."""
-    from isoexec.ops.attention import triton_blocks, triton_blocks_fused
+    from isoexec.ops.attention import triton_blocks
 
-    monkeypatch.setattr(triton_blocks, "ONE_LAUNCH", one_launch)
     monkeypatch.setattr(triton_blocks, "BLOCKS_MIN", 1)
     monkeypatch.setattr(triton_blocks, "BLOCKS_MAX_FILL", float("inf"))  # on a GPU too, however many programs
     constants = load_preset("tiny-dense-triton").entry("attention", "engine_decode").constants
-    _decode_path_rows_equal_training_rows(monkeypatch, triton_blocks_fused if one_launch else triton_blocks, constants,
+    _decode_path_rows_equal_training_rows(monkeypatch, triton_blocks, constants,
                                           lambda decode: {"block_n": 16 if decode else 32}, heads)
 
 
@@ -397,19 +397,17 @@ def _decode_path_rows_equal_training_rows(monkeypatch, module, constants, contro
 
 
 @pytest.mark.parametrize("constants", [CONSTANTS, BF16])
-@pytest.mark.parametrize("fold_split, fold_unroll, max_chunk, max_waves, one_launch", [(1, 1, 512, 4, False), (4, 3, 16, 3, False),
-                                                                                      (4, 3, 512, 4, True)])
+@pytest.mark.parametrize("fold_split, fold_unroll, max_chunk, max_waves", [(1, 1, 512, 4), (4, 3, 16, 3)])
 def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(constants, fold_split, fold_unroll, max_chunk, max_waves,
-                                                                              one_launch, monkeypatch):
+                                                                              monkeypatch):
     """Rows of 1,100 keys (69 blocks of 16), decoded at positions on and next to block edges, by the spread path (its
     fold in one program a row and head a block an iteration, or over 4 programs of a quarter of the columns each, 3
     blocks an iteration: rows of 69 blocks end mid-iteration; the earlier blocks' maxima read in one load, or in several
-    of 16; the max kernel's runs those of the terms kernel, or longer; or all in one launch) and by the walk; the
+    of 16; the max kernel's runs those of the terms kernel, or longer) and by the walk; the
     training rows are the walk's (the tests above). The control, the spread path over blocks of 32 against the walk's
     16 (fp32 boundaries, where a re-blocked online softmax shows), must differ."""
     from isoexec.ops.attention import triton_blocks
 
-    monkeypatch.setattr(triton_blocks, "ONE_LAUNCH", one_launch)
     monkeypatch.setattr(triton_blocks, "FOLD_SPLIT", fold_split)
     monkeypatch.setattr(triton_blocks, "FOLD_UNROLL", fold_unroll)
     monkeypatch.setattr(triton_blocks, "MAX_CHUNK", max_chunk)

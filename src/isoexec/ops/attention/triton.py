@@ -77,7 +77,7 @@ from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
 from ..triton_support import after_upstream, cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
-from . import flash_backward, gluon_tile, native, triton_blocks, triton_blocks_fused, triton_spans
+from . import flash_backward, gluon_tile, native, triton_blocks, triton_spans
 from .triton_steps import (_block, _close_span, _combine, _diagonal_block, _finish, _fold, _full_block, _full_block_pair, _gather_kv,
                            _in_store, _masked_block, _probs_times_v, _row_sum, _running_max, _scores, _slots_in_store, _update,
                            _visible, _walk)
@@ -106,12 +106,13 @@ CHECK_DECODE_SLOTS = True
 # With the check reaching the tile's last visible key, the blocks of the tile's own positions walk without slot compares
 # or reductions over the block (`triton_steps._diagonal_block`; the same values). Compiled for sm_90a at Qwen3-8B's heads
 # (benchmarks/attention_sass.py) that step is ~510 SASS instructions a warp against `_block`'s ~945 and its set-up ~165
-# against ~505 in the stacked prefill tile, where the 512-token prefill spent a third of its stall samples, and its pairs
-# of whole blocks 606 against 616; in the decode tile ~530 and ~240 against ~1,030 and ~650, but its pairs 695 against
-# 654 (a loss from a few hundred keys on). For tiles of many queries (CHECK_DIAGONAL) and decode programs
-# (CHECK_DECODE_DIAGONAL); both off until timed on a GPU.
-CHECK_DIAGONAL = False
-CHECK_DECODE_DIAGONAL = False
+# against ~505 in the stacked prefill tile; in the decode tile ~530 and ~240 against ~1,030 and ~650, though its pairs
+# of whole blocks grow 654 -> 695. On an H100 (one call, benchmarks/RESULTS.md) both on took prefill at 2,048 / 8,192
+# tokens from 0.198 / 2.139 ms to 0.186 / 2.051 and decode at batch 64 x 512 keys from 77.7 to 75.1 us, and left batch
+# 16-64 at 2,048-8,192 keys within 1%. For tiles of many queries (CHECK_DIAGONAL) and decode programs
+# (CHECK_DECODE_DIAGONAL); False walks those blocks by the masked step (for measuring).
+CHECK_DIAGONAL = True
+CHECK_DECODE_DIAGONAL = True
 # A tile over spans holds a second accumulator (the spans' total) through its walk. Compiled for sm_90a at Qwen3-8B's
 # heads (benchmarks/sm90.py), a stacked tile then spills 484 bytes a thread with pairs of blocks and 124 without (40
 # and 0 without spans); a one-query tile 476 and 108 (108 and 108). `triton_spans.span_kernel` walks one span and
@@ -284,12 +285,11 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
         return triton_spans.attention_decode(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o,
                                              block_m, block_n, num_warps, num_stages, span)
     # A decode call of few programs may spread each row's key blocks over the grid (`triton_blocks.py`: the same
-    # block steps and fold, in three launches, or in one: `triton_blocks_fused.py`).
+    # block steps and fold, in three launches).
     if not span and queries == 1 and window is None and lse is None and triton_blocks.applies(num_tokens, num_kv_heads, cdiv(slot_table.shape[1], block_n),
                                                                                    q.device):
-        spread = triton_blocks_fused if triton_blocks.ONE_LAUNCH else triton_blocks
-        return spread.attention_decode(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o,
-                                       block_m, block_n, num_warps, num_stages)
+        return triton_blocks.attention_decode(q, k_store, v_store, slot_table, seq_ids.contiguous(), positions.contiguous(), scale, o,
+                                              block_m, block_n, num_warps, num_stages)
     # On Hopper the tile may be the same tile written in Gluon (`gluon_tile.py`: the same operations in the same layouts),
     # where ISOEXEC_ATTENTION_GLUON=1.
     if not span and gluon_tile.applies(rows, num_warps, head_dim, window, q.dtype, q.device):

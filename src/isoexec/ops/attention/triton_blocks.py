@@ -95,9 +95,6 @@ FOLD_STAGES = 8
 FOLD_SPLIT = 4
 FOLD_WARPS = 2
 FOLD_UNROLL = 4
-# True: the three launches as one (`triton_blocks_fused.py`: the same values; a program waits for the runs before it in
-# its row, and the row's last program folds it). Off until timed on a GPU.
-ONE_LAUNCH = False
 # The earlier blocks' maxima a terms program reads in one load before its run (a [chunk, G_PAD] tile): one load for
 # tables up to 16,384 keys at block_n 32.
 MAX_CHUNK = 512
