@@ -258,6 +258,8 @@ def _parse(argv):
     parser.add_argument("--small", action="store_true", help="tiny sizes and the tiny-dense model: a CPU smoke run in seconds")
     parser.add_argument("--gdn-phases", default="training,prefill,decode,decode-chunk",
                         help="gdn: the phases to time, comma-separated (default: all four)")
+    parser.add_argument("--gdn-inverse", choices=("products", "rows"), help="gdn: gdn.core.triton's `inverse` constant over the "
+                        "contract's (default: the contract's)")
     parser.add_argument("--gdn-shapes", default="", help=f"gdn: the head shapes to time, comma-separated (default: all: "
                                                          f"{', '.join(GDN_SHAPES)})")
     parser.add_argument("--model", help=f"model presets, comma-separated (default: {','.join(FULL.models)}, or {','.join(SMALL.models)} with --small)")
@@ -366,7 +368,7 @@ def main(argv=None) -> int:
                 "trainer": lambda: bench_trainer(model, name, sizes, loaded, device, args.trainer_reps),
                 "moe": lambda: bench_moe(device, *(((TINY,), (1, 4), (64,)) if args.small else (GPU_SHAPES,))),
                 "mla": lambda: bench_mla(device, small=args.small),
-                "gdn": lambda: bench_gdn(device, small=args.small, phases=args.gdn_phases, shapes=args.gdn_shapes),
+                "gdn": lambda: bench_gdn(device, small=args.small, phases=args.gdn_phases, shapes=args.gdn_shapes, inverse=args.gdn_inverse),
                 "rl": lambda: bench_rl(device, sizes.rl_models, {_label(s): s for s in specs if variants.base(s) == s},
                                        layout=args.rl_layout, **dict(zip(("prompts", "group", "new_tokens", "steps"), sizes.rl_shape))),
             }[section]()

@@ -41,10 +41,11 @@ TOKEN_INPUTS = ("q", "k", "v", "a", "b")
 SMALL_SHAPES = {"hk2-hv4-d16": (2, 4, 16, 16)}
 
 
-def _contract_op(name: str):
+def _contract_op(name: str, **overrides):
+    """The contract's gdn.core op (its constants, with `overrides` over them), its entry and its impl's row_width."""
     entry = next(e for e in load(name).composition if e.region == "gdn.core")
     impl = REGISTRY.get(entry.impl.id, entry.impl.version)
-    return impl.bind(dict(entry.constants)), entry, impl.row_width
+    return impl.bind({**dict(entry.constants), **overrides}), entry, impl.row_width
 
 
 def _fla():
@@ -186,12 +187,16 @@ def _timed(fn, device, graph: bool, row: dict, name: str) -> None:
 
 
 def bench_gdn(device: torch.device, small: bool = False, contract: str | None = None,
-              phases: str = "training,prefill,decode,decode-chunk", shapes: str = "") -> list[dict]:
+              phases: str = "training,prefill,decode,decode-chunk", shapes: str = "", inverse: str | None = None) -> list[dict]:
+    """`inverse`: gdn.core.triton's `inverse` constant over the contract's (None: the contract's)."""
     sizes = dict(SMALL if small else GPU)
     all_shapes = SMALL_SHAPES if small else SHAPES
     for phase in {"training", "prefill", "decode", "decode-chunk"} - set(phases.split(",")):
         sizes[phase.replace("-", "_")] = ()
-    op, entry, row_width = _contract_op(contract or (sizes["contract"] if device.type == "cuda" else SMALL["contract"]))
+    op, entry, row_width = _contract_op(contract or (sizes["contract"] if device.type == "cuda" else SMALL["contract"]),
+                                        **({"inverse": inverse} if inverse else {}))
+    if inverse:
+        print(f"gdn: the contract's gdn.core with inverse = {inverse!r}", flush=True)
     chunk = entry.constants["chunk_size"]
     fla, why = _fla() if device.type == "cuda" else (None, "needs a CUDA device")
     if fla is None:

@@ -12,11 +12,12 @@ loses the inverse's four products for one FMA dot. Two forms of δ on top:
 - `rows+x`: δ = T (β (v - e^c ⊙ k S₀)), the same function: k S₀ runs beside the Gram matrix and the row solve, and
   W's product leaves the chain (the training walk would take one more product a chunk).
 
-Both change the rows' bits against @3 (another inverse, another rounding), so either would be a new impl version. This
-script only times a decode step of each (a standalone kernel: the slot's rows, its T rows and the state as the
-contract's step reads them; no bits compared with any training form) and checks that each computes GDN's rows: over a
-whole chunk (16 steps from a chunk's first offset, one CUDA graph, as `bench.py gdn` times "decode chunk") its outputs
-against FLA's from the same state.
+Both change the rows' bits against the product inverse (another inverse, another rounding). The first is what
+gdn.core.triton computes with its constant `inverse = "rows"` (the slot keeps T's rows; ops/gdn/triton_tiles.py). This
+script times, over a whole chunk of decode steps (16 from a chunk's first offset, one CUDA graph, as `bench.py gdn`
+times "decode chunk"): the contract's op (`inverse = "products"`), the op with `inverse = "rows"`, FLA's recurrent step,
+and a standalone kernel of each form (the slot's rows, its T rows and the state as the op's step reads them, without the
+op's run finding: what the design costs at least). Every output is compared with FLA's from the same state.
 
     cd benchmarks && PYTHONPATH=../src:/tmp/site python3 gdn_rows_decode.py [--batches 1,2,4,8,16] [--shape hk16-hv32-d128]
     TRITON_INTERPRET=1 PYTHONPATH=../src python3 gdn_rows_decode.py --device cpu   # the kernel's logic, against gdn.core.reference
@@ -132,6 +133,7 @@ def main() -> None:
     from timing import graphed_ms
 
     op, entry, row_width = _contract_op("tiny-hybrid-triton")
+    rows_op, _, _ = _contract_op("tiny-hybrid-triton", inverse="rows")
     chunk = entry.constants["chunk_size"]
     fla, why = _fla()
     if fla is None:
@@ -148,6 +150,13 @@ def main() -> None:
         parts = [f"b{batch:<3} @3 {row['contract_ms'] * 1e3:6.2f} us/step"]
         if "fla_ms" in row:
             parts.append(f"fla {row['fla_ms'] * 1e3:6.2f} ({row['contract_ms'] / row['fla_ms']:.2f}x)")
+        # The op itself with `inverse = "rows"` (gdn.core.triton's constant), from the same state.
+        rows_row = {}
+        rows_out = _decode_chunk(rows_op, None, x, shape, batch, chunk, row_width(*shape[1:]), device,
+                                 torch.Generator(device=device).manual_seed(7), rows_row)
+        diff = float((rows_out["contract"].float() - outputs["fla"].float()).abs().max()) if "fla" in outputs else float("nan")
+        parts.append(f"[op, inverse rows] {rows_row['contract_ms'] * 1e3:6.2f} us"
+                     + (f" ({rows_row['contract_ms'] / row['fla_ms']:.2f}x fla, max|diff| vs fla {diff:.1e})" if "fla_ms" in row else ""))
         steps = _steps(x, batch, chunk)
         positions = [torch.full((batch,), 2048 + i, device=device) for i in range(chunk)]
         block = split_block(batch * hv, dv, sms)

@@ -64,31 +64,38 @@ def chunks_of_16(monkeypatch):
     monkeypatch.setattr(test_core, "Cache", DeviceCache)
 
 
+INVERSE = pytest.mark.parametrize("inverse", ["products", "rows"])
+
+
+@INVERSE
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("min_run", [None, 1], ids=["one launch", "two launches"])
-def test_rows_match_the_float64_recurrence(chunks_of_16, monkeypatch, dtype, tol, min_run):
+def test_rows_match_the_float64_recurrence(chunks_of_16, monkeypatch, dtype, tol, min_run, inverse):
     monkeypatch.setattr(gdn_triton, "TWO_LAUNCH_MIN_RUN", min_run)
     monkeypatch.setattr(gdn_triton, "TWO_LAUNCH_MAX_FILL", None)  # on a GPU too, however many programs the call has
     seqs, params = [make_seq(n, dtype, seed=n) for n in (1, C - 1, C, C + 1, 3 * C + 5)], make_params()
-    for seq, out in zip(seqs, test_core.packed(triton_op(dtype), seqs, params)):
+    for seq, out in zip(seqs, test_core.packed(triton_op(dtype, inverse=inverse), seqs, params)):
         want = textbook(seq, params)
         assert out.dtype == dtype and out.shape == want.shape
         assert (out.double() - want).abs().max() < tol * max(1.0, float(want.abs().max()))
 
 
-def test_every_form_gives_the_trainers_bits(chunks_of_16):
+@INVERSE
+def test_every_form_gives_the_trainers_bits(chunks_of_16, inverse):
     """A sequence over two chunks, packed alone and after others, prefill at the chunk boundary, in chunks
     of 5, mid-chunk then decode, decode from every offset: one op sequence a row, so the same bits (fp32:
-    the interpreter's bf16 is not the GPU's)."""
-    results = dict(test_core.forms(triton_op(), torch.float32, length=C + 5))
+    the interpreter's bf16 is not the GPU's); with the inverse by rows, a decode step computes T's row alone from
+    the rows the slot keeps."""
+    results = dict(test_core.forms(triton_op(inverse=inverse), torch.float32, length=C + 5))
     first = results["alone"]
     differing = {form: int((int_view(out) != int_view(first)).sum()) for form, out in results.items() if not bitwise_equal(out, first)}
     assert not differing
     assert torch.isfinite(first).all()
 
 
-@pytest.mark.parametrize("precision", ["ieee", "bf16"], ids=["fp32 products", "bf16 operands and buffers"])
-def test_two_launches_give_one_launchs_bits_and_cache(chunks_of_16, monkeypatch, precision):
+@pytest.mark.parametrize("precision, inverse", [("ieee", "products"), ("bf16", "products"), ("ieee", "rows"), ("bf16", "rows")],
+                         ids=["fp32 products", "bf16 operands and buffers", "fp32 products, inverse by rows", "bf16, inverse by rows"])
+def test_two_launches_give_one_launchs_bits_and_cache(chunks_of_16, monkeypatch, precision, inverse):
     """Four sequences packed (lengths 1 to 3C + 5) as a trainer call, and the same through a NaN-poisoned cache in
     calls of 11 tokens a sequence (pieces that start and end mid-chunk, close chunks, continue open ones), in
     one launch and in two (TWO_LAUNCH_MIN_RUN; the walk over the value columns in one block where the one launch
@@ -105,7 +112,7 @@ def test_two_launches_give_one_launchs_bits_and_cache(chunks_of_16, monkeypatch,
         monkeypatch.setattr(gdn_triton, "TWO_LAUNCH_MAX_FILL", None)  # on a GPU too, however many programs the call has
         monkeypatch.setattr(gdn_triton, "WALK_BLOCK_V", walk_block)
         monkeypatch.setattr(gdn_triton, "WALK_PREFETCH", prefetch)
-        op = triton_op(dot_precision=precision)
+        op = triton_op(dot_precision=precision, inverse=inverse)
         trainer = torch.cat(test_core.packed(op, seqs, params))
         cache, outputs, caches = test_core.Cache(slots=len(seqs)), [], []
         for start in range(0, 3 * C + 5, 11):
@@ -155,6 +162,27 @@ def test_the_cache_holds_the_open_chunks_inputs(chunks_of_16):
     assert torch.isnan(rows[3:]).all() and torch.isnan(cache.state[:2].cpu()).all()
 
 
+def test_the_inverse_by_rows_keeps_t_rows_in_the_slot_and_moves_bits(chunks_of_16):
+    """`inverse = "rows"`: after a prefill of 2C + 3 tokens the slot's T field holds the open chunk's three rows of
+    (I + A)^-1 (lower triangular, ones on the diagonal, zeros past each row) and nothing else of that field is
+    written; the rows are those of the product inverse's function (close) and not its bits (fp32 throughout: the two
+    inverses round along other sequences), so the constant is a choice of arithmetic, not a no-op."""
+    seq, params = make_seq(2 * C + 3), make_params()
+    cache = test_core.Cache()
+    cache.step(triton_op(inverse="rows"), params, [(2, seq, 0, 2 * C + 3)])
+    rows = cache.rows[2].cpu()
+    t_field = gdn_triton._padded(DK) + gdn_triton._padded(DV) + 16
+    t = rows[:3, :, t_field : t_field + C]  # [3, HV, C]
+    assert torch.equal(t[:, :, :3].diagonal(dim1=0, dim2=2), torch.ones(HV, 3))
+    assert (t[0, :, 1:] == 0).all() and (t[1, :, 2:] == 0).all() and (t[2, :, 3:] == 0).all() and (t[1:, :, 0] != 0).all()
+    assert torch.isnan(rows[3:]).all() and torch.isnan(rows[:3, :, t_field + C :]).all()
+    long = [make_seq(3 * C + 5, seed=seed) for seed in (9, 10, 11)]
+    by_rows = torch.cat(test_core.packed(triton_op(inverse="rows"), long, params))
+    by_products = torch.cat(test_core.packed(triton_op(), long, params))
+    torch.testing.assert_close(by_rows, by_products, atol=1e-5, rtol=1e-5)
+    assert (int_view(by_rows) != int_view(by_products)).sum() > 0  # 12 of 1,272 elements at seed 9 alone
+
+
 def test_several_blocks_of_value_columns_give_the_same_rows(chunks_of_16, monkeypatch):
     """Value heads of 32 in blocks of 16 (two programs a head, each its own columns of the state): decoded token
     by token over a poisoned cache, bit for bit the packed rows (the other forms at Qwen3.5's head sizes on a
@@ -167,14 +195,15 @@ def test_several_blocks_of_value_columns_give_the_same_rows(chunks_of_16, monkey
     torch.testing.assert_close(one_block, packed, atol=1e-6, rtol=1e-6)
 
 
-def test_value_columns_split_over_the_grid_give_the_same_bits(chunks_of_16, monkeypatch):
+@INVERSE
+def test_value_columns_split_over_the_grid_give_the_same_bits(chunks_of_16, monkeypatch, inverse):
     """Value heads of 32 in the contract's one block, calls of one-token runs split over the grid in blocks of 16
     (SPLIT_BLOCK_V): calls cut anywhere give the unsplit calls' rows and leave the cache as they do, also with the
     runs unknown to the host (a captured CUDA graph: every call split, a run longer than a token walked by one
     program, block after block); decoded from every offset, the packed rows bit for bit. Control: native's decode
     differs from its packed rows."""
     monkeypatch.setattr(test_core, "DV", 32)
-    op = triton_op(block_v=32)
+    op = triton_op(block_v=32, inverse=inverse)
     seq, params, cuts = make_seq(2 * C + 3, seed=3), make_params(), [3, 4, 5, C + 2, C + 3]
 
     def in_pieces(split, captured=False):
@@ -244,8 +273,9 @@ def test_the_path_choice_reads_its_knobs_from_the_environment(monkeypatch):
                                                                    (None, None, False, 32)],
                          ids=["one launch", "runs of two tokens or more in two launches", "two launches, a walk of 32 columns, prefetched",
                               "one launch, the value columns split over the grid in 32"])
+@INVERSE
 def test_at_qwen_head_sizes_every_form_gives_the_trainers_bits(monkeypatch, dtype, chunk, block_v, num_warps, min_run, walk_block, prefetch,
-                                                                split):
+                                                                split, inverse):
     """Heads of 128 and bf16 tensor-core products (tiny-hybrid-triton's constants, and chunks of 32 and 64): a
     sequence over three chunks packed, in prefill chunks and decoded from every offset, bit for bit (every
     call in one launch, or the calls of runs longer than a token in two, beside the decode steps' one, the
@@ -261,7 +291,7 @@ def test_at_qwen_head_sizes_every_form_gives_the_trainers_bits(monkeypatch, dtyp
     monkeypatch.setattr(test_core, "DK", 128)
     monkeypatch.setattr(test_core, "DV", 128)
     monkeypatch.setattr(test_core, "Cache", DeviceCache)
-    op = triton_op(dtype, chunk_size=chunk, dot_precision="bf16", block_v=block_v, num_warps=num_warps)
+    op = triton_op(dtype, chunk_size=chunk, dot_precision="bf16", block_v=block_v, num_warps=num_warps, inverse=inverse)
     results = dict(test_core.forms(op, dtype, length=2 * chunk + 37))
     first = results["alone"]
     if split is not None:  # against the rows of the contract's one block of value columns
@@ -385,6 +415,7 @@ def test_the_battery_admits_it():
     (dict(chunk_size=8), "chunk_size must be 16, 32 or 64"),
     (dict(chunk_size=128), "chunk_size must be 16, 32 or 64"),
     (dict(dot_precision="fp16"), "dot_precision must be one of"),
+    (dict(inverse="solve"), "inverse must be one of"),
     (dict(block_v=24), "block_v must be a power of two"),
     (dict(chunk_size=64, block_v=32), "chunk_size 64 needs block_v >= 64"),
     (dict(num_warps=3), "num_warps must be a power of two"),

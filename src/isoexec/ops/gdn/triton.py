@@ -41,8 +41,8 @@ from . import triton_tiles, triton_two_launch
 from .reference import check_inputs, check_runs
 from .runs import Runs, find_runs
 from .triton_bwd import gdn_bwd
-from .triton_tiles import (PRECISIONS, SUB, _advanced, _decayed, _delta, _operand, _outputs, _padded, _piece_keys, _piece_queries,
-                           _piece_values, _rows_mask, _strided16, _values)
+from .triton_tiles import (INVERSES, PRECISIONS, SUB, T_FIELD, _advanced, _decayed, _delta, _operand, _outputs, _padded, _piece_keys,
+                           _piece_queries, _piece_values, _rows_mask, _strided16, _values, row_floats)
 
 ID = "gdn.core.triton"
 VERSION = 3
@@ -51,8 +51,9 @@ DTYPES = ("bfloat16", "float32")
 
 def row_width(num_v_heads: int, k_dim: int, v_dim: int) -> int:
     """Floats a cached open-chunk row holds per value head: the inputs k and v as given (in [Dk_pad] and
-    [Dv_pad] fields), then g and β, padded to 16 floats so that every field starts 64-byte aligned."""
-    return _padded(k_dim) + _padded(v_dim) + 16
+    [Dv_pad] fields), then g and β, padded to 16 floats, then T's row under `inverse = "rows"`
+    (`triton_tiles.row_floats`): every field starts 64-byte aligned."""
+    return row_floats(_padded(k_dim), _padded(v_dim))
 
 # T, has_cache and the strides are not specialised: one compiled kernel serves every case (the module doc). Not a
 # dependent launch (PDL), unlike the conv ahead of it: on an H100, 16 decode steps in a CUDA graph took 8.92 µs a step at
@@ -64,7 +65,8 @@ def gdn_fwd_kernel(
     T, q_scale, has_cache, every_token,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr,
+    BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, ROWS: tl.constexpr, INTERPRET: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     # Program (p, h, s): if a run starts at token p (every_token: while a CUDA graph is captured) or candidates[p]
     # (a new slot, or a position that does not follow the previous token's), walk that run for value head h,
@@ -94,13 +96,13 @@ def gdn_fwd_kernel(
         while i_v < end:  # not `for … in range(i_v, end)`: the interpreter cannot take loaded bounds there
             _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, i_v == NV - 1,
                  pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
-                 GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, INTERPRET)
+                 GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET)
             i_v += 1
     elif starts:  # its own constexpr loop: the loop above, with runtime bounds, made this variant spill 88 bytes more
         for i_v in range(NV):
             _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, i_v == NV - 1,
                  pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
-                 GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, INTERPRET)
+                 GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET)
 
 
 @jit
@@ -108,10 +110,10 @@ def _run(
     q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, last_block, pos0, slot,
     caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+    BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, ROWS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Value head i_h, columns [i_v BV, (i_v + 1) BV) of the run that starts at token i_t, piece by piece."""
-    width: tl.constexpr = DK_PAD + DV_PAD + 16
+    width: tl.constexpr = DK_PAD + DV_PAD + 16 + T_FIELD  # triton_tiles.row_floats
     rows = tl.arange(0, C)
     o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < DK, o_v < DV
@@ -145,8 +147,9 @@ def _run(
         p_slot = rows_cache + tl.load(state_ids + t, mask=caching, other=0).to(tl.int64) * (C * HV * width) + i_h * width
         p_cached = p_slot + rows * (HV * width)  # [C]
 
-        kf, g, beta, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, neg_a, bias,
-                                                     stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C, SUB, PRECISION, INTERPRET)
+        kf, g, beta, t_rows, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, neg_a, bias,
+                                                             stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C, SUB, PRECISION, ROWS,
+                                                             INTERPRET)
         vf = _piece_values(v, p_cached, tok64, piece, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
         s_op = _operand(s0, PRECISION, INTERPRET)
         delta = _delta(_values(inverse, beta, vf, PRECISION, INTERPRET), w, s_op, PRECISION, INTERPRET)  # [C, BV]
@@ -164,6 +167,8 @@ def _run(
         tl.store(p_cached[:, None] + o_k[None, :], kf, mask=_rows_mask(keep, m_k, DK == DK_PAD))
         tl.store(p_cached + DK_PAD + DV_PAD, g, mask=keep)
         tl.store(p_cached + DK_PAD + DV_PAD + 1, beta, mask=keep)
+        if ROWS:
+            tl.store(p_cached[:, None] + DK_PAD + DV_PAD + 16 + rows[None, :], t_rows, mask=keep[:, None])
         if stop == C:
             c_last, decayed = _decayed(kn, c, C, PRECISION, INTERPRET)
             s0 = _advanced(s0, c_last, decayed, delta, PRECISION, INTERPRET)
@@ -193,7 +198,7 @@ def _unread(device: torch.device, dtype: torch.dtype) -> Tensor:
 
 
 def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size: int, out_dtype: torch.dtype,
-            precision: str, block_v: int, num_warps: int, runs: Runs | None = None) -> Tensor:
+            precision: str, block_v: int, num_warps: int, runs: Runs | None = None, inverse: str = "products") -> Tensor:
     """`runs`: `find_runs(positions, state_ids)` where the caller has it already."""
     num_tokens, num_k_heads, k_dim = q.shape
     num_v_heads, v_dim = v.shape[1:]
@@ -217,7 +222,7 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
     every_token = runs is None
     if not every_token and _in_two_launches(num_tokens, runs.first.shape[0], num_v_heads, v.device):
         triton_two_launch.fwd(q, k, v, a, b, a_log, dt_bias, out, state, rows, ids, positions, runs, has_cache, chunk_size, precision,
-                              block_v, num_warps, WALK_BLOCK_V, WALK_PREFETCH)
+                              block_v, num_warps, WALK_BLOCK_V, WALK_PREFETCH, inverse)
         return out if out.is_contiguous() else out.contiguous()
     candidates = _unread(positions.device, torch.int32) if every_token else runs.starts
     dims = dict(GROUP=num_v_heads // num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, DK_PAD=k_pad, DV_PAD=v_pad, C=chunk_size)
@@ -230,7 +235,7 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
     gdn_fwd_kernel[(programs, num_v_heads, triton_support.cdiv(v_dim, block_v) if split is not None else 1)](
         q, k, v, a, b, a_log, dt_bias, out, state, rows, ids, positions, candidates, num_tokens, float(k_dim**-0.5), int(has_cache),
         int(every_token), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), out.stride(0),
-        out.stride(1), BV=block_v, SUB=SUB, PRECISION=PRECISIONS[precision], INTERPRET=triton_support.interpreting(),
+        out.stride(1), BV=block_v, SUB=SUB, PRECISION=PRECISIONS[precision], ROWS=bool(INVERSES[inverse]), INTERPRET=triton_support.interpreting(),
         SPLIT=split is not None, num_warps=num_warps, **dims,
     )
     return out if out.is_contiguous() else out.contiguous()
@@ -389,17 +394,20 @@ def check_constants(constants: dict) -> None:
         raise ValueError(f"{ID}: chunk_size 64 needs block_v >= 64 (smaller value blocks crash the compiled kernel), got {block_v}")
     if constants["dot_precision"] not in PRECISIONS:
         raise ValueError(f"{ID}: dot_precision must be one of {', '.join(PRECISIONS)}, got {constants['dot_precision']!r}")
+    if constants.get("inverse", "products") not in INVERSES:
+        raise ValueError(f"{ID}: inverse must be one of {', '.join(INVERSES)}, got {constants['inverse']!r}")
     if constants["num_warps"] not in (1, 2, 4, 8, 16):
         raise ValueError(f"{ID}: num_warps must be a power of two <= 16, got {constants['num_warps']!r}")
 
 
 def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor, state: Tensor | None = None,
              rows: Tensor | None = None, state_ids: Tensor | None = None, positions: Tensor | None = None, *, input_dtype: str,
-             output_dtype: str, accum_dtype: str, chunk_size: int, dot_precision: str, block_v: int, num_warps: int) -> Tensor:
+             output_dtype: str, accum_dtype: str, chunk_size: int, dot_precision: str, block_v: int, num_warps: int,
+             inverse: str = "products") -> Tensor:
     """Same arguments and result as `reference.gdn_core` (its docstring), with this impl's cache rows
     [N, C, Hv, `row_width`]: the open chunk's inputs."""
     check_constants(dict(input_dtype=input_dtype, output_dtype=output_dtype, accum_dtype=accum_dtype, chunk_size=chunk_size,
-                         dot_precision=dot_precision, block_v=block_v, num_warps=num_warps))
+                         dot_precision=dot_precision, block_v=block_v, num_warps=num_warps, inverse=inverse))
     if positions is None:
         raise ValueError("gdn.core: positions are required")
     check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, input_dtype,
@@ -407,7 +415,7 @@ def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tenso
     runs = find_runs(positions, state_ids)  # one host read a forward (runs.py), the checks' values with it
     check_runs(runs, state)
     require_device(ID, q, k, v, a, b)
-    tiles = dict(precision=dot_precision, block_v=block_v, num_warps=num_warps)
+    tiles = dict(precision=dot_precision, block_v=block_v, num_warps=num_warps, inverse=inverse)
     if needs_grad(q, k, v, a, b, a_log, dt_bias):
         dtypes = dict(input_dtype=input_dtype, output_dtype=output_dtype)
         return _TritonGDN.apply(q, k, v, a, b, a_log, dt_bias, positions, chunk_size, dtypes, tiles, runs)

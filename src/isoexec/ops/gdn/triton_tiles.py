@@ -5,7 +5,9 @@ A chunk piece, for rows r < `stop` (rows past it are zero, finite and never read
 1. gates, l2 norms (`tl.sum` over the head dim), the decay cumsum c (`tl.cumsum` over the C rows: a prefix
    scan, so row r's value depends on rows <= r alone);
 2. A = β_i (k_i · k_j) exp(c_i - c_j) below the diagonal, one product; T = (I + A)^-1 by block products
-   (`_inverse`): every factor lower triangular, so row i of T reads rows <= i of A only;
+   (`_inverse`, the contract's `inverse = "products"`): every factor lower triangular, so row i of T reads rows <= i
+   of A only; or by rows (`_inverse_rows`, `inverse = "rows"`): row i from row i of A and T's rows before it, which
+   a piece continuing an open chunk reads from the slot (a decode step computes its own row alone);
 3. W = T (β e^c k), U = T (β v), δ = U - W S₀, o = e^c (q S₀) + (q kᵀ ∘ decay, j <= i) δ; when the chunk
    closes, S₀ ← e^{c_last} S₀ + (k e^{c_last - c})ᵀ δ.
 The products take `dot_precision` (ieee fp32 on the FMA units, tf32 or bf16 operands on the tensor cores,
@@ -25,7 +27,17 @@ from .reference import SOFTPLUS_THRESHOLD as _SOFTPLUS_THRESHOLD
 L2_EPS = tl.constexpr(_L2_EPS) if tl is not None else _L2_EPS
 SOFTPLUS_THRESHOLD = tl.constexpr(_SOFTPLUS_THRESHOLD) if tl is not None else _SOFTPLUS_THRESHOLD
 PRECISIONS = {"ieee": 0, "tf32": 1, "bf16": 2}
+INVERSES = {"products": 0, "rows": 1}
 SUB = 16  # rows of the inverse's diagonal blocks: tl.dot's smallest tile
+# A cached row's fields, per value head: k [DK_PAD], v [DV_PAD], g and β (padded to 16 floats), then T's row (the rows
+# inverse; T_FIELD floats, the largest chunk the kernel takes), so that every field starts 64-byte aligned.
+_T_FIELD = 64
+T_FIELD = tl.constexpr(_T_FIELD) if tl is not None else _T_FIELD
+
+
+def row_floats(k_pad: int, v_pad: int) -> int:
+    """Floats a cached open-chunk row holds per value head (the fields above)."""
+    return k_pad + v_pad + 16 + _T_FIELD
 
 
 def _padded(dim: int) -> int:
@@ -102,6 +114,25 @@ def _inverse(system, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr
 
 
 @jit
+def _inverse_rows(system, t_cached, off, stop, C: tl.constexpr):
+    """(I + A)^-1 of a strictly lower [C, C] A by forward substitution, rows off <= r < stop in turn: row r is
+    e_r - A_r T, an ieee product of A's row r (alone in its tile) and T's rows so far, so each element is one FMA chain
+    over j in ascending order whatever the layout (no tensor core, no reduction tree), and rows past r are zero there.
+    Rows below `off` are `t_cached` (the slot's, computed so by an earlier call); rows from `stop` on are zero. So row r's
+    bits depend on rows <= r of A and on nothing a call's extent changes: a decode step at offset r computes it in one
+    product from the rows the slot keeps."""
+    rows = tl.arange(0, C)
+    eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+    t = t_cached
+    r = off
+    while r < stop:
+        here = rows[:, None] == r
+        t = tl.where(here, eye - tl.dot(tl.where(here, system, 0.0), t, input_precision="ieee"), t)
+        r += 1
+    return t
+
+
+@jit
 def _rows_mask(rows_in, m_cols, WHOLE: tl.constexpr):
     """[C, D] mask of the rows in `rows_in`, and of the columns `m_cols` unless the tile's columns are all
     in the head (WHOLE): a column mask Triton cannot see through keeps a load from being vectorised."""
@@ -115,10 +146,11 @@ def _rows_mask(rows_in, m_cols, WHOLE: tl.constexpr):
 @jit
 def _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, neg_a, bias, stride_kt, stride_kh, stride_at,
                 DK: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
-                INTERPRET: tl.constexpr):
+                ROWS: tl.constexpr, INTERPRET: tl.constexpr):
     """Steps 1 and 2 of a chunk piece and W: the rows' keys and gates (the `cached` rows from the slot, the
     `piece` rows from the call, zeros past them), the l2-normalised keys kn, the decay cumsum c, the inverse T
-    and W = T (β e^c k). Returns kf, g and β as the slot keeps them, then kn, c, T and W (operands)."""
+    (by rows where ROWS, T's cached rows from the slot) and W = T (β e^c k). Returns kf, g and β as the slot keeps
+    them, T in fp32 as the slot keeps it (ROWS; else the operand again), then kn, c, T and W (operands)."""
     rows = tl.arange(0, C)
     below = rows[:, None] > rows[None, :]
     # Every stride is a multiple of 16 elements (gdn_fwd pads where not), so loads are 16-byte vectors.
@@ -134,10 +166,17 @@ def _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, ne
     c = tl.cumsum(g, 0)
     gram = _mm(kn, tl.trans(kn), PRECISION, INTERPRET)  # [C, C]
     system = tl.where(below, beta[:, None] * gram * tl.exp(tl.where(below, c[:, None] - c[None, :], 0.0)), 0.0)
-    inverse = _operand(_inverse(system, C, SUB, PRECISION, INTERPRET), PRECISION, INTERPRET)
+    if ROWS:
+        off = tl.sum(cached.to(tl.int32), 0)
+        t_cached = tl.load(p_cached[:, None] + DK_PAD + DV_PAD + 16 + rows[None, :], mask=cached[:, None], other=0.0)
+        t_rows = _inverse_rows(system, t_cached, off, off + tl.sum(piece.to(tl.int32), 0), C)
+        inverse = _operand(t_rows, PRECISION, INTERPRET)
+    else:
+        inverse = _operand(_inverse(system, C, SUB, PRECISION, INTERPRET), PRECISION, INTERPRET)
+        t_rows = inverse
     w = _operand(_mm(inverse, _operand((beta * tl.exp(c))[:, None] * kn.to(tl.float32), PRECISION, INTERPRET), PRECISION, INTERPRET),
                  PRECISION, INTERPRET)  # [C, DK_PAD]
-    return kf, g, beta, kn, c, inverse, w
+    return kf, g, beta, t_rows, kn, c, inverse, w
 
 
 @jit

@@ -16,8 +16,8 @@ import torch
 from .. import triton_support
 from ..triton_support import jit, tl
 from .runs import pieces
-from .triton_tiles import (PRECISIONS, SUB, _advanced, _decayed, _delta, _operand, _outputs, _padded, _piece_keys, _piece_queries,
-                           _piece_values, _rows_mask, _stored, _values)
+from .triton_tiles import (INVERSES, PRECISIONS, SUB, T_FIELD, _advanced, _decayed, _delta, _operand, _outputs, _padded, _piece_keys,
+                           _piece_queries, _piece_values, _rows_mask, _stored, _values)
 
 
 @jit
@@ -42,15 +42,16 @@ def _walk_tiles(w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, chunk, sto
 @jit(do_not_specialize=["has_cache", "q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_at"])
 def gdn_chunks_kernel(
     q, k, v, a, b, a_log, dt_bias, rows_cache, state_ids, run_first, chunk_run, chunk_tok0, chunk_off, chunk_stop,
-    w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf,
+    w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf, t_buf,
     has_cache, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+    BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, ROWS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Chunk piece i_n (offsets [off, stop) from the call, [0, off) from its run's cache slot), value head i_h:
-    W, U, the queries, the scores, the decayed keys, c, g and β of every row below `stop`, by chunk row."""
+    W, U, the queries, the scores, the decayed keys, c, g and β (and T's rows where ROWS) of every row below `stop`, by
+    chunk row."""
     NV: tl.constexpr = (DV + BV - 1) // BV
-    width: tl.constexpr = DK_PAD + DV_PAD + 16
+    width: tl.constexpr = DK_PAD + DV_PAD + 16 + T_FIELD
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     stop = tl.load(chunk_stop + i_n)
     if stop > 0:  # a piece of no rows (runs.pieces makes none) computes nothing
@@ -67,8 +68,9 @@ def gdn_chunks_kernel(
         p_cached = rows_cache + slot * (C * HV * width) + i_h * width + rows * (HV * width)
         neg_a = -tl.exp(tl.load(a_log + i_h).to(tl.float32))
         bias = tl.load(dt_bias + i_h).to(tl.float32)
-        kf, g, beta, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, neg_a, bias,
-                                                     stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C, SUB, PRECISION, INTERPRET)
+        kf, g, beta, t_rows, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, neg_a, bias,
+                                                             stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C, SUB, PRECISION, ROWS,
+                                                             INTERPRET)
         below = rows < stop
         p = (i_n.to(tl.int64) * C + rows) * HV + i_h  # by chunk row
         m_kout = _rows_mask(below, m_k, DK == DK_PAD)
@@ -88,22 +90,24 @@ def gdn_chunks_kernel(
         tl.store(c_buf + p, c)
         tl.store(g_buf + p, g, mask=piece)
         tl.store(beta_buf + p, beta, mask=piece)
+        if ROWS:
+            tl.store(t_buf + p[:, None] * C + rows[None, :], t_rows, mask=piece[:, None])
 
 
 @jit(do_not_specialize=["has_cache", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_ot", "stride_oh"])
 def gdn_walk_kernel(
     k, v, out, state, rows_cache, state_ids, positions, run_first, run_len, run_chunk0,
-    w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf,
+    w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf, t_buf,
     has_cache, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PREFETCH: tl.constexpr,
+    BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, ROWS: tl.constexpr, INTERPRET: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Run i_r, value head i_h, value columns [i_v BV, (i_v + 1) BV): from the slot's state (or zeros), δ = U - W S₀
     and the rows' outputs piece by piece from `gdn_chunks_kernel`'s buffers, S₀ from one chunk to the next; then
     the slot as `gdn_fwd_kernel` leaves it (the state, and an open chunk's inputs). PREFETCH: a piece's tiles are
     loaded while the piece before it computes (their latency off the state's chain, for more registers)."""
     NV: tl.constexpr = (DV + BV - 1) // BV
-    width: tl.constexpr = DK_PAD + DV_PAD + 16
+    width: tl.constexpr = DK_PAD + DV_PAD + 16 + T_FIELD
     i_r, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t0, n, chunk0 = tl.load(run_first + i_r), tl.load(run_len + i_r), tl.load(run_chunk0 + i_r).to(tl.int64)
     caching = has_cache != 0
@@ -153,6 +157,10 @@ def gdn_walk_kernel(
             tl.store(p_cached[:, None] + o_k[None, :], kf, mask=m_pk)
             tl.store(p_cached + DK_PAD + DV_PAD, tl.load(g_buf + p, mask=keep, other=0.0), mask=keep)
             tl.store(p_cached + DK_PAD + DV_PAD + 1, tl.load(beta_buf + p, mask=keep, other=0.0), mask=keep)
+            if ROWS:
+                m_t = keep[:, None] & (rows[None, :] >= 0)
+                tl.store(p_cached[:, None] + DK_PAD + DV_PAD + 16 + rows[None, :],
+                         tl.load(t_buf + p[:, None] * C + rows[None, :], mask=m_t, other=0.0), mask=m_t)
         done += stop - off
         off -= off
         j += 1
@@ -167,9 +175,9 @@ def gdn_walk_kernel(
 
 
 def fwd(q, k, v, a, b, a_log, dt_bias, out, state, rows, state_ids, positions, runs, has_cache, chunk_size, precision,
-        block_v, num_warps, walk_block, prefetch) -> None:
+        block_v, num_warps, walk_block, prefetch, inverse="products") -> None:
     """`out` (and the cache) of a call in two launches; the tensors as gdn_fwd pads them. `walk_block`: the walk's
-    value columns (None: `block_v`); `prefetch`: its tiles loaded a piece ahead."""
+    value columns (None: `block_v`); `prefetch`: its tiles loaded a piece ahead; `inverse`: the contract's."""
     num_tokens, num_k_heads, k_dim = q.shape
     num_v_heads, v_dim = v.shape[1:]
     k_pad, v_pad = _padded(k_dim), _padded(v_dim)
@@ -183,9 +191,12 @@ def fwd(q, k, v, a, b, a_log, dt_bias, out, state, rows, state_ids, positions, r
     u_buf = torch.empty(chunk_rows, num_v_heads, v_dim, **f32)
     scores_buf = torch.empty(num_chunks, num_v_heads, chunk_size, chunk_size, **ops)
     c_buf, g_buf, beta_buf = (torch.empty(chunk_rows, num_v_heads, **f32) for _ in range(3))
+    rows_inverse = bool(INVERSES[inverse])
+    # T's rows, for the walk to leave an open chunk's in the slot (the inverse by rows alone; else a pointer never read).
+    t_buf = torch.empty(chunk_rows, num_v_heads, chunk_size, **f32) if rows_inverse else c_buf
     dims = dict(GROUP=num_v_heads // num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, DK_PAD=k_pad, DV_PAD=v_pad, BV=block_v, C=chunk_size,
-                PRECISION=PRECISIONS[precision], INTERPRET=triton_support.interpreting(), num_warps=num_warps)
-    buffers = (w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf)
+                PRECISION=PRECISIONS[precision], ROWS=rows_inverse, INTERPRET=triton_support.interpreting(), num_warps=num_warps)
+    buffers = (w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf, t_buf)
     gdn_chunks_kernel[(num_chunks, num_v_heads)](
         q, k, v, a, b, a_log, dt_bias, rows, state_ids, first, chunk_run, tok0, chunk_off, chunk_stop, *buffers, int(has_cache),
         float(k_dim**-0.5), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), SUB=SUB, **dims,
