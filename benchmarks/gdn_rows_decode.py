@@ -129,7 +129,7 @@ def main() -> None:
     device = torch.device(args.device)
     if device.type == "cpu":
         return _check_on_cpu()
-    from gdn import SHAPES, _cache, _contract_op, _decode_chunk, _fla, _fla_step, _inputs
+    from gdn import SHAPES, _cache, _contract_op, _decode_chunk, _fla, _inputs
     from timing import graphed_ms
 
     op, entry, row_width = _contract_op("tiny-hybrid-triton")
