@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine|attention-profile|attention-knobs]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|gdn-rows|gdn-rows-audits|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine|attention-profile|attention-knobs]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -123,6 +123,38 @@ if [ "$PART" = gdn-bench ]; then
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py gdn --json "$OUT/bench_gdn.json" 2>&1 | grep -v Warning | tail -30 | tee "$OUT/bench_gdn.txt")
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py engine trainer --model qwen3.5-9b-4l-random \
     --contracts tiny-hybrid-triton,native --json "$OUT/bench_9b.json" 2>&1 | tail -12 | tee "$OUT/bench_9b.txt")
+fi
+
+# gdn.core.triton's inverse by rows (`inverse = "rows"`, docs/gdn.md; carry fla-core's wheel as for gdn-bench). gdn-rows:
+# the GPU tests of every form with it (the contract's chunk, heads of 128), the decode step over a chunk against the
+# products inverse, FLA and the standalone probe (gdn_rows_decode.py), and bench.py gdn's training, prefill and decode
+# phases at one head shape with each inverse (about 7 minutes). gdn-rows-audits: the 9B- and 35B-A3B-shaped presets'
+# audits under tiny-hybrid-triton with inverse = "rows" (a contract file written to /tmp), and the 9B preset's engine
+# and trainer with it beside the preset and native.
+if [ "$PART" = gdn-rows ]; then
+timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/gdn/test_triton.py -k "rows and (contract or not qwen)" 2>&1 | tail -4 | tee "$OUT/pytest_gdn_rows.txt"
+(cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} timeout 120 python3 gdn_rows_decode.py --batches 1,2,4,8,16 2>&1 | grep -v -i warn | tee "$OUT/gdn_rows_decode.txt")
+for inverse in products rows; do
+(cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} timeout 150 python3 bench.py gdn --gdn-shapes hk16-hv32-d128 --gdn-inverse "$inverse" \
+    --json "$OUT/bench_gdn_$inverse.json" 2>&1 | grep -v Warning | tail -16 | tee "$OUT/bench_gdn_$inverse.txt")
+done
+fi
+
+if [ "$PART" = gdn-rows-audits ]; then
+python3 -m isoexec contract show tiny-hybrid-triton --json | python3 -c '
+import json, sys
+c = json.load(sys.stdin)
+c["name"] += "-rows"
+for e in c["composition"]:
+    if e["region"] == "gdn.core":
+        e["constants"]["inverse"] = "rows"
+json.dump(c, open("/tmp/hybrid_rows.json", "w"), indent=1)'
+for model in qwen3.5-9b-4l-random qwen3.5-35b-a3b-4l-random; do
+python3 -m isoexec audit --device cuda --quiet --model "$model" --contract /tmp/hybrid_rows.json --requests 8 --max-new-tokens 140 \
+    --json "$OUT/audit_${model}_rows.json" 2>&1 | tail -8 | tee "$OUT/audit_${model}_rows.txt"
+done
+(cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py engine trainer --model qwen3.5-9b-4l-random \
+    --contracts /tmp/hybrid_rows.json,tiny-hybrid-triton,native --json "$OUT/bench_9b_rows.json" 2>&1 | tail -14 | tee "$OUT/bench_9b_rows.txt")
 fi
 
 # gdn.core.triton's two-launch path (docs/gdn.md; carry fla-core's wheel as for gdn-bench): the bits of every form by
