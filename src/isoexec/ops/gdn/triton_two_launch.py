@@ -42,7 +42,7 @@ def _walk_tiles(w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, chunk, sto
 @jit(do_not_specialize=["has_cache", "q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_at"])
 def gdn_chunks_kernel(
     q, k, v, a, b, a_log, dt_bias, rows_cache, state_ids, run_first, chunk_run, chunk_tok0, chunk_off, chunk_stop,
-    w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf, t_buf,
+    w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf, t_rows_buf,
     has_cache, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, ROWS: tl.constexpr, INTERPRET: tl.constexpr,
@@ -91,13 +91,13 @@ def gdn_chunks_kernel(
         tl.store(g_buf + p, g, mask=piece)
         tl.store(beta_buf + p, beta, mask=piece)
         if ROWS:
-            tl.store(t_buf + p[:, None] * C + rows[None, :], t_rows, mask=piece[:, None])
+            tl.store(t_rows_buf + p[:, None] * C + rows[None, :], t_rows, mask=piece[:, None])
 
 
 @jit(do_not_specialize=["has_cache", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_ot", "stride_oh"])
 def gdn_walk_kernel(
     k, v, out, state, rows_cache, state_ids, positions, run_first, run_len, run_chunk0,
-    w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf, t_buf,
+    w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf, t_rows_buf,
     has_cache, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, ROWS: tl.constexpr, INTERPRET: tl.constexpr, PREFETCH: tl.constexpr,
@@ -160,7 +160,7 @@ def gdn_walk_kernel(
             if ROWS:
                 m_t = keep[:, None] & (rows[None, :] >= 0)
                 tl.store(p_cached[:, None] + DK_PAD + DV_PAD + 16 + rows[None, :],
-                         tl.load(t_buf + p[:, None] * C + rows[None, :], mask=m_t, other=0.0), mask=m_t)
+                         tl.load(t_rows_buf + p[:, None] * C + rows[None, :], mask=m_t, other=0.0), mask=m_t)
         done += stop - off
         off -= off
         j += 1
@@ -193,10 +193,10 @@ def fwd(q, k, v, a, b, a_log, dt_bias, out, state, rows, state_ids, positions, r
     c_buf, g_buf, beta_buf = (torch.empty(chunk_rows, num_v_heads, **f32) for _ in range(3))
     rows_inverse = bool(INVERSES[inverse])
     # T's rows, for the walk to leave an open chunk's in the slot (the inverse by rows alone; else a pointer never read).
-    t_buf = torch.empty(chunk_rows, num_v_heads, chunk_size, **f32) if rows_inverse else c_buf
+    t_rows_buf = torch.empty(chunk_rows, num_v_heads, chunk_size, **f32) if rows_inverse else c_buf
     dims = dict(GROUP=num_v_heads // num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, DK_PAD=k_pad, DV_PAD=v_pad, BV=block_v, C=chunk_size,
                 PRECISION=PRECISIONS[precision], ROWS=rows_inverse, INTERPRET=triton_support.interpreting(), num_warps=num_warps)
-    buffers = (w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf, t_buf)
+    buffers = (w_buf, u_buf, qn_buf, scores_buf, decayed_buf, c_buf, g_buf, beta_buf, t_rows_buf)
     gdn_chunks_kernel[(num_chunks, num_v_heads)](
         q, k, v, a, b, a_log, dt_bias, rows, state_ids, first, chunk_run, tok0, chunk_off, chunk_stop, *buffers, int(has_cache),
         float(k_dim**-0.5), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), SUB=SUB, **dims,
