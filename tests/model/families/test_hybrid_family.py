@@ -116,6 +116,26 @@ def test_audit_is_bitwise_under_tiny_hybrid_and_native_gdn_is_not(caplog, preset
     assert f"prefix caching is off for {spec.architecture}" in caplog.text  # native's deployment asks for it
 
 
+def _rows_inverse(name: str = "tiny-hybrid-triton") -> Contract:
+    """`name` with gdn.core.triton's inverse by rows (its slot rows then keep T's rows too)."""
+    data = preset_dict(name)
+    next(e for e in data["composition"] if e["region"] == "gdn.core")["constants"]["inverse"] = "rows"
+    data["name"] = f"{name}-rows"
+    return Contract.from_dict(data)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's run; on a GPU the audit test below takes both inverses")
+def test_audit_is_bitwise_under_the_triton_contract_with_the_inverse_by_rows():
+    """tiny-hybrid-triton (chunks of 16) with `inverse = "rows"`, in Triton's interpreter: 3 requests of 20 new tokens
+    (generations that cross a chunk boundary, decode steps that solve T's row from the slot's earlier rows, prefill
+    chunks that end mid-chunk) give every token's row the trainer's bits; native's recurrent decode does not."""
+    spec = PRESETS["tiny-hybrid"]
+    model = init_random(spec, seed=0)
+    report = run_audit(model, fit_contract(_rows_inverse(), spec), requests=3, max_new_tokens=20, progress=False)
+    assert all_equal(report) and report["tokens"] == 60
+    assert not all_equal(run_audit(model, fit_contract(load_preset("native"), spec), requests=3, max_new_tokens=20, progress=False))
+
+
 def test_a_sequence_slot_is_reused_without_clearing():
     """Two generate calls through one engine: the second's sequences land in slots the first left
     holding state, and their rows are still the trainer's (a sequence at position 0 starts from zeros)."""
@@ -216,12 +236,15 @@ def test_the_gpu_contract_fits_and_binds_every_op_of_the_hybrid_families(preset)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="runs the Triton kernels compiled for a GPU")
 @pytest.mark.parametrize("preset", ["tiny-hybrid", "tiny-hybrid-moe"])
-def test_on_the_gpu_the_audit_is_bitwise_under_tiny_hybrid_triton(preset):
-    """On a GPU: under tiny-hybrid-triton (decode steps as CUDA graphs) every sampled token's log-prob and
-    full row equal the trainer's bits over generations that cross two 32-token chunks; native differs."""
+@pytest.mark.parametrize("inverse", ["products", "rows"])
+def test_on_the_gpu_the_audit_is_bitwise_under_tiny_hybrid_triton(preset, inverse):
+    """On a GPU: under tiny-hybrid-triton (decode steps as CUDA graphs; gdn.core's inverse by products, the preset's,
+    or by rows) every sampled token's log-prob and full row equal the trainer's bits over generations that cross
+    several chunks; native differs."""
     model = init_random(PRESETS[preset], seed=0).to("cuda")
-    report = run_audit(model, fit_contract(load_preset("tiny-hybrid-triton"), model.spec, device="cuda"), requests=4, max_new_tokens=70,
-                       device="cuda", progress=False)
+    contract = load_preset("tiny-hybrid-triton") if inverse == "products" else _rows_inverse()
+    report = run_audit(model, fit_contract(contract, model.spec, device="cuda"), requests=4, max_new_tokens=70, device="cuda",
+                       progress=False)
     assert all_equal(report), report["trainer_score"]
     native = run_audit(model, fit_contract(load_preset("native"), model.spec, device="cuda"), requests=4, max_new_tokens=70, device="cuda",
                        progress=False)
