@@ -9,7 +9,8 @@ the piece computes: a piece that starts mid-chunk (an engine call continuing its
 chunk's earlier inputs from the sequence's cache slot and recomputes those rows exactly as the first call
 did, so a decode step runs the trainer's tiles with the rows past it zero. The engine's cache is
 therefore the open chunk's *inputs* (k and v as given, g and β as this kernel gated them) and the fp32
-state at its start: no intermediate a later call would have to reproduce. A piece that leaves its chunk
+state at its start: no intermediate a later call would have to reproduce; under the constant `inverse = "rows"` also
+T's rows, which a later call reads and never recomputes (`triton_tiles._inverse_rows`). A piece that leaves its chunk
 open writes its rows into the slot itself, the fields every value block reads (k, g, β) from the last
 block, after every block has read the slot's earlier rows: one launch a call.
 
