@@ -45,6 +45,8 @@ def _contract_op(name: str, **overrides):
     """The contract's gdn.core op (its constants, with `overrides` over them), its entry and its impl's row_width."""
     entry = next(e for e in load(name).composition if e.region == "gdn.core")
     impl = REGISTRY.get(entry.impl.id, entry.impl.version)
+    if "inverse" in overrides and entry.impl.id != "gdn.core.triton":
+        raise ValueError(f"--gdn-inverse: {name}'s gdn.core is {impl.ref}, which has no `inverse` constant (gdn.core.triton has)")
     return impl.bind({**dict(entry.constants), **overrides}), entry, impl.row_width
 
 
