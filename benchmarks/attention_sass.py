@@ -8,8 +8,8 @@ first measure of a change before any device time; timings still decide.
 
 Forms, at Qwen3-8B's heads (4 query heads per KV head of 128, bf16), as `attention_fwd` launches them: the stacked
 prefill tile (128 rows, 8 warps, pairs of blocks) and the one-query decode tile (64 rows, 4 warps, pairs), each with
-whole blocks checked and the blocks of the tile's own positions too (`CHECKED` and `DIAGONAL`), whole blocks checked
-(`CHECKED`, the default), and masked. Beside the hottest loop, every loop with wgmma instructions and its length: the
+whole blocks checked and the blocks of the tile's own positions too (`CHECKED` and `DIAGONAL`, the default), whole
+blocks checked (`CHECKED`), and masked. Beside the hottest loop, every loop with wgmma instructions and its length: the
 pairs of whole blocks, single whole blocks, the blocks of the tile's positions.
 """
 import argparse
