@@ -17,7 +17,9 @@ gdn.core.triton computes with its constant `inverse = "rows"` (the slot keeps T'
 script times, over a whole chunk of decode steps (16 from a chunk's first offset, one CUDA graph, as `bench.py gdn`
 times "decode chunk"): the contract's op (`inverse = "products"`), the op with `inverse = "rows"`, FLA's recurrent step,
 and a standalone kernel of each form (the slot's rows, its T rows and the state as the op's step reads them, without the
-op's run finding: what the design costs at least). Every output is compared with FLA's from the same state.
+op's run finding: what the design costs at least). Every output is compared with FLA's from the same state. Three
+ablations of the `rows` kernel, timed alone (their outputs are not GDN's), say where its step goes: the loads and
+stores alone, then up to T's row, then up to δ.
 
     cd benchmarks && PYTHONPATH=../src:/tmp/site python3 gdn_rows_decode.py [--batches 1,2,4,8,16] [--shape hk16-hv32-d128]
     TRITON_INTERPRET=1 PYTHONPATH=../src python3 gdn_rows_decode.py --device cpu   # the kernel's logic, against gdn.core.reference
@@ -31,13 +33,16 @@ from isoexec.ops import triton_support
 from isoexec.ops.gdn.triton_tiles import L2_EPS, _gates, _mm, _operand
 from isoexec.ops.triton_support import jit, tl
 
-FORMS = {"rows": 0, "rows+x": 1}
+# form -> (δ's form, the last stage computed). The stages before the last (3) are ablations for timing alone: 0 the
+# loads and stores, 1 with the norms, Gram matrix and row solve, 2 with W, U and δ; each stores what it computed last.
+FORMS = {"rows": (0, 3), "rows+x": (1, 3)}
+ABLATIONS = {"rows, loads and stores": (0, 0), "rows, to the row solve": (0, 1), "rows, to δ": (0, 2)}
 
 
 @jit
 def rows_step_kernel(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, t_cache, positions, q_scale,
                      HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-                     FORM: tl.constexpr, P: tl.constexpr, INTERPRET: tl.constexpr):
+                     FORM: tl.constexpr, STAGE: tl.constexpr, P: tl.constexpr, INTERPRET: tl.constexpr):
     """One decode token of sequence i_b, value head i_h, value columns [i_v BV, (i_v + 1) BV)."""
     NV: tl.constexpr = DV // BV
     width: tl.constexpr = DK + DV + 16
@@ -64,14 +69,20 @@ def rows_step_kernel(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, t_ca
     p_t = t_cache + i_b.to(tl.int64) * (C * HV * C) + i_h * C + rows[:, None] * (HV * C) + rows[None, :]
     t_old = tl.load(p_t, mask=cached[:, None], other=0.0)
     eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-    t = tl.where(new[:, None], eye - tl.dot(tl.where(new[:, None], system, 0.0), t_old, input_precision="ieee"), t_old)
+    if STAGE >= 1:
+        t = tl.where(new[:, None], eye - tl.dot(tl.where(new[:, None], system, 0.0), t_old, input_precision="ieee"), t_old)
+    else:
+        t = t_old
     t_op = _operand(t, P, INTERPRET)
     v_new = tl.load(v + (i_b * HV + i_h) * DV + o_v).to(tl.float32)
     vf = tl.where(new[:, None], v_new[None, :], tl.load(p_rows[:, None] + DK + o_v[None, :], mask=cached[:, None], other=0.0))
     p_state = state + (i_b * HV + i_h).to(tl.int64) * (DK * DV) + o_k[:, None] * DV + o_v[None, :]
     s0 = tl.load(p_state)
     s_op = _operand(s0, P, INTERPRET)
-    if FORM == 0:
+    if STAGE < 2:
+        delta = _operand(vf + tl.sum(s0, 0)[None, :] + tl.sum(kf, 1)[:, None] + tl.sum(t, 1)[:, None] + g[:, None] + beta[:, None], P,
+                         INTERPRET)
+    elif FORM == 0:
         w = _operand(_mm(t_op, _operand((beta * tl.exp(c))[:, None] * kn.to(tl.float32), P, INTERPRET), P, INTERPRET), P, INTERPRET)
         delta = _operand(_mm(t_op, _operand(beta[:, None] * vf, P, INTERPRET), P, INTERPRET) - _mm(w, s_op, P, INTERPRET), P, INTERPRET)
     else:
@@ -82,7 +93,10 @@ def rows_step_kernel(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, t_ca
     upto = rows[:, None] >= rows[None, :]
     scores = _operand(tl.where(upto, _mm(qn, tl.trans(kn), P, INTERPRET) * tl.exp(tl.where(upto, c[:, None] - c[None, :], 0.0)), 0.0),
                       P, INTERPRET)
-    o = tl.exp(c)[:, None] * _mm(qn, s_op, P, INTERPRET) + _mm(scores, delta, P, INTERPRET)
+    if STAGE == 3:
+        o = tl.exp(c)[:, None] * _mm(qn, s_op, P, INTERPRET) + _mm(scores, delta, P, INTERPRET)
+    else:
+        o = delta.to(tl.float32) + tl.sum(q_new, 0)
     tl.store(out + (i_b * HV + i_h) * DV + o_v[None, :] + 0 * rows[:, None], o.to(out.dtype.element_ty), mask=new[:, None])
     # This token's row into the slot (k, g, β and T's row from the last block; no program reads the row it writes).
     tl.store(p_rows[:, None] + DK + o_v[None, :], vf, mask=new[:, None])
@@ -105,7 +119,7 @@ def rows_step(form: str, block_v: int, chunk: int, x: dict, state, rows_cache, t
     out = x["v"].new_empty((batch, hv, dv), dtype=x["v"].dtype if precision else torch.float32)
     rows_step_kernel[(batch, hv, dv // block_v)](
         x["q"], x["k"], x["v"], x["a"], x["b"], x["a_log"], x["dt_bias"], out, state, rows_cache, t_cache, positions, float(dk**-0.5),
-        HK=hk, HV=hv, DK=dk, DV=dv, BV=block_v, C=chunk, FORM=FORMS[form], P=precision, INTERPRET=triton_support.interpreting(), num_warps=4)
+        HK=hk, HV=hv, DK=dk, DV=dv, BV=block_v, C=chunk, FORM=({**FORMS, **ABLATIONS}[form])[0], STAGE=({**FORMS, **ABLATIONS}[form])[1], P=precision, INTERPRET=triton_support.interpreting(), num_warps=4)
     return out
 
 
@@ -160,7 +174,7 @@ def main() -> None:
         steps = _steps(x, batch, chunk)
         positions = [torch.full((batch,), 2048 + i, device=device) for i in range(chunk)]
         block = split_block(batch * hv, dv, sms)
-        for form in FORMS:
+        for form in {**FORMS, **ABLATIONS}:
             state0, _ = _cache(shape, batch, chunk, row_width(*shape[1:]), device, torch.Generator(device=device).manual_seed(7))
             slot = torch.zeros(batch, chunk, hv, dk + dv + 16, device=device)
             t_slot = torch.zeros(batch, chunk, hv, chunk, device=device)
@@ -173,8 +187,11 @@ def main() -> None:
                 ms = graphed_ms(chunk_steps, device) / chunk
             diff = float((got.float() - outputs["fla"].float()).abs().max()) if "fla" in outputs else float("nan")
             ref = float((outputs["contract"].float() - outputs["fla"].float()).abs().max()) if "fla" in outputs else float("nan")
-            parts.append(f"[{form}, block {block}] {ms * 1e3:6.2f} us ({ms / row['fla_ms']:.2f}x fla, max|diff| vs fla {diff:.1e}, @3's {ref:.1e})"
-                         if "fla_ms" in row else f"[{form}, block {block}] {ms * 1e3:6.2f} us")
+            if form in ABLATIONS or "fla_ms" not in row:
+                parts.append(f"[{form}, block {block}] {ms * 1e3:6.2f} us")
+            else:
+                parts.append(f"[{form}, block {block}] {ms * 1e3:6.2f} us ({ms / row['fla_ms']:.2f}x fla, max|diff| vs fla {diff:.1e}, "
+                             f"@3's {ref:.1e})")
         print(f"{args.shape} decode chunk  " + "  ".join(parts), flush=True)
 
 
