@@ -67,7 +67,7 @@ def gdn_fwd_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, ROWS: tl.constexpr, INTERPRET: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, ONE_TOKEN: tl.constexpr = False,
 ):
     # Program (p, h, s): if a run starts at token p (every_token: while a CUDA graph is captured) or candidates[p]
     # (a new slot, or a position that does not follow the previous token's), walk that run for value head h,
@@ -96,24 +96,27 @@ def gdn_fwd_kernel(
         end = tl.where(starts, tl.where(alone, i_s + 1, tl.where(i_s == 0, NV, 0)), 0)
         while i_v < end:  # not `for … in range(i_v, end)`: the interpreter cannot take loaded bounds there
             _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, i_v == NV - 1,
-                 pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
-                 GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET)
+                 pos0, slot, caching, alone, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
+                 GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET, ONE_TOKEN)
             i_v += 1
     elif starts:  # its own constexpr loop: the loop above, with runtime bounds, made this variant spill 88 bytes more
         for i_v in range(NV):
             _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, i_v == NV - 1,
-                 pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
-                 GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET)
+                 pos0, slot, caching, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
+                 GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET, False)
 
 
 @jit
 def _run(
     q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, last_block, pos0, slot,
-    caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
+    caching, one_token, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, ROWS: tl.constexpr, INTERPRET: tl.constexpr,
+    ONE_TOKEN: tl.constexpr,
 ):
-    """Value head i_h, columns [i_v BV, (i_v + 1) BV) of the run that starts at token i_t, piece by piece."""
+    """Value head i_h, columns [i_v BV, (i_v + 1) BV) of the run that starts at token i_t, piece by piece. ONE_TOKEN:
+    `one_token` says whether the run is that token alone (its neighbours' positions and slots, read already), whose
+    piece then ends after it without reading the chunk's later positions (else unused)."""
     width: tl.constexpr = DK_PAD + DV_PAD + 16 + T_FIELD  # triton_tiles.row_floats
     rows = tl.arange(0, C)
     o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
@@ -134,12 +137,13 @@ def _run(
         off = pos % C
         # This piece: the run's tokens from offset `off` to the chunk's end or the run's end.
         tok = t + rows - off  # [C]
-        cand = (rows >= off) & (tok < T)
-        p_tok = tl.load(positions + tok, mask=cand, other=-1)
-        same = p_tok == pos + rows - off
-        same = same & (~caching | (tl.load(state_ids + tok, mask=cand & caching, other=-1) == slot))
-        stop = tl.min(tl.where(cand & ~same, rows, C), 0)  # the first offset past the piece
-        stop = tl.minimum(stop, tl.max(tl.where(cand, rows, -1), 0) + 1)
+        if ONE_TOKEN:
+            if one_token:
+                stop = (off + 1).to(tl.int32)
+            else:
+                stop = _piece_stop(positions, state_ids, tok, pos, off, slot, caching, T, C)
+        else:
+            stop = _piece_stop(positions, state_ids, tok, pos, off, slot, caching, T, C)
         piece = (rows >= off) & (rows < stop)  # [C]
         cached = rows < off  # the chunk's earlier rows, from the slot (off > 0 only with a cache)
         tok64 = tok.to(tl.int64)
@@ -177,12 +181,27 @@ def _run(
         t += stop - off
         pos += stop - off
         going = (stop == C) & (t < T)
+        if ONE_TOKEN:
+            going = going & ~one_token
         if going:
             going = tl.load(positions + t, mask=t < T, other=-1) == pos
             going = going & (~caching | (tl.load(state_ids + t, mask=caching & (t < T), other=-1) == slot))
     if caching & (closed | (pos0 == 0)):  # the state changed (a chunk closed), or the slot never held this sequence's
         p_state = state + tl.load(state_ids + i_t).to(tl.int64) * (HV * DK * DV) + i_h * (DK * DV)  # reread: see p_slot
         tl.store(p_state + o_k[:, None] * DV + o_v[None, :], s0, mask=m_state)
+
+
+@jit
+def _piece_stop(positions, state_ids, tok, pos, off, slot, caching, T, C: tl.constexpr):
+    """The first chunk offset past the piece that starts at offset `off` with the token at position `pos` (`tok`: the
+    token at each offset, were the run to go on): where a later token's position or slot breaks the run, or the call
+    or the chunk ends."""
+    rows = tl.arange(0, C)
+    cand = (rows >= off) & (tok < T)
+    same = tl.load(positions + tok, mask=cand, other=-1) == pos + rows - off
+    same = same & (~caching | (tl.load(state_ids + tok, mask=cand & caching, other=-1) == slot))
+    stop = tl.min(tl.where(cand & ~same, rows, C), 0)
+    return tl.minimum(stop, tl.max(tl.where(cand, rows, -1), 0) + 1)
 
 
 _UNREAD: dict = {}
@@ -237,7 +256,7 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
         q, k, v, a, b, a_log, dt_bias, out, state, rows, ids, positions, candidates, num_tokens, float(k_dim**-0.5), int(has_cache),
         int(every_token), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), out.stride(0),
         out.stride(1), BV=block_v, SUB=SUB, PRECISION=PRECISIONS[precision], ROWS=bool(INVERSES[inverse]), INTERPRET=triton_support.interpreting(),
-        SPLIT=split is not None, num_warps=num_warps, **dims,
+        SPLIT=split is not None, ONE_TOKEN=split is not None and ONE_TOKEN_PIECES, num_warps=num_warps, **dims,
     )
     return out if out.is_contiguous() else out.contiguous()
 
@@ -330,6 +349,10 @@ def _env_splits(name: str, default: tuple) -> tuple:
 
 
 SPLITS: tuple = _env_splits("ISOEXEC_GDN_SPLITS", ((32, 0.5), (64, 1.0)))
+# A split decode program whose run is one token (`alone`: its neighbours' positions and slots, read with its own)
+# knows its piece ends after it, and skips reading the positions and slots of the chunk's later offsets: one dependent
+# global load fewer before the rows' loads (the same piece, so the same bits). Off until timed on a GPU.
+ONE_TOKEN_PIECES = False
 SPLIT_BLOCK_V: int | None = None
 
 
