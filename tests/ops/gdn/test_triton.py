@@ -85,12 +85,13 @@ def test_every_form_gives_the_trainers_bits(chunks_of_16, inverse):
     """A sequence over two chunks, packed alone and after others, prefill at the chunk boundary, in chunks
     of 5, mid-chunk then decode, decode from every offset: one op sequence a row, so the same bits (fp32:
     the interpreter's bf16 is not the GPU's); with the inverse by rows, a decode step computes T's row alone from
-    the rows the slot keeps."""
+    the rows the slot keeps. Control: native's decode differs from its packed rows."""
     results = dict(test_core.forms(triton_op(inverse=inverse), torch.float32, length=C + 5))
     first = results["alone"]
     differing = {form: int((int_view(out) != int_view(first)).sum()) for form, out in results.items() if not bitwise_equal(out, first)}
     assert not differing
     assert torch.isfinite(first).all()
+    assert native_decode_differs(make_seq(C + 5, seed=5), make_params())
 
 
 @pytest.mark.parametrize("precision, inverse", [("ieee", "products"), ("bf16", "products"), ("ieee", "rows"), ("bf16", "rows")],

@@ -158,9 +158,8 @@ def gdn_walk_kernel(
             tl.store(p_cached + DK_PAD + DV_PAD, tl.load(g_buf + p, mask=keep, other=0.0), mask=keep)
             tl.store(p_cached + DK_PAD + DV_PAD + 1, tl.load(beta_buf + p, mask=keep, other=0.0), mask=keep)
             if ROWS:
-                m_t = keep[:, None] & (rows[None, :] >= 0)
                 tl.store(p_cached[:, None] + DK_PAD + DV_PAD + 16 + rows[None, :],
-                         tl.load(t_rows_buf + p[:, None] * C + rows[None, :], mask=m_t, other=0.0), mask=m_t)
+                         tl.load(t_rows_buf + p[:, None] * C + rows[None, :], mask=keep[:, None], other=0.0), mask=keep[:, None])
         done += stop - off
         off -= off
         j += 1
