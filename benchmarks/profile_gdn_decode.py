@@ -1,9 +1,14 @@
 """Where a gdn.core.triton decode step spends its GPU time, against flash-linear-attention's recurrent step,
 and whether a tensor-core product's row keeps its bits in a smaller tile (what a decode step that computes
-only its own row relies on).
+only its own row relies on). `--part rows`: the kernels of one chunk of decode steps (16 from a chunk's first offset,
+replayed as one CUDA graph, as `bench.py gdn` times "decode chunk") by the op with each inverse, by
+`gdn_rows_decode.py`'s standalone kernel and by FLA's recurrent step: how many launch a step and each one's device time,
+which says whether the op's step costs more than the standalone kernel inside its kernel or around it.
 
-    cd benchmarks && PYTHONPATH=../src python3 profile_gdn_decode.py
+    cd benchmarks && PYTHONPATH=../src python3 profile_gdn_decode.py [--part all|rows] [--batches 1,4]
 """
+
+import argparse
 
 import torch
 import triton
@@ -13,7 +18,8 @@ from torch.profiler import ProfilerActivity, profile
 from gdn import GPU, SHAPES, _cache, _contract_op, _fla, _fla_decode, _inputs
 
 
-def _kernels(fn, label: str, reps: int = 20) -> None:
+def _kernels(fn, label: str, reps: int = 20, per: int = 1) -> None:
+    """fn's kernels, their count and device time per call (per `per`-th of a call: fn makes `per` steps)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -22,10 +28,62 @@ def _kernels(fn, label: str, reps: int = 20) -> None:
             fn()
         torch.cuda.synchronize()
     rows = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
-    total = sum(e.device_time_total for e in rows) / reps
-    print(f"== {label}: {total:.1f} us of kernels per call")
+    total = sum(e.device_time_total for e in rows) / (reps * per)
+    print(f"== {label}: {total:.2f} us of kernels per {'step' if per > 1 else 'call'}")
     for e in rows[:8]:
-        print(f"   {e.device_time_total / reps:8.1f} us  {e.count // reps:3d}x  {e.key[:100]}")
+        print(f"   {e.device_time_total / (reps * per):8.2f} us  {e.count / (reps * per):5.2f}x  {e.key[:100]}")
+
+
+def profile_rows_step(batches: list[int], timed: bool = True, only: str = "") -> None:
+    """Graph replays of a chunk of decode steps: the kernels each impl launches a step and their device time."""
+    from gdn import TOKEN_INPUTS
+    from gdn_rows_decode import rows_step, split_block
+    from timing import graphed_ms
+
+    device = torch.device("cuda")
+    fla, why = _fla()
+    shape = SHAPES["hk16-hv32-d128"]
+    hk, hv, dk, dv = shape
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    ops = {inverse: _contract_op(GPU["contract"], inverse=inverse) for inverse in ("products", "rows")}
+    chunk = ops["rows"][1].constants["chunk_size"]
+    width = ops["rows"][2](hv, dk, dv)
+    for batch in batches:
+        generator = torch.Generator(device=device).manual_seed(batch)
+        x = _inputs(shape, batch * chunk, device, generator)
+        steps = [{n: (t[i * batch:(i + 1) * batch] if n in TOKEN_INPUTS else t) for n, t in x.items()} for i in range(chunk)]
+        positions = [torch.full((batch,), 2048 + i, device=device) for i in range(chunk)]
+        ids = torch.arange(batch, device=device)
+        state, cache_rows = _cache(shape, batch, chunk, width, device, generator)
+        fns = {}
+        for inverse, (op, _, _) in ops.items():
+            fns[f"op, inverse {inverse}"] = lambda op=op, s=state.clone(), r=cache_rows.clone(): [
+                op(t["q"], t["k"], t["v"], t["a"], t["b"], t["a_log"], t["dt_bias"], s, r, ids, p) for t, p in zip(steps, positions)]
+        block = split_block(batch * hv, dv, sms)
+        slot, t_slot = torch.zeros(batch, chunk, hv, dk + dv + 16, device=device), torch.zeros(batch, chunk, hv, chunk, device=device)
+        fns[f"standalone rows kernel, block {block}"] = lambda s=state.clone(): [
+            rows_step("rows", block, chunk, t, s, slot, t_slot, p) for t, p in zip(steps, positions)]
+        if fla is not None:
+            def fla_chunk(s=state.clone()):
+                for t in steps:
+                    _fla_decode(fla, t, s)
+            fns["fla recurrent step"] = fla_chunk
+        for label, fn in fns.items():
+            if only not in label:
+                continue
+            with torch.no_grad():
+                per_step = graphed_ms(fn, device) * 1e3 / chunk if timed else float("nan")
+                side = torch.cuda.Stream(device)
+                graph = torch.cuda.CUDAGraph()
+                side.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(side):
+                    fn()
+                torch.cuda.current_stream(device).wait_stream(side)
+                with torch.cuda.graph(graph):
+                    fn()
+                _kernels(graph.replay, f"batch {batch} {label} ({per_step:.2f} us a step replayed)", per=chunk)
+    if fla is None:
+        print("no FLA:", why)
 
 
 def profile_decode() -> None:
@@ -96,5 +154,14 @@ def probe_tiles() -> None:
 
 
 if __name__ == "__main__":
-    probe_tiles()
-    profile_decode()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("all", "rows"), default="all")
+    parser.add_argument("--batches", default="1,4", help="--part rows: decode batches")
+    parser.add_argument("--untimed", action="store_true", help="--part rows: no graph timing (under a profiler such as ncu)")
+    parser.add_argument("--only", default="", help="--part rows: the impls whose label contains this")
+    args = parser.parse_args()
+    if args.part == "rows":
+        profile_rows_step([int(b) for b in args.batches.split(",")], timed=not args.untimed, only=args.only)
+    else:
+        probe_tiles()
+        profile_decode()
