@@ -147,9 +147,16 @@ def _run(
         piece = (rows >= off) & (rows < stop)  # [C]
         cached = rows < off  # the chunk's earlier rows, from the slot (off > 0 only with a cache)
         tok64 = tok.to(tl.int64)
-        # The slot as the piece's first token names it (the run's slot): read per piece, so the compiler
-        # does not hoist the cache's [C, D] address tiles out of the loop and keep them live.
-        p_slot = rows_cache + tl.load(state_ids + t, mask=caching, other=0).to(tl.int64) * (C * HV * width) + i_h * width
+        # The slot as the piece's first token names it (the run's slot): read per piece, so the compiler does not
+        # hoist the cache's [C, D] address tiles out of the loop and keep them live (ptxas: 452 bytes of spills
+        # unsplit, 616 with the slot below). ONE_TOKEN: the run's slot as read already, through a select on the
+        # piece's token for the same reason (no spills at a split's columns): the reload, behind the loop's branch,
+        # puts the slot's rows one global round trip later.
+        if ONE_TOKEN:
+            slot_here = tl.where(t >= 0, slot, 0)
+        else:
+            slot_here = tl.load(state_ids + t, mask=caching, other=0).to(tl.int64)
+        p_slot = rows_cache + slot_here * (C * HV * width) + i_h * width
         p_cached = p_slot + rows * (HV * width)  # [C]
 
         kf, g, beta, t_rows, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, neg_a, bias,
@@ -187,7 +194,11 @@ def _run(
             going = tl.load(positions + t, mask=t < T, other=-1) == pos
             going = going & (~caching | (tl.load(state_ids + t, mask=caching & (t < T), other=-1) == slot))
     if caching & (closed | (pos0 == 0)):  # the state changed (a chunk closed), or the slot never held this sequence's
-        p_state = state + tl.load(state_ids + i_t).to(tl.int64) * (HV * DK * DV) + i_h * (DK * DV)  # reread: see p_slot
+        if ONE_TOKEN:
+            slot_here = tl.where(pos >= 0, slot, 0)
+        else:
+            slot_here = tl.load(state_ids + i_t).to(tl.int64)
+        p_state = state + slot_here * (HV * DK * DV) + i_h * (DK * DV)  # reread or selected: see p_slot
         tl.store(p_state + o_k[:, None] * DV + o_v[None, :], s0, mask=m_state)
 
 
@@ -350,8 +361,11 @@ def _env_splits(name: str, default: tuple) -> tuple:
 
 SPLITS: tuple = _env_splits("ISOEXEC_GDN_SPLITS", ((32, 0.5), (64, 1.0)))
 # A split decode program whose run is one token (`alone`: its neighbours' positions and slots, read with its own)
-# knows its piece ends after it, and skips reading the positions and slots of the chunk's later offsets: one dependent
-# global load fewer before the rows' loads (the same piece, so the same bits). Off until timed on a GPU.
+# knows its piece ends after it, and skips reading the positions and slots of the chunk's later offsets; and every
+# split program addresses its slot and state by the slot it read first instead of reading state_ids again behind the
+# loop's branch. Dependent global loads fewer before the rows' loads (the same values, so the same bits). On an H100 at
+# 32 value heads the first part alone took 0.0-0.2 us off a step at batch 1-4 (8.40 -> 8.39 at batch 1); the
+# standalone kernel of the same design, with none of these loads, takes 5.85 (results/2026-12-06_7a13d4a_h100_gdn_rows_op).
 ONE_TOKEN_PIECES = False
 SPLIT_BLOCK_V: int | None = None
 
