@@ -15,8 +15,9 @@ loses the inverse's four products for one FMA dot. Two forms of δ on top:
 Both change the rows' bits against the product inverse (another inverse, another rounding). The first is what
 gdn.core.triton computes with its constant `inverse = "rows"` (the slot keeps T's rows; ops/gdn/triton_tiles.py). This
 script times, over a whole chunk of decode steps (16 from a chunk's first offset, one CUDA graph, as `bench.py gdn`
-times "decode chunk"): the contract's op (`inverse = "products"`), the op with `inverse = "rows"` (and with
-`ONE_TOKEN_PIECES`, its one-token runs' pieces known without loads; the same bits), FLA's recurrent step,
+times "decode chunk"): the contract's op (`inverse = "products"`), with `ONE_TOKEN_PIECES` (its one-token runs' pieces
+known without loads, the slot addressed by the id read first; the same bits), the op with `inverse = "rows"` (and with
+`ONE_TOKEN_PIECES`), FLA's recurrent step,
 and a standalone kernel of each form (the slot's rows, its T rows and the state as the op's step reads them, without the
 op's run finding: what the design costs at least). Every output is compared with FLA's from the same state. Three
 ablations of the `rows` kernel, timed alone (their outputs are not GDN's), say where its step goes: the loads and
@@ -170,15 +171,19 @@ def main() -> None:
         # programs of one-token runs ending their pieces without the later positions' loads (ONE_TOKEN_PIECES; the same
         # bits: `same as rows` compares them).
         rows_bits = None
-        for label, one_token in (("op, inverse rows", False), ("op, inverse rows, one-token pieces", True)):
+        for label, one_token in (("op, products, one-token pieces", True), ("op, inverse rows", False),
+                                 ("op, inverse rows, one-token pieces", True)):
             gdn_triton.ONE_TOKEN_PIECES = one_token
             rows_row = {}
-            rows_out = _decode_chunk(rows_op, None, x, shape, batch, chunk, row_width(*shape[1:]), device,
+            rows_out = _decode_chunk(op if "products" in label else rows_op, None, x, shape, batch, chunk, row_width(*shape[1:]), device,
                                      torch.Generator(device=device).manual_seed(7), rows_row)
             gdn_triton.ONE_TOKEN_PIECES = False
             bits = rows_out["contract"].view(torch.int16)
-            same = "" if rows_bits is None else f", same as rows {torch.equal(bits, rows_bits)}"
-            rows_bits = bits if rows_bits is None else rows_bits
+            if "products" in label:
+                same = f", same as @3 {torch.equal(bits, outputs['contract'].view(torch.int16))}"
+            else:
+                same = "" if rows_bits is None else f", same as rows {torch.equal(bits, rows_bits)}"
+                rows_bits = bits if rows_bits is None else rows_bits
             diff = float((rows_out["contract"].float() - outputs["fla"].float()).abs().max()) if "fla" in outputs else float("nan")
             parts.append(f"[{label}] {rows_row['contract_ms'] * 1e3:6.2f} us"
                          + (f" ({rows_row['contract_ms'] / row['fla_ms']:.2f}x fla, max|diff| vs fla {diff:.1e}{same})" if "fla_ms" in row else same))
