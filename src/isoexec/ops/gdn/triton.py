@@ -219,11 +219,14 @@ _UNREAD: dict = {}
 
 
 def _unread(device: torch.device, dtype: torch.dtype) -> Tensor:
-    """A small tensor for a pointer argument the kernel never reads (no cache), made once per device and dtype."""
+    """A small tensor for a pointer argument the kernel never reads (no cache, or the run starts of a captured call),
+    made once per device and dtype. While a CUDA graph is captured a missing one is made empty for that call alone: not
+    kept (it is the graph's private memory), and no fill, which the graph would replay every step (a captured decode
+    step's only call of this dtype comes under capture, since the eager calls before it pass their run starts)."""
     key = (device, dtype)
     if key not in _UNREAD:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():  # not from a graph's private pool
-            return torch.zeros(4, dtype=dtype, device=device)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return torch.empty(4, dtype=dtype, device=device)
         _UNREAD[key] = torch.zeros(4, dtype=dtype, device=device)
     return _UNREAD[key]
 
