@@ -366,9 +366,9 @@ SPLITS: tuple = _env_splits("ISOEXEC_GDN_SPLITS", ((32, 0.5), (64, 1.0)))
 # A split decode program whose run is one token (`alone`: its neighbours' positions and slots, read with its own)
 # knows its piece ends after it, and skips reading the positions and slots of the chunk's later offsets; and every
 # split program addresses its slot and state by the slot it read first instead of reading state_ids again behind the
-# loop's branch. Dependent global loads fewer before the rows' loads (the same values, so the same bits). On an H100 at
-# 32 value heads the first part alone took 0.0-0.2 us off a step at batch 1-4 (8.40 -> 8.39 at batch 1); the
-# standalone kernel of the same design, with none of these loads, takes 5.85 (results/2026-12-06_7a13d4a_h100_gdn_rows_op).
+# loop's branch. Dependent global loads fewer before the rows' loads (the same values, so the same bits, also on an
+# H100). Off: on an H100 at 32 value heads it took 0.05 us off the preset's step at batch 1 (0.2-0.4 with the rows
+# inverse; results/2026-12-06_0105c9d_h100_gdn_decode_kernels), too little to change the decode path's code for.
 ONE_TOKEN_PIECES = False
 SPLIT_BLOCK_V: int | None = None
 
