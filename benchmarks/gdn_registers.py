@@ -18,7 +18,7 @@ from sm90 import PTXAS, compile_kernel as compile_sm90, ptxas
 
 from isoexec.ops.gdn import triton as fwd, triton_bwd as bwd, triton_two_launch as two
 
-HEADS = dict(GROUP=2, HV=32, HK=16, DK=128, DV=128, DK_PAD=128, DV_PAD=128, SUB=16, PRECISION=2, ROWS=False, ONE_TOKEN=False, INTERPRET=False)
+HEADS = dict(GROUP=2, HV=32, HK=16, DK=128, DV=128, DK_PAD=128, DV_PAD=128, SUB=16, PRECISION=2, ROWS=False, INTERPRET=False)
 # Pointer arguments by name: bf16 operands and the buffers held as operands, int32 tables, the rest fp32.
 BF16 = {"q", "k", "v", "a", "b", "out", "d_out", "dx", "x", "dv", "w_buf", "qn_buf", "scores_buf", "decayed_buf", "t_buf",
         "states", "dstates", "delta_buf", "d_delta_buf", "d_w_buf"}
@@ -59,8 +59,6 @@ def main() -> None:
         *((f"gdn_fwd_kernel (a decode step split in {block}, inverse by rows)", fwd.gdn_fwd_kernel,
            dict(forward, BV=block, SPLIT=True, ROWS=True), 4, 3) for block, _ in fwd.SPLITS),
         ("gdn_chunks_kernel (inverse by rows)", two.gdn_chunks_kernel, dict(forward, ROWS=True), 4, 3),
-        ("gdn_fwd_kernel (split in 32, rows, one-token pieces known)", fwd.gdn_fwd_kernel,
-         dict(forward, BV=32, SPLIT=True, ROWS=True, ONE_TOKEN=True), 4, 3),
         (f"gdn_walk_kernel ({args.walk_block} columns, prefetch {int(fwd.WALK_PREFETCH)})", two.gdn_walk_kernel,
          dict(forward, BV=args.walk_block, PREFETCH=fwd.WALK_PREFETCH), 4, 3),
         (f"gdn_walk_kernel ({args.walk_block} columns, inverse by rows)", two.gdn_walk_kernel,

@@ -15,9 +15,7 @@ loses the inverse's four products for one FMA dot. Two forms of δ on top:
 Both change the rows' bits against the product inverse (another inverse, another rounding). The first is what
 gdn.core.triton computes with its constant `inverse = "rows"` (the slot keeps T's rows; ops/gdn/triton_tiles.py). This
 script times, over a whole chunk of decode steps (16 from a chunk's first offset, one CUDA graph, as `bench.py gdn`
-times "decode chunk"): the contract's op (`inverse = "products"`), with `ONE_TOKEN_PIECES` (its one-token runs' pieces
-known without loads, the slot addressed by the id read first; the same bits), the op with `inverse = "rows"` (and with
-`ONE_TOKEN_PIECES`), FLA's recurrent step,
+times "decode chunk"): the contract's op (`inverse = "products"`), the op with `inverse = "rows"`, FLA's recurrent step,
 and a standalone kernel of each form (the slot's rows, its T rows and the state as the op's step reads them, without the
 op's run finding: what the design costs at least). Every output is compared with FLA's from the same state. Three
 ablations of the `rows` kernel, timed alone (their outputs are not GDN's), say where its step goes: the loads and
@@ -32,7 +30,6 @@ import math
 import torch
 
 from isoexec.ops import triton_support
-from isoexec.ops.gdn import triton as gdn_triton
 from isoexec.ops.gdn.triton_tiles import L2_EPS, _gates, _mm, _operand
 from isoexec.ops.triton_support import jit, tl
 
@@ -167,26 +164,13 @@ def main() -> None:
         parts = [f"b{batch:<3} @3 {row['contract_ms'] * 1e3:6.2f} us/step"]
         if "fla_ms" in row:
             parts.append(f"fla {row['fla_ms'] * 1e3:6.2f} ({row['contract_ms'] / row['fla_ms']:.2f}x)")
-        # The op itself with `inverse = "rows"` (gdn.core.triton's constant), from the same state; then with its split decode
-        # programs of one-token runs ending their pieces without the later positions' loads (ONE_TOKEN_PIECES; the same
-        # bits: `same as rows` compares them).
-        rows_bits = None
-        for label, one_token in (("op, products, one-token pieces", True), ("op, inverse rows", False),
-                                 ("op, inverse rows, one-token pieces", True)):
-            gdn_triton.ONE_TOKEN_PIECES = one_token
-            rows_row = {}
-            rows_out = _decode_chunk(op if "products" in label else rows_op, None, x, shape, batch, chunk, row_width(*shape[1:]), device,
-                                     torch.Generator(device=device).manual_seed(7), rows_row)
-            gdn_triton.ONE_TOKEN_PIECES = False
-            bits = rows_out["contract"].view(torch.int16)
-            if "products" in label:
-                same = f", same as @3 {torch.equal(bits, outputs['contract'].view(torch.int16))}"
-            else:
-                same = "" if rows_bits is None else f", same as rows {torch.equal(bits, rows_bits)}"
-                rows_bits = bits if rows_bits is None else rows_bits
-            diff = float((rows_out["contract"].float() - outputs["fla"].float()).abs().max()) if "fla" in outputs else float("nan")
-            parts.append(f"[{label}] {rows_row['contract_ms'] * 1e3:6.2f} us"
-                         + (f" ({rows_row['contract_ms'] / row['fla_ms']:.2f}x fla, max|diff| vs fla {diff:.1e}{same})" if "fla_ms" in row else same))
+        # The op itself with `inverse = "rows"` (gdn.core.triton's constant), from the same state.
+        rows_row = {}
+        rows_out = _decode_chunk(rows_op, None, x, shape, batch, chunk, row_width(*shape[1:]), device,
+                                 torch.Generator(device=device).manual_seed(7), rows_row)
+        diff = float((rows_out["contract"].float() - outputs["fla"].float()).abs().max()) if "fla" in outputs else float("nan")
+        parts.append(f"[op, inverse rows] {rows_row['contract_ms'] * 1e3:6.2f} us"
+                     + (f" ({rows_row['contract_ms'] / row['fla_ms']:.2f}x fla, max|diff| vs fla {diff:.1e})" if "fla_ms" in row else ""))
         steps = _steps(x, batch, chunk)
         positions = [torch.full((batch,), 2048 + i, device=device) for i in range(chunk)]
         block = split_block(batch * hv, dv, sms)

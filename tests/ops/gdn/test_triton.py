@@ -196,16 +196,13 @@ def test_several_blocks_of_value_columns_give_the_same_rows(chunks_of_16, monkey
     torch.testing.assert_close(one_block, packed, atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("inverse, one_token", [("products", False), ("rows", False), ("products", True)],
-                         ids=["products", "rows", "products, one-token pieces known"])
-def test_value_columns_split_over_the_grid_give_the_same_bits(chunks_of_16, monkeypatch, inverse, one_token):
+@pytest.mark.parametrize("inverse", ["products", "rows"])
+def test_value_columns_split_over_the_grid_give_the_same_bits(chunks_of_16, monkeypatch, inverse):
     """Value heads of 32 in the contract's one block, calls of one-token runs split over the grid in blocks of 16
     (SPLIT_BLOCK_V): calls cut anywhere give the unsplit calls' rows and leave the cache as they do, also with the
     runs unknown to the host (a captured CUDA graph: every call split, a run longer than a token walked by one
-    program, block after block); decoded from every offset, the packed rows bit for bit; the same where a program
-    whose run is one token ends its piece without reading the later positions (ONE_TOKEN_PIECES). Control: native's
-    decode differs from its packed rows."""
-    monkeypatch.setattr(gdn_triton, "ONE_TOKEN_PIECES", one_token)
+    program, block after block); decoded from every offset, the packed rows bit for bit. Control: native's decode
+    differs from its packed rows."""
     monkeypatch.setattr(test_core, "DV", 32)
     op = triton_op(block_v=32, inverse=inverse)
     seq, params, cuts = make_seq(2 * C + 3, seed=3), make_params(), [3, 4, 5, C + 2, C + 3]

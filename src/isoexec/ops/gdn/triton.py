@@ -67,7 +67,7 @@ def gdn_fwd_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, ROWS: tl.constexpr, INTERPRET: tl.constexpr,
-    SPLIT: tl.constexpr, ONE_TOKEN: tl.constexpr = False,
+    SPLIT: tl.constexpr,
 ):
     # Program (p, h, s): if a run starts at token p (every_token: while a CUDA graph is captured) or candidates[p]
     # (a new slot, or a position that does not follow the previous token's), walk that run for value head h,
@@ -96,27 +96,24 @@ def gdn_fwd_kernel(
         end = tl.where(starts, tl.where(alone, i_s + 1, tl.where(i_s == 0, NV, 0)), 0)
         while i_v < end:  # not `for … in range(i_v, end)`: the interpreter cannot take loaded bounds there
             _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, i_v == NV - 1,
-                 pos0, slot, caching, alone, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
-                 GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET, ONE_TOKEN)
+                 pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
+                 GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET)
             i_v += 1
     elif starts:  # its own constexpr loop: the loop above, with runtime bounds, made this variant spill 88 bytes more
         for i_v in range(NV):
             _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, i_v == NV - 1,
-                 pos0, slot, caching, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
-                 GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET, False)
+                 pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
+                 GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET)
 
 
 @jit
 def _run(
     q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, last_block, pos0, slot,
-    caching, one_token, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
+    caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
     GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, ROWS: tl.constexpr, INTERPRET: tl.constexpr,
-    ONE_TOKEN: tl.constexpr,
 ):
-    """Value head i_h, columns [i_v BV, (i_v + 1) BV) of the run that starts at token i_t, piece by piece. ONE_TOKEN:
-    `one_token` says whether the run is that token alone (its neighbours' positions and slots, read already), whose
-    piece then ends after it without reading the chunk's later positions (else unused)."""
+    """Value head i_h, columns [i_v BV, (i_v + 1) BV) of the run that starts at token i_t, piece by piece."""
     width: tl.constexpr = DK_PAD + DV_PAD + 16 + T_FIELD  # triton_tiles.row_floats
     rows = tl.arange(0, C)
     o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
@@ -137,26 +134,13 @@ def _run(
         off = pos % C
         # This piece: the run's tokens from offset `off` to the chunk's end or the run's end.
         tok = t + rows - off  # [C]
-        if ONE_TOKEN:
-            if one_token:
-                stop = (off + 1).to(tl.int32)
-            else:
-                stop = _piece_stop(positions, state_ids, tok, pos, off, slot, caching, T, C)
-        else:
-            stop = _piece_stop(positions, state_ids, tok, pos, off, slot, caching, T, C)
+        stop = _piece_stop(positions, state_ids, tok, pos, off, slot, caching, T, C)
         piece = (rows >= off) & (rows < stop)  # [C]
         cached = rows < off  # the chunk's earlier rows, from the slot (off > 0 only with a cache)
         tok64 = tok.to(tl.int64)
-        # The slot as the piece's first token names it (the run's slot): read per piece, so the compiler does not
-        # hoist the cache's [C, D] address tiles out of the loop and keep them live (ptxas: 452 bytes of spills
-        # unsplit, 616 with the slot below). ONE_TOKEN: the run's slot as read already, through a select on the
-        # piece's token for the same reason (no spills at a split's columns): the reload, behind the loop's branch,
-        # puts the slot's rows one global round trip later.
-        if ONE_TOKEN:
-            slot_here = tl.where(t >= 0, slot, 0)
-        else:
-            slot_here = tl.load(state_ids + t, mask=caching, other=0).to(tl.int64)
-        p_slot = rows_cache + slot_here * (C * HV * width) + i_h * width
+        # The slot as the piece's first token names it (the run's slot): read per piece, so the compiler
+        # does not hoist the cache's [C, D] address tiles out of the loop and keep them live.
+        p_slot = rows_cache + tl.load(state_ids + t, mask=caching, other=0).to(tl.int64) * (C * HV * width) + i_h * width
         p_cached = p_slot + rows * (HV * width)  # [C]
 
         kf, g, beta, t_rows, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, neg_a, bias,
@@ -188,17 +172,11 @@ def _run(
         t += stop - off
         pos += stop - off
         going = (stop == C) & (t < T)
-        if ONE_TOKEN:
-            going = going & ~one_token
         if going:
             going = tl.load(positions + t, mask=t < T, other=-1) == pos
             going = going & (~caching | (tl.load(state_ids + t, mask=caching & (t < T), other=-1) == slot))
     if caching & (closed | (pos0 == 0)):  # the state changed (a chunk closed), or the slot never held this sequence's
-        if ONE_TOKEN:
-            slot_here = tl.where(pos >= 0, slot, 0)
-        else:
-            slot_here = tl.load(state_ids + i_t).to(tl.int64)
-        p_state = state + slot_here * (HV * DK * DV) + i_h * (DK * DV)  # reread or selected: see p_slot
+        p_state = state + tl.load(state_ids + i_t).to(tl.int64) * (HV * DK * DV) + i_h * (DK * DV)  # reread: see p_slot
         tl.store(p_state + o_k[:, None] * DV + o_v[None, :], s0, mask=m_state)
 
 
@@ -270,7 +248,7 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
         q, k, v, a, b, a_log, dt_bias, out, state, rows, ids, positions, candidates, num_tokens, float(k_dim**-0.5), int(has_cache),
         int(every_token), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), out.stride(0),
         out.stride(1), BV=block_v, SUB=SUB, PRECISION=PRECISIONS[precision], ROWS=bool(INVERSES[inverse]), INTERPRET=triton_support.interpreting(),
-        SPLIT=split is not None, ONE_TOKEN=split is not None and ONE_TOKEN_PIECES, num_warps=num_warps, **dims,
+        SPLIT=split is not None, num_warps=num_warps, **dims,
     )
     return out if out.is_contiguous() else out.contiguous()
 
@@ -363,13 +341,6 @@ def _env_splits(name: str, default: tuple) -> tuple:
 
 
 SPLITS: tuple = _env_splits("ISOEXEC_GDN_SPLITS", ((32, 0.5), (64, 1.0)))
-# A split decode program whose run is one token (`alone`: its neighbours' positions and slots, read with its own)
-# knows its piece ends after it, and skips reading the positions and slots of the chunk's later offsets; and every
-# split program addresses its slot and state by the slot it read first instead of reading state_ids again behind the
-# loop's branch. Dependent global loads fewer before the rows' loads (the same values, so the same bits, also on an
-# H100). Off: on an H100 at 32 value heads it took 0.05 us off the preset's step at batch 1 (0.2-0.4 with the rows
-# inverse; results/2026-12-06_0105c9d_h100_gdn_decode_kernels), too little to change the decode path's code for.
-ONE_TOKEN_PIECES = False
 SPLIT_BLOCK_V: int | None = None
 
 
