@@ -134,23 +134,29 @@ def _run(
         off = pos % C
         # This piece: the run's tokens from offset `off` to the chunk's end or the run's end.
         tok = t + rows - off  # [C]
+        # The piece's rows are loaded with the mask of every row it may hold (`loaded`), issued beside the loads that
+        # find where it stops rather than after them: a decode step's chain is then two memory round trips, not three.
+        loaded = (rows >= off) & (tok < T)
         stop = _piece_stop(positions, state_ids, tok, pos, off, slot, caching, T, C)
-        piece = (rows >= off) & (rows < stop)  # [C]
+        piece = (rows >= off) & (rows < stop)  # [C], within `loaded`
         cached = rows < off  # the chunk's earlier rows, from the slot (off > 0 only with a cache)
         tok64 = tok.to(tl.int64)
-        # The slot as the piece's first token names it (the run's slot): read per piece, so the compiler
-        # does not hoist the cache's [C, D] address tiles out of the loop and keep them live.
-        p_slot = rows_cache + tl.load(state_ids + t, mask=caching, other=0).to(tl.int64) * (C * HV * width) + i_h * width
+        # The slot as the piece's first token names it (the run's slot): reread for every piece after the run's first,
+        # so the compiler does not hoist the cache's [C, D] address tiles out of the loop and keep them live; the first
+        # piece, whose cached rows a decode step waits on, takes the slot loaded already.
+        first = t == i_t
+        p_slot = rows_cache + i_h * width + (C * HV * width) * tl.where(
+            first, slot, tl.load(state_ids + t, mask=caching & ~first, other=0).to(tl.int64))
         p_cached = p_slot + rows * (HV * width)  # [C]
 
-        kf, g, beta, t_rows, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, neg_a, bias,
-                                                             stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C, SUB, PRECISION, ROWS,
-                                                             INTERPRET)
-        vf = _piece_values(v, p_cached, tok64, piece, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
+        kf, g, beta, t_rows, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, neg_a,
+                                                             bias, stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C, SUB, PRECISION,
+                                                             ROWS, INTERPRET)
+        vf = _piece_values(v, p_cached, tok64, piece, loaded, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
         s_op = _operand(s0, PRECISION, INTERPRET)
         delta = _delta(_values(inverse, beta, vf, PRECISION, INTERPRET), w, s_op, PRECISION, INTERPRET)  # [C, BV]
-        qn, scores = _piece_queries(q, tok64, piece, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK, DK_PAD, C, PRECISION,
-                                    INTERPRET)
+        qn, scores = _piece_queries(q, tok64, piece, loaded, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK, DK_PAD, C,
+                                    PRECISION, INTERPRET)
         o = _outputs(qn, scores, c, s_op, delta, PRECISION, INTERPRET)
         m_pv = _rows_mask(piece, m_v, DV % BV == 0)
         o_rows = tl.multiple_of(tok64 * stride_ot + i_h * stride_oh, 16)

@@ -144,22 +144,23 @@ def _rows_mask(rows_in, m_cols, WHOLE: tl.constexpr):
 
 
 @jit
-def _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, neg_a, bias, stride_kt, stride_kh, stride_at,
+def _piece_keys(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, neg_a, bias, stride_kt, stride_kh, stride_at,
                 DK: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
                 ROWS: tl.constexpr, INTERPRET: tl.constexpr):
     """Steps 1 and 2 of a chunk piece and W: the rows' keys and gates (the `cached` rows from the slot, the
     `piece` rows from the call, zeros past them), the l2-normalised keys kn, the decay cumsum c, the inverse T
     (by rows where ROWS, T's cached rows from the slot) and W = T (β e^c k). Returns kf, g and β as the slot keeps
-    them, T in fp32 as the slot keeps it (ROWS; else the operand again), then kn, c, T and W (operands)."""
+    them, T in fp32 as the slot keeps it (ROWS; else the operand again), then kn, c, T and W (operands).
+    `loaded` ⊇ `piece`: the call's rows read (`_piece_values`), those outside the piece then zeroed."""
     rows = tl.arange(0, C)
     below = rows[:, None] > rows[None, :]
     # Every stride is a multiple of 16 elements (gdn_fwd pads where not), so loads are 16-byte vectors.
     k_rows = tl.multiple_of(tok64 * stride_kt + i_kh * stride_kh, 16)
     m_ck, m_pk = _rows_mask(cached, m_k, DK == DK_PAD), _rows_mask(piece, m_k, DK == DK_PAD)
-    kf = tl.where(m_ck, tl.load(p_cached[:, None] + o_k[None, :], mask=m_ck, other=0.0),
-                  tl.load(k + k_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32))
-    g, beta = _gates(tl.load(a + tok64 * stride_at + i_h, mask=piece, other=0.0),
-                     tl.load(b + tok64 * stride_at + i_h, mask=piece, other=0.0), neg_a, bias)
+    k_new = tl.load(k + k_rows[:, None] + o_k[None, :], mask=_rows_mask(loaded, m_k, DK == DK_PAD), other=0.0).to(tl.float32)
+    kf = tl.where(m_ck, tl.load(p_cached[:, None] + o_k[None, :], mask=m_ck, other=0.0), tl.where(m_pk, k_new, 0.0))
+    g, beta = _gates(tl.load(a + tok64 * stride_at + i_h, mask=loaded, other=0.0),
+                     tl.load(b + tok64 * stride_at + i_h, mask=loaded, other=0.0), neg_a, bias)
     g = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD, mask=cached, other=0.0), tl.where(piece, g, 0.0))
     beta = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD + 1, mask=cached, other=0.0), tl.where(piece, beta, 0.0))
     kn = _operand(kf * (1.0 / tl.sqrt(tl.sum(kf * kf, 1) + L2_EPS))[:, None], PRECISION, INTERPRET)  # [C, DK_PAD]
@@ -180,13 +181,16 @@ def _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, ne
 
 
 @jit
-def _piece_values(v, p_cached, tok64, piece, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD: tl.constexpr, DV: tl.constexpr,
-                  BV: tl.constexpr):
-    """The rows' values in columns o_v: the `cached` rows from the slot, the `piece` rows from the call, zeros past them."""
+def _piece_values(v, p_cached, tok64, piece, loaded, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD: tl.constexpr,
+                  DV: tl.constexpr, BV: tl.constexpr):
+    """The rows' values in columns o_v: the `cached` rows from the slot, the `piece` rows from the call, zeros past them.
+    `loaded` ⊇ `piece`: the call's rows read, those outside the piece then zeroed, so a caller that learns where its
+    piece ends from loads of its own can issue these beside them rather than after (`gdn_fwd_kernel`); the same values
+    as a load masked by `piece`, so the same bits."""
     v_rows = tl.multiple_of(tok64 * stride_vt + i_h * stride_vh, 16)
     m_cv, m_pv = _rows_mask(cached, m_v, DV % BV == 0), _rows_mask(piece, m_v, DV % BV == 0)
-    return tl.where(m_cv, tl.load(p_cached[:, None] + DK_PAD + o_v[None, :], mask=m_cv, other=0.0),
-                    tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_pv, other=0.0).to(tl.float32))
+    v_new = tl.load(v + v_rows[:, None] + o_v[None, :], mask=_rows_mask(loaded, m_v, DV % BV == 0), other=0.0).to(tl.float32)
+    return tl.where(m_cv, tl.load(p_cached[:, None] + DK_PAD + o_v[None, :], mask=m_cv, other=0.0), tl.where(m_pv, v_new, 0.0))
 
 
 @jit
@@ -202,13 +206,15 @@ def _delta(u, w, s_op, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @jit
-def _piece_queries(q, tok64, piece, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK: tl.constexpr, DK_PAD: tl.constexpr,
-                   C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """The l2-normalised, scaled queries and the scores (q kᵀ ∘ decay, j <= i), both as operands."""
+def _piece_queries(q, tok64, piece, loaded, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK: tl.constexpr,
+                   DK_PAD: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The l2-normalised, scaled queries (the `piece` rows; `loaded` as `_piece_values`) and the scores (q kᵀ ∘ decay,
+    j <= i), both as operands."""
     rows = tl.arange(0, C)
     upto = rows[:, None] >= rows[None, :]
     q_rows = tl.multiple_of(tok64 * stride_qt + i_kh * stride_qh, 16)
-    qf = tl.load(q + q_rows[:, None] + o_k[None, :], mask=_rows_mask(piece, m_k, DK == DK_PAD), other=0.0).to(tl.float32)
+    qf = tl.load(q + q_rows[:, None] + o_k[None, :], mask=_rows_mask(loaded, m_k, DK == DK_PAD), other=0.0).to(tl.float32)
+    qf = tl.where(_rows_mask(piece, m_k, DK == DK_PAD), qf, 0.0)
     qn = _operand(qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) + L2_EPS))[:, None] * q_scale, PRECISION, INTERPRET)
     scores = tl.where(upto, _mm(qn, tl.trans(kn), PRECISION, INTERPRET) * tl.exp(tl.where(upto, c[:, None] - c[None, :], 0.0)), 0.0)
     return qn, _operand(scores, PRECISION, INTERPRET)

@@ -68,7 +68,7 @@ def gdn_chunks_kernel(
         p_cached = rows_cache + slot * (C * HV * width) + i_h * width + rows * (HV * width)
         neg_a = -tl.exp(tl.load(a_log + i_h).to(tl.float32))
         bias = tl.load(dt_bias + i_h).to(tl.float32)
-        kf, g, beta, t_rows, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, cached, o_k, m_k, i_kh, i_h, neg_a, bias,
+        kf, g, beta, t_rows, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, piece, cached, o_k, m_k, i_kh, i_h, neg_a, bias,
                                                              stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C, SUB, PRECISION, ROWS,
                                                              INTERPRET)
         below = rows < stop
@@ -78,10 +78,10 @@ def gdn_chunks_kernel(
         for i_v in range(NV):
             o_v = i_v * BV + tl.arange(0, BV)
             m_v = o_v < DV
-            vf = _piece_values(v, p_cached, tok64, piece, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
+            vf = _piece_values(v, p_cached, tok64, piece, piece, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
             tl.store(u_buf + p[:, None] * DV + o_v[None, :], _values(inverse, beta, vf, PRECISION, INTERPRET),
                      mask=_rows_mask(below, m_v, DV % BV == 0))
-        qn, scores = _piece_queries(q, tok64, piece, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK, DK_PAD, C, PRECISION,
+        qn, scores = _piece_queries(q, tok64, piece, piece, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK, DK_PAD, C, PRECISION,
                                     INTERPRET)
         tl.store(qn_buf + p[:, None] * DK + o_k[None, :], qn.to(qn_buf.dtype.element_ty), mask=m_kout)
         tl.store(scores_buf + (i_n.to(tl.int64) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :], scores.to(scores_buf.dtype.element_ty))
