@@ -22,6 +22,8 @@ issue's "≤ 1.3×" goals read this way: below 1.3 meets them). Each row keeps m
 outputs, so a wrong kernel cannot pass as a fast one.
 """
 
+import functools
+
 import torch
 
 from isoexec.contract import load
@@ -42,12 +44,14 @@ SMALL_SHAPES = {"hk2-hv4-d16": (2, 4, 16, 16)}
 
 
 def _contract_op(name: str, **overrides):
-    """The contract's gdn.core op (its constants, with `overrides` over them), its entry and its impl's row_width."""
+    """The contract's gdn.core op (its constants, with `overrides` over them), its entry and its impl's row_width under
+    those constants, as row_width(num_v_heads, k_dim, v_dim)."""
     entry = next(e for e in load(name).composition if e.region == "gdn.core")
     impl = REGISTRY.get(entry.impl.id, entry.impl.version)
     if "inverse" in overrides and entry.impl.id != "gdn.core.triton":
         raise ValueError(f"--gdn-inverse: {name}'s gdn.core is {impl.ref}, which has no `inverse` constant (gdn.core.triton has)")
-    return impl.bind({**dict(entry.constants), **overrides}), entry, impl.row_width
+    constants = {**dict(entry.constants), **overrides}
+    return impl.bind(constants), entry, functools.partial(impl.row_width, constants=constants)
 
 
 def _fla():

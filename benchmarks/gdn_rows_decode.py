@@ -147,7 +147,7 @@ def main() -> None:
     from timing import graphed_ms
 
     op, entry, row_width = _contract_op("tiny-hybrid-triton")
-    rows_op, _, _ = _contract_op("tiny-hybrid-triton", inverse="rows")
+    rows_op, _, rows_width = _contract_op("tiny-hybrid-triton", inverse="rows")
     chunk = entry.constants["chunk_size"]
     fla, why = _fla()
     if fla is None:
@@ -166,7 +166,7 @@ def main() -> None:
             parts.append(f"fla {row['fla_ms'] * 1e3:6.2f} ({row['contract_ms'] / row['fla_ms']:.2f}x)")
         # The op itself with `inverse = "rows"` (gdn.core.triton's constant), from the same state.
         rows_row = {}
-        rows_out = _decode_chunk(rows_op, None, x, shape, batch, chunk, row_width(*shape[1:]), device,
+        rows_out = _decode_chunk(rows_op, None, x, shape, batch, chunk, rows_width(*shape[1:]), device,
                                  torch.Generator(device=device).manual_seed(7), rows_row)
         diff = float((rows_out["contract"].float() - outputs["fla"].float()).abs().max()) if "fla" in outputs else float("nan")
         parts.append(f"[op, inverse rows] {rows_row['contract_ms'] * 1e3:6.2f} us"

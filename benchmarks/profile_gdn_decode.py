@@ -47,17 +47,16 @@ def profile_rows_step(batches: list[int], timed: bool = True, only: str = "") ->
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     ops = {inverse: _contract_op(GPU["contract"], inverse=inverse) for inverse in ("products", "rows")}
     chunk = ops["rows"][1].constants["chunk_size"]
-    width = ops["rows"][2](hv, dk, dv)
     for batch in batches:
         generator = torch.Generator(device=device).manual_seed(batch)
         x = _inputs(shape, batch * chunk, device, generator)
         steps = [{n: (t[i * batch:(i + 1) * batch] if n in TOKEN_INPUTS else t) for n, t in x.items()} for i in range(chunk)]
         positions = [torch.full((batch,), 2048 + i, device=device) for i in range(chunk)]
         ids = torch.arange(batch, device=device)
-        state, cache_rows = _cache(shape, batch, chunk, width, device, generator)
         fns = {}
-        for inverse, (op, _, _) in ops.items():
-            fns[f"op, inverse {inverse}"] = lambda op=op, s=state.clone(), r=cache_rows.clone(): [
+        for inverse, (op, _, row_width) in ops.items():  # each inverse's cache rows from the same seed (their own widths)
+            state, cache_rows = _cache(shape, batch, chunk, row_width(hv, dk, dv), device, torch.Generator(device=device).manual_seed(7))
+            fns[f"op, inverse {inverse}"] = lambda op=op, s=state, r=cache_rows: [
                 op(t["q"], t["k"], t["v"], t["a"], t["b"], t["a_log"], t["dt_bias"], s, r, ids, p) for t, p in zip(steps, positions)]
         block = split_block(batch * hv, dv, sms)
         slot, t_slot = torch.zeros(batch, chunk, hv, dk + dv + 16, device=device), torch.zeros(batch, chunk, hv, chunk, device=device)

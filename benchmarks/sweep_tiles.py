@@ -332,7 +332,7 @@ def profile_gdn_tiles(device="cuda", configs=None, with_fla=True, shapes=None) -
             constants = dict(input_dtype="bfloat16", output_dtype="bfloat16", accum_dtype="float32", **config)
             op = REGISTRY.get("gdn.core.triton", gdn_triton.VERSION).bind(constants)
             chunk = config["chunk_size"]
-            width = gdn_triton.row_width(hv, dk, dv)
+            width = gdn_triton.row_width(hv, dk, dv, config)
 
             def cache(n):
                 return (torch.full((n, hv, dk, dv), float("nan"), device=device),

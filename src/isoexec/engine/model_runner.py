@@ -3,6 +3,7 @@
 With `cuda_graphs` on, decode steps run padded to a batch-size bucket through `graphs.py` (captured
 on a GPU, eager elsewhere); prefill chunks, and every step while tracing, run eagerly as they are."""
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -61,7 +62,7 @@ class ModelRunner:
         self.state = allocate(spec, scratch_slot + (config.cuda_graphs or lockstep) * self.page_size, torch_dtype(spec.dtype), self.device,
                               num_sequences=num_sequences + lockstep,
                               chunk_size=None if gdn is None else gdn[0].constants.get("chunk_size"),
-                              row_width=None if gdn is None else gdn[1].row_width)
+                              row_width=None if gdn is None else functools.partial(gdn[1].row_width, constants=dict(gdn[0].constants)))
         self.decode_graphs = None
         if config.cuda_graphs:
             # The most keys an admitted sequence can have, capped at the contract's decode shape domain: a

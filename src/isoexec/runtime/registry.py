@@ -36,8 +36,9 @@ class Impl:
     the config field), so that a contract is refused when it is fitted, not in the forward;
     `tune(ops, cases, spec, arch)` gives the constants its family's tables list for a model on a device
     arch, as [(cases, constants to set)], or None where the arch has no table (`contract/fit.py`);
-    `row_width(num_v_heads, k_dim, v_dim)`, for an impl of a recurrent region (`gdn.core`), the floats per
-    value head of each open-chunk row it keeps in the engine's cache (`model/state.py` allocates them);
+    `row_width(num_v_heads, k_dim, v_dim, constants)`, for an impl of a recurrent region (`gdn.core`), the floats per
+    value head of each open-chunk row it keeps in the engine's cache under the entry's constants (`model/state.py`
+    allocates them);
     `leaf_parts = (partials, fold)`, for a row-parallel linear, its two halves a tensor-parallel rank runs
     around the gather of every rank's leaf partials (`parallel/ops.py`); `vocab_parallel(logits, gather,
     **constants)`, for a log-probs impl, a rank's rows over its whole vocab blocks, the per-block leaves of
@@ -57,7 +58,7 @@ class Impl:
     gpu_kernels: bool = False
     check_geometry: Callable[[dict, dict], None] | None = None
     tune: Callable | None = None
-    row_width: Callable[[int, int, int], int] | None = None
+    row_width: Callable[[int, int, int, dict], int] | None = None
     leaf_parts: tuple[Callable, Callable] | None = None
     vocab_parallel: Callable | None = None
     joined: tuple[Callable, Callable] | None = None

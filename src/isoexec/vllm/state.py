@@ -29,8 +29,9 @@ def recurrent_layout(spec, contract, binding):
     the open chunk of the contract's gdn.core chunk size, each row as wide as its impl keeps it (`row_width`)."""
     declared = next(layer.state() for layer in spec.layers if isinstance(layer.state(), RecurrentState))
     case = next(case for case in ("engine_decode", "engine_prefill") if ("gdn.core", case) in binding.installed)
-    chunk_size = contract.entry("gdn.core", case).constants["chunk_size"]
-    width = binding.installed["gdn.core", case].row_width(declared.num_v_heads, declared.k_head_dim, declared.v_head_dim)
+    constants = dict(contract.entry("gdn.core", case).constants)
+    chunk_size = constants["chunk_size"]
+    width = binding.installed["gdn.core", case].row_width(declared.num_v_heads, declared.k_head_dim, declared.v_head_dim, constants)
     shapes = ((chunk_size, declared.num_v_heads, width), (declared.num_v_heads, declared.k_head_dim, declared.v_head_dim),
               (declared.conv_kernel - 1, declared.conv_dim))
     return shapes, (torch.float32, torch.float32, getattr(torch, spec.dtype))

@@ -49,19 +49,27 @@ def triton_op(dtype=torch.float32, **changes):
 
 class DeviceCache(test_core.Cache):
     """test_core's cache in this impl's layout (its rows: the open chunk's inputs) where the kernel runs, so
-    that it writes the slots the next call reads."""
+    that it writes the slots the next call reads; laid out for the constant `inverse` (its rows hold T's under "rows")."""
+
+    inverse = "products"
 
     def __init__(self, slots=3):
         self.state = torch.full((slots, test_core.HV, test_core.DK, test_core.DV), float("nan"), device=DEVICE)
-        width = gdn_triton.row_width(test_core.HV, test_core.DK, test_core.DV)
+        width = gdn_triton.row_width(test_core.HV, test_core.DK, test_core.DV, dict(inverse=self.inverse))
         self.rows = torch.full((slots, test_core.C, test_core.HV, width), float("nan"), device=DEVICE)
 
 
+def device_cache(inverse: str) -> type:
+    return type(f"DeviceCache_{inverse}", (DeviceCache,), dict(inverse=inverse))
+
+
 @pytest.fixture
-def chunks_of_16(monkeypatch):
-    """test_core's helpers (its Cache, packed and forms) with this file's chunk size, the cache on DEVICE."""
+def chunks_of_16(monkeypatch, request):
+    """test_core's helpers (its Cache, packed and forms) with this file's chunk size, the cache on DEVICE, laid out for
+    the test's `inverse` parameter where it has one."""
     monkeypatch.setattr(test_core, "C", C)
-    monkeypatch.setattr(test_core, "Cache", DeviceCache)
+    callspec = getattr(request.node, "callspec", None)
+    monkeypatch.setattr(test_core, "Cache", device_cache(callspec.params.get("inverse", "products") if callspec else "products"))
 
 
 INVERSE = pytest.mark.parametrize("inverse", ["products", "rows"])
@@ -169,7 +177,7 @@ def test_the_inverse_by_rows_keeps_t_rows_in_the_slot_and_moves_bits(chunks_of_1
     written; the rows are those of the product inverse's function (close) and not its bits (fp32 throughout: the two
     inverses round along other sequences), so the constant is a choice of arithmetic, not a no-op."""
     seq, params = make_seq(2 * C + 3), make_params()
-    cache = test_core.Cache()
+    cache = device_cache("rows")()
     cache.step(triton_op(inverse="rows"), params, [(2, seq, 0, 2 * C + 3)])
     rows = cache.rows[2].cpu()
     t_field = gdn_triton._padded(DK) + gdn_triton._padded(DV) + 16
@@ -208,7 +216,7 @@ def test_value_columns_split_over_the_grid_give_the_same_bits(chunks_of_16, monk
     seq, params, cuts = make_seq(2 * C + 3, seed=3), make_params(), [3, 4, 5, C + 2, C + 3]
 
     def in_pieces(split, captured=False):
-        cache = DeviceCache()
+        cache = device_cache(inverse)()
         with monkeypatch.context() as m:
             m.setattr(gdn_triton, "SPLIT_BLOCK_V", split)
             m.setattr(test_core, "Cache", lambda: cache)
@@ -291,7 +299,7 @@ def test_at_qwen_head_sizes_every_form_gives_the_trainers_bits(monkeypatch, dtyp
     monkeypatch.setattr(test_core, "C", chunk)
     monkeypatch.setattr(test_core, "DK", 128)
     monkeypatch.setattr(test_core, "DV", 128)
-    monkeypatch.setattr(test_core, "Cache", DeviceCache)
+    monkeypatch.setattr(test_core, "Cache", device_cache(inverse))
     op = triton_op(dtype, chunk_size=chunk, dot_precision="bf16", block_v=block_v, num_warps=num_warps, inverse=inverse)
     results = dict(test_core.forms(op, dtype, length=2 * chunk + 37))
     first = results["alone"]
@@ -390,7 +398,7 @@ def test_bad_values_are_refused_from_the_hosts_copy_of_the_runs(change, message)
     """check_inputs' value checks, read from gdn/runs.py's host copy instead of the tensors."""
     args = {**make_seq(3), **make_params(), "positions": torch.arange(3)}
     if "state_ids" in change:
-        args.update(state=torch.zeros(2, HV, DK, DV), rows=torch.zeros(2, C, HV, gdn_triton.row_width(HV, DK, DV)))
+        args.update(state=torch.zeros(2, HV, DK, DV), rows=torch.zeros(2, C, HV, gdn_triton.row_width(HV, DK, DV, CONSTANTS)))
     with pytest.raises(ValueError, match="^" + message):
         triton_op()(**{**args, **change})
 

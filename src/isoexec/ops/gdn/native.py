@@ -16,7 +16,7 @@ from .reference import L2_EPS, check_inputs, check_runs, run_spans
 from .runs import find_runs
 
 
-def row_width(num_v_heads: int, k_dim: int, v_dim: int) -> int:
+def row_width(num_v_heads: int, k_dim: int, v_dim: int, constants: dict | None = None) -> int:
     """native keeps the running state alone and never reads the rows: the engine gives it one float a row."""
     return 1
 

@@ -247,7 +247,7 @@ def core(ctx, lengths=None):
 
     def new_cache(num_slots):
         return (_poisoned(ctx, (num_slots, hv, dk, dv), torch.float32),
-                _poisoned(ctx, (num_slots, chunk_size, hv, row_width(hv, dk, dv)), torch.float32))
+                _poisoned(ctx, (num_slots, chunk_size, hv, row_width(hv, dk, dv, ctx.constants)), torch.float32))
 
     chunks = tuple(dict.fromkeys(c for c in (chunk_size, 2 * chunk_size, 7, chunk_size + 7, chunk_size - 1) if c > 0))
     cuts = (chunk_size, max(1, chunk_size - 1), 1, max(1, chunk_size // 2), chunk_size + 3)

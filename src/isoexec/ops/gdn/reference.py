@@ -36,8 +36,9 @@ L2_EPS = 1e-6  # l2norm's epsilon in Qwen3-Next / Qwen3.5 (and flash-linear-atte
 SOFTPLUS_THRESHOLD = 20.0  # torch's softplus returns x itself above this
 
 
-def row_width(num_v_heads: int, k_dim: int, v_dim: int) -> int:
-    """Floats a cached open-chunk row holds per value head: k, w (Dk each), u, δ (Dv each), c."""
+def row_width(num_v_heads: int, k_dim: int, v_dim: int, constants: dict | None = None) -> int:
+    """Floats a cached open-chunk row holds per value head: k, w (Dk each), u, δ (Dv each), c (whatever the entry's
+    constants)."""
     return 2 * k_dim + 2 * v_dim + 1
 
 

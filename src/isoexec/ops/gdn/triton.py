@@ -50,11 +50,11 @@ VERSION = 3
 DTYPES = ("bfloat16", "float32")
 
 
-def row_width(num_v_heads: int, k_dim: int, v_dim: int) -> int:
-    """Floats a cached open-chunk row holds per value head: the inputs k and v as given (in [Dk_pad] and
-    [Dv_pad] fields), then g and β, padded to 16 floats, then T's row under `inverse = "rows"`
+def row_width(num_v_heads: int, k_dim: int, v_dim: int, constants: dict) -> int:
+    """Floats a cached open-chunk row holds per value head under the entry's `constants`: the inputs k and v as given
+    (in [Dk_pad] and [Dv_pad] fields), then g and β, padded to 16 floats, then T's row under `inverse = "rows"` alone
     (`triton_tiles.row_floats`): every field starts 64-byte aligned."""
-    return row_floats(_padded(k_dim), _padded(v_dim))
+    return row_floats(_padded(k_dim), _padded(v_dim), bool(INVERSES[constants.get("inverse", "products")]))
 
 # T, has_cache and the strides are not specialised: one compiled kernel serves every case (the module doc). Not a
 # dependent launch (PDL), unlike the conv ahead of it: on an H100, 16 decode steps in a CUDA graph took 8.92 µs a step at
@@ -114,7 +114,7 @@ def _run(
     BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, ROWS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Value head i_h, columns [i_v BV, (i_v + 1) BV) of the run that starts at token i_t, piece by piece."""
-    width: tl.constexpr = DK_PAD + DV_PAD + 16 + T_FIELD  # triton_tiles.row_floats
+    width: tl.constexpr = DK_PAD + DV_PAD + 16 + (T_FIELD if ROWS else 0)  # triton_tiles.row_floats
     rows = tl.arange(0, C)
     o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < DK, o_v < DV
@@ -429,7 +429,7 @@ def gdn_core(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, a_log: Tenso
     if positions is None:
         raise ValueError("gdn.core: positions are required")
     check_inputs(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, chunk_size, input_dtype,
-                 row_width(v.shape[1], q.shape[-1], v.shape[-1]))
+                 row_width(v.shape[1], q.shape[-1], v.shape[-1], dict(inverse=inverse)))
     runs = find_runs(positions, state_ids)  # one host read a forward (runs.py), the checks' values with it
     check_runs(runs, state)
     require_device(ID, q, k, v, a, b)

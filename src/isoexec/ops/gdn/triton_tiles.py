@@ -29,15 +29,15 @@ SOFTPLUS_THRESHOLD = tl.constexpr(_SOFTPLUS_THRESHOLD) if tl is not None else _S
 PRECISIONS = {"ieee": 0, "tf32": 1, "bf16": 2}
 INVERSES = {"products": 0, "rows": 1}
 SUB = 16  # rows of the inverse's diagonal blocks: tl.dot's smallest tile
-# A cached row's fields, per value head: k [DK_PAD], v [DV_PAD], g and β (padded to 16 floats), then T's row (the rows
-# inverse; T_FIELD floats, the largest chunk the kernel takes), so that every field starts 64-byte aligned.
+# A cached row's fields, per value head: k [DK_PAD], v [DV_PAD], g and β (padded to 16 floats), then, under the rows
+# inverse alone, T's row (T_FIELD floats, the largest chunk the kernel takes), so that every field starts 64-byte aligned.
 _T_FIELD = 64
 T_FIELD = tl.constexpr(_T_FIELD) if tl is not None else _T_FIELD
 
 
-def row_floats(k_pad: int, v_pad: int) -> int:
-    """Floats a cached open-chunk row holds per value head (the fields above)."""
-    return k_pad + v_pad + 16 + _T_FIELD
+def row_floats(k_pad: int, v_pad: int, rows: bool) -> int:
+    """Floats a cached open-chunk row holds per value head (the fields above; T's row where `rows`)."""
+    return k_pad + v_pad + 16 + (_T_FIELD if rows else 0)
 
 
 def _padded(dim: int) -> int:

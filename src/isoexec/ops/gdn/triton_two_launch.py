@@ -51,7 +51,7 @@ def gdn_chunks_kernel(
     W, U, the queries, the scores, the decayed keys, c, g and β (and T's rows where ROWS) of every row below `stop`, by
     chunk row."""
     NV: tl.constexpr = (DV + BV - 1) // BV
-    width: tl.constexpr = DK_PAD + DV_PAD + 16 + T_FIELD
+    width: tl.constexpr = DK_PAD + DV_PAD + 16 + (T_FIELD if ROWS else 0)  # triton_tiles.row_floats
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     stop = tl.load(chunk_stop + i_n)
     if stop > 0:  # a piece of no rows (runs.pieces makes none) computes nothing
@@ -107,7 +107,7 @@ def gdn_walk_kernel(
     the slot as `gdn_fwd_kernel` leaves it (the state, and an open chunk's inputs). PREFETCH: a piece's tiles are
     loaded while the piece before it computes (their latency off the state's chain, for more registers)."""
     NV: tl.constexpr = (DV + BV - 1) // BV
-    width: tl.constexpr = DK_PAD + DV_PAD + 16 + T_FIELD
+    width: tl.constexpr = DK_PAD + DV_PAD + 16 + (T_FIELD if ROWS else 0)  # triton_tiles.row_floats
     i_r, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t0, n, chunk0 = tl.load(run_first + i_r), tl.load(run_len + i_r), tl.load(run_chunk0 + i_r).to(tl.int64)
     caching = has_cache != 0
