@@ -135,18 +135,16 @@ def _run(
         # This piece: the run's tokens from offset `off` to the chunk's end or the run's end.
         tok = t + rows - off  # [C]
         # The piece's rows are loaded with the mask of every row it may hold (`loaded`), issued beside the loads that
-        # find where it stops rather than after them: a decode step's chain is then two memory round trips, not three.
+        # find where it stops rather than after them.
         loaded = (rows >= off) & (tok < T)
         stop = _piece_stop(positions, state_ids, tok, pos, off, slot, caching, T, C)
         piece = (rows >= off) & (rows < stop)  # [C], within `loaded`
         cached = rows < off  # the chunk's earlier rows, from the slot (off > 0 only with a cache)
         tok64 = tok.to(tl.int64)
-        # The slot as the piece's first token names it (the run's slot): reread for every piece after the run's first,
-        # so the compiler does not hoist the cache's [C, D] address tiles out of the loop and keep them live; the first
-        # piece, whose cached rows a decode step waits on, takes the slot loaded already.
-        first = t == i_t
-        p_slot = rows_cache + i_h * width + (C * HV * width) * tl.where(
-            first, slot, tl.load(state_ids + t, mask=caching & ~first, other=0).to(tl.int64))
+        # The slot as the piece's first token names it (the run's slot): read per piece, so the compiler does not hoist
+        # the cache's [C, D] address tiles out of the loop and keep them live (taking the slot loaded first for the
+        # run's first piece instead spilled 16 bytes more in the unsplit kernel).
+        p_slot = rows_cache + tl.load(state_ids + t, mask=caching, other=0).to(tl.int64) * (C * HV * width) + i_h * width
         p_cached = p_slot + rows * (HV * width)  # [C]
 
         kf, g, beta, t_rows, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, neg_a,
