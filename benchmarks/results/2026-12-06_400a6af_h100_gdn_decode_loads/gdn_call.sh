@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# One device call: the decode step's kernels before (build/before = a22c48e) and after (this tree), taking turns; the
+# same bits on the GPU; the contract-form GPU tests.
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/device.txt
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
+export PYTHONUNBUFFERED=1; R=$(pwd)
+for spec in "1 1,2,4,8,16" "2 1,4"; do set -- $spec; for tree in before after; do d=$R; [ $tree = before ] && d=$R/build/before
+  (cd $d/benchmarks && PYTHONPATH=../src:/tmp/site timeout 110 python3 profile_gdn_decode.py --part rows --batches $2 2>&1 | grep -v -i warn > $OUT/prof_${tree}_$1.txt)
+  echo "$tree $1 rc=$?"; grep "^==" $OUT/prof_${tree}_$1.txt | cut -c1-100; done; done
+for tree in before after; do d=$R; [ $tree = before ] && d=$R/build/before; (cd $d && PYTHONPATH=src timeout 60 python3 $R/build/same_bits.py $OUT/bits_$tree.pt cuda 2>&1 | tail -1); done
+python3 -c "
+import torch
+a=torch.load('$OUT/bits_after.pt');b=torch.load('$OUT/bits_before.pt')
+print('same bits on the GPU:', all(torch.equal(x.view(torch.int16),y.view(torch.int16)) for x,y in zip(a,b)), len(a), 'calls', sum(x.numel() for x in a), 'values')" | tee $OUT/same_bits.txt
+rm -f $OUT/bits_*.pt
+PYTHONPATH=src:/tmp/site timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/gdn/test_triton.py -k "qwen and contract" 2>&1 | tail -3 | tee $OUT/pytest_gdn_contract.txt
