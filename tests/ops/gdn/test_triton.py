@@ -403,6 +403,18 @@ def test_bad_values_are_refused_from_the_hosts_copy_of_the_runs(change, message)
         triton_op()(**{**args, **change})
 
 
+def test_the_rows_layout_follows_the_inverse_and_a_cache_of_the_other_is_refused():
+    """The slot rows carry T's 64-float field under `inverse = "rows"` alone, so a products contract's cache is that much
+    narrower; a cache laid out for the other inverse is refused by its shape before any kernel reads it."""
+    products, rows = (gdn_triton.row_width(HV, DK, DV, dict(inverse=inverse)) for inverse in ("products", "rows"))
+    assert rows - products == 64 and products == gdn_triton._padded(DK) + gdn_triton._padded(DV) + 16
+    assert gdn_triton.row_width(HV, DK, DV, {}) == products  # the constant's default
+    args = {**make_seq(3), **make_params(), "positions": torch.arange(3), "state_ids": torch.zeros(3, dtype=torch.int64),
+            "state": torch.zeros(1, HV, DK, DV), "rows": torch.zeros(1, C, HV, rows)}
+    with pytest.raises(ValueError, match=rf"^gdn.core: rows must be float32 \[N, {C}, {HV}, {products}\]"):
+        triton_op()(**args)
+
+
 def test_the_battery_admits_it():
     """In the interpreter, the probe's forms and hazards at two short sequences (C + 1 and 5 carry its
     hazards; the interpreter runs every program of the (token, head) grid in numpy), fp32 only; on a GPU
