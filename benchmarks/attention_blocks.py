@@ -50,19 +50,21 @@ def flash_decode_ms(call, k, v, device: torch.device) -> float:
         return graphed_ms(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True, scale=q.shape[-1]**-0.5), device)
 
 
-def prefill_case(length: int, generator: torch.Generator, device: torch.device, heads: tuple = HEADS):
-    """One packed sequence of `length` tokens at `heads`: the op's arguments, and flash SDPA's causal call on the same
-    values timed as `kernel_ms` (ms; NaN off CUDA)."""
+def prefill_case(length: int, generator: torch.Generator, device: torch.device, heads: tuple = HEADS, batch: int = 1,
+                 timer=kernel_ms):
+    """`batch` packed sequences of `length` tokens each at `heads`: the op's arguments, and flash SDPA's causal call on
+    the same values timed by `timer` (`kernel_ms` or `graphed_ms`; ms, NaN off CUDA)."""
     num_heads, num_kv_heads, head_dim = heads
     scale = head_dim**-0.5
-    q = _randn(generator, length, num_heads, head_dim, dtype=torch.bfloat16)
-    k, v = (_randn(generator, length, num_kv_heads, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    q = _randn(generator, batch * length, num_heads, head_dim, dtype=torch.bfloat16)
+    k, v = (_randn(generator, batch * length, num_kv_heads, head_dim, dtype=torch.bfloat16) for _ in range(2))
     flash_ms = float("nan")
     if device.type == "cuda":
-        dense = [t.transpose(0, 1)[None].contiguous() for t in (q, k, v)]
+        dense = [t.view(batch, length, *t.shape[1:]).transpose(1, 2).contiguous() for t in (q, k, v)]
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            flash_ms = kernel_ms(lambda: F.scaled_dot_product_attention(*dense, is_causal=True, enable_gqa=True, scale=scale), device)
-    return (q, k, v, *packed_slot_table(torch.tensor([0, length], device=device)), scale), flash_ms
+            flash_ms = timer(lambda: F.scaled_dot_product_attention(*dense, is_causal=True, enable_gqa=True, scale=scale), device)
+    cu_seqlens = torch.arange(batch + 1, device=device) * length
+    return (q, k, v, *packed_slot_table(cu_seqlens), scale), flash_ms
 
 
 def main() -> None:

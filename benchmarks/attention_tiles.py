@@ -1,6 +1,7 @@
 """attention.triton at other tile constants than the preset's (key block, stages, pairs of blocks) against the preset
 and flash SDPA, side by side in one run: prefill kernel time of one packed sequence and decode graph replays over a
-paged cache, at Qwen3-8B's heads (32 query heads, 8 KV heads of 128, bf16) or others (--heads).
+paged cache, at Qwen3-8B's heads (32 query heads, 8 KV heads of 128, bf16) or others (--heads); prefill as CUDA-graph
+replays with --graphs (a 512-token prefill's eager launch takes about as long as its kernel).
 
 A variant that changes `block_n` changes the rows' bits (the walk's online-softmax steps are its key blocks): `moved`
 counts prefill output elements whose int16 views differ from the preset's (> 0 expected there, 0 for a variant of
@@ -8,11 +9,12 @@ stages or pairs alone), and `decode=prefill` says whether four of the queries de
 a sequence) have the prefill rows' bits under that variant (the contract's property: must be True).
 
     cd benchmarks && PYTHONPATH=../src python3 attention_tiles.py --variants "block_n=64,pairs=0;block_n=64,num_stages=2"
-        [--prefill 512,2048,8192] [--decode 1x2048,8x2048,64x512,64x2048] [--heads 32,8,128] [--out FILE] [--device cpu]
+        [--prefill 512,2048,8192,8x512] [--graphs] [--decode 1x2048,8x2048,64x512,64x2048] [--heads 32,8,128] [--out FILE] [--device cpu]
 
 A variant is `name=value` items joined by commas: the op's constants (block_n, num_stages, num_warps, block_m),
-`pairs`, `check_slots`, `check_decode`, `diagonal` and `decode_diagonal` (0 or 1: `attention.triton.PAIRS`,
-`CHECK_SLOTS`, `CHECK_DECODE_SLOTS`, `CHECK_DIAGONAL`, `CHECK_DECODE_DIAGONAL`), and
+`pairs`, `check_slots`, `check_decode`, `diagonal`, `decode_diagonal` and `heads_fastest` (0 or 1: `attention.triton.PAIRS`,
+`CHECK_SLOTS`, `CHECK_DECODE_SLOTS`, `CHECK_DIAGONAL`, `CHECK_DECODE_DIAGONAL`, `HEADS_FASTEST`), `stack_min`
+(`STACK_MIN_PROGRAMS`), and
 the spread decode's `waves`, `max_waves`, `fold_split`, `fold_warps`, `fold_unroll`, `fold_stages` and `max_chunk`
 (`triton_blocks.PROGRAM_WAVES`, `MAX_PROGRAM_WAVES`, `FOLD_SPLIT`, `FOLD_WARPS`, `FOLD_UNROLL`, `FOLD_STAGES`, `MAX_CHUNK`). Each row is printed (and appended to --out) as soon as it is measured.
 """
@@ -35,6 +37,7 @@ KNOBS = {  # variant item -> (module, constant); a module constant keeps its typ
     "fold_split": (triton_blocks, "FOLD_SPLIT"), "fold_warps": (triton_blocks, "FOLD_WARPS"),
     "fold_unroll": (triton_blocks, "FOLD_UNROLL"), "fold_stages": (triton_blocks, "FOLD_STAGES"),
     "max_chunk": (triton_blocks, "MAX_CHUNK"),
+    "heads_fastest": (attention_triton, "HEADS_FASTEST"), "stack_min": (attention_triton, "STACK_MIN_PROGRAMS"),
 }
 
 
@@ -59,25 +62,27 @@ def _op(constants: dict, knobs: dict):
     return run
 
 
-def prefill(lengths, variants, heads, device, generator, out) -> None:
-    for length in lengths:
-        call, flash_ms = attention_blocks.prefill_case(length, generator, device, heads)
+def prefill(sizes, variants, heads, device, generator, out, timer=kernel_ms) -> None:
+    for size in sizes:
+        batch, length = map(int, size.split("x")) if "x" in size else (1, int(size))
+        call, flash_ms = attention_blocks.prefill_case(length, generator, device, heads, batch, timer)
         q, k, v, slot_table, seq_ids, positions, scale = call
         base = attention_triton.bench_op()
         want = base(*call).view(torch.int16)
-        kernel_ms(lambda: base(*call), device)  # discarded: the first timing after a compile read up to 2x slow
-        base_ms = kernel_ms(lambda: base(*call), device)
-        # Four of the queries as a decode batch (one query a sequence, each its own copy of the table): their rows
-        # must be the prefill's, bit for bit.
-        picks = torch.tensor([length - 1, length - 2, length // 2 + 5, 40], device=device)
-        last = (q[picks], k, v, slot_table.expand(4, -1).contiguous(), torch.arange(4, device=device), positions[picks], scale)
+        timer(lambda: base(*call), device)  # discarded: the first timing after a compile read up to 2x slow
+        base_ms = timer(lambda: base(*call), device)
+        # Four of the last sequence's queries as a decode batch (one query a sequence, each its own copy of the table):
+        # their rows must be the prefill's, bit for bit.
+        picks = (batch - 1) * length + torch.tensor([length - 1, length - 2, length // 2 + 5, 40], device=device) % length
+        table = slot_table[batch - 1 :].expand(4, -1).contiguous()
+        last = (q[picks], k, v, table, torch.arange(4, device=device), positions[picks], scale)
         decoded = torch.equal(base(*last).view(torch.int16), want[picks])
-        parts = [f"prefill keys {length:<5} flash {flash_ms:7.3f} ms  preset {base_ms:7.3f} ms ({flash_ms / base_ms:.2f}, decode=prefill {decoded})"]
+        parts = [f"prefill {batch} x {length:<5} flash {flash_ms:7.3f} ms  preset {base_ms:7.3f} ms ({flash_ms / base_ms:.2f}, decode=prefill {decoded})"]
         for variant in variants:
             op = _op(*_parse(variant))
             got = op(*call).view(torch.int16)
             decoded = torch.equal(op(*last).view(torch.int16), got[picks])
-            ms = kernel_ms(lambda: op(*call), device)
+            ms = timer(lambda: op(*call), device)
             parts.append(f"[{variant}] {ms:7.3f} ms ({flash_ms / ms:.2f}, moved {int((got != want).sum())}, decode=prefill {decoded})")
         _emit("  ".join(parts), out)
 
@@ -104,7 +109,9 @@ def decode(sizes, variants, heads, device, generator, out) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", required=True, help="variants separated by ';', each name=value items joined by ','")
-    parser.add_argument("--prefill", default="512,2048,8192", help="sequence lengths, comma-separated ('' for none)")
+    parser.add_argument("--prefill", default="512,2048,8192",
+                        help="sequence lengths, or batch x length for packed sequences of one length, comma-separated ('' for none)")
+    parser.add_argument("--graphs", action="store_true", help="time prefill (flash and ours) as CUDA-graph replays, not eager calls")
     parser.add_argument("--decode", default="1x2048,8x2048,64x512,64x2048", help="batch x keys, comma-separated ('' for none)")
     parser.add_argument("--heads", default="32,8,128", help="query heads, KV heads, head_dim")
     parser.add_argument("--out", help="append each row here too")
@@ -118,7 +125,8 @@ def main() -> None:
     generator = torch.Generator(device=device).manual_seed(0)
     _emit(f"heads {heads}, preset {attention_triton.HOPPER_CONSTANTS}, " + ", ".join(f"{name} {getattr(*knob)}" for name, knob in KNOBS.items()),
           args.out)
-    prefill([int(s) for s in args.prefill.split(",") if s], variants, heads, device, generator, args.out)
+    prefill([s for s in args.prefill.split(",") if s], variants, heads, device, generator, args.out,
+            graphed_ms if args.graphs else kernel_ms)
     decode([s for s in args.decode.split(",") if s], variants, heads, device, generator, args.out)
 
 

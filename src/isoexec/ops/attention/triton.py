@@ -118,6 +118,13 @@ CHECK_DECODE_DIAGONAL = True
 # and 0 without spans); a one-query tile 476 and 108 (108 and 108). `triton_spans.span_kernel` walks one span and
 # holds no total: it takes pairs.
 PAIRS_WITH_SPANS = False
+# Programs go out to the SMs in launch order. HEADS_FASTEST numbers them so that the last query ranges of every KV head
+# come first, then the ranges before them (the longest walks of a causal batch first across the whole call, not head
+# by head); False launches each KV head's ranges in turn. Which program runs a tile never enters a row's bits.
+HEADS_FASTEST = False
+# A batch of many queries stacks two tiles a program (`attention_fwd`) only where the stacked grid has at least this
+# many programs; a shorter call runs its 64-row tiles lone, twice the programs (0: always stack where it may).
+STACK_MIN_PROGRAMS = 0
 
 
 @jit
@@ -206,6 +213,7 @@ def attention_fwd_kernel(
     SPAN: tl.constexpr,
     CHECKED: tl.constexpr,
     DIAGONAL: tl.constexpr,
+    HEADS_FASTEST: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     after_upstream(PDL)
@@ -213,7 +221,12 @@ def attention_fwd_kernel(
     # QUERIES): a tile is a run of queries of one sequence at consecutive positions inside one absolute
     # block of BLOCK_Q positions, and starts where a query's sequence or position breaks the run. The
     # last queries go first: in a causal batch they see the most keys.
-    r, kv_head = tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1)
+    if HEADS_FASTEST:  # the launch's linear order, (r, kv_head) read from it with kv_head fastest
+        heads = tl.num_programs(1)
+        launched = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
+        r, kv_head = tl.num_programs(0) - 1 - launched // heads, launched % heads
+    else:
+        r, kv_head = tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1)
     c = tl.arange(0, QUERIES)
     cand = r * QUERIES + c
     valid = cand < T
@@ -259,7 +272,7 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
     # walks part by more than a block, and on an H200 32 x 512 tokens at 2 heads per KV head ran 8% slower.
     # Not with a window, which no measurement covered. Nor where the tile runs in Gluon (`gluon_tile.py`): there lone
     # 64-row tiles ran faster than stacked ones on an H100.
-    stacked = (queries > 1 and rows == 64 and num_warps == 4 and 2 * tile_positions <= block_n and head_dim <= 128
+    stacked = (queries > 1 and cdiv(num_tokens, 2 * queries) * num_kv_heads >= STACK_MIN_PROGRAMS and rows == 64 and num_warps == 4 and 2 * tile_positions <= block_n and head_dim <= 128
                and window is None and q.dtype != torch.float32 and _warpgroup_mma(q.device)
                and not gluon_tile.applies(rows, num_warps, head_dim, window, q.dtype, q.device))
     if stacked:
@@ -304,7 +317,7 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
         G=group, G_PAD=g_pad, D=head_dim, HAS_WINDOW=window is not None,
         DOT_IN_FP32=triton_support.interpreting(), SUM_BY_DOT=q.dtype == torch.float32 and not triton_support.interpreting(),
         BLOCK_Q=tile_positions, BLOCK_N=block_n, ROWS=rows, QUERIES=queries, PAIRED=paired,
-        WITH_LSE=lse is not None, SPAN=span, CHECKED=checked, DIAGONAL=checked and (CHECK_DIAGONAL if queries > 1 else CHECK_DECODE_DIAGONAL), num_warps=num_warps, num_stages=num_stages,
+        WITH_LSE=lse is not None, SPAN=span, CHECKED=checked, DIAGONAL=checked and (CHECK_DIAGONAL if queries > 1 else CHECK_DECODE_DIAGONAL), HEADS_FASTEST=HEADS_FASTEST, num_warps=num_warps, num_stages=num_stages,
     )
     return o
 
