@@ -279,6 +279,33 @@ def test_the_blocks_of_a_tiles_positions_walked_checked_keep_the_masked_walks_bi
         assert (int_view(reblocked) != int_view(got[0])).sum() > 100
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_launch_order_of_the_programs_keeps_every_rows_bits(dtype, monkeypatch):
+    """`HEADS_FASTEST` reads each program's query range and KV head from the launch's linear order, KV heads fastest:
+    every (range, head) pair runs once, so a packed batch (4 KV heads, tiles of 8 and 64 rows), prefill chunks and
+    decode steps keep the other order's bits. The control, key blocks of 32 against 16 (fp32), differs."""
+    constants = CONSTANTS if dtype == torch.float32 else BF16
+    q, k, v, slot_table, seq_ids, positions = packed([37, 1, 20, 9], heads=8, kv_heads=4, dtype=dtype)
+
+    def rows():
+        out = [attention(q, k, v, slot_table, seq_ids, positions, 0.25, constants={**constants, **tile})
+               for tile in ({}, {"block_m": 64})]
+        out += [torch.cat([attention(q[t : t + 1], k, v, slot_table, seq_ids[t : t + 1], positions[t : t + 1], 0.25,
+                                     constants=constants) for t in (36, 16, 50, 66)])]
+        op = functools.partial(attention, constants=constants)
+        out += [r for triple in _chunked_prefill(op, 4, 5, dtype) for r in triple]
+        return out
+
+    monkeypatch.setattr(attention_triton, "HEADS_FASTEST", False)
+    want = rows()
+    monkeypatch.setattr(attention_triton, "HEADS_FASTEST", True)
+    got = rows()
+    assert all(bitwise_equal(a, b) for a, b in zip(got, want))
+    if dtype == torch.float32:
+        reblocked = attention(q, k, v, slot_table, seq_ids, positions, 0.25, constants={**constants, "block_n": 32})
+        assert (int_view(reblocked) != int_view(got[0])).sum() > 100
+
+
 def test_interleaved_and_non_consecutive_queries_form_their_own_tiles():
     """Queries of one sequence split by another's, or at positions that skip, start new tiles."""
     q, k, v, slot_table, _, _ = packed([30, 12])

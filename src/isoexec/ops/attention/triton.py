@@ -119,13 +119,12 @@ CHECK_DECODE_DIAGONAL = True
 # holds no total: it takes pairs.
 PAIRS_WITH_SPANS = False
 # Programs go out to the SMs in launch order. HEADS_FASTEST numbers them so that the last query ranges of every KV head
-# come first, then the ranges before them (the longest walks of a causal batch first across the whole call, not head
-# by head); False launches each KV head's ranges in turn. Which program runs a tile never enters a row's bits.
-HEADS_FASTEST = False
-# A batch of many queries stacks two tiles a program (`attention_fwd`) only where the stacked grid has at least this
-# many programs; a shorter call runs its 64-row tiles lone, twice the programs (0: always stack where it may).
-STACK_MIN_PROGRAMS = 0
-
+# come first, then the ranges before them: the longest walks of a causal batch first across the whole call, not head
+# by head (False: each KV head's ranges in turn, longest first). Which program runs a tile never enters a row's bits.
+# On an H100 (graph replays, one call, benchmarks/RESULTS.md) it took one sequence's prefill at Qwen3-8B's heads from
+# 0.077 to 0.056 ms at 1,024 tokens and 0.189 to 0.164 at 2,048, 8 x 512 from 0.151 to 0.140, the head_dim-256
+# attention of the Qwen3.5 presets 0.461 to 0.336 ms at 2,048; one wave (512 tokens) or many (8,192) moved within 2%.
+HEADS_FASTEST = True
 
 @jit
 def _tile(
@@ -220,8 +219,8 @@ def attention_fwd_kernel(
     # Program (r, kv_head) runs, in order, the tiles that start among queries [r * QUERIES, (r + 1) *
     # QUERIES): a tile is a run of queries of one sequence at consecutive positions inside one absolute
     # block of BLOCK_Q positions, and starts where a query's sequence or position breaks the run. The
-    # last queries go first: in a causal batch they see the most keys.
-    if HEADS_FASTEST:  # the launch's linear order, (r, kv_head) read from it with kv_head fastest
+    # last queries go first: in a causal batch they see the most keys (with HEADS_FASTEST, those of every KV head).
+    if HEADS_FASTEST:  # (r, kv_head) read from the launch's linear order with kv_head fastest
         heads = tl.num_programs(1)
         launched = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
         r, kv_head = tl.num_programs(0) - 1 - launched // heads, launched % heads
@@ -272,7 +271,7 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
     # walks part by more than a block, and on an H200 32 x 512 tokens at 2 heads per KV head ran 8% slower.
     # Not with a window, which no measurement covered. Nor where the tile runs in Gluon (`gluon_tile.py`): there lone
     # 64-row tiles ran faster than stacked ones on an H100.
-    stacked = (queries > 1 and cdiv(num_tokens, 2 * queries) * num_kv_heads >= STACK_MIN_PROGRAMS and rows == 64 and num_warps == 4 and 2 * tile_positions <= block_n and head_dim <= 128
+    stacked = (queries > 1 and rows == 64 and num_warps == 4 and 2 * tile_positions <= block_n and head_dim <= 128
                and window is None and q.dtype != torch.float32 and _warpgroup_mma(q.device)
                and not gluon_tile.applies(rows, num_warps, head_dim, window, q.dtype, q.device))
     if stacked:
