@@ -90,6 +90,11 @@ PROGRAM_WAVES = 4
 # shorter runs more of its K loads are in flight: on an H100 (graph replays, one call) 6 against 4 took batch 8 x 2,048
 # keys from 82.8 to 75.3 us, 4 x 2,048 47.7 -> 46.4, 1 x 8,192 56.3 -> 55.1, 1 x 512 and 2,048 the same; 8 and 12 less.
 MAX_PROGRAM_WAVES = 6
+# The max kernel's key blocks a product: MAX_RUN blocks' scores from one [ROWS, MAX_RUN * BLOCK_N] product, their K
+# gathered by one load, so a run's loads go out together instead of one block's after the other's maxima. A score
+# is its row's and key's sum over D alone, which the product's width does not enter (the blocks' maxima, exact in any
+# order, are the walk's); runs are dealt in multiples of MAX_RUN blocks. 1: a block a product.
+MAX_RUN = 1
 BLOCK_STAGES = 1
 FOLD_STAGES = 8
 FOLD_SPLIT = 4
@@ -146,13 +151,13 @@ def _row_blocks(p_i, L, BLOCK_N: tl.constexpr):
 
 
 @jit
-def _program(i, c, P, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N: tl.constexpr):
+def _program(i, c, P, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N: tl.constexpr, MULTIPLE: tl.constexpr = 1):
     """Query i's position, its table row, the walk's first partial block (`full_blk`), and the row's blocks
-    [lo, hi) program c of P takes: a contiguous run of cdiv(row blocks, P)."""
+    [lo, hi) program c of P takes: a contiguous run of cdiv(row blocks, P), rounded up to a multiple of MULTIPLE."""
     p_i = tl.load(positions + i).to(tl.int32)
     seq_row = slot_table + tl.load(seq_ids + i).to(tl.int64) * stride_sb
     hi_blk = _row_blocks(p_i, L, BLOCK_N)
-    per = tl.cdiv(hi_blk, P)
+    per = tl.cdiv(tl.cdiv(hi_blk, P), MULTIPLE) * MULTIPLE
     lo = c * per
     return p_i, seq_row, (tl.minimum(p_i, L - 1) + 1) // BLOCK_N, lo, tl.minimum(lo + per, hi_blk)
 
@@ -167,22 +172,50 @@ def _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima
     tl.store(maxima + (head_base + i_blk) * G_PAD + rows, tl.max(s, 1), mask=rows < G_PAD)
 
 
+@jit
+def _run_max(b_q, row_ok, p_i, i_blk, hi, seq_row, kv_head, k, maxima, head_base, L, S, scale, stride_ks, stride_kh,
+             G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, RUN: tl.constexpr,
+             DOT_IN_FP32: tl.constexpr):
+    """Blocks [i_blk, i_blk + RUN)'s row maxima, those below hi stored: the RUN blocks' keys gathered as one K tile
+    and scored by one product, each key masked as the block steps mask it (at or before the row's position, inside
+    the table, its slot in the store), then each block's slice reduced."""
+    keys = i_blk * BLOCK_N + tl.arange(0, RUN * BLOCK_N)
+    slots = tl.load(seq_row + keys, mask=keys < L, other=-1).to(tl.int64)
+    vis = (keys[None, :] <= p_i) & (keys[None, :] < L) & ((slots >= 0) & (slots < S))[None, :] & row_ok[:, None]
+    key_ok = tl.max(vis.to(tl.int32), 0) > 0
+    o_d = tl.arange(0, D)
+    b_k = tl.load(k + slots[None, :] * stride_ks + kv_head * stride_kh + o_d[:, None], mask=key_ok[None, :], other=0.0)
+    if DOT_IN_FP32:
+        b_k = b_k.to(tl.float32)
+    s = _scores(b_q, b_k, vis, scale, DOT_IN_FP32)
+    block_max = tl.max(tl.reshape(s, [ROWS, RUN, BLOCK_N]), 2)  # [ROWS, RUN]
+    rows, runs = tl.arange(0, ROWS), tl.arange(0, RUN)
+    tl.store(maxima + (head_base + i_blk + runs[None, :]) * G_PAD + rows[:, None], block_max,
+             mask=(rows < G_PAD)[:, None] & (i_blk + runs < hi)[None, :])
+
+
 @jit(do_not_specialize=["L", "S"], dependent=True)
 def block_max_kernel(
     q, k, v, slot_table, seq_ids, positions, maxima, L, S, scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False,
+    NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, RUN: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): for its run of the row's blocks, the row maxima of each block's scores, into
-    maxima[i, head, j, :G_PAD]."""
+    maxima[i, head, j, :G_PAD]; RUN blocks a product where RUN > 1 (`_run_max`)."""
     after_upstream(PDL)
     i, kv_head = tl.program_id(0), tl.program_id(1)
     p_i, seq_row, full_blk, lo, hi = _program(i, tl.program_id(2), tl.num_programs(2), seq_ids, positions, slot_table, L,
-                                               stride_sb, BLOCK_N)
+                                               stride_sb, BLOCK_N, RUN)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
-    if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
+    if RUN > 1:
+        i_run = lo
+        while i_run < hi:
+            _run_max(b_q, row_ok, p_i, i_run, hi, seq_row, kv_head, k, maxima, head_base, L, S, scale, stride_ks, stride_kh,
+                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32)
+            i_run += RUN
+    elif INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = lo
         while i_blk < hi:
             _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
@@ -374,7 +407,7 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     block_max_kernel[(num_tokens, num_kv_heads, runs(MAX_PROGRAM_WAVES))](
         q, k_store, v_store, slot_table, seq_ids, positions, maxima, table, k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad,
         D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb, INTERPRETED=interpret, STAGES=BLOCK_STAGES,
-        num_warps=num_warps, num_stages=num_stages)
+        RUN=MAX_RUN, num_warps=num_warps, num_stages=num_stages)
     block_terms_kernel[(num_tokens, num_kv_heads, runs(PROGRAM_WAVES))](q, k_store, v_store, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, table,
                              k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
