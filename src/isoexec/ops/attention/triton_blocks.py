@@ -11,7 +11,7 @@ A block's s, p, p · v and sum_j p depend on the blocks before it only through m
 maximum is exact in any order. So three launches compute the same values:
 
 1. `block_max_kernel`, P programs per (query, KV head), each dealt a contiguous run of the row's key blocks: each
-   block's scores and their row maxima;
+   block's scores and their row maxima (`MAX_RUN` blocks a product);
 2. `block_terms_kernel`, P' programs per (query, KV head) over runs of their own (fewer than P: its registers let
    fewer share an SM, and a block's maxima do not depend on which run computed them): m before the program's run (the
    maximum of the earlier blocks' maxima), then along the run as the walk carries it, and each block's alpha,
@@ -93,8 +93,11 @@ MAX_PROGRAM_WAVES = 6
 # The max kernel's key blocks a product: MAX_RUN blocks' scores from one [ROWS, MAX_RUN * BLOCK_N] product, their K
 # gathered by one load, so a run's loads go out together instead of one block's after the other's maxima. A score
 # is its row's and key's sum over D alone, which the product's width does not enter (the blocks' maxima, exact in any
-# order, are the walk's); runs are dealt in multiples of MAX_RUN blocks. 1: a block a product.
-MAX_RUN = 1
+# order, are the walk's; on an H100 every row kept its bits at 2, 4 and 8); runs are dealt in multiples of MAX_RUN
+# blocks. On an H100 (graph replays, three calls on one machine) 2 against 1 took batch 1 at 512 / 2,048 / 8,192 keys
+# from 16.3 / 22.4 / 55.0 to 15.5 / 22.2 / 52.2 us, 4 x 2,048 from 46.6 to 43.5 and 8 x 2,048 from 75.3 to 73.6; 4 and
+# 8 gained less or lost.
+MAX_RUN = 2
 BLOCK_STAGES = 1
 FOLD_STAGES = 8
 FOLD_SPLIT = 4
