@@ -42,8 +42,8 @@ from . import triton_tiles, triton_two_launch
 from .reference import check_inputs, check_runs
 from .runs import Runs, find_runs
 from .triton_bwd import gdn_bwd
-from .triton_tiles import (INVERSES, PRECISIONS, SUB, T_FIELD, _advanced, _decayed, _delta, _operand, _outputs, _padded, _piece_key_products,
-                           _piece_key_rows, _piece_queries, _piece_values, _rows_mask, _strided16, _values, row_floats)
+from .triton_tiles import (INVERSES, PRECISIONS, SUB, T_FIELD, _advanced, _decayed, _delta, _operand, _outputs, _padded, _piece_keys,
+                           _piece_queries, _piece_values, _rows_mask, _strided16, _values, row_floats)
 
 ID = "gdn.core.triton"
 VERSION = 3
@@ -122,8 +122,9 @@ def _run(
     i_kh = i_h // GROUP
     neg_a = -tl.exp(tl.load(a_log + i_h).to(tl.float32))
     bias = tl.load(dt_bias + i_h).to(tl.float32)
-    p_s0 = state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :]
-    s0 = tl.zeros([DK_PAD, BV], dtype=tl.float32)
+    # The run's start state: the slot's open chunk's, or zeros at position 0 (this program's value columns).
+    s0 = tl.load(state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :],
+                 mask=m_state & (pos0 > 0) & caching, other=0.0)  # [DK_PAD, BV]
 
     t = i_t.to(tl.int64)  # the token at offset `off` of the current piece
     pos = pos0
@@ -146,16 +147,10 @@ def _run(
         p_slot = rows_cache + tl.load(state_ids + t, mask=caching, other=0).to(tl.int64) * (C * HV * width) + i_h * width
         p_cached = p_slot + rows * (HV * width)  # [C]
 
-        kf, g, beta, t_cached = _piece_key_rows(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, neg_a, bias,
-                                                stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C, ROWS)
+        kf, g, beta, t_rows, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, neg_a,
+                                                             bias, stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C, SUB, PRECISION,
+                                                             ROWS, INTERPRET)
         vf = _piece_values(v, p_cached, tok64, piece, loaded, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
-        # The run's start state (the slot's open chunk's, or zeros at position 0; this program's value columns), read in
-        # the first piece after its rows' loads are issued and before any product. Read before the loop, it was
-        # converted to the products' layout there (through shared memory, behind two barriers), and the first piece's
-        # loads waited out its round trip (sm_90a SASS).
-        if t == i_t:
-            s0 = tl.load(p_s0, mask=m_state & (pos0 > 0) & caching, other=0.0)  # [DK_PAD, BV]
-        t_rows, kn, c, inverse, w = _piece_key_products(kf, g, beta, t_cached, piece, cached, PRECISION, SUB, C, ROWS, INTERPRET)
         s_op = _operand(s0, PRECISION, INTERPRET)
         delta = _delta(_values(inverse, beta, vf, PRECISION, INTERPRET), w, s_op, PRECISION, INTERPRET)  # [C, BV]
         qn, scores = _piece_queries(q, tok64, piece, loaded, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK, DK_PAD, C,

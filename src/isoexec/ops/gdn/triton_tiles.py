@@ -147,21 +147,13 @@ def _rows_mask(rows_in, m_cols, WHOLE: tl.constexpr):
 def _piece_keys(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, neg_a, bias, stride_kt, stride_kh, stride_at,
                 DK: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
                 ROWS: tl.constexpr, INTERPRET: tl.constexpr):
-    """Steps 1 and 2 of a chunk piece and W: `_piece_key_rows`, then `_piece_key_products`. Returns kf, g and β as the
-    slot keeps them, T in fp32 as the slot keeps it (ROWS; else the operand again), then kn, c, T and W (operands)."""
-    kf, g, beta, t_cached = _piece_key_rows(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, neg_a, bias,
-                                            stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C, ROWS)
-    t_rows, kn, c, inverse, w = _piece_key_products(kf, g, beta, t_cached, piece, cached, PRECISION, SUB, C, ROWS, INTERPRET)
-    return kf, g, beta, t_rows, kn, c, inverse, w
-
-
-@jit
-def _piece_key_rows(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, neg_a, bias, stride_kt, stride_kh,
-                    stride_at, DK: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, C: tl.constexpr, ROWS: tl.constexpr):
-    """Step 1 of a chunk piece, its loads: the rows' keys and gates (the `cached` rows from the slot, the `piece` rows
-    from the call, zeros past them) and T's cached rows (ROWS; else zeros). `loaded` ⊇ `piece`: the call's rows read
-    (`_piece_values`), those outside the piece then zeroed."""
+    """Steps 1 and 2 of a chunk piece and W: the rows' keys and gates (the `cached` rows from the slot, the
+    `piece` rows from the call, zeros past them), the l2-normalised keys kn, the decay cumsum c, the inverse T
+    (by rows where ROWS, T's cached rows from the slot) and W = T (β e^c k). Returns kf, g and β as the slot keeps
+    them, T in fp32 as the slot keeps it (ROWS; else the operand again), then kn, c, T and W (operands).
+    `loaded` ⊇ `piece`: the call's rows read (`_piece_values`), those outside the piece then zeroed."""
     rows = tl.arange(0, C)
+    below = rows[:, None] > rows[None, :]
     # Every stride is a multiple of 16 elements (gdn_fwd pads where not), so loads are 16-byte vectors.
     k_rows = tl.multiple_of(tok64 * stride_kt + i_kh * stride_kh, 16)
     m_ck, m_pk = _rows_mask(cached, m_k, DK == DK_PAD), _rows_mask(piece, m_k, DK == DK_PAD)
@@ -171,26 +163,13 @@ def _piece_key_rows(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i
                      tl.load(b + tok64 * stride_at + i_h, mask=loaded, other=0.0), neg_a, bias)
     g = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD, mask=cached, other=0.0), tl.where(piece, g, 0.0))
     beta = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD + 1, mask=cached, other=0.0), tl.where(piece, beta, 0.0))
-    t_cached = tl.zeros([C, C], dtype=tl.float32)
-    if ROWS:
-        t_cached = tl.load(p_cached[:, None] + DK_PAD + DV_PAD + 16 + rows[None, :], mask=cached[:, None], other=0.0)
-    return kf, g, beta, t_cached
-
-
-@jit
-def _piece_key_products(kf, g, beta, t_cached, piece, cached, PRECISION: tl.constexpr, SUB: tl.constexpr, C: tl.constexpr,
-                        ROWS: tl.constexpr, INTERPRET: tl.constexpr):
-    """Step 2 of a chunk piece and W, from `_piece_key_rows`: the l2-normalised keys kn, the decay cumsum c, the inverse
-    T (by rows where ROWS, continuing T's cached rows) and W = T (β e^c k). Returns T in fp32 as the slot keeps it (ROWS;
-    else the operand again), then kn, c, T and W (operands)."""
-    rows = tl.arange(0, C)
-    below = rows[:, None] > rows[None, :]
     kn = _operand(kf * (1.0 / tl.sqrt(tl.sum(kf * kf, 1) + L2_EPS))[:, None], PRECISION, INTERPRET)  # [C, DK_PAD]
     c = tl.cumsum(g, 0)
     gram = _mm(kn, tl.trans(kn), PRECISION, INTERPRET)  # [C, C]
     system = tl.where(below, beta[:, None] * gram * tl.exp(tl.where(below, c[:, None] - c[None, :], 0.0)), 0.0)
     if ROWS:
         off = tl.sum(cached.to(tl.int32), 0)
+        t_cached = tl.load(p_cached[:, None] + DK_PAD + DV_PAD + 16 + rows[None, :], mask=cached[:, None], other=0.0)
         t_rows = _inverse_rows(system, t_cached, off, off + tl.sum(piece.to(tl.int32), 0), C)
         inverse = _operand(t_rows, PRECISION, INTERPRET)
     else:
@@ -198,7 +177,7 @@ def _piece_key_products(kf, g, beta, t_cached, piece, cached, PRECISION: tl.cons
         t_rows = inverse
     w = _operand(_mm(inverse, _operand((beta * tl.exp(c))[:, None] * kn.to(tl.float32), PRECISION, INTERPRET), PRECISION, INTERPRET),
                  PRECISION, INTERPRET)  # [C, DK_PAD]
-    return t_rows, kn, c, inverse, w
+    return kf, g, beta, t_rows, kn, c, inverse, w
 
 
 @jit
