@@ -126,6 +126,7 @@ PAIRS_WITH_SPANS = False
 # attention of the Qwen3.5 presets 0.461 to 0.336 ms at 2,048; one wave (512 tokens) or many (8,192) moved within 2%.
 HEADS_FASTEST = True
 
+
 @jit
 def _tile(
     i, q, k, v, o, lse, slot_table, seq_ids, positions, kv_head,
