@@ -120,3 +120,23 @@ def test_contract_suffixes_name_the_same_contract_run_another_way():
     with pytest.raises(ValueError, match="contradict"):
         with variants.kernels("tiny-dense-triton+blocks+walk"):
             pass
+
+
+
+def test_attention_tiles_runs_packed_prefill_and_decode_in_the_interpreter(tmp_path):
+    """benchmarks/attention_tiles.py end to end on the CPU (Triton's interpreter, tiny heads): a packed prefill batch
+    (`2x40`) timed as the graph path would be, decode steps, and knobs of both kinds (a module constant, a contract
+    constant) each get a row with its time and its bit comparisons (a smoke run: the op's bits are tested in
+    tests/ops/attention)."""
+    pytest.importorskip("triton")
+    out = tmp_path / "tiles.txt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"}
+    command = [sys.executable, "attention_tiles.py", "--device", "cpu", "--graphs", "--heads", "4,2,16", "--prefill", "2x40",
+               "--decode", "2x70", "--variants", "heads_fastest=0,max_run=1;block_n=16", "--out", str(out)]
+    done = subprocess.run(command, env=env, cwd=ROOT / "benchmarks", capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    header, prefill, decode = out.read_text().splitlines()
+    assert "heads_fastest True" in header and "max_run 2" in header
+    assert prefill.startswith("prefill 2 x 40") and decode.startswith("decode batch 2")
+    for row, compared, count in ((prefill, "decode=prefill", 3), (decode, "preset's bits", 2)):
+        assert row.count(compared) == count and "[heads_fastest=0,max_run=1]" in row and "[block_n=16]" in row, row
