@@ -22,6 +22,7 @@ import tempfile
 import triton
 from sm90 import compile_kernel, ptxas
 
+from isoexec.ops.attention import triton as attention_triton
 from isoexec.ops.attention.triton import attention_fwd_kernel
 
 CUOBJDUMP = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -43,7 +44,7 @@ CLASSES = [  # (class, opcode prefixes), first match wins
 def forms(block_n: int):
     """(name, constexprs, num_warps) of each form."""
     base = dict(G=4, G_PAD=4, D=128, HAS_WINDOW=False, DOT_IN_FP32=False, SUM_BY_DOT=False, BLOCK_N=block_n, WITH_LSE=False,
-                SPAN=0, PAIRED=True)
+                SPAN=0, PAIRED=True, HEADS_FASTEST=attention_triton.HEADS_FASTEST)
     for checked, diagonal, tag in ((True, True, "checked, diagonal"), (True, False, "checked"), (False, False, "masked")):
         yield f"prefill, stacked, {tag}", base | dict(BLOCK_Q=32, ROWS=128, QUERIES=32, CHECKED=checked, DIAGONAL=diagonal, PDL=True), 8
         yield f"decode, one query, {tag}", base | dict(BLOCK_Q=16, ROWS=64, QUERIES=1, CHECKED=checked, DIAGONAL=diagonal, PDL=True), 4
