@@ -1,6 +1,6 @@
 """attention.triton at other tile constants than the preset's (key block, stages, pairs of blocks) against the preset
-and flash SDPA, side by side in one run: prefill kernel time of one packed sequence and decode graph replays over a
-paged cache, at Qwen3-8B's heads (32 query heads, 8 KV heads of 128, bf16) or others (--heads); prefill as CUDA-graph
+and flash SDPA, side by side in one run: prefill kernel time of packed sequences (one, or `B x L` of one length) and
+decode graph replays over a paged cache, at Qwen3-8B's heads (32 query heads, 8 KV heads of 128, bf16) or others (--heads); prefill as CUDA-graph
 replays with --graphs (a 512-token prefill's eager launch takes about as long as its kernel).
 
 A variant that changes `block_n` changes the rows' bits (the walk's online-softmax steps are its key blocks): `moved`
