@@ -55,7 +55,8 @@ from torch import Tensor
 from ...env import EnvError
 from .. import triton_support
 from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, tl
-from .triton_steps import _finish, _fold_sums, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores, _visible
+from .triton_steps import (_block_slots, _finish, _fold_sums, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores,
+                           _visible_slots)
 
 
 def _env_blocks(name: str, default: int | None) -> int | None:
@@ -98,6 +99,14 @@ MAX_PROGRAM_WAVES = 6
 # from 16.3 / 22.4 / 55.0 to 15.5 / 22.2 / 52.2 us, 4 x 2,048 from 46.6 to 43.5 and 8 x 2,048 from 75.3 to 73.6; 4 and
 # 8 gained less or lost.
 MAX_RUN = 2
+# A step of the blocks kernels gathers K (and V) through the table's slots for its keys, two round trips one after the
+# other. MAX_SLOTS_AHEAD: the max kernel loads the next step's slots while a step computes and carries them in registers
+# (`_slots_ahead`; [MAX_RUN * BLOCK_N] int32, and fewer registers than before on sm_90a: 102 against 128, the checks on
+# them folded into one). TERMS_PREFETCH: the terms kernel asks for the next block's table line into L1 instead
+# (`_prefetch`): carried slots there took the kernel from 126 to 163 registers (the compiler carries a copy in each
+# layout that reads them). Which slots a step reads does not change, nor any arithmetic.
+MAX_SLOTS_AHEAD = True
+TERMS_PREFETCH = True
 BLOCK_STAGES = 1
 FOLD_STAGES = 8
 FOLD_SPLIT = 4
@@ -124,10 +133,10 @@ def _decode_rows(q, i, kv_head, stride_qt, stride_qh, G: tl.constexpr, G_PAD: tl
 
 
 @jit
-def _block_keys(row_ok, p_i, i_blk, full, seq_row, L, S, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Block i_blk's slots, which keys each row sees, which keys some row sees and which rows see a key, as
-    `_full_block` (a block wholly below the row: `full`) or `_block` (the row's last) take them."""
-    slots, vis_part, key_ok_part, active_part = _visible(i_blk, tl.where(row_ok, p_i, -1), row_ok, seq_row, L, S, 0, False, BLOCK_N)
+def _block_keys(slots, row_ok, p_i, i_blk, full, L, S, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Block i_blk's slots (loaded: `slots`), which keys each row sees, which keys some row sees and which rows see a
+    key, as `_full_block` (a block wholly below the row: `full`) or `_block` (the row's last) take them."""
+    slots, vis_part, key_ok_part, active_part = _visible_slots(slots, i_blk, tl.where(row_ok, p_i, -1), row_ok, L, S, 0, False, BLOCK_N)
     ok = (slots >= 0) & (slots < S)
     everyone = tl.arange(0, ROWS) >= 0
     vis = tl.where(full, ok[None, :] & everyone[:, None], vis_part)
@@ -137,11 +146,11 @@ def _block_keys(row_ok, p_i, i_blk, full, seq_row, L, S, ROWS: tl.constexpr, BLO
 
 
 @jit
-def _block_scores(b_q, row_ok, p_i, i_blk, full, seq_row, kv_head, k, v, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh,
+def _block_scores(slots, b_q, row_ok, p_i, i_blk, full, kv_head, k, v, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh,
                   ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr):
     """Block i_blk's scores [ROWS, BLOCK_N], its values [BLOCK_N, D] and which rows see a key of it, as
-    `_full_block` (a block wholly below the row: `full`) or `_block` (the row's last) compute them."""
-    slots, vis, key_ok, row_active = _block_keys(row_ok, p_i, i_blk, full, seq_row, L, S, ROWS, BLOCK_N)
+    `_full_block` (a block wholly below the row: `full`) or `_block` (the row's last) compute them, from its slots."""
+    slots, vis, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, full, L, S, ROWS, BLOCK_N)
     b_k, b_v = _gather_kv(slots, key_ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
     return _scores(b_q, b_k, vis, scale, DOT_IN_FP32), b_v, row_active
 
@@ -166,24 +175,67 @@ def _program(i, c, P, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N: tl.
 
 
 @jit
-def _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
+def _first_slots(lo, seq_row, L, S, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr, AHEAD: tl.constexpr):
+    """The slots a run's loop starts with: those of its first WIDTH keys from block lo where AHEAD (`_slots_ahead`)."""
+    if AHEAD:
+        slots = _carried_slots(lo * BLOCK_N, seq_row, L, S, WIDTH)
+    else:
+        slots = tl.full([WIDTH], -1, dtype=tl.int64)
+    return slots
+
+
+@jit
+def _slots_ahead(slots, i_blk, STEP: tl.constexpr, seq_row, L, S, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr, AHEAD: tl.constexpr):
+    """(the slots the loop carries on, the slots of the WIDTH keys from block i_blk). AHEAD: the latter are those the
+    last iteration loaded (`slots`), and the next step's (block i_blk + STEP) are loaded now, so that a step's gathers
+    wait on one round trip, not on the table's and then the store's; else this step's, loaded now. The table's
+    integers alone: no arithmetic changes."""
+    if AHEAD:
+        now = slots.to(tl.int64)
+        slots = _carried_slots((i_blk + STEP) * BLOCK_N, seq_row, L, S, WIDTH)
+    else:
+        now = _block_slots(i_blk * BLOCK_N, seq_row, L, WIDTH)
+        slots = now
+    return slots, now
+
+
+@jit
+def _prefetch(seq_row, first_key, L, WIDTH: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Asks for the lines of the table row holding keys [first_key, first_key + WIDTH) (clamped to the row: every
+    address read is the row's) to be brought into L1, where the step that reads them next finds them (a hint: no value
+    changes; the interpreter, which has no PTX, skips it). Slots are int64: 16 a 128-byte line."""
+    if not INTERPRETED:
+        keys = tl.minimum(first_key + tl.arange(0, WIDTH // 16) * 16, L - 1)
+        tl.inline_asm_elementwise("prefetch.global.L1 [$1]; mov.u32 $0, 0;", "=r,l", [seq_row + keys], dtype=tl.int32, is_pure=False,
+                                  pack=1)
+
+
+@jit
+def _carried_slots(first_key, seq_row, L, S, WIDTH: tl.constexpr):
+    """`_block_slots`, carried to the next step as int32 (half the registers): a slot outside the store becomes -1
+    first, so the step's checks (at or above 0, below S) see the same keys as valid."""
+    slots = _block_slots(first_key, seq_row, L, WIDTH)
+    return tl.where((slots >= 0) & (slots < S), slots, -1).to(tl.int32)
+
+
+@jit
+def _block_max(slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
                stride_kh, stride_vs, stride_vh, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                DOT_IN_FP32: tl.constexpr):
-    s, _, _ = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
+    s, _, _ = _block_scores(slots, b_q, row_ok, p_i, i_blk, i_blk < full_blk, kv_head, k, v, L, S, scale,
                             stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
     rows = tl.arange(0, ROWS)
     tl.store(maxima + (head_base + i_blk) * G_PAD + rows, tl.max(s, 1), mask=rows < G_PAD)
 
 
 @jit
-def _run_max(b_q, row_ok, p_i, i_blk, hi, seq_row, kv_head, k, maxima, head_base, L, S, scale, stride_ks, stride_kh,
+def _run_max(slots, b_q, row_ok, p_i, i_blk, hi, kv_head, k, maxima, head_base, L, S, scale, stride_ks, stride_kh,
              G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, RUN: tl.constexpr,
              DOT_IN_FP32: tl.constexpr):
-    """Blocks [i_blk, i_blk + RUN)'s row maxima, those below hi stored: the RUN blocks' keys gathered as one K tile
-    and scored by one product, each key masked as the block steps mask it (at or before the row's position, inside
-    the table, its slot in the store), then each block's slice reduced."""
+    """Blocks [i_blk, i_blk + RUN)'s row maxima, those below hi stored: the RUN blocks' keys (`slots`, loaded) gathered as
+    one K tile and scored by one product, each key masked as the block steps mask it (at or before the row's position,
+    inside the table, its slot in the store), then each block's slice reduced."""
     keys = i_blk * BLOCK_N + tl.arange(0, RUN * BLOCK_N)
-    slots = tl.load(seq_row + keys, mask=keys < L, other=-1).to(tl.int64)
     vis = (keys[None, :] <= p_i) & (keys[None, :] < L) & ((slots >= 0) & (slots < S))[None, :] & row_ok[:, None]
     key_ok = tl.max(vis.to(tl.int32), 0) > 0
     o_d = tl.arange(0, D)
@@ -202,7 +254,8 @@ def block_max_kernel(
     q, k, v, slot_table, seq_ids, positions, maxima, L, S, scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, RUN: tl.constexpr = 1, PDL: tl.constexpr = False,
+    NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, RUN: tl.constexpr = 1, AHEAD: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): for its run of the row's blocks, the row maxima of each block's scores, into
     maxima[i, head, j, :G_PAD]; RUN blocks a product where RUN > 1 (`_run_max`)."""
@@ -210,32 +263,36 @@ def block_max_kernel(
     i, kv_head = tl.program_id(0), tl.program_id(1)
     p_i, seq_row, full_blk, lo, hi = _program(i, tl.program_id(2), tl.num_programs(2), seq_ids, positions, slot_table, L,
                                                stride_sb, BLOCK_N, RUN)
+    slots = _first_slots(lo, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
     if RUN > 1:
         i_run = lo
         while i_run < hi:
-            _run_max(b_q, row_ok, p_i, i_run, hi, seq_row, kv_head, k, maxima, head_base, L, S, scale, stride_ks, stride_kh,
+            slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
+            _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, head_base, L, S, scale, stride_ks, stride_kh,
                      G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32)
             i_run += RUN
     elif INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = lo
         while i_blk < hi:
-            _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
+            slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
+            _block_max(now, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
                        stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32)
             i_blk += 1
     else:
         for i_blk in tl.range(lo, hi, num_stages=STAGES):
-            _block_max(b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
+            slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
+            _block_max(now, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
                        stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32)
 
 
 @jit
-def _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
+def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
                  stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                  BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr):
     """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored; returns m after it."""
-    s, b_v, row_active = _block_scores(b_q, row_ok, p_i, i_blk, i_blk < full_blk, seq_row, kv_head, k, v, L, S, scale,
+    s, b_v, row_active = _block_scores(slots, b_q, row_ok, p_i, i_blk, i_blk < full_blk, kv_head, k, v, L, S, scale,
                                        stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
     m_new, m_safe, alpha = _running_max(m, s, DOT_IN_FP32)
     p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
@@ -258,6 +315,7 @@ def block_terms_kernel(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     """Program (query i, KV head, c), over its run of blocks [lo, hi): the running maximum before block lo (the
     maximum of every earlier block's maxima: a maximum, exact in any order), then block by block that block's alpha,
@@ -266,6 +324,8 @@ def block_terms_kernel(
     i, kv_head = tl.program_id(0), tl.program_id(1)
     p_i, seq_row, full_blk, lo, hi = _program(i, tl.program_id(2), tl.num_programs(2), seq_ids, positions, slot_table, L,
                                                stride_sb, BLOCK_N)
+    if PREFETCH:  # the first block's slots asked for beside the earlier maxima below
+        _prefetch(seq_row, lo * BLOCK_N, L, BLOCK_N, INTERPRETED)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
     # The walk's m before block lo: the earlier blocks' maxima, MAX_CHUNK blocks a load of [MAX_CHUNK, G_PAD] (-inf before
@@ -280,14 +340,14 @@ def block_terms_kernel(
         m_g = tl.maximum(m_g, tl.max(earlier, 0))
         j0 += MAX_CHUNK
     _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
-               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES)
+               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, PREFETCH)
 
 
 @jit
 def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
                stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
-               STAGES: tl.constexpr):
+               STAGES: tl.constexpr, PREFETCH: tl.constexpr):
     """Blocks [lo, hi)'s terms, stored, from m_g ([G_PAD]), the walk's maximum before block lo: laid out as the tile's
     rows (-inf in rows from G_PAD on), then carried along the run as the walk carries it."""
     rows = tl.arange(0, ROWS)
@@ -295,12 +355,14 @@ def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, 
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = lo
         while i_blk < hi:
-            m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S,
+            m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, alphas, sums, pvs, head_base, L, S,
                              scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
             i_blk += 1
     else:
         for i_blk in tl.range(lo, hi, num_stages=STAGES):
-            m = _block_terms(m, b_q, row_ok, p_i, i_blk, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S,
+            if PREFETCH:
+                _prefetch(seq_row, (i_blk + 1) * BLOCK_N, L, BLOCK_N, INTERPRETED)
+            m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, alphas, sums, pvs, head_base, L, S,
                              scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
 
 
@@ -410,11 +472,11 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     block_max_kernel[(num_tokens, num_kv_heads, runs(MAX_PROGRAM_WAVES))](
         q, k_store, v_store, slot_table, seq_ids, positions, maxima, table, k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad,
         D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb, INTERPRETED=interpret, STAGES=BLOCK_STAGES,
-        RUN=MAX_RUN, num_warps=num_warps, num_stages=num_stages)
+        RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, num_warps=num_warps, num_stages=num_stages)
     block_terms_kernel[(num_tokens, num_kv_heads, runs(PROGRAM_WAVES))](q, k_store, v_store, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, table,
                              k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
-                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, num_warps=num_warps,
+                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, PREFETCH=TERMS_PREFETCH, num_warps=num_warps,
                              num_stages=num_stages)
     d_part = max(1, head_dim // FOLD_SPLIT)
     fold_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),

@@ -64,11 +64,23 @@ def _visible(i_blk, pos, row_ok, seq_row, L, S, window, HAS_WINDOW: tl.constexpr
     """Key block i_blk's store slots [BLOCK_N] (-1 past the table), which keys each row sees [ROWS, BLOCK_N]
     (at or before its position, inside the table and the window, written), which keys some row sees (written,
     finite) and which rows see a key of it."""
+    return _visible_slots(_block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), i_blk, pos, row_ok, L, S, window, HAS_WINDOW, BLOCK_N)
+
+
+@jit
+def _block_slots(first_key, seq_row, L, WIDTH: tl.constexpr):
+    """The store slots [WIDTH] of keys [first_key, first_key + WIDTH) of a table row (-1 past the table)."""
+    keys = first_key + tl.arange(0, WIDTH)
+    return tl.load(seq_row + keys, mask=keys < L, other=-1).to(tl.int64)
+
+
+@jit
+def _visible_slots(slots, i_blk, pos, row_ok, L, S, window, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """`_visible` of block i_blk, its `slots` loaded already (`_block_slots`)."""
     keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] absolute key positions
     vis = (keys[None, :] <= pos[:, None]) & (keys[None, :] < L) & row_ok[:, None]  # [ROWS, BLOCK_N]
     if HAS_WINDOW:
         vis = vis & (keys[None, :] > pos[:, None] - window)
-    slots = tl.load(seq_row + keys, mask=keys < L, other=-1).to(tl.int64)  # [BLOCK_N]
     vis = vis & ((slots >= 0) & (slots < S))[None, :]
     return slots, vis, tl.max(vis.to(tl.int32), 0) > 0, tl.max(vis.to(tl.int32), 1) > 0
 
