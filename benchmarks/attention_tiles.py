@@ -15,8 +15,8 @@ A variant is `name=value` items joined by commas: the op's constants (block_n, n
 `pairs`, `check_slots`, `check_decode`, `diagonal`, `decode_diagonal` and `heads_fastest` (0 or 1: `attention.triton.PAIRS`,
 `CHECK_SLOTS`, `CHECK_DECODE_SLOTS`, `CHECK_DIAGONAL`, `CHECK_DECODE_DIAGONAL`, `HEADS_FASTEST`), and
 the spread decode's `waves`, `max_waves`, `fold_split`, `fold_warps`, `fold_unroll`, `fold_stages`, `max_chunk`,
-`max_run`, `max_ahead` and `terms_prefetch` (`triton_blocks.PROGRAM_WAVES`, `MAX_PROGRAM_WAVES`, `FOLD_SPLIT`, `FOLD_WARPS`,
-`FOLD_UNROLL`, `FOLD_STAGES`, `MAX_CHUNK`, `MAX_RUN`, `MAX_SLOTS_AHEAD`, `TERMS_PREFETCH`). Each row is printed (and appended to --out) as soon as it is measured.
+`max_run`, `max_ahead` and `prefetch` (`triton_blocks.PROGRAM_WAVES`, `MAX_PROGRAM_WAVES`, `FOLD_SPLIT`, `FOLD_WARPS`,
+`FOLD_UNROLL`, `FOLD_STAGES`, `MAX_CHUNK`, `MAX_RUN`, `MAX_SLOTS_AHEAD`, `PREFETCH`). Each row is printed (and appended to --out) as soon as it is measured.
 """
 import argparse
 
@@ -38,7 +38,7 @@ KNOBS = {  # variant item -> (module, constant); a module constant keeps its typ
     "fold_unroll": (triton_blocks, "FOLD_UNROLL"), "fold_stages": (triton_blocks, "FOLD_STAGES"),
     "max_chunk": (triton_blocks, "MAX_CHUNK"), "max_run": (triton_blocks, "MAX_RUN"),
     "heads_fastest": (attention_triton, "HEADS_FASTEST"), "max_ahead": (triton_blocks, "MAX_SLOTS_AHEAD"),
-    "terms_prefetch": (triton_blocks, "TERMS_PREFETCH"),
+    "prefetch": (triton_blocks, "PREFETCH"),
 }
 
 

@@ -100,13 +100,16 @@ MAX_PROGRAM_WAVES = 6
 # 8 gained less or lost.
 MAX_RUN = 2
 # A step of the blocks kernels gathers K (and V) through the table's slots for its keys, two round trips one after the
-# other. MAX_SLOTS_AHEAD: the max kernel loads the next step's slots while a step computes and carries them in registers
-# (`_slots_ahead`; [MAX_RUN * BLOCK_N] int32, and fewer registers than before on sm_90a: 102 against 128, the checks on
-# them folded into one). TERMS_PREFETCH: the terms kernel asks for the next block's table line into L1 instead
-# (`_prefetch`): carried slots there took the kernel from 126 to 163 registers (the compiler carries a copy in each
-# layout that reads them). Which slots a step reads does not change, nor any arithmetic.
+# other, and each step's wait for them. MAX_SLOTS_AHEAD: the max kernel loads the next step's slots while a step
+# computes and carries them in registers (`_slots_ahead`; [MAX_RUN * BLOCK_N] int32, and fewer registers than before on
+# sm_90a: 102 against 128, the checks on them folded into one); carried so, the terms kernel went from 126 to 163
+# registers (the compiler carries a copy in each layout that reads them). PREFETCH: while a step computes, both kernels
+# ask for the table line of the step after next into L1, and the max kernel for the next step's keys, the terms kernel
+# for the next block's values, into L2 (`_prefetch_table`, `_prefetch_rows`: hints, no registers carried; its keys the
+# max kernel has just read, and asking for them too took the terms kernel from 128 to 150 registers on sm_90a, past four
+# programs an SM). Which slots a step reads does not change, nor any arithmetic.
 MAX_SLOTS_AHEAD = True
-TERMS_PREFETCH = True
+PREFETCH = True
 BLOCK_STAGES = 1
 FOLD_STAGES = 8
 FOLD_SPLIT = 4
@@ -200,14 +203,38 @@ def _slots_ahead(slots, i_blk, STEP: tl.constexpr, seq_row, L, S, BLOCK_N: tl.co
 
 
 @jit
-def _prefetch(seq_row, first_key, L, WIDTH: tl.constexpr, INTERPRETED: tl.constexpr):
+def _prefetch_table(seq_row, first_key, L, WIDTH: tl.constexpr, INTERPRETED: tl.constexpr):
     """Asks for the lines of the table row holding keys [first_key, first_key + WIDTH) (clamped to the row: every
-    address read is the row's) to be brought into L1, where the step that reads them next finds them (a hint: no value
-    changes; the interpreter, which has no PTX, skips it). Slots are int64: 16 a 128-byte line."""
+    address is the row's) to be brought into L1, where a later step's load of those slots finds them. A hint: no value
+    changes (the interpreter, which has no PTX, skips it). Slots are int64: 16 a 128-byte line."""
     if not INTERPRETED:
         keys = tl.minimum(first_key + tl.arange(0, WIDTH // 16) * 16, L - 1)
         tl.inline_asm_elementwise("prefetch.global.L1 [$1]; mov.u32 $0, 0;", "=r,l", [seq_row + keys], dtype=tl.int32, is_pure=False,
                                   pack=1)
+
+
+@jit
+def _prefetch_rows(store, slots, kv_head, S, stride_s, stride_h, D: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Asks for the store rows of `slots` (KV head `kv_head`, D elements each) to be brought into L2, where the next
+    step's gather finds them; a slot outside the store asks for row 0 instead, so every address lies in the store. A
+    hint, as `_prefetch_table`."""
+    if not INTERPRETED:
+        LINE: tl.constexpr = 1024 // store.dtype.element_ty.primitive_bitwidth  # elements a 128-byte line
+        LINES: tl.constexpr = (D + LINE - 1) // LINE
+        rows = tl.where((slots >= 0) & (slots < S), slots, 0).to(tl.int64)
+        at = store + rows[:, None] * stride_s + kv_head * stride_h + tl.arange(0, LINES)[None, :] * LINE
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [at], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@jit
+def _prefetch_next(slots, i_next, STEP: tl.constexpr, seq_row, kv_head, k, L, S, stride_ks, stride_kh, BLOCK_N: tl.constexpr,
+                   WIDTH: tl.constexpr, D: tl.constexpr, AHEAD: tl.constexpr, INTERPRETED: tl.constexpr):
+    """The max kernel's prefetch while step i_next - STEP computes: the table line of the step after next into L1, and
+    the keys of step i_next (their slots: `slots` where AHEAD carries them, else loaded) into L2."""
+    _prefetch_table(seq_row, (i_next + STEP) * BLOCK_N, L, WIDTH, INTERPRETED)
+    if not AHEAD:
+        slots = _block_slots(i_next * BLOCK_N, seq_row, L, WIDTH)
+    _prefetch_rows(k, slots, kv_head, S, stride_ks, stride_kh, D, INTERPRETED)
 
 
 @jit
@@ -255,7 +282,7 @@ def block_max_kernel(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, RUN: tl.constexpr = 1, AHEAD: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): for its run of the row's blocks, the row maxima of each block's scores, into
     maxima[i, head, j, :G_PAD]; RUN blocks a product where RUN > 1 (`_run_max`)."""
@@ -270,6 +297,9 @@ def block_max_kernel(
         i_run = lo
         while i_run < hi:
             slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
+            if PREFETCH:
+                _prefetch_next(slots, i_run + RUN, RUN, seq_row, kv_head, k, L, S, stride_ks, stride_kh, BLOCK_N, RUN * BLOCK_N, D, AHEAD,
+                               INTERPRETED)
             _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, head_base, L, S, scale, stride_ks, stride_kh,
                      G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32)
             i_run += RUN
@@ -283,6 +313,9 @@ def block_max_kernel(
     else:
         for i_blk in tl.range(lo, hi, num_stages=STAGES):
             slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
+            if PREFETCH:
+                _prefetch_next(slots, i_blk + 1, 1, seq_row, kv_head, k, L, S, stride_ks, stride_kh, BLOCK_N, BLOCK_N, D, AHEAD,
+                               INTERPRETED)
             _block_max(now, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
                        stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32)
 
@@ -324,8 +357,8 @@ def block_terms_kernel(
     i, kv_head = tl.program_id(0), tl.program_id(1)
     p_i, seq_row, full_blk, lo, hi = _program(i, tl.program_id(2), tl.num_programs(2), seq_ids, positions, slot_table, L,
                                                stride_sb, BLOCK_N)
-    if PREFETCH:  # the first block's slots asked for beside the earlier maxima below
-        _prefetch(seq_row, lo * BLOCK_N, L, BLOCK_N, INTERPRETED)
+    if PREFETCH:  # the first two blocks' table lines asked for beside the earlier maxima below
+        _prefetch_table(seq_row, lo * BLOCK_N, L, 2 * BLOCK_N, INTERPRETED)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
     # The walk's m before block lo: the earlier blocks' maxima, MAX_CHUNK blocks a load of [MAX_CHUNK, G_PAD] (-inf before
@@ -360,8 +393,10 @@ def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, 
             i_blk += 1
     else:
         for i_blk in tl.range(lo, hi, num_stages=STAGES):
-            if PREFETCH:
-                _prefetch(seq_row, (i_blk + 1) * BLOCK_N, L, BLOCK_N, INTERPRETED)
+            if PREFETCH:  # while this block computes: the table line two blocks on, the next block's values
+                _prefetch_table(seq_row, (i_blk + 2) * BLOCK_N, L, BLOCK_N, INTERPRETED)
+                _prefetch_rows(v, _block_slots((i_blk + 1) * BLOCK_N, seq_row, L, BLOCK_N), kv_head, S, stride_vs, stride_vh, D,
+                               INTERPRETED)
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, alphas, sums, pvs, head_base, L, S,
                              scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
 
@@ -472,11 +507,11 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     block_max_kernel[(num_tokens, num_kv_heads, runs(MAX_PROGRAM_WAVES))](
         q, k_store, v_store, slot_table, seq_ids, positions, maxima, table, k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad,
         D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb, INTERPRETED=interpret, STAGES=BLOCK_STAGES,
-        RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, num_warps=num_warps, num_stages=num_stages)
+        RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, PREFETCH=PREFETCH, num_warps=num_warps, num_stages=num_stages)
     block_terms_kernel[(num_tokens, num_kv_heads, runs(PROGRAM_WAVES))](q, k_store, v_store, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, table,
                              k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
-                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, PREFETCH=TERMS_PREFETCH, num_warps=num_warps,
+                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, PREFETCH=PREFETCH, num_warps=num_warps,
                              num_stages=num_stages)
     d_part = max(1, head_dim // FOLD_SPLIT)
     fold_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
