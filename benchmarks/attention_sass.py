@@ -44,7 +44,7 @@ CLASSES = [  # (class, opcode prefixes), first match wins
 def forms(block_n: int):
     """(name, constexprs, num_warps) of each form."""
     base = dict(G=4, G_PAD=4, D=128, HAS_WINDOW=False, DOT_IN_FP32=False, SUM_BY_DOT=False, BLOCK_N=block_n, WITH_LSE=False,
-                SPAN=0, PAIRED=True, HEADS_FASTEST=attention_triton.HEADS_FASTEST)
+                SPAN=0, PAIRED=True, HEADS_FASTEST=attention_triton.HEADS_FASTEST, PROLOGUE=attention_triton.PREFETCH_PROLOGUE)
     for checked, diagonal, tag in ((True, True, "checked, diagonal"), (True, False, "checked"), (False, False, "masked")):
         yield f"prefill, stacked, {tag}", base | dict(BLOCK_Q=32, ROWS=128, QUERIES=32, CHECKED=checked, DIAGONAL=diagonal, PDL=True), 8
         yield f"decode, one query, {tag}", base | dict(BLOCK_Q=16, ROWS=64, QUERIES=1, CHECKED=checked, DIAGONAL=diagonal, PDL=True), 4

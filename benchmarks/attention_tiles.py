@@ -12,8 +12,9 @@ a sequence) have the prefill rows' bits under that variant (the contract's prope
         [--prefill 512,2048,8192,8x512] [--graphs] [--decode 1x2048,8x2048,64x512,64x2048] [--heads 32,8,128] [--out FILE] [--device cpu]
 
 A variant is `name=value` items joined by commas: the op's constants (block_n, num_stages, num_warps, block_m),
-`pairs`, `check_slots`, `check_decode`, `diagonal`, `decode_diagonal` and `heads_fastest` (0 or 1: `attention.triton.PAIRS`,
-`CHECK_SLOTS`, `CHECK_DECODE_SLOTS`, `CHECK_DIAGONAL`, `CHECK_DECODE_DIAGONAL`, `HEADS_FASTEST`), and
+`pairs`, `check_slots`, `check_decode`, `diagonal`, `decode_diagonal`, `heads_fastest` and `prologue` (0 or 1:
+`attention.triton.PAIRS`, `CHECK_SLOTS`, `CHECK_DECODE_SLOTS`, `CHECK_DIAGONAL`, `CHECK_DECODE_DIAGONAL`, `HEADS_FASTEST`,
+`PREFETCH_PROLOGUE`), and
 the spread decode's `waves`, `max_waves`, `fold_split`, `fold_warps`, `fold_unroll`, `fold_stages`, `max_chunk`,
 `max_run`, `max_ahead` and `prefetch` (`triton_blocks.PROGRAM_WAVES`, `MAX_PROGRAM_WAVES`, `FOLD_SPLIT`, `FOLD_WARPS`,
 `FOLD_UNROLL`, `FOLD_STAGES`, `MAX_CHUNK`, `MAX_RUN`, `MAX_SLOTS_AHEAD`, `PREFETCH`). Each row is printed (and appended to --out) as soon as it is measured.
@@ -37,7 +38,7 @@ KNOBS = {  # variant item -> (module, constant); a module constant keeps its typ
     "fold_split": (triton_blocks, "FOLD_SPLIT"), "fold_warps": (triton_blocks, "FOLD_WARPS"),
     "fold_unroll": (triton_blocks, "FOLD_UNROLL"), "fold_stages": (triton_blocks, "FOLD_STAGES"),
     "max_chunk": (triton_blocks, "MAX_CHUNK"), "max_run": (triton_blocks, "MAX_RUN"),
-    "heads_fastest": (attention_triton, "HEADS_FASTEST"), "max_ahead": (triton_blocks, "MAX_SLOTS_AHEAD"),
+    "heads_fastest": (attention_triton, "HEADS_FASTEST"), "prologue": (attention_triton, "PREFETCH_PROLOGUE"), "max_ahead": (triton_blocks, "MAX_SLOTS_AHEAD"),
     "prefetch": (triton_blocks, "PREFETCH"),
 }
 

@@ -198,6 +198,18 @@ def elementwise_tile(num_rows, N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: 
 
 
 @jit
+def prefetch(pointers, L2: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Asks for the lines at `pointers` (a tensor of any shape; one pointer a 128-byte line is enough) to be brought
+    into L1, or L2 where L2: a hint, which no value depends on (the interpreter, with no PTX, skips it). Every pointer
+    must lie in memory the kernel may read."""
+    if not INTERPRETED:
+        if L2:
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [pointers], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise("prefetch.global.L1 [$1]; mov.u32 $0, 0;", "=r,l", [pointers], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@jit
 def settled(b_acc, INTERPRETED: tl.constexpr):
     """fp32 b_acc unchanged, as an opaque register copy: Triton rewrites `dot(a, b, 0) + c` into `dot(a, b,
     c)`, which starts the dot's accumulation from c (other arithmetic); a dot's result passed through this

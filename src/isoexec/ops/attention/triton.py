@@ -76,7 +76,7 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..common import ALL_CASES, torch_dtype
-from ..triton_support import after_upstream, cdiv, jit, needs_grad, next_power_of_2, require_device, tl, triton_available
+from ..triton_support import after_upstream, cdiv, jit, needs_grad, next_power_of_2, prefetch, require_device, tl, triton_available
 from . import flash_backward, gluon_tile, native, triton_blocks, triton_spans
 from .triton_steps import (_block, _close_span, _combine, _diagonal_block, _finish, _fold, _full_block, _full_block_pair, _gather_kv,
                            _in_store, _masked_block, _probs_times_v, _row_sum, _running_max, _scores, _slots_in_store, _update,
@@ -125,6 +125,12 @@ PAIRS_WITH_SPANS = False
 # 0.077 to 0.056 ms at 1,024 tokens and 0.189 to 0.164 at 2,048, 8 x 512 from 0.151 to 0.140, the head_dim-256
 # attention of the Qwen3.5 presets 0.461 to 0.336 ms at 2,048; one wave (512 tokens) or many (8,192) moved within 2%.
 HEADS_FASTEST = True
+# A program's first key block waits on three round trips to memory one after the other: the metadata that finds its
+# tiles, then its query rows and the slot table (the check that its whole blocks' slots lie in the store), then the
+# keys and values. PREFETCH_PROLOGUE asks for the candidate queries' rows (L2) before the metadata comes back, and for
+# the table row of the last candidate's sequence (L1, up to 64 lines) as soon as it does: hints, which no value depends
+# on.
+PREFETCH_PROLOGUE = True
 
 
 @jit
@@ -193,6 +199,31 @@ def _tile(
         tl.store(lse + head.to(tl.int64) * stride_lh + tok, row_lse, mask=row_ok)
 
 
+@jit
+def _prefetch_queries(q, tok, kv_head, stride_qt, stride_qh, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
+                      INTERPRETED: tl.constexpr):
+    """Asks for the rows of queries `tok` ([QUERIES], inside the batch) at every head of KV head `kv_head` to be brought
+    into L2, while the metadata that says which of them start a tile comes back (`PREFETCH_PROLOGUE`)."""
+    LINE: tl.constexpr = 1024 // q.dtype.element_ty.primitive_bitwidth  # elements a 128-byte line
+    LINES: tl.constexpr = (D + LINE - 1) // LINE
+    head = kv_head * G + tl.minimum(tl.arange(0, G_PAD), G - 1)
+    rows = tok.to(tl.int64)[:, None] * stride_qt + head[None, :] * stride_qh  # [QUERIES, G_PAD]
+    prefetch(q + rows[:, :, None] + (tl.arange(0, LINES) * LINE)[None, None, :], True, INTERPRETED)
+
+
+@jit
+def _prefetch_table_row(slot_table, stride_sb, seq_c, pos_c, c, valid, L, INTERPRETED: tl.constexpr):
+    """Asks for the slot table's row of the last valid candidate query's sequence, from key 0 to its position (its first
+    64 lines at most; the addresses clamped to the row), to be brought into L1, where the tile's slot check and first
+    blocks read it (`PREFETCH_PROLOGUE`)."""
+    PER_LINE: tl.constexpr = 1024 // slot_table.dtype.element_ty.primitive_bitwidth  # slots a 128-byte line
+    last = tl.max(tl.where(valid, c, -1), 0)
+    seq = tl.max(tl.where(c == last, seq_c, -1), 0)
+    hi = tl.minimum(tl.max(tl.where(c == last, pos_c, 0), 0), L - 1)
+    keys = tl.minimum(tl.arange(0, 64) * PER_LINE, hi)
+    prefetch(slot_table + tl.maximum(seq, 0).to(tl.int64) * stride_sb + keys, False, INTERPRETED)
+
+
 @jit(do_not_specialize=["T", "L", "S", "window"], dependent=True)
 def attention_fwd_kernel(
     q, k, v, o, lse, slot_table, seq_ids, positions,
@@ -214,6 +245,7 @@ def attention_fwd_kernel(
     CHECKED: tl.constexpr,
     DIAGONAL: tl.constexpr,
     HEADS_FASTEST: tl.constexpr = False,
+    PROLOGUE: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     after_upstream(PDL)
@@ -231,10 +263,14 @@ def attention_fwd_kernel(
     cand = r * QUERIES + c
     valid = cand < T
     has_prev = valid & (cand > 0)
+    if PROLOGUE:
+        _prefetch_queries(q, tl.minimum(cand, T - 1), kv_head, stride_qt, stride_qh, G, G_PAD, D, DOT_IN_FP32)
     seq_c = tl.load(seq_ids + cand, mask=valid, other=-1)
     pos_c = tl.load(positions + cand, mask=valid, other=-1)
     seq_p = tl.load(seq_ids + cand - 1, mask=has_prev, other=-1)
     pos_p = tl.load(positions + cand - 1, mask=has_prev, other=-1)
+    if PROLOGUE:
+        _prefetch_table_row(slot_table, stride_sb, seq_c, pos_c, c, valid, L, DOT_IN_FP32)
     starts = valid & ((cand == 0) | (seq_p != seq_c) | (pos_p + 1 != pos_c) | (pos_c % BLOCK_Q == 0))
     start = tl.min(tl.where(starts, c, QUERIES), 0)
     while start < QUERIES:
@@ -317,7 +353,7 @@ def attention_fwd(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Tenso
         G=group, G_PAD=g_pad, D=head_dim, HAS_WINDOW=window is not None,
         DOT_IN_FP32=triton_support.interpreting(), SUM_BY_DOT=q.dtype == torch.float32 and not triton_support.interpreting(),
         BLOCK_Q=tile_positions, BLOCK_N=block_n, ROWS=rows, QUERIES=queries, PAIRED=paired,
-        WITH_LSE=lse is not None, SPAN=span, CHECKED=checked, DIAGONAL=checked and (CHECK_DIAGONAL if queries > 1 else CHECK_DECODE_DIAGONAL), HEADS_FASTEST=HEADS_FASTEST, num_warps=num_warps, num_stages=num_stages,
+        WITH_LSE=lse is not None, SPAN=span, CHECKED=checked, DIAGONAL=checked and (CHECK_DIAGONAL if queries > 1 else CHECK_DECODE_DIAGONAL), HEADS_FASTEST=HEADS_FASTEST, PROLOGUE=PREFETCH_PROLOGUE, num_warps=num_warps, num_stages=num_stages,
     )
     return o
 

@@ -54,7 +54,7 @@ from torch import Tensor
 
 from ...env import EnvError
 from .. import triton_support
-from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, tl
+from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, prefetch, tl
 from .triton_steps import (_block_slots, _finish, _fold_sums, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores,
                            _visible_slots)
 
@@ -207,10 +207,7 @@ def _prefetch_table(seq_row, first_key, L, WIDTH: tl.constexpr, INTERPRETED: tl.
     """Asks for the lines of the table row holding keys [first_key, first_key + WIDTH) (clamped to the row: every
     address is the row's) to be brought into L1, where a later step's load of those slots finds them. A hint: no value
     changes (the interpreter, which has no PTX, skips it). Slots are int64: 16 a 128-byte line."""
-    if not INTERPRETED:
-        keys = tl.minimum(first_key + tl.arange(0, WIDTH // 16) * 16, L - 1)
-        tl.inline_asm_elementwise("prefetch.global.L1 [$1]; mov.u32 $0, 0;", "=r,l", [seq_row + keys], dtype=tl.int32, is_pure=False,
-                                  pack=1)
+    prefetch(seq_row + tl.minimum(first_key + tl.arange(0, WIDTH // 16) * 16, L - 1), False, INTERPRETED)
 
 
 @jit
@@ -218,12 +215,10 @@ def _prefetch_rows(store, slots, kv_head, S, stride_s, stride_h, D: tl.constexpr
     """Asks for the store rows of `slots` (KV head `kv_head`, D elements each) to be brought into L2, where the next
     step's gather finds them; a slot outside the store asks for row 0 instead, so every address lies in the store. A
     hint, as `_prefetch_table`."""
-    if not INTERPRETED:
-        LINE: tl.constexpr = 1024 // store.dtype.element_ty.primitive_bitwidth  # elements a 128-byte line
-        LINES: tl.constexpr = (D + LINE - 1) // LINE
-        rows = tl.where((slots >= 0) & (slots < S), slots, 0).to(tl.int64)
-        at = store + rows[:, None] * stride_s + kv_head * stride_h + tl.arange(0, LINES)[None, :] * LINE
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [at], dtype=tl.int32, is_pure=False, pack=1)
+    LINE: tl.constexpr = 1024 // store.dtype.element_ty.primitive_bitwidth  # elements a 128-byte line
+    LINES: tl.constexpr = (D + LINE - 1) // LINE
+    rows = tl.where((slots >= 0) & (slots < S), slots, 0).to(tl.int64)
+    prefetch(store + rows[:, None] * stride_s + kv_head * stride_h + tl.arange(0, LINES)[None, :] * LINE, True, INTERPRETED)
 
 
 @jit
