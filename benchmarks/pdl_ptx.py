@@ -20,8 +20,7 @@ TYPES = ({n: "*bf16" for n in ("q", "k", "v", "o")} | {n: "*i64" for n in ("slot
 HEADS = dict(G=4, G_PAD=4, D=128, BLOCK_N=32)
 KERNELS = [  # (kernel, constexprs, num_warps, num_stages), as `triton_blocks.attention_decode` launches them
     (triton_blocks.block_max_kernel, HEADS | dict(DOT_IN_FP32=False, ROWS=64, NB=64, INTERPRETED=False, STAGES=triton_blocks.BLOCK_STAGES,
-                                                 RUN=triton_blocks.MAX_RUN, AHEAD=triton_blocks.MAX_SLOTS_AHEAD,
-                                                 PREFETCH=triton_blocks.PREFETCH), 4, 3),
+                                                 RUN=triton_blocks.MAX_RUN, AHEAD=triton_blocks.MAX_SLOTS_AHEAD), 4, 3),
     (triton_blocks.fold_kernel, HEADS | dict(D_PART=128, NB=64, INTERPRETED=False, STAGES=triton_blocks.FOLD_STAGES, UNROLL=1), 4, 1),
 ]
 

@@ -24,7 +24,8 @@ Both blocks kernels wait on memory latency along short runs of blocks rather tha
 H100: a quarter to a third of DRAM bandwidth). Three changes that kept the bits gave nothing at batch 1-8
 (`benchmarks/RESULTS.md`, "Issue 22 on the H200"): the first kernel keeping each block's scores for the second (which
 then reads V alone; 156 registers instead of 126), a fold that reads four blocks' terms a load, and blocks kernels that
-ask for the next block's K and V before the current block's product (the terms kernel at 204 registers).
+ask for the next block's K and V before the current block's product (the terms kernel at 204 registers); nor, later,
+prefetch instructions for the next step's table line and K or V, which cost no registers (`MAX_SLOTS_AHEAD`'s comment).
 
 `block_max_kernel` and `fold_kernel` launch with programmatic dependent launch (`triton_support.jit(dependent=True)`), as
 the walk and the rest of a decode step do; `block_terms_kernel` does not. A dependent kernel lets the kernel behind it
@@ -54,7 +55,7 @@ from torch import Tensor
 
 from ...env import EnvError
 from .. import triton_support
-from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, prefetch, tl
+from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, tl
 from .triton_steps import (_block_slots, _finish, _fold_sums, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores,
                            _visible_slots)
 
@@ -99,17 +100,17 @@ MAX_PROGRAM_WAVES = 6
 # from 16.3 / 22.4 / 55.0 to 15.5 / 22.2 / 52.2 us, 4 x 2,048 from 46.6 to 43.5 and 8 x 2,048 from 75.3 to 73.6; 4 and
 # 8 gained less or lost.
 MAX_RUN = 2
-# A step of the blocks kernels gathers K (and V) through the table's slots for its keys, two round trips one after the
-# other, and each step's wait for them. MAX_SLOTS_AHEAD: the max kernel loads the next step's slots while a step
-# computes and carries them in registers (`_slots_ahead`; [MAX_RUN * BLOCK_N] int32, and fewer registers than before on
-# sm_90a: 102 against 128, the checks on them folded into one); carried so, the terms kernel went from 126 to 163
-# registers (the compiler carries a copy in each layout that reads them). PREFETCH: while a step computes, both kernels
-# ask for the table line of the step after next into L1, and the max kernel for the next step's keys, the terms kernel
-# for the next block's values, into L2 (`_prefetch_table`, `_prefetch_rows`: hints, no registers carried; its keys the
-# max kernel has just read, and asking for them too took the terms kernel from 128 to 150 registers on sm_90a, past four
-# programs an SM). Which slots a step reads does not change, nor any arithmetic.
+# A step of the blocks kernels gathers K (and V) through the table's slots for its keys: two round trips, one after the
+# other. With MAX_SLOTS_AHEAD the max kernel loads the next step's slots while a step computes and carries them in
+# registers (`_slots_ahead`; [MAX_RUN * BLOCK_N] int32, validated against the store first), so a step waits on its
+# gather alone. Compiled for sm_90a it takes 102 registers against 128 (the slot checks folded into one). On an H100
+# (graph replays, one call) 1 x 512 / 2,048 / 8,192 keys 15.6 -> 15.4, 22.2 -> 22.0, 52.0 -> 51.5 us, 4 x 2,048 43.7 ->
+# 43.3, 8 x 2,048 73.2 -> 73.1: a little, kept for the registers. The terms kernel does not: carried slots took it from
+# 126 to 163 registers (the compiler carries a copy in each layout that reads them). Asking for the next step's table
+# line (L1) and keys or values (L2) by prefetch instructions instead, in both kernels, kept the terms kernel at 128
+# registers and lost: 8,192 keys 51.6 -> 54.5 us, 4 x 2,048 43.2 -> 45.3, 8 x 2,048 73.4 -> 76.3 (benchmarks/RESULTS.md).
+# Which slots a step reads does not change, nor any arithmetic.
 MAX_SLOTS_AHEAD = True
-PREFETCH = True
 BLOCK_STAGES = 1
 FOLD_STAGES = 8
 FOLD_SPLIT = 4
@@ -203,36 +204,6 @@ def _slots_ahead(slots, i_blk, STEP: tl.constexpr, seq_row, L, S, BLOCK_N: tl.co
 
 
 @jit
-def _prefetch_table(seq_row, first_key, L, WIDTH: tl.constexpr, INTERPRETED: tl.constexpr):
-    """Asks for the lines of the table row holding keys [first_key, first_key + WIDTH) (clamped to the row: every
-    address is the row's) to be brought into L1, where a later step's load of those slots finds them. A hint: no value
-    changes (the interpreter, which has no PTX, skips it). Slots are int64: 16 a 128-byte line."""
-    prefetch(seq_row + tl.minimum(first_key + tl.arange(0, WIDTH // 16) * 16, L - 1), False, INTERPRETED)
-
-
-@jit
-def _prefetch_rows(store, slots, kv_head, S, stride_s, stride_h, D: tl.constexpr, INTERPRETED: tl.constexpr):
-    """Asks for the store rows of `slots` (KV head `kv_head`, D elements each) to be brought into L2, where the next
-    step's gather finds them; a slot outside the store asks for row 0 instead, so every address lies in the store. A
-    hint, as `_prefetch_table`."""
-    LINE: tl.constexpr = 1024 // store.dtype.element_ty.primitive_bitwidth  # elements a 128-byte line
-    LINES: tl.constexpr = (D + LINE - 1) // LINE
-    rows = tl.where((slots >= 0) & (slots < S), slots, 0).to(tl.int64)
-    prefetch(store + rows[:, None] * stride_s + kv_head * stride_h + tl.arange(0, LINES)[None, :] * LINE, True, INTERPRETED)
-
-
-@jit
-def _prefetch_next(slots, i_next, STEP: tl.constexpr, seq_row, kv_head, k, L, S, stride_ks, stride_kh, BLOCK_N: tl.constexpr,
-                   WIDTH: tl.constexpr, D: tl.constexpr, AHEAD: tl.constexpr, INTERPRETED: tl.constexpr):
-    """The max kernel's prefetch while step i_next - STEP computes: the table line of the step after next into L1, and
-    the keys of step i_next (their slots: `slots` where AHEAD carries them, else loaded) into L2."""
-    _prefetch_table(seq_row, (i_next + STEP) * BLOCK_N, L, WIDTH, INTERPRETED)
-    if not AHEAD:
-        slots = _block_slots(i_next * BLOCK_N, seq_row, L, WIDTH)
-    _prefetch_rows(k, slots, kv_head, S, stride_ks, stride_kh, D, INTERPRETED)
-
-
-@jit
 def _carried_slots(first_key, seq_row, L, S, WIDTH: tl.constexpr):
     """`_block_slots`, carried to the next step as int32 (half the registers): a slot outside the store becomes -1
     first, so the step's checks (at or above 0, below S) see the same keys as valid."""
@@ -277,7 +248,7 @@ def block_max_kernel(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, RUN: tl.constexpr = 1, AHEAD: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): for its run of the row's blocks, the row maxima of each block's scores, into
     maxima[i, head, j, :G_PAD]; RUN blocks a product where RUN > 1 (`_run_max`)."""
@@ -292,9 +263,6 @@ def block_max_kernel(
         i_run = lo
         while i_run < hi:
             slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
-            if PREFETCH:
-                _prefetch_next(slots, i_run + RUN, RUN, seq_row, kv_head, k, L, S, stride_ks, stride_kh, BLOCK_N, RUN * BLOCK_N, D, AHEAD,
-                               INTERPRETED)
             _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, head_base, L, S, scale, stride_ks, stride_kh,
                      G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32)
             i_run += RUN
@@ -308,9 +276,6 @@ def block_max_kernel(
     else:
         for i_blk in tl.range(lo, hi, num_stages=STAGES):
             slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
-            if PREFETCH:
-                _prefetch_next(slots, i_blk + 1, 1, seq_row, kv_head, k, L, S, stride_ks, stride_kh, BLOCK_N, BLOCK_N, D, AHEAD,
-                               INTERPRETED)
             _block_max(now, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
                        stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32)
 
@@ -343,7 +308,6 @@ def block_terms_kernel(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
 ):
     """Program (query i, KV head, c), over its run of blocks [lo, hi): the running maximum before block lo (the
     maximum of every earlier block's maxima: a maximum, exact in any order), then block by block that block's alpha,
@@ -352,8 +316,6 @@ def block_terms_kernel(
     i, kv_head = tl.program_id(0), tl.program_id(1)
     p_i, seq_row, full_blk, lo, hi = _program(i, tl.program_id(2), tl.num_programs(2), seq_ids, positions, slot_table, L,
                                                stride_sb, BLOCK_N)
-    if PREFETCH:  # the first two blocks' table lines asked for beside the earlier maxima below
-        _prefetch_table(seq_row, lo * BLOCK_N, L, 2 * BLOCK_N, INTERPRETED)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
     # The walk's m before block lo: the earlier blocks' maxima, MAX_CHUNK blocks a load of [MAX_CHUNK, G_PAD] (-inf before
@@ -368,14 +330,14 @@ def block_terms_kernel(
         m_g = tl.maximum(m_g, tl.max(earlier, 0))
         j0 += MAX_CHUNK
     _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
-               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, PREFETCH)
+               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES)
 
 
 @jit
 def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
                stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
-               STAGES: tl.constexpr, PREFETCH: tl.constexpr):
+               STAGES: tl.constexpr):
     """Blocks [lo, hi)'s terms, stored, from m_g ([G_PAD]), the walk's maximum before block lo: laid out as the tile's
     rows (-inf in rows from G_PAD on), then carried along the run as the walk carries it."""
     rows = tl.arange(0, ROWS)
@@ -388,10 +350,6 @@ def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, 
             i_blk += 1
     else:
         for i_blk in tl.range(lo, hi, num_stages=STAGES):
-            if PREFETCH:  # while this block computes: the table line two blocks on, the next block's values
-                _prefetch_table(seq_row, (i_blk + 2) * BLOCK_N, L, BLOCK_N, INTERPRETED)
-                _prefetch_rows(v, _block_slots((i_blk + 1) * BLOCK_N, seq_row, L, BLOCK_N), kv_head, S, stride_vs, stride_vh, D,
-                               INTERPRETED)
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, alphas, sums, pvs, head_base, L, S,
                              scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
 
@@ -502,11 +460,11 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     block_max_kernel[(num_tokens, num_kv_heads, runs(MAX_PROGRAM_WAVES))](
         q, k_store, v_store, slot_table, seq_ids, positions, maxima, table, k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad,
         D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb, INTERPRETED=interpret, STAGES=BLOCK_STAGES,
-        RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, PREFETCH=PREFETCH, num_warps=num_warps, num_stages=num_stages)
+        RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, num_warps=num_warps, num_stages=num_stages)
     block_terms_kernel[(num_tokens, num_kv_heads, runs(PROGRAM_WAVES))](q, k_store, v_store, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, table,
                              k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
-                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, PREFETCH=PREFETCH, num_warps=num_warps,
+                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, num_warps=num_warps,
                              num_stages=num_stages)
     d_part = max(1, head_dim // FOLD_SPLIT)
     fold_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
