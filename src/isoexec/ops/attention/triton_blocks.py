@@ -21,7 +21,10 @@ maximum is exact in any order. So three launches compute the same values:
    ascending order with the walk's multiply-adds, then the walk's division and zero select.
 
 Both blocks kernels wait on memory latency along short runs of blocks rather than on bandwidth (Nsight Compute on an
-H100: a quarter to a third of DRAM bandwidth). Three changes that kept the bits gave nothing at batch 1-8
+H100: a quarter to a third of DRAM bandwidth), and issue many instructions a block: compiled for sm_90a the terms kernel's
+loop took 699 SASS instructions a warp a block (398 of them integer and predicate logic: the per-row, per-key masks) and
+the max kernel's 558 a run of two. Blocks wholly below the row (all but a row's last) need no mask but their keys' slot
+checks, so each kernel walks them in a loop of its own (`FULL`): 480 and 292, the row's last block after them masked. Three changes that kept the bits gave nothing at batch 1-8
 (`benchmarks/RESULTS.md`, "Issue 22 on the H200"): the first kernel keeping each block's scores for the second (which
 then reads V alone; 156 registers instead of 126), a fold that reads four blocks' terms a load, and blocks kernels that
 ask for the next block's K and V before the current block's product (the terms kernel at 204 registers); nor, later,
@@ -103,7 +106,7 @@ MAX_RUN = 2
 # A step of the blocks kernels gathers K (and V) through the table's slots for its keys: two round trips, one after the
 # other. With MAX_SLOTS_AHEAD the max kernel loads the next step's slots while a step computes and carries them in
 # registers (`_slots_ahead`; [MAX_RUN * BLOCK_N] int32, validated against the store first), so a step waits on its
-# gather alone. Compiled for sm_90a it takes 102 registers against 128 (the slot checks folded into one). On an H100
+# gather alone. Compiled for sm_90a it takes 104 registers against 124 (the slot checks folded into one). On an H100
 # (graph replays, one call) 1 x 512 / 2,048 / 8,192 keys 15.6 -> 15.4, 22.2 -> 22.0, 52.0 -> 51.5 us, 4 x 2,048 43.7 ->
 # 43.3, 8 x 2,048 73.2 -> 73.1: a little, kept for the registers. The terms kernel does not: carried slots took it from
 # 126 to 163 registers (the compiler carries a copy in each layout that reads them). Asking for the next step's table
@@ -137,24 +140,25 @@ def _decode_rows(q, i, kv_head, stride_qt, stride_qh, G: tl.constexpr, G_PAD: tl
 
 
 @jit
-def _block_keys(slots, row_ok, p_i, i_blk, full, L, S, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+def _block_keys(slots, row_ok, p_i, i_blk, L, S, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, FULL: tl.constexpr):
     """Block i_blk's slots (loaded: `slots`), which keys each row sees, which keys some row sees and which rows see a
-    key, as `_full_block` (a block wholly below the row: `full`) or `_block` (the row's last) take them."""
-    slots, vis_part, key_ok_part, active_part = _visible_slots(slots, i_blk, tl.where(row_ok, p_i, -1), row_ok, L, S, 0, False, BLOCK_N)
-    ok = (slots >= 0) & (slots < S)
-    everyone = tl.arange(0, ROWS) >= 0
-    vis = tl.where(full, ok[None, :] & everyone[:, None], vis_part)
-    key_ok = tl.where(full, ok, key_ok_part)
-    row_active = tl.where(full, everyone, active_part)
+    key, as `_full_block` (a block wholly below the row: FULL, every row sees each key whose slot lies in the store) or
+    `_block` (the row's last) take them."""
+    if FULL:
+        ok = (slots >= 0) & (slots < S)
+        everyone = tl.arange(0, ROWS) >= 0
+        vis, key_ok, row_active = ok[None, :] & everyone[:, None], ok, everyone
+    else:
+        slots, vis, key_ok, row_active = _visible_slots(slots, i_blk, tl.where(row_ok, p_i, -1), row_ok, L, S, 0, False, BLOCK_N)
     return slots, vis, key_ok, row_active
 
 
 @jit
-def _block_scores(slots, b_q, row_ok, p_i, i_blk, full, kv_head, k, v, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh,
-                  ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+def _block_scores(slots, b_q, row_ok, p_i, i_blk, kv_head, k, v, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh,
+                  ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr):
     """Block i_blk's scores [ROWS, BLOCK_N], its values [BLOCK_N, D] and which rows see a key of it, as
-    `_full_block` (a block wholly below the row: `full`) or `_block` (the row's last) compute them, from its slots."""
-    slots, vis, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, full, L, S, ROWS, BLOCK_N)
+    `_full_block` (a block wholly below the row: FULL) or `_block` (the row's last) compute them, from its slots."""
+    slots, vis, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, L, S, ROWS, BLOCK_N, FULL)
     b_k, b_v = _gather_kv(slots, key_ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
     return _scores(b_q, b_k, vis, scale, DOT_IN_FP32), b_v, row_active
 
@@ -212,11 +216,11 @@ def _carried_slots(first_key, seq_row, L, S, WIDTH: tl.constexpr):
 
 
 @jit
-def _block_max(slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
+def _block_max(slots, b_q, row_ok, p_i, i_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
                stride_kh, stride_vs, stride_vh, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-               DOT_IN_FP32: tl.constexpr):
-    s, _, _ = _block_scores(slots, b_q, row_ok, p_i, i_blk, i_blk < full_blk, kv_head, k, v, L, S, scale,
-                            stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
+               DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr):
+    s, _, _ = _block_scores(slots, b_q, row_ok, p_i, i_blk, kv_head, k, v, L, S, scale,
+                            stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32, FULL)
     rows = tl.arange(0, ROWS)
     tl.store(maxima + (head_base + i_blk) * G_PAD + rows, tl.max(s, 1), mask=rows < G_PAD)
 
@@ -224,13 +228,18 @@ def _block_max(slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, 
 @jit
 def _run_max(slots, b_q, row_ok, p_i, i_blk, hi, kv_head, k, maxima, head_base, L, S, scale, stride_ks, stride_kh,
              G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, RUN: tl.constexpr,
-             DOT_IN_FP32: tl.constexpr):
+             DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr):
     """Blocks [i_blk, i_blk + RUN)'s row maxima, those below hi stored: the RUN blocks' keys (`slots`, loaded) gathered as
     one K tile and scored by one product, each key masked as the block steps mask it (at or before the row's position,
-    inside the table, its slot in the store), then each block's slice reduced."""
-    keys = i_blk * BLOCK_N + tl.arange(0, RUN * BLOCK_N)
-    vis = (keys[None, :] <= p_i) & (keys[None, :] < L) & ((slots >= 0) & (slots < S))[None, :] & row_ok[:, None]
-    key_ok = tl.max(vis.to(tl.int32), 0) > 0
+    inside the table, its slot in the store: FULL, blocks wholly below the row, needs the last alone), then each block's
+    slice reduced."""
+    in_store = (slots >= 0) & (slots < S)
+    if FULL:
+        vis, key_ok = in_store[None, :] & row_ok[:, None], in_store
+    else:
+        keys = i_blk * BLOCK_N + tl.arange(0, RUN * BLOCK_N)
+        vis = (keys[None, :] <= p_i) & (keys[None, :] < L) & in_store[None, :] & row_ok[:, None]
+        key_ok = tl.max(vis.to(tl.int32), 0) > 0
     o_d = tl.arange(0, D)
     b_k = tl.load(k + slots[None, :] * stride_ks + kv_head * stride_kh + o_d[:, None], mask=key_ok[None, :], other=0.0)
     if DOT_IN_FP32:
@@ -259,34 +268,53 @@ def block_max_kernel(
     slots = _first_slots(lo, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
+    # Blocks below full_blk are wholly below the row: those steps take the keys' slot checks alone (FULL), the row's
+    # last block (or run) its position's masks too; the same values either way. (No terms program reads the maxima of
+    # the row's last block: it lies inside the last run, whose program carries its own maximum there.)
     if RUN > 1:
         i_run = lo
+        whole = lo + (tl.maximum(tl.minimum(hi, full_blk) - lo, 0)) // RUN * RUN  # runs wholly below the row
+        while i_run < whole:
+            slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
+            _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, head_base, L, S, scale, stride_ks, stride_kh,
+                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, True)
+            i_run += RUN
         while i_run < hi:
             slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
             _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, head_base, L, S, scale, stride_ks, stride_kh,
-                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32)
+                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, False)
             i_run += RUN
     elif INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = lo
         while i_blk < hi:
             slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
-            _block_max(now, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
-                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32)
+            if i_blk < full_blk:
+                _block_max(now, b_q, row_ok, p_i, i_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
+                           stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, True)
+            else:
+                _block_max(now, b_q, row_ok, p_i, i_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
+                           stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, False)
             i_blk += 1
     else:
-        for i_blk in tl.range(lo, hi, num_stages=STAGES):
+        mid = tl.maximum(tl.minimum(hi, full_blk), lo)
+        for i_blk in tl.range(lo, mid, num_stages=STAGES):
             slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
-            _block_max(now, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
-                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32)
+            _block_max(now, b_q, row_ok, p_i, i_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
+                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, True)
+        for i_blk in tl.range(mid, hi, num_stages=STAGES):
+            slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
+            _block_max(now, b_q, row_ok, p_i, i_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
+                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, False)
 
 
 @jit
-def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
+def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
                  stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr):
-    """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored; returns m after it."""
-    s, b_v, row_active = _block_scores(slots, b_q, row_ok, p_i, i_blk, i_blk < full_blk, kv_head, k, v, L, S, scale,
-                                       stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32)
+                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, FULL: tl.constexpr):
+    """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored; returns m after it.
+    FULL: a block wholly below the row (`_block_keys`)."""
+    s, b_v, row_active = _block_scores(slots, b_q, row_ok, p_i, i_blk, kv_head, k, v, L, S, scale,
+                                       stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32, FULL)
     m_new, m_safe, alpha = _running_max(m, s, DOT_IN_FP32)
     p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
     p_sum = _row_sum(p, SUM_BY_DOT)
@@ -342,16 +370,30 @@ def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, 
     rows (-inf in rows from G_PAD on), then carried along the run as the walk carries it."""
     rows = tl.arange(0, ROWS)
     m = tl.max(tl.where(rows[:, None] == tl.arange(0, G_PAD)[None, :], m_g[None, :], float("-inf")), 1)
+    # Blocks below full_blk are wholly below the row: those steps take the keys' slot checks alone (FULL), the row's
+    # last block its position's masks too; the same values either way.
+    mid = tl.maximum(tl.minimum(hi, full_blk), lo)
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = lo
         while i_blk < hi:
-            m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, alphas, sums, pvs, head_base, L, S,
-                             scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+            if i_blk < mid:
+                m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, kv_head, k, v, alphas,
+                                 sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
+                                 BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True)
+            else:
+                m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, kv_head, k, v, alphas,
+                                 sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
+                                 BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False)
             i_blk += 1
     else:
-        for i_blk in tl.range(lo, hi, num_stages=STAGES):
-            m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, alphas, sums, pvs, head_base, L, S,
-                             scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
+        for i_blk in tl.range(lo, mid, num_stages=STAGES):
+            m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, kv_head, k, v, alphas, sums,
+                             pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N,
+                             DOT_IN_FP32, SUM_BY_DOT, True)
+        for i_blk in tl.range(mid, hi, num_stages=STAGES):
+            m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, kv_head, k, v, alphas, sums,
+                             pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N,
+                             DOT_IN_FP32, SUM_BY_DOT, False)
 
 
 @jit
