@@ -216,14 +216,15 @@ def _prefetch_queries(q, tok, kv_head, stride_qt, stride_qh, G: tl.constexpr, G_
 @jit
 def _prefetch_table_row(slot_table, stride_sb, seq_c, pos_c, c, valid, L, INTERPRETED: tl.constexpr):
     """Asks for the slot table's row of the last valid candidate query's sequence, from key 0 to its position (its first
-    64 lines at most; the addresses clamped to the row), to be brought into L1, where the tile's slot check and first
-    blocks read it (`PREFETCH_PROLOGUE`)."""
+    64 lines at most; the addresses clamped to the row, none asked for from a table without keys), to be brought into
+    L1, where the tile's slot check and first blocks read it (`PREFETCH_PROLOGUE`)."""
     PER_LINE: tl.constexpr = 1024 // slot_table.dtype.element_ty.primitive_bitwidth  # slots a 128-byte line
-    last = tl.max(tl.where(valid, c, -1), 0)
-    seq = tl.max(tl.where(c == last, seq_c, -1), 0)
-    hi = tl.minimum(tl.max(tl.where(c == last, pos_c, 0), 0), L - 1)
-    keys = tl.minimum(tl.arange(0, 64) * PER_LINE, hi)
-    prefetch(slot_table + tl.maximum(seq, 0).to(tl.int64) * stride_sb + keys, False, INTERPRETED)
+    if L > 0:
+        last = tl.max(tl.where(valid, c, -1), 0)
+        seq = tl.max(tl.where(c == last, seq_c, -1), 0)
+        hi = tl.minimum(tl.max(tl.where(c == last, pos_c, 0), 0), L - 1)
+        keys = tl.maximum(tl.minimum(tl.arange(0, 64) * PER_LINE, hi), 0)
+        prefetch(slot_table + tl.maximum(seq, 0).to(tl.int64) * stride_sb + keys, False, INTERPRETED)
 
 
 @jit(do_not_specialize=["T", "L", "S", "window"], dependent=True)
