@@ -103,7 +103,7 @@ MAX_RUN = 2
 # A step of the blocks kernels gathers K (and V) through the table's slots for its keys: two round trips, one after the
 # other. With MAX_SLOTS_AHEAD the max kernel loads the next step's slots while a step computes and carries them in
 # registers (`_slots_ahead`; [MAX_RUN * BLOCK_N] int32, validated against the store first), so a step waits on its
-# gather alone. Compiled for sm_90a it takes 104 registers against 124 (the slot checks folded into one). On an H100
+# gather alone. Compiled for sm_90a it takes 102 registers against 128 (the slot checks folded into one). On an H100
 # (graph replays, one call) 1 x 512 / 2,048 / 8,192 keys 15.6 -> 15.4, 22.2 -> 22.0, 52.0 -> 51.5 us, 4 x 2,048 43.7 ->
 # 43.3, 8 x 2,048 73.2 -> 73.1: a little, kept for the registers. The terms kernel does not: carried slots took it from
 # 126 to 163 registers (the compiler carries a copy in each layout that reads them). Asking for the next step's table
