@@ -22,10 +22,11 @@ maximum is exact in any order. So three launches compute the same values:
 
 Both blocks kernels wait on memory latency along short runs of blocks rather than on bandwidth (Nsight Compute on an
 H100: a quarter to a third of DRAM bandwidth), and issue many instructions a block (`WHOLE_BLOCK_LOOPS`). Three changes
-that kept the bits gave nothing at batch 1-8 (`benchmarks/RESULTS.md`, "Issue 22 on the H200"): the first kernel keeping each block's scores for the second (which
-then reads V alone; 156 registers instead of 126), a fold that reads four blocks' terms a load, and blocks kernels that
-ask for the next block's K and V before the current block's product (the terms kernel at 204 registers); nor, later,
-prefetch instructions for the next step's table line and K or V, which cost no registers (`MAX_SLOTS_AHEAD`'s comment).
+that kept the bits gave nothing at batch 1-8 (`benchmarks/RESULTS.md`, "Issue 22 on the H200"): the first kernel keeping
+each block's scores for the second (which then reads V alone; 156 registers instead of 126), a fold that reads four
+blocks' terms a load, and blocks kernels that ask for the next block's K and V before the current block's product (the
+terms kernel at 204 registers); nor, later, prefetch instructions for the next step's table line and K or V, which cost
+no registers (`MAX_SLOTS_AHEAD`'s comment).
 
 `block_max_kernel` and `fold_kernel` launch with programmatic dependent launch (`triton_support.jit(dependent=True)`), as
 the walk and the rest of a decode step do; `block_terms_kernel` does not. A dependent kernel lets the kernel behind it
