@@ -304,14 +304,15 @@ def block_max_kernel(
         if WHOLE:
             mid = tl.maximum(tl.minimum(hi, full_blk), lo)
         i_blk = lo
+        while i_blk < mid:
+            slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
+            _block_max(now, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
+                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, True)
+            i_blk += 1
         while i_blk < hi:
             slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
-            if i_blk < mid:
-                _block_max(now, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
-                           stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, True)
-            else:
-                _block_max(now, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
-                           stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, False)
+            _block_max(now, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
+                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, False)
             i_blk += 1
     else:
         mid = lo
@@ -397,15 +398,15 @@ def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, 
         mid = tl.maximum(tl.minimum(hi, full_blk), lo)
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = lo
+        while i_blk < mid:
+            m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
+                             alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
+                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True)
+            i_blk += 1
         while i_blk < hi:
-            if i_blk < mid:
-                m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
-                                 alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS,
-                                 D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True)
-            else:
-                m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
-                                 alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS,
-                                 D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False)
+            m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
+                             alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
+                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False)
             i_blk += 1
     else:
         if WHOLE:
