@@ -434,8 +434,8 @@ def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(co
     blocks an iteration: rows of 69 blocks end mid-iteration; the earlier blocks' maxima read in one load, or in several
     of 16; the max kernel's runs those of the terms kernel, or longer; its blocks scored one a product, or 4 or 2 a
     product, runs ending mid-product; the max kernel's slots loaded a step ahead, or by the step; the blocks wholly below
-    the row and the fold's whole iterations walked without the last block's masks, or with them) and by the walk; the
-    training rows are the walk's (the tests above). The control, the spread path over blocks of 32 against the walk's
+    the row and the fold's whole iterations walked without the last block's masks, or with them) and by the walk, two of
+    the long rows' keys outside the store (a slot of -1 and one past it: both skipped); the training rows are the walk's (the tests above). The control, the spread path over blocks of 32 against the walk's
     16 (fp32 boundaries, where a re-blocked online softmax shows), must differ."""
     from isoexec.ops.attention import triton_blocks
 
@@ -449,6 +449,7 @@ def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(co
     monkeypatch.setattr(triton_blocks, "FOLD_WHOLE_ITERATIONS", whole)
 
     q, k, v, slot_table, seq_ids, positions = packed([1100, 40], dtype=torch.float32 if constants is CONSTANTS else torch.bfloat16)
+    slot_table[0, 5], slot_table[0, 600] = -1, k.shape[0] + 7  # keys outside the store, in whole blocks of the long rows
     steps = [(1099, 39), (1024, 0), (1023, 16), (15, 17)]
     rows = torch.tensor([p for p, _ in steps] + [1100 + p for _, p in steps], device=DEVICE).view(2, -1).T.reshape(-1)
     ids, pos = torch.tensor([0, 1] * len(steps), device=DEVICE), torch.tensor([p for step in steps for p in step], device=DEVICE)
@@ -529,6 +530,7 @@ def test_long_decode_rows_over_spans_equal_the_walks(constants, split_kv_size, m
     from isoexec.ops.attention import triton_spans
 
     q, k, v, slot_table, seq_ids, positions = packed([1100, 40], dtype=torch.float32 if constants is CONSTANTS else torch.bfloat16)
+    slot_table[0, 5], slot_table[0, 600] = -1, k.shape[0] + 7  # keys outside the store, in whole blocks of the long rows
     steps = [(1099, 39), (1055, 0), (1056, 16), (47, 17)]
     rows = torch.tensor([p for p, _ in steps] + [1100 + p for _, p in steps], device=DEVICE).view(2, -1).T.reshape(-1)
     ids, pos = torch.tensor([0, 1] * len(steps), device=DEVICE), torch.tensor([p for step in steps for p in step], device=DEVICE)

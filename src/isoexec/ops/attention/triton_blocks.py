@@ -57,7 +57,7 @@ from torch import Tensor
 from ...env import EnvError
 from .. import triton_support
 from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, tl
-from .triton_steps import (_block_slots, _finish, _fold_sums, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores,
+from .triton_steps import (_block_slots, _in_range, _finish, _fold_sums, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores,
                            _visible_slots)
 
 
@@ -152,13 +152,13 @@ def _block_keys(slots, row_ok, p_i, i_blk, full, L, S, ROWS: tl.constexpr, BLOCK
     key, as `_full_block` (a block wholly below the row: every row sees each key whose slot lies in the store) or
     `_block` (the row's last) take them: the former where FULL (known when compiled), else as `full` says."""
     if FULL:
-        ok = (slots >= 0) & (slots < S)
+        ok = _in_range(slots, S)
         everyone = tl.arange(0, ROWS) >= 0
         vis, key_ok, row_active = ok[None, :] & everyone[:, None], ok, everyone
     else:
         slots, vis_part, key_ok_part, active_part = _visible_slots(slots, i_blk, tl.where(row_ok, p_i, -1), row_ok, L, S, 0, False,
                                                                    BLOCK_N)
-        ok = (slots >= 0) & (slots < S)
+        ok = _in_range(slots, S)
         everyone = tl.arange(0, ROWS) >= 0
         vis = tl.where(full, ok[None, :] & everyone[:, None], vis_part)
         key_ok = tl.where(full, ok, key_ok_part)
@@ -225,7 +225,7 @@ def _carried_slots(first_key, seq_row, L, S, WIDTH: tl.constexpr):
     """`_block_slots`, carried to the next step as int32 (half the registers): a slot outside the store becomes -1
     first, so the step's checks (at or above 0, below S) see the same keys as valid."""
     slots = _block_slots(first_key, seq_row, L, WIDTH)
-    return tl.where((slots >= 0) & (slots < S), slots, -1).to(tl.int32)
+    return tl.where(_in_range(slots, S), slots, -1).to(tl.int32)
 
 
 @jit
@@ -247,11 +247,11 @@ def _run_max(slots, b_q, row_ok, p_i, i_blk, hi, kv_head, k, maxima, head_base, 
     inside the table, its slot in the store: FULL, blocks wholly below the row, needs the last alone), then each block's
     slice reduced."""
     if FULL:
-        in_store = (slots >= 0) & (slots < S)
+        in_store = _in_range(slots, S)
         vis, key_ok = in_store[None, :] & row_ok[:, None], in_store
     else:
         keys = i_blk * BLOCK_N + tl.arange(0, RUN * BLOCK_N)
-        vis = (keys[None, :] <= p_i) & (keys[None, :] < L) & ((slots >= 0) & (slots < S))[None, :] & row_ok[:, None]
+        vis = (keys[None, :] <= p_i) & (keys[None, :] < L) & (_in_range(slots, S))[None, :] & row_ok[:, None]
         key_ok = tl.max(vis.to(tl.int32), 0) > 0
     o_d = tl.arange(0, D)
     b_k = tl.load(k + slots[None, :] * stride_ks + kv_head * stride_kh + o_d[:, None], mask=key_ok[None, :], other=0.0)

@@ -81,7 +81,7 @@ def _visible_slots(slots, i_blk, pos, row_ok, L, S, window, HAS_WINDOW: tl.const
     vis = (keys[None, :] <= pos[:, None]) & (keys[None, :] < L) & row_ok[:, None]  # [ROWS, BLOCK_N]
     if HAS_WINDOW:
         vis = vis & (keys[None, :] > pos[:, None] - window)
-    vis = vis & ((slots >= 0) & (slots < S))[None, :]
+    vis = vis & _in_range(slots, S)[None, :]
     return slots, vis, tl.max(vis.to(tl.int32), 0) > 0, tl.max(vis.to(tl.int32), 1) > 0
 
 
@@ -182,7 +182,14 @@ def _in_store(slots, S, CHECKED: tl.constexpr):
     found them all there)."""
     if CHECKED:
         return tl.full(slots.shape, 1, tl.int1)
-    return (slots >= 0) & (slots < S)
+    return _in_range(slots, S)
+
+
+@jit
+def _in_range(slots, S):
+    """0 <= slots < S for int64 slots as one unsigned compare (a negative slot reads as one above every S): half the
+    integer instructions of two signed 64-bit compares."""
+    return slots.to(tl.uint64, bitcast=True) < S.to(tl.uint64)
 
 
 @jit
