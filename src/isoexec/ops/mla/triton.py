@@ -29,6 +29,7 @@ from torch import Tensor
 from ...runtime.registry import Impl
 from .. import triton_support
 from ..attention.triton import _row_sum
+from ..attention.triton_steps import _in_range
 from ..common import ALL_CASES, torch_dtype
 from ..linear import tile_triton
 from ..linear.triton import SHARED_MEMORY_BYTES, pipeline_stages
@@ -148,7 +149,7 @@ def _block(
     keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] absolute key positions
     vis = (keys[None, :] <= pos[:, None]) & (keys[None, :] < L) & row_ok[:, None]  # [ROWS, BLOCK_N]
     slots = tl.load(seq_row + keys, mask=keys < L, other=-1).to(tl.int64)  # [BLOCK_N]
-    vis = vis & ((slots >= 0) & (slots < S))[None, :]
+    vis = vis & _in_range(slots, S)[None, :]
     key_ok = tl.max(vis.to(tl.int32), 0) > 0  # [BLOCK_N] seen by some row: written, finite
     b_c, b_kr, b_v = _gather_rows(store, slots, key_ok, i_v, stride_s, R, R_PAD, DR, DR_PAD, V_SPLIT, DOT_IN_FP32)
     return _update(m, l, acc, b_ql, b_qr, b_c, b_kr, b_v, vis, scale, SUM_BY_DOT)
@@ -165,7 +166,7 @@ def _full_block(
     out and `_update` gets the same values."""
     keys = i_blk * BLOCK_N + tl.arange(0, BLOCK_N)
     slots = tl.load(seq_row + keys).to(tl.int64)
-    ok = (slots >= 0) & (slots < S)  # [BLOCK_N]
+    ok = _in_range(slots, S)  # [BLOCK_N]
     b_c, b_kr, b_v = _gather_rows(store, slots, ok, i_v, stride_s, R, R_PAD, DR, DR_PAD, V_SPLIT, DOT_IN_FP32)
     return _update(m, l, acc, b_ql, b_qr, b_c, b_kr, b_v, ok[None, :], scale, SUM_BY_DOT)
 
@@ -410,8 +411,8 @@ def check_geometry(constants: dict, geometry: dict) -> None:
         raise ValueError(f"kv_lora_rank {mla['kv_lora_rank']}: {ID} with value_split {constants['value_split']} needs chunks of >= 16 columns")
 
 
-SOURCES = (head_linear_kernel, mla_attn_fwd_kernel, _tile, _full_block, _block, _update, _gather_rows, _columns, _row_sum, tile_triton,
-           triton_support)
+SOURCES = (head_linear_kernel, mla_attn_fwd_kernel, _tile, _full_block, _block, _update, _gather_rows, _columns, _row_sum, _in_range,
+           tile_triton, triton_support)
 
 
 def register(registry) -> None:
