@@ -201,7 +201,7 @@ def _slots_in_store(seq_row, lo, hi, S, SCAN: tl.constexpr):
     j = lo
     while j < hi:
         slots = tl.load(seq_row + j + offs, mask=j + offs < hi, other=0)
-        outside |= ((slots < 0) | (slots >= S)).to(tl.int32)
+        outside |= tl.where(_in_range(slots.to(tl.int64), S), 0, 1)
         j += SCAN
     return tl.max(outside, 0) == 0
 
