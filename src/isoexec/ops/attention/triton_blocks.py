@@ -113,12 +113,13 @@ MAX_RUN = 2
 # Which slots a step reads does not change, nor any arithmetic.
 MAX_SLOTS_AHEAD = True
 # Instructions, not bandwidth, may bound the three kernels: compiled for sm_90a (benchmarks/sm90.py) the terms kernel's loop
-# issues 699 SASS instructions a warp a block, 398 of them integer and predicate logic (the per-row, per-key masks that
-# a row's last block needs), the max kernel's 558 a run of two, the fold's 199 per four blocks (84 of them the per-block
-# masks of a row that may end inside an iteration). WHOLE_BLOCK_LOOPS walks the blocks wholly below the row in loops of
-# their own with the keys' slot checks alone (480 and 292 instructions), the row's last block masked after them;
-# FOLD_WHOLE_ITERATIONS folds the whole iterations without block masks (105), the last blocks as one masked iteration.
-# The same values in the same order (interpreter-tested both ways); off until timed and checked bit for bit on a GPU.
+# issues 659 SASS instructions a warp a block, most of them integer and predicate logic (the per-row, per-key masks that
+# a row's last block needs), the max kernel's 420 a run of two, the fold's 199 per four blocks (84 of them the per-block
+# masks of a row that may end inside an iteration); the slot checks are one unsigned compare (`_in_range`: 699 and 558
+# with two signed ones). WHOLE_BLOCK_LOOPS walks the blocks wholly below the row in loops of their own with the keys'
+# slot checks alone (414 and 250 instructions), the row's last block masked after them; FOLD_WHOLE_ITERATIONS folds the
+# whole iterations without block masks (105), the last blocks as one masked iteration. The same values in the same
+# order (interpreter-tested both ways); off until timed and checked bit for bit on a GPU.
 WHOLE_BLOCK_LOOPS = False
 FOLD_WHOLE_ITERATIONS = False
 BLOCK_STAGES = 1
