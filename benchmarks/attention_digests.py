@@ -5,6 +5,7 @@ past it), which every form must skip.
 
     cd benchmarks && PYTHONPATH=<tree>/src python3 attention_digests.py > digests_<tree>.txt
 """
+import argparse
 import hashlib
 
 import torch
@@ -17,12 +18,16 @@ SIZES = ("1x512", "1x2048", "1x8192", "4x2048", "8x2048", "64x512", "3x1100")  #
 
 
 def main() -> None:
-    device = torch.device("cuda")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default=",".join(SIZES), help="batch x keys, comma-separated (3 x 1,100 holds the holes)")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run in the interpreter (TRITON_INTERPRET=1)")
+    args = parser.parse_args()
+    device = torch.device(args.device)
     attention_blocks.HEADS = (32, 8, 128)
     op = attention_triton.bench_op()
     generator = torch.Generator(device=device).manual_seed(0)
     every = hashlib.sha256()
-    for size in SIZES:
+    for size in args.sizes.split(","):
         batch, keys = map(int, size.split("x"))
         call, _, _ = attention_blocks.case(batch, keys, generator, device)
         if size == "3x1100":
