@@ -57,7 +57,7 @@ from torch import Tensor
 from ...env import EnvError
 from .. import triton_support
 from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, tl
-from .triton_steps import (_block_slots, _in_range, _finish, _fold_sums, _gather_kv, _probs_times_v, _row_sum, _running_max, _scores,
+from .triton_steps import (_block_slots, _finish, _fold_sums, _gather_kv, _in_range, _probs_times_v, _row_sum, _running_max, _scores,
                            _visible_slots)
 
 
@@ -252,7 +252,7 @@ def _run_max(slots, b_q, row_ok, p_i, i_blk, hi, kv_head, k, maxima, head_base, 
         vis, key_ok = in_store[None, :] & row_ok[:, None], in_store
     else:
         keys = i_blk * BLOCK_N + tl.arange(0, RUN * BLOCK_N)
-        vis = (keys[None, :] <= p_i) & (keys[None, :] < L) & (_in_range(slots, S))[None, :] & row_ok[:, None]
+        vis = (keys[None, :] <= p_i) & (keys[None, :] < L) & _in_range(slots, S)[None, :] & row_ok[:, None]
         key_ok = tl.max(vis.to(tl.int32), 0) > 0
     o_d = tl.arange(0, D)
     b_k = tl.load(k + slots[None, :] * stride_ks + kv_head * stride_kh + o_d[:, None], mask=key_ok[None, :], other=0.0)
