@@ -210,6 +210,25 @@ def test_packed_bfloat16_gradients_from_flash_backward_match_float64():
         assert error < 0.02, error
 
 
+@pytest.mark.parametrize("spread", [False, True])
+def test_a_store_of_one_slot_gives_a_one_key_row_its_value(spread, monkeypatch):
+    """A cache of a single slot: on a GPU Triton specializes an integer argument of 1 into a constant, so the slot
+    checks take the store size as given (`triton_steps._in_range`). A one-token sequence's row is its value exactly
+    (one key: p = 1, l = 1), by the walk and by the spread decode."""
+    from isoexec.ops.attention import triton_blocks
+
+    calls = []
+    if spread:
+        monkeypatch.setattr(triton_blocks, "BLOCKS_MIN", 1)
+        monkeypatch.setattr(triton_blocks, "BLOCKS_MAX_FILL", float("inf"))
+        path = triton_blocks.attention_decode
+        monkeypatch.setattr(triton_blocks, "attention_decode", lambda *args, **kwargs: calls.append(1) or path(*args, **kwargs))
+    q, k, v, slot_table, seq_ids, positions = packed([1])
+    assert k.shape[0] == 1
+    assert torch.equal(attention(q, k, v, slot_table, seq_ids, positions, 0.25), v[:, [0, 0, 1, 1]])
+    assert len(calls) == int(spread)
+
+
 def test_rows_see_nothing_and_empty_batches():
     q, k, v, slot_table, seq_ids, positions = packed([5])
     slot_table[0, :] = -1  # no key of the sequence is in the store

@@ -188,8 +188,9 @@ def _in_store(slots, S, CHECKED: tl.constexpr):
 @jit
 def _in_range(slots, S):
     """0 <= slots < S for int64 slots as one unsigned compare (a negative slot reads as one above every S): half the
-    integer instructions of two signed 64-bit compares."""
-    return slots.to(tl.uint64, bitcast=True) < S.to(tl.uint64)
+    integer instructions of two signed 64-bit compares. S stays as given: a store of one slot makes it the constant 1
+    (Triton specializes an integer argument of 1), which has no `.to`."""
+    return slots.to(tl.uint64, bitcast=True) < S
 
 
 @jit
