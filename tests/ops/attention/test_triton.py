@@ -454,8 +454,9 @@ def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(co
     of 16; the max kernel's runs those of the terms kernel, or longer; its blocks scored one a product, or 4 or 2 a
     product, runs ending mid-product; the max kernel's slots loaded a step ahead, or by the step; the blocks wholly below
     the row and the fold's whole iterations walked without the last block's masks, or with them) and by the walk, two of
-    the long rows' keys outside the store (a slot of -1 and one past it: both skipped); the training rows are the walk's (the tests above). The control, the spread path over blocks of 32 against the walk's
-    16 (fp32 boundaries, where a re-blocked online softmax shows), must differ."""
+    the long rows' keys outside the store (a slot of -1 and one past it: both skipped); the training rows are the walk's
+    (the tests above). The control, the spread path over blocks of 32 against the walk's 16 (fp32 boundaries, where a
+    re-blocked online softmax shows), must differ."""
     from isoexec.ops.attention import triton_blocks
 
     monkeypatch.setattr(triton_blocks, "FOLD_SPLIT", fold_split)
@@ -544,8 +545,9 @@ def test_decode_rows_over_spans_equal_training_rows(heads, monkeypatch):
 def test_long_decode_rows_over_spans_equal_the_walks(constants, split_kv_size, monkeypatch):
     """Rows of 1,100 keys (23 or 18 spans of 3 or 4 blocks of 16: the combine pipelined over many), decoded at positions
     on and next to span and block edges, over spans in two launches (pairs of blocks in even spans) and by the walk over
-    the same spans in one program (ISOEXEC_ATTENTION_SPANS=0), block by block and by pairs: the same bits. The control,
-    spans of 4 blocks against 3 (fp32 boundaries), differs."""
+    the same spans in one program (ISOEXEC_ATTENTION_SPANS=0), block by block and by pairs, two of the long rows' keys
+    outside the store (a slot of -1 and one past it): the same bits. The control, spans of 4 blocks against 3 (fp32
+    boundaries), differs."""
     from isoexec.ops.attention import triton_spans
 
     q, k, v, slot_table, seq_ids, positions = packed([1100, 40], dtype=torch.float32 if constants is CONSTANTS else torch.bfloat16)
