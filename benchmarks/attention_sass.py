@@ -12,8 +12,9 @@ whole blocks checked and the blocks of the tile's own positions too (`CHECKED` a
 blocks checked (`CHECKED`), and masked. Beside the hottest loop, every loop with wgmma instructions and its length: the
 pairs of whole blocks, single whole blocks, the blocks of the tile's positions.
 
-Then the spread decode's two blocks kernels (`triton_blocks.py`, batch 1-8), with `WHOLE_BLOCK_LOOPS` off and on: their
-loops with wgmma instructions and lengths (the max kernel's a run of MAX_RUN blocks, the terms kernel's a block).
+Then the spread decode's two blocks kernels (`triton_blocks.py`, batch 1-8): their loops with wgmma instructions and
+lengths (the max kernel's a run of MAX_RUN blocks, the terms kernel's a block; each kernel's loop over the blocks wholly
+below the row, then the one over the row's last block or run).
 """
 import argparse
 import collections
@@ -126,16 +127,14 @@ def spread_kernels() -> None:
     from pdl_ptx import HEADS, TYPES as SPREAD_TYPES
 
     common = HEADS | dict(DOT_IN_FP32=False, ROWS=64, NB=64, INTERPRETED=False, STAGES=triton_blocks.BLOCK_STAGES)
-    for whole in (False, True):
-        for kernel, constants in ((triton_blocks.block_max_kernel, dict(RUN=triton_blocks.MAX_RUN, AHEAD=triton_blocks.MAX_SLOTS_AHEAD)),
-                                  (triton_blocks.block_terms_kernel, dict(SUM_BY_DOT=False, MAX_CHUNK=64))):
-            compiled = compile_kernel(kernel, common | constants | dict(WHOLE=whole), lambda n: SPREAD_TYPES.get(n, "i32"), 4, 3,
-                                      aligned=lambda n, t: n in SPREAD_TYPES or (n.startswith("stride") and n != "stride_sb"))
-            registers, spills = ptxas(compiled.asm["ptx"])
-            code = sass(compiled.asm["cubin"])
-            print(f"{kernel.fn.__name__:<18} WHOLE_BLOCK_LOOPS {int(whole)}: registers {registers}, spill stores {spills} B; loops with "
-                  "wgmma (instructions): " + ", ".join(str(b - a + 1) for a, b, _ in mma_loops(code)), flush=True)
-
+    for kernel, constants in ((triton_blocks.block_max_kernel, dict(RUN=triton_blocks.MAX_RUN, AHEAD=triton_blocks.MAX_SLOTS_AHEAD)),
+                              (triton_blocks.block_terms_kernel, dict(SUM_BY_DOT=False, MAX_CHUNK=64))):
+        compiled = compile_kernel(kernel, common | constants, lambda n: SPREAD_TYPES.get(n, "i32"), 4, 3,
+                                  aligned=lambda n, t: n in SPREAD_TYPES or (n.startswith("stride") and n != "stride_sb"))
+        registers, spills = ptxas(compiled.asm["ptx"])
+        code = sass(compiled.asm["cubin"])
+        print(f"{kernel.fn.__name__:<18} registers {registers}, spill stores {spills} B; loops with "
+              "wgmma (instructions): " + ", ".join(str(b - a + 1) for a, b, _ in mma_loops(code)), flush=True)
 
 if __name__ == "__main__":
     main()

@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|gdn-rows|gdn-rows-audits|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine|attention-profile|attention-knobs|attention-whole]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|gdn-rows|gdn-rows-audits|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine|attention-profile|attention-knobs|attention-trees]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -300,29 +300,28 @@ if [ "$PART" = attention-knobs ]; then
 timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/test_triton.py -k "grid or walked_checked" 2>&1 | tail -3 | tee "$OUT/pytest_knobs.txt"
 fi
 
-# attention-whole: the spread decode's WHOLE_BLOCK_LOOPS and FOLD_WHOLE_ITERATIONS (both off) timed and checked: the
-# outputs' digests with them off and on (attention_digests.py; with OLD=<another tree's root>, e.g. a `git archive` of
-# an earlier commit's src and benchmarks, that tree's too, diffed), attention_tiles.py at batch 1-8 with them on (and
-# from OLD), the spread-decode GPU tests with both on (about 6 minutes).
-if [ "$PART" = attention-whole ]; then
+# attention-trees: a change to the decode path checked against another tree (OLD=<its root>, e.g. a `git archive` of an
+# earlier commit's src and benchmarks): the outputs' digests of both trees diffed (attention_digests.py),
+# attention_tiles.py at batch 1-8 from both, where each call's time goes (attention_timeline.py), and the spread-decode
+# GPU tests (about 5 minutes).
+if [ "$PART" = attention-trees ]; then
 OLD=${OLD:+$(cd "$OLD" && pwd)}
 (cd benchmarks && PYTHONPATH=../src timeout 60 python3 attention_digests.py > "$OUT/digests.txt" 2>&1)
 if [ -n "$OLD" ]; then
     (cd benchmarks && PYTHONPATH="$OLD/src" timeout 60 python3 attention_digests.py > "$OUT/digests_old.txt" 2>&1)
-    if diff -q "$OUT/digests_old.txt" "$OUT/digests.txt" > /dev/null; then echo "digests: the same as $OLD's"; else echo "digests: DIFFER from $OLD's"; fi
+    rows() { grep -v '^all' "$1" | awk '{print $1, $NF}' | uniq; }  # (size, digest); a tree that printed a size twice, once
+    if diff -q <(rows "$OUT/digests_old.txt") <(rows "$OUT/digests.txt") > /dev/null; then
+        echo "digests: the same as $OLD's"; else echo "digests: DIFFER from $OLD's"; fi
 fi
 tail -1 "$OUT/digests.txt"
-SIZES="--prefill 512 --decode 1x2048,1x8192,4x2048,8x2048"
-(cd benchmarks && PYTHONPATH=../src timeout 150 python3 attention_tiles.py --graphs --variants "whole=1,fold_whole=1;whole=1;fold_whole=1" $SIZES \
-    --out "$OUT/tiles.txt" 2>&1 | grep -v -i warn)
+SIZES="--prefill 512 --decode 1x512,1x2048,1x8192,4x2048,8x2048"
+(cd benchmarks && PYTHONPATH=../src timeout 100 python3 attention_tiles.py --graphs $SIZES --out "$OUT/tiles.txt" 2>&1 | grep -v -i warn)
 if [ -n "$OLD" ]; then
-    (cd "$OLD/benchmarks" && PYTHONPATH=../src timeout 100 python3 attention_tiles.py --graphs --variants "whole=1,fold_whole=1" $SIZES \
-        --out "$OUT/tiles_old.txt" 2>&1 | grep -v -i warn)
+    (cd "$OLD/benchmarks" && PYTHONPATH=../src timeout 100 python3 attention_tiles.py --graphs $SIZES --out "$OUT/tiles_old.txt" 2>&1 | grep -v -i warn)
 fi
-timeout 150 python3 -c "import sys, pytest; from isoexec.ops.attention import triton_blocks as t
-t.WHOLE_BLOCK_LOOPS = t.FOLD_WHOLE_ITERATIONS = True
-sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-m', 'gpu', 'tests/ops/attention/test_triton.py', '-k', 'key_blocks or outside_the_store']))" \
-    2>&1 | tail -3 | tee "$OUT/pytest_whole.txt"
+(cd benchmarks && PYTHONPATH=../src timeout 100 python3 attention_timeline.py --out "$OUT/timeline.txt" 2>&1 | grep -v -i warn)
+timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/test_triton.py -k 'key_blocks or outside_the_store' 2>&1 \
+    | tail -3 | tee "$OUT/pytest_spread.txt"
 fi
 
 # Attention over spans (split_kv_size > 0; no preset takes it). attention-spans: the spans' decode and prefill against

@@ -21,7 +21,7 @@ maximum is exact in any order. So three launches compute the same values:
    ascending order with the walk's multiply-adds, then the walk's division and zero select.
 
 Both blocks kernels wait on memory latency along short runs of blocks rather than on bandwidth (Nsight Compute on an
-H100: a quarter to a third of DRAM bandwidth), and issue many instructions a block (`WHOLE_BLOCK_LOOPS`). Three changes
+H100: a quarter to a third of DRAM bandwidth), and issue many instructions a block (below `MAX_SLOTS_AHEAD`). Three changes
 that kept the bits gave nothing at batch 1-8 (`benchmarks/RESULTS.md`, "Issue 22 on the H200"): the first kernel keeping
 each block's scores for the second (which then reads V alone; 156 registers instead of 126), a fold that reads four
 blocks' terms a load, and blocks kernels that ask for the next block's K and V before the current block's product (the
@@ -113,15 +113,14 @@ MAX_RUN = 2
 # Which slots a step reads does not change, nor any arithmetic.
 MAX_SLOTS_AHEAD = True
 # Instructions, not bandwidth, may bound the three kernels: compiled for sm_90a (benchmarks/sm90.py) the terms kernel's loop
-# issues 659 SASS instructions a warp a block, most of them integer and predicate logic (the per-row, per-key masks that
-# a row's last block needs), the max kernel's 420 a run of two, the fold's 199 per four blocks (84 of them the per-block
-# masks of a row that may end inside an iteration); the slot checks are one unsigned compare (`_in_range`: 699 and 558
-# with two signed ones). WHOLE_BLOCK_LOOPS walks the blocks wholly below the row in loops of their own with the keys'
-# slot checks alone (414 and 250 instructions), the row's last block masked after them; FOLD_WHOLE_ITERATIONS folds the
-# whole iterations without block masks (105), the last blocks as one masked iteration. The same values in the same
-# order (interpreter-tested both ways); off until timed and checked bit for bit on a GPU.
-WHOLE_BLOCK_LOOPS = False
-FOLD_WHOLE_ITERATIONS = False
+# over a row's last block issues 659 SASS instructions a warp, most of them integer and predicate logic (the per-row,
+# per-key masks that block needs), the max kernel's 420 a run of two, the fold's 199 per four blocks (84 of them the
+# per-block masks of a row that may end inside an iteration); the slot checks are one unsigned compare (`_in_range`: 699
+# and 558 with two signed ones). So each kernel walks the blocks wholly below the row in a loop of its own with the
+# keys' slot checks alone (414 and 250 instructions), and the fold its whole iterations with no block mask (105), the
+# row's last blocks masked after them: the same values in the same order. On an H100 (graph replays, one call) that took
+# batch 1 at 2,048 / 8,192 keys from 22.1 / 53.1 to 20.6 / 45.7 us, 4 x 2,048 from 44.2 to 38.1 and 8 x 2,048 from 73.5
+# to 62.9, the rows' bits unchanged.
 BLOCK_STAGES = 1
 FOLD_STAGES = 8
 FOLD_SPLIT = 4
@@ -271,7 +270,7 @@ def block_max_kernel(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, RUN: tl.constexpr = 1, AHEAD: tl.constexpr = False,
-    WHOLE: tl.constexpr = False, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): for its run of the row's blocks, the row maxima of each block's scores, into
     maxima[i, head, j, :G_PAD]; RUN blocks a product where RUN > 1 (`_run_max`)."""
@@ -282,28 +281,25 @@ def block_max_kernel(
     slots = _first_slots(lo, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
-    # WHOLE: blocks below full_blk are wholly below the row, and their steps take the keys' slot checks alone (FULL) in a
-    # loop of their own, the row's last block (or run) its position's masks too; else every step takes the masks. The
-    # same values either way. (No terms program reads the maxima of the row's last block: it lies inside the last run,
-    # whose program carries its own maximum there.)
+    # Blocks below full_blk are wholly below the row: their steps take the keys' slot checks alone (FULL) in a loop of
+    # their own, and the row's last block (or run) its position's masks too, after them (every step masked gives the
+    # same values with more instructions a block). No terms program reads the maxima of the row's last block: it lies
+    # inside the last run, whose program carries its own maximum there.
+    mid = tl.maximum(tl.minimum(hi, full_blk), lo)
     if RUN > 1:
+        whole = lo + tl.maximum(tl.minimum(hi, full_blk) - lo, 0) // RUN * RUN  # runs wholly below the row
         i_run = lo
-        if WHOLE:
-            whole = lo + (tl.maximum(tl.minimum(hi, full_blk) - lo, 0)) // RUN * RUN  # runs wholly below the row
-            while i_run < whole:
-                slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
-                _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, head_base, L, S, scale, stride_ks, stride_kh,
-                         G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, True)
-                i_run += RUN
+        while i_run < whole:
+            slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
+            _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, head_base, L, S, scale, stride_ks, stride_kh,
+                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, True)
+            i_run += RUN
         while i_run < hi:
             slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
             _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, head_base, L, S, scale, stride_ks, stride_kh,
                      G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, False)
             i_run += RUN
     elif INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
-        mid = lo
-        if WHOLE:
-            mid = tl.maximum(tl.minimum(hi, full_blk), lo)
         i_blk = lo
         while i_blk < mid:
             slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
@@ -316,13 +312,10 @@ def block_max_kernel(
                        stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, False)
             i_blk += 1
     else:
-        mid = lo
-        if WHOLE:
-            mid = tl.maximum(tl.minimum(hi, full_blk), lo)
-            for i_blk in tl.range(lo, mid, num_stages=STAGES):
-                slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
-                _block_max(now, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
-                           stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, True)
+        for i_blk in tl.range(lo, mid, num_stages=STAGES):
+            slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
+            _block_max(now, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
+                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, True)
         for i_blk in tl.range(mid, hi, num_stages=STAGES):
             slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
             _block_max(now, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
@@ -358,7 +351,6 @@ def block_terms_kernel(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr,
-    WHOLE: tl.constexpr = False,
 ):
     """Program (query i, KV head, c), over its run of blocks [lo, hi): the running maximum before block lo (the
     maximum of every earlier block's maxima: a maximum, exact in any order), then block by block that block's alpha,
@@ -381,22 +373,20 @@ def block_terms_kernel(
         m_g = tl.maximum(m_g, tl.max(earlier, 0))
         j0 += MAX_CHUNK
     _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
-               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, WHOLE)
+               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES)
 
 
 @jit
 def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
                stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
-               STAGES: tl.constexpr, WHOLE: tl.constexpr):
+               STAGES: tl.constexpr):
     """Blocks [lo, hi)'s terms, stored, from m_g ([G_PAD]), the walk's maximum before block lo: laid out as the tile's
     rows (-inf in rows from G_PAD on), then carried along the run as the walk carries it."""
     rows = tl.arange(0, ROWS)
     m = tl.max(tl.where(rows[:, None] == tl.arange(0, G_PAD)[None, :], m_g[None, :], float("-inf")), 1)
-    # WHOLE: as in `block_max_kernel`, blocks wholly below the row in a loop of their own (FULL), the row's last after them.
-    mid = lo
-    if WHOLE:
-        mid = tl.maximum(tl.minimum(hi, full_blk), lo)
+    # As in `block_max_kernel`: blocks wholly below the row in a loop of their own (FULL), the row's last after them.
+    mid = tl.maximum(tl.minimum(hi, full_blk), lo)
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = lo
         while i_blk < mid:
@@ -410,11 +400,10 @@ def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, 
                              BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False)
             i_blk += 1
     else:
-        if WHOLE:
-            for i_blk in tl.range(lo, mid, num_stages=STAGES):
-                m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
-                                 alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS,
-                                 D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True)
+        for i_blk in tl.range(lo, mid, num_stages=STAGES):
+            m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
+                             alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS,
+                             D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True)
         for i_blk in tl.range(mid, hi, num_stages=STAGES):
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
                              alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
@@ -443,27 +432,24 @@ def _fold_blocks(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep
 def fold_kernel(
     o, positions, alphas, sums, pvs, L, stride_ot, stride_oh,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PART: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
-    INTERPRETED: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr, WHOLE: tl.constexpr = False, PDL: tl.constexpr = False,
+    INTERPRETED: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): l and acc's columns [c * D_PART, (c + 1) * D_PART) over the row's blocks in
     ascending order, then the walk's zero select and division. Each element of acc is its own chain of multiply-adds,
     so splitting the columns over programs leaves every one's order, and l (recomputed by each) is the same chain.
     The loop's loads do not depend on the fold, so it is software-pipelined (STAGES blocks' terms in flight, copied
-    asynchronously): otherwise each block would wait out a load's latency. WHOLE: the whole iterations without per-block
-    masks, the row's last blocks as one masked iteration after them (`FOLD_WHOLE_ITERATIONS`); the same multiply-adds
-    (`fma.rn.f32`) in the same order."""
+    asynchronously): otherwise each block would wait out a load's latency."""
     after_upstream(PDL)
     i, kv_head = tl.program_id(0), tl.program_id(1)
     hi_blk = _row_blocks(tl.load(positions + i).to(tl.int32), L, BLOCK_N)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
     _fold_row(o, i, kv_head, hi_blk, head_base, alphas, sums, pvs, stride_ot, stride_oh, tl.program_id(2) * D_PART, G, G_PAD, D,
-              D_PART, INTERPRETED, STAGES, UNROLL, WHOLE)
+              D_PART, INTERPRETED, STAGES, UNROLL)
 
 
 @jit
 def _fold_row(o, i, kv_head, hi_blk, head_base, alphas, sums, pvs, stride_ot, stride_oh, d0, G: tl.constexpr, G_PAD: tl.constexpr,
-              D: tl.constexpr, D_PART: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr,
-              WHOLE: tl.constexpr):
+              D: tl.constexpr, D_PART: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr):
     """Query i's rows of KV head `kv_head`, columns [d0, d0 + D_PART): l and acc folded over its hi_blk blocks' stored
     terms in ascending order, then the walk's zero select and division, stored."""
     rows = tl.arange(0, G_PAD)
@@ -471,13 +457,12 @@ def _fold_row(o, i, kv_head, hi_blk, head_base, alphas, sums, pvs, stride_ot, st
     keep = rows < G
     l = tl.zeros([G_PAD], dtype=tl.float32)
     acc = tl.zeros([G_PAD, D_PART], dtype=tl.float32)
-    # UNROLL blocks an iteration, their loads issued together, each block masked; where WHOLE, the whole iterations
-    # first with no mask but the rows' (none where G = G_PAD), then the last blocks as one masked iteration. A block
-    # past the row's last reads alpha 1 and zero sums, which leave l and acc as they are (a -0.0 in acc may turn +0.0,
-    # which `_finish` does to every zero).
-    whole = 0
-    if WHOLE:
-        whole = hi_blk // UNROLL * UNROLL
+    # UNROLL blocks an iteration, their loads issued together: the whole iterations with no mask but the rows' (none
+    # where G = G_PAD), then the row's last blocks as one iteration with a mask a block (the same multiply-adds,
+    # `fma.rn.f32`, in the same order as a mask on every block, with fewer instructions). A block past the row's last
+    # reads alpha 1 and zero sums, which leave l and acc as they are (a -0.0 in acc may turn +0.0, which `_finish` does
+    # to every zero).
+    whole = hi_blk // UNROLL * UNROLL
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = 0
         while i_blk < whole:
@@ -486,14 +471,11 @@ def _fold_row(o, i, kv_head, hi_blk, head_base, alphas, sums, pvs, stride_ot, st
         while i_blk < hi_blk:
             l, acc = _fold_blocks(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD, D, UNROLL, True)
             i_blk += UNROLL
-    elif WHOLE:
+    else:
         for i_blk in tl.range(0, whole, UNROLL, num_stages=STAGES):
             l, acc = _fold_blocks(l, acc, alphas, sums, pvs, head_base, i_blk, whole, rows, keep, o_d, G_PAD, D, UNROLL, False)
         if whole < hi_blk:
             l, acc = _fold_blocks(l, acc, alphas, sums, pvs, head_base, whole, hi_blk, rows, keep, o_d, G_PAD, D, UNROLL, True)
-    else:
-        for i_blk in tl.range(0, hi_blk, UNROLL, num_stages=STAGES):
-            l, acc = _fold_blocks(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD, D, UNROLL, True)
     _, out = _finish(l, acc)
     head = kv_head * G + rows
     tl.store(o + i.to(tl.int64) * stride_ot + head[:, None] * stride_oh + o_d[None, :], out.to(o.dtype.element_ty), mask=keep[:, None])
@@ -549,15 +531,15 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     block_max_kernel[(num_tokens, num_kv_heads, runs(MAX_PROGRAM_WAVES))](
         q, k_store, v_store, slot_table, seq_ids, positions, maxima, table, k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad,
         D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb, INTERPRETED=interpret, STAGES=BLOCK_STAGES,
-        RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, WHOLE=WHOLE_BLOCK_LOOPS, num_warps=num_warps, num_stages=num_stages)
+        RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, num_warps=num_warps, num_stages=num_stages)
     block_terms_kernel[(num_tokens, num_kv_heads, runs(PROGRAM_WAVES))](q, k_store, v_store, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, table,
                              k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
-                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, WHOLE=WHOLE_BLOCK_LOOPS, num_warps=num_warps,
+                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, num_warps=num_warps,
                              num_stages=num_stages)
     d_part = max(1, head_dim // FOLD_SPLIT)
     fold_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
                                                                 G=group, G_PAD=g_pad, D=head_dim, D_PART=d_part, BLOCK_N=block_n,
                                                                 NB=nb, INTERPRETED=interpret, STAGES=FOLD_STAGES,
-                                                                UNROLL=FOLD_UNROLL, WHOLE=FOLD_WHOLE_ITERATIONS, num_warps=FOLD_WARPS)
+                                                                UNROLL=FOLD_UNROLL, num_warps=FOLD_WARPS)
     return o
