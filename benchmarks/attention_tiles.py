@@ -8,7 +8,7 @@ counts prefill output elements whose int16 views differ from the preset's (> 0 e
 stages or pairs alone), and `decode=prefill` says whether four of the queries decoded over the same keys (one query
 a sequence) have the prefill rows' bits under that variant (the contract's property: must be True).
 
-    cd benchmarks && PYTHONPATH=../src python3 attention_tiles.py --variants "block_n=64,pairs=0;block_n=64,num_stages=2"
+    cd benchmarks && PYTHONPATH=../src python3 attention_tiles.py [--variants "block_n=64,pairs=0;block_n=64,num_stages=2"]
         [--prefill 512,2048,8192,8x512] [--graphs] [--decode 1x2048,8x2048,64x512,64x2048] [--heads 32,8,128] [--out FILE] [--device cpu]
 
 A variant is `name=value` items joined by commas: the op's constants (block_n, num_stages, num_warps, block_m),
@@ -16,8 +16,8 @@ A variant is `name=value` items joined by commas: the op's constants (block_n, n
 `attention.triton.PAIRS`, `CHECK_SLOTS`, `CHECK_DECODE_SLOTS`, `CHECK_DIAGONAL`, `CHECK_DECODE_DIAGONAL`, `HEADS_FASTEST`,
 `PREFETCH_PROLOGUE`), and
 the spread decode's `waves`, `max_waves`, `fold_split`, `fold_warps`, `fold_unroll`, `fold_stages`, `max_chunk`,
-`max_run` and `max_ahead` (`triton_blocks.PROGRAM_WAVES`, `MAX_PROGRAM_WAVES`, `FOLD_SPLIT`, `FOLD_WARPS`,
-`FOLD_UNROLL`, `FOLD_STAGES`, `MAX_CHUNK`, `MAX_RUN`, `MAX_SLOTS_AHEAD`). Each row is printed (and appended to --out) as soon as it is measured.
+`max_run`, `max_ahead`, `pv_parts` and `terms_regs` (`triton_blocks.PROGRAM_WAVES`, `MAX_PROGRAM_WAVES`, `FOLD_SPLIT`,
+`FOLD_WARPS`, `FOLD_UNROLL`, `FOLD_STAGES`, `MAX_CHUNK`, `MAX_RUN`, `MAX_SLOTS_AHEAD`, `PV_PARTS`, `TERMS_MAX_REGISTERS`). Each row is printed (and appended to --out) as soon as it is measured.
 """
 import argparse
 
@@ -39,6 +39,7 @@ KNOBS = {  # variant item -> (module, constant); a module constant keeps its typ
     "fold_unroll": (triton_blocks, "FOLD_UNROLL"), "fold_stages": (triton_blocks, "FOLD_STAGES"),
     "max_chunk": (triton_blocks, "MAX_CHUNK"), "max_run": (triton_blocks, "MAX_RUN"),
     "heads_fastest": (attention_triton, "HEADS_FASTEST"), "prologue": (attention_triton, "PREFETCH_PROLOGUE"), "max_ahead": (triton_blocks, "MAX_SLOTS_AHEAD"),
+    "pv_parts": (triton_blocks, "PV_PARTS"), "terms_regs": (triton_blocks, "TERMS_MAX_REGISTERS"),
 }
 
 
@@ -109,7 +110,7 @@ def decode(sizes, variants, heads, device, generator, out) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", required=True, help="variants separated by ';', each name=value items joined by ','")
+    parser.add_argument("--variants", default="", help="variants separated by ';', each name=value items joined by ',' (none: the preset and flash alone)")
     parser.add_argument("--prefill", default="512,2048,8192",
                         help="sequence lengths, or batch x length for packed sequences of one length, comma-separated ('' for none)")
     parser.add_argument("--graphs", action="store_true", help="time prefill (flash and ours) as CUDA-graph replays, not eager calls")
