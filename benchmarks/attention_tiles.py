@@ -16,8 +16,8 @@ A variant is `name=value` items joined by commas: the op's constants (block_n, n
 `attention.triton.PAIRS`, `CHECK_SLOTS`, `CHECK_DECODE_SLOTS`, `CHECK_DIAGONAL`, `CHECK_DECODE_DIAGONAL`, `HEADS_FASTEST`,
 `PREFETCH_PROLOGUE`), and
 the spread decode's `waves`, `max_waves`, `fold_split`, `fold_warps`, `fold_unroll`, `fold_stages`, `max_chunk`,
-`max_run`, `max_ahead`, `pv_parts` and `terms_regs` (`triton_blocks.PROGRAM_WAVES`, `MAX_PROGRAM_WAVES`, `FOLD_SPLIT`,
-`FOLD_WARPS`, `FOLD_UNROLL`, `FOLD_STAGES`, `MAX_CHUNK`, `MAX_RUN`, `MAX_SLOTS_AHEAD`, `PV_PARTS`, `TERMS_MAX_REGISTERS`). Each row is printed (and appended to --out) as soon as it is measured.
+`max_run` and `max_ahead` (`triton_blocks.PROGRAM_WAVES`, `MAX_PROGRAM_WAVES`, `FOLD_SPLIT`, `FOLD_WARPS`,
+`FOLD_UNROLL`, `FOLD_STAGES`, `MAX_CHUNK`, `MAX_RUN`, `MAX_SLOTS_AHEAD`). Each row is printed (and appended to --out) as soon as it is measured.
 """
 import argparse
 
@@ -39,7 +39,6 @@ KNOBS = {  # variant item -> (module, constant); a module constant keeps its typ
     "fold_unroll": (triton_blocks, "FOLD_UNROLL"), "fold_stages": (triton_blocks, "FOLD_STAGES"),
     "max_chunk": (triton_blocks, "MAX_CHUNK"), "max_run": (triton_blocks, "MAX_RUN"),
     "heads_fastest": (attention_triton, "HEADS_FASTEST"), "prologue": (attention_triton, "PREFETCH_PROLOGUE"), "max_ahead": (triton_blocks, "MAX_SLOTS_AHEAD"),
-    "pv_parts": (triton_blocks, "PV_PARTS"), "terms_regs": (triton_blocks, "TERMS_MAX_REGISTERS"),
 }
 
 

@@ -26,7 +26,8 @@ that kept the bits gave nothing at batch 1-8 (`benchmarks/RESULTS.md`, "Issue 22
 each block's scores for the second (which then reads V alone; 156 registers instead of 126), a fold that reads four
 blocks' terms a load, and blocks kernels that ask for the next block's K and V before the current block's product (the
 terms kernel at 204 registers); nor, later, prefetch instructions for the next step's table line and K or V, which cost
-no registers (`MAX_SLOTS_AHEAD`'s comment).
+no registers (`MAX_SLOTS_AHEAD`'s comment), nor p · V in four slices of V's columns (104 registers, 96 under a cap, five
+programs an SM): the same bits, and slower at every size (1 x 8,192 keys 45.7 -> 54.1 us).
 
 `block_max_kernel` and `fold_kernel` launch with programmatic dependent launch (`triton_support.jit(dependent=True)`), as
 the walk and the rest of a decode step do; `block_terms_kernel` does not. A dependent kernel lets the kernel behind it
@@ -123,8 +124,6 @@ MAX_SLOTS_AHEAD = True
 # to 62.9, the rows' bits unchanged.
 BLOCK_STAGES = 1
 FOLD_STAGES = 8
-PV_PARTS = 1
-TERMS_MAX_REGISTERS = 0  # the terms kernel's `maxnreg` (0: the compiler's choice)
 FOLD_SPLIT = 4
 FOLD_WARPS = 2
 FOLD_UNROLL = 4
@@ -327,47 +326,23 @@ def block_max_kernel(
 @jit
 def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
                  stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, FULL: tl.constexpr,
-                 PV_PARTS: tl.constexpr = 1):
+                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, FULL: tl.constexpr):
     """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored; returns m after it.
-    FULL: a block wholly below the row (`_block_keys`). PV_PARTS > 1: p · v in that many products over slices of V's
-    columns, each stored before the next, so that one slice's accumulator is live at a time."""
-    if PV_PARTS == 1:
-        s, b_v, row_active = _block_scores(slots, b_q, row_ok, p_i, i_blk, i_blk < full_blk, kv_head, k, v, L, S, scale,
-                                           stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32, FULL)
-        m_new, m_safe, alpha = _running_max(m, s, DOT_IN_FP32)
-        p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
-        p_sum = _row_sum(p, SUM_BY_DOT)
-        alpha = tl.where(row_active, alpha, 1.0)
-        p_sum = tl.where(row_active, p_sum, 0.0)
-        pv = tl.where(row_active[:, None], pv, 0.0)
-        rows = tl.arange(0, ROWS)
-        keep = rows < G
-        at = (head_base + i_blk) * G_PAD + rows
-        tl.store(alphas + at, alpha, mask=keep)
-        tl.store(sums + at, p_sum, mask=keep)
-        tl.store(pvs + at[:, None] * D + tl.arange(0, D)[None, :], pv, mask=keep[:, None])
-    else:
-        slots, vis, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, i_blk < full_blk, L, S, ROWS, BLOCK_N, FULL)
-        b_k = tl.load(k + slots[None, :] * stride_ks + kv_head * stride_kh + tl.arange(0, D)[:, None], mask=key_ok[None, :], other=0.0)
-        if DOT_IN_FP32:
-            b_k = b_k.to(tl.float32)
-        s = _scores(b_q, b_k, vis, scale, DOT_IN_FP32)
-        m_new, m_safe, alpha = _running_max(m, s, DOT_IN_FP32)
-        rows = tl.arange(0, ROWS)
-        keep = rows < G
-        at = (head_base + i_blk) * G_PAD + rows
-        for part in tl.static_range(PV_PARTS):
-            o_d = part * (D // PV_PARTS) + tl.arange(0, D // PV_PARTS)
-            b_v = tl.load(v + slots[:, None] * stride_vs + kv_head * stride_vh + o_d[None, :], mask=key_ok[:, None], other=0.0)
-            if DOT_IN_FP32:
-                b_v = b_v.to(tl.float32)
-            p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
-            pv = tl.where(row_active[:, None], pv, 0.0)
-            tl.store(pvs + at[:, None] * D + o_d[None, :], pv, mask=keep[:, None])
-        p_sum = _row_sum(p, SUM_BY_DOT)
-        tl.store(alphas + at, tl.where(row_active, alpha, 1.0), mask=keep)
-        tl.store(sums + at, tl.where(row_active, p_sum, 0.0), mask=keep)
+    FULL: a block wholly below the row (`_block_keys`)."""
+    s, b_v, row_active = _block_scores(slots, b_q, row_ok, p_i, i_blk, i_blk < full_blk, kv_head, k, v, L, S, scale,
+                                       stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32, FULL)
+    m_new, m_safe, alpha = _running_max(m, s, DOT_IN_FP32)
+    p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
+    p_sum = _row_sum(p, SUM_BY_DOT)
+    alpha = tl.where(row_active, alpha, 1.0)
+    p_sum = tl.where(row_active, p_sum, 0.0)
+    pv = tl.where(row_active[:, None], pv, 0.0)
+    rows = tl.arange(0, ROWS)
+    keep = rows < G
+    at = (head_base + i_blk) * G_PAD + rows
+    tl.store(alphas + at, alpha, mask=keep)
+    tl.store(sums + at, p_sum, mask=keep)
+    tl.store(pvs + at[:, None] * D + tl.arange(0, D)[None, :], pv, mask=keep[:, None])
     return m_new
 
 
@@ -377,7 +352,6 @@ def block_terms_kernel(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr,
-    PV_PARTS: tl.constexpr = 1,
 ):
     """Program (query i, KV head, c), over its run of blocks [lo, hi): the running maximum before block lo (the
     maximum of every earlier block's maxima: a maximum, exact in any order), then block by block that block's alpha,
@@ -400,14 +374,14 @@ def block_terms_kernel(
         m_g = tl.maximum(m_g, tl.max(earlier, 0))
         j0 += MAX_CHUNK
     _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
-               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, PV_PARTS)
+               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES)
 
 
 @jit
 def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
                stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
-               STAGES: tl.constexpr, PV_PARTS: tl.constexpr):
+               STAGES: tl.constexpr):
     """Blocks [lo, hi)'s terms, stored, from m_g ([G_PAD]), the walk's maximum before block lo: laid out as the tile's
     rows (-inf in rows from G_PAD on), then carried along the run as the walk carries it."""
     rows = tl.arange(0, ROWS)
@@ -419,22 +393,22 @@ def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, 
         while i_blk < mid:
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
                              alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
-                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True, PV_PARTS)
+                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True)
             i_blk += 1
         while i_blk < hi:
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
                              alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
-                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False, PV_PARTS)
+                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False)
             i_blk += 1
     else:
         for i_blk in tl.range(lo, mid, num_stages=STAGES):
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
                              alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS,
-                             D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True, PV_PARTS)
+                             D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True)
         for i_blk in tl.range(mid, hi, num_stages=STAGES):
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
                              alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
-                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False, PV_PARTS)
+                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False)
 
 
 @jit
@@ -562,8 +536,7 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     block_terms_kernel[(num_tokens, num_kv_heads, runs(PROGRAM_WAVES))](q, k_store, v_store, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, table,
                              k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
-                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, PV_PARTS=PV_PARTS, num_warps=num_warps,
-                             **({"maxnreg": TERMS_MAX_REGISTERS} if TERMS_MAX_REGISTERS and not interpret else {}),
+                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, num_warps=num_warps,
                              num_stages=num_stages)
     d_part = max(1, head_dim // FOLD_SPLIT)
     fold_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
