@@ -443,14 +443,14 @@ def _decode_path_rows_equal_training_rows(monkeypatch, module, constants, contro
 
 
 @pytest.mark.parametrize("constants", [CONSTANTS, BF16])
-@pytest.mark.parametrize("fold_split, fold_unroll, max_chunk, max_waves, max_run, ahead",
-                         [(1, 1, 512, 4, 1, True), (4, 3, 16, 3, 4, True), (4, 4, 512, 6, 2, False)])
-def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(constants, fold_split, fold_unroll, max_chunk, max_waves,
-                                                                              max_run, ahead, monkeypatch):
+@pytest.mark.parametrize("fold_split, fold_max_split, fold_unroll, max_chunk, max_waves, max_run, ahead",
+                         [(1, 1, 1, 512, 4, 1, True), (4, 16, 3, 16, 3, 4, True), (4, 16, 4, 512, 6, 2, False)])
+def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(constants, fold_split, fold_max_split, fold_unroll, max_chunk,
+                                                                              max_waves, max_run, ahead, monkeypatch):
     """Rows of 1,100 keys (69 blocks of 16), decoded at positions on and next to block edges, by the spread path (its
-    fold in one program a row and head a block an iteration, or over 4 programs of a quarter of the columns each, 3
-    blocks an iteration: rows of 69 blocks end mid-iteration; the earlier blocks' maxima read in one load, or in several
-    of 16; the max kernel's runs those of the terms kernel, or longer; its blocks scored one a product, or 4 or 2 a
+    fold in one program a row and head a block an iteration, or over 4 programs of a quarter of the columns each (on a
+    GPU, up to 16 programs of one warp for these few rows), 3 blocks an iteration: rows of 69 blocks end
+    mid-iteration; the earlier blocks' maxima read in one load, or in several of 16; the max kernel's runs those of the terms kernel, or longer; its blocks scored one a product, or 4 or 2 a
     product, runs ending mid-product; the max kernel's slots loaded a step ahead, or by the step) and by the walk, two of
     the long rows' keys outside the store (a slot of -1 and one past it: both skipped); the training rows are the walk's
     (the tests above). The control, the spread path over blocks of 32 against the walk's 16 (fp32 boundaries, where a
@@ -458,6 +458,7 @@ def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(co
     from isoexec.ops.attention import triton_blocks
 
     monkeypatch.setattr(triton_blocks, "FOLD_SPLIT", fold_split)
+    monkeypatch.setattr(triton_blocks, "FOLD_MAX_SPLIT", fold_max_split)
     monkeypatch.setattr(triton_blocks, "FOLD_UNROLL", fold_unroll)
     monkeypatch.setattr(triton_blocks, "MAX_CHUNK", max_chunk)
     monkeypatch.setattr(triton_blocks, "MAX_PROGRAM_WAVES", max_waves)
@@ -480,6 +481,24 @@ def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(co
     fp32 = [t.float() for t in (q, k, v)]
     walk = decode(None, {**CONSTANTS, "block_n": 16}, *fp32)
     assert (int_view(decode(1, {**CONSTANTS, "block_n": 32}, *fp32)) != int_view(walk)).sum() > 100
+
+
+def test_the_fold_splits_its_columns_further_only_where_a_call_has_few_rows(monkeypatch):
+    """On a GPU of 132 SMs the spread decode's fold takes 16 one-warp programs a (query, KV head) at batch 1 with 8 KV
+    heads (128 programs), 8 at batch 2, and FOLD_SPLIT of FOLD_WARPS from batch 4 (where more programs lost on an H100);
+    never more programs than columns; off a GPU always FOLD_SPLIT. (Each element's chain is the same whatever the split:
+    the long spread-decode test above folds over 1 and 4 programs.)"""
+    from isoexec.ops.attention import triton_blocks
+
+    monkeypatch.setattr(triton_blocks, "_num_sms", lambda device: 132)
+    cuda, preset = torch.device("cuda"), (triton_blocks.FOLD_SPLIT, triton_blocks.FOLD_WARPS)
+    assert preset == (4, 2)
+    assert triton_blocks._fold_programs(8, 128, cuda) == (16, 1)
+    assert triton_blocks._fold_programs(16, 128, cuda) == (8, 1)
+    assert triton_blocks._fold_programs(32, 128, cuda) == preset
+    assert triton_blocks._fold_programs(64, 128, cuda) == preset
+    assert triton_blocks._fold_programs(1, 8, cuda) == (8, 1)
+    assert triton_blocks._fold_programs(8, 128, torch.device("cpu")) == preset
 
 
 @pytest.mark.parametrize("split_kv_size", [16, 32])

@@ -126,6 +126,12 @@ BLOCK_STAGES = 1
 FOLD_STAGES = 8
 FOLD_SPLIT = 4
 FOLD_WARPS = 2
+# Where a call has few (query, KV head) rows, the fold splits the columns further, up to FOLD_MAX_SPLIT programs a row
+# of one warp each, while the call's fold programs still number at most the SMs (`_fold_programs`): each element's chain
+# is the same, so its bits are. On an H100 (graph replays, two calls on two machines) 16 programs of one warp at batch 1
+# (128 programs) took 1 x 2,048 / 8,192 keys from 20.8 / 46.0 to 20.3 / 44.2 us and 20.4 / 45.7 to 19.6 / 44.4, 1 x 512
+# 14.4 to 13.9; at batch 4 and 8 (256 and 512 programs) it lost 2-5 us, where the rule keeps FOLD_SPLIT.
+FOLD_MAX_SPLIT = 16
 FOLD_UNROLL = 4
 # The earlier blocks' maxima a terms program reads in one load before its run (a [chunk, G_PAD] tile): one load for
 # tables up to 16,384 keys at block_n 32.
@@ -502,6 +508,17 @@ def _programs_a_row(rows: int, blocks: int, device: torch.device, waves: int) ->
     return max(1, min(blocks, cdiv(waves * _num_sms(device), rows)))
 
 
+def _fold_programs(rows: int, head_dim: int, device: torch.device) -> tuple[int, int]:
+    """(programs a (query, KV head) row, warps a program) for the fold: FOLD_SPLIT programs of FOLD_WARPS warps, or,
+    on a GPU where the call's rows are few, twice as many again while rows x programs stays within the SMs, up to
+    FOLD_MAX_SPLIT programs (and no more than head_dim) of one warp each."""
+    split = FOLD_SPLIT
+    if device.type == "cuda":
+        while split * 2 <= min(FOLD_MAX_SPLIT, head_dim) and rows * split * 2 <= _num_sms(device):
+            split *= 2
+    return split, FOLD_WARPS if split == FOLD_SPLIT else 1
+
+
 @functools.cache
 def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -538,9 +555,10 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
                              MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, num_warps=num_warps,
                              num_stages=num_stages)
-    d_part = max(1, head_dim // FOLD_SPLIT)
+    split, fold_warps = _fold_programs(num_tokens * num_kv_heads, head_dim, q.device)
+    d_part = max(1, head_dim // split)
     fold_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
                                                                 G=group, G_PAD=g_pad, D=head_dim, D_PART=d_part, BLOCK_N=block_n,
                                                                 NB=nb, INTERPRETED=interpret, STAGES=FOLD_STAGES,
-                                                                UNROLL=FOLD_UNROLL, num_warps=FOLD_WARPS)
+                                                                UNROLL=FOLD_UNROLL, num_warps=fold_warps)
     return o
