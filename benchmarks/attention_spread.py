@@ -6,8 +6,8 @@ on attention_blocks.py's cases.
 
 - pdl: programmatic dependent launch on or off per kernel (written max/terms/fold, 1 where that kernel launches with
   PDL), at 2, 4 and 8 programs an SM (PROGRAM_WAVES);
-- fold: the fold's columns split over FOLD_SPLIT programs of FOLD_WARPS warps, FOLD_UNROLL blocks an iteration
-  (split x warps x unroll);
+- fold: the fold's columns split over FOLD_SPLIT programs of FOLD_WARPS warps (FOLD_MAX_SPLIT set to the same, so
+  that no call splits further), FOLD_UNROLL blocks an iteration (split x warps x unroll);
 - blocks: the blocks kernels' loads in flight (BLOCK_STAGES 1-3) at 4, 8 and 16 programs an SM (stages x waves);
 - kernels: each kernel's mean GPU time (torch.profiler over eager calls) at the defaults.
 """
@@ -38,7 +38,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     op = attention_triton.bench_op()
-    names = ("BLOCKS_MIN", "BLOCKS_MAX_FILL", "PROGRAM_WAVES", "FOLD_SPLIT", "FOLD_WARPS", "FOLD_UNROLL", "BLOCK_STAGES")
+    names = ("BLOCKS_MIN", "BLOCKS_MAX_FILL", "PROGRAM_WAVES", "FOLD_SPLIT", "FOLD_MAX_SPLIT", "FOLD_WARPS", "FOLD_UNROLL", "BLOCK_STAGES")
     defaults = {name: getattr(triton_blocks, name) for name in names}
     default_pdl = tuple(getattr(kernel, "dependent_launches", None) is not None for kernel in KERNELS)
 
@@ -80,7 +80,7 @@ def main() -> None:
                      for waves in (2, 4, 8) for pdl in itertools.product((False, True), repeat=3)]
             emit(f"{head}  spread by PDL (us): " + ", ".join(parts))
         if "fold" in args.what:
-            parts = [timed(f"{split}x{warps}x{unroll}", FOLD_SPLIT=split, FOLD_WARPS=warps, FOLD_UNROLL=unroll, **spread)
+            parts = [timed(f"{split}x{warps}x{unroll}", FOLD_SPLIT=split, FOLD_MAX_SPLIT=split, FOLD_WARPS=warps, FOLD_UNROLL=unroll, **spread)
                      for split, warps, unroll in FOLDS]
             emit(f"{head}  spread by fold split x warps x unroll (us): " + ", ".join(parts))
         if "blocks" in args.what:
