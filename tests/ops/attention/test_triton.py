@@ -450,8 +450,9 @@ def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(co
     """Rows of 1,100 keys (69 blocks of 16), decoded at positions on and next to block edges, by the spread path (its
     fold in one program a row and head a block an iteration, or over 4 programs of a quarter of the columns each (on a
     GPU, up to 16 programs of one warp for these few rows), 3 blocks an iteration: rows of 69 blocks end
-    mid-iteration; the earlier blocks' maxima read in one load, or in several of 16; the max kernel's runs those of the terms kernel, or longer; its blocks scored one a product, or 4 or 2 a
-    product, runs ending mid-product; the max kernel's slots loaded a step ahead, or by the step) and by the walk, two of
+    mid-iteration; the earlier blocks' maxima read in one load, or in several of 16; the max kernel's runs those of
+    the terms kernel, or longer; its blocks scored one a product, or 4 or 2 a product, runs ending mid-product; the max
+    kernel's slots loaded a step ahead, or by the step) and by the walk, two of
     the long rows' keys outside the store (a slot of -1 and one past it: both skipped); the training rows are the walk's
     (the tests above). The control, the spread path over blocks of 32 against the walk's 16 (fp32 boundaries, where a
     re-blocked online softmax shows), must differ."""

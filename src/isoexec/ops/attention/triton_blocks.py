@@ -130,7 +130,7 @@ FOLD_WARPS = 2
 # of one warp each, while the call's fold programs still number at most the SMs (`_fold_programs`): each element's chain
 # is the same, so its bits are. On an H100 (graph replays, two calls on two machines) 16 programs of one warp at batch 1
 # (128 programs) took 1 x 2,048 / 8,192 keys from 20.8 / 46.0 to 20.3 / 44.2 us and 20.4 / 45.7 to 19.6 / 44.4, 1 x 512
-# 14.4 to 13.9; at batch 4 and 8 (256 and 512 programs) it lost 2-5 us, where the rule keeps FOLD_SPLIT.
+# 14.4 to 13.9; at batch 4 and 8 (256 and 512 programs) it lost 2-6 us, where the rule keeps FOLD_SPLIT.
 FOLD_MAX_SPLIT = 16
 FOLD_UNROLL = 4
 # The earlier blocks' maxima a terms program reads in one load before its run (a [chunk, G_PAD] tile): one load for
