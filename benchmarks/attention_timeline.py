@@ -2,7 +2,9 @@
 replay, with L2 flushed before every replay (as `timing.graphed_ms` times it), for the contract's decode (the spread
 decode's three kernels where it applies) and flash SDPA's, at Qwen3-8B's heads on attention_blocks.py's cases.
 
-    cd benchmarks && PYTHONPATH=../src python3 attention_timeline.py [--sizes 1x2048,8x2048] [--out FILE]
+    cd benchmarks && PYTHONPATH=../src python3 attention_timeline.py [--sizes 1x2048,8x2048] [--knobs keep_scores=1] [--out FILE]
+
+--knobs sets `attention_tiles.py`'s spread-decode knobs (name=value, comma-separated) for the whole run.
 
 A row: the replay's span (first kernel's start to last kernel's end, median over replays), then each kernel in launch
 order with its median duration and the median gap from the previous kernel's end to its start (negative: it started
@@ -18,6 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from attention_blocks import case
 from attention_spans import _emit
+from attention_tiles import KNOBS
 from isoexec.ops.attention import triton as attention_triton
 
 REPLAYS = 20
@@ -59,8 +62,13 @@ def timeline(fn, device: torch.device) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1x512,1x2048,1x8192,4x2048,8x2048")
+    parser.add_argument("--knobs", default="", help="name=value items, comma-separated (attention_tiles.py's knob names)")
     parser.add_argument("--out", help="append each row here too")
     args = parser.parse_args()
+    for item in filter(None, args.knobs.split(",")):
+        name, value = item.split("=")
+        module, constant = KNOBS[name]
+        setattr(module, constant, type(getattr(module, constant))(int(value)))
     device = torch.device("cuda")
     op = attention_triton.bench_op()
     generator = torch.Generator(device=device).manual_seed(0)

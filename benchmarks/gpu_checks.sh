@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|gdn-rows|gdn-rows-audits|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine|attention-profile|attention-knobs|attention-trees]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|gdn-rows|gdn-rows-audits|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine|attention-profile|attention-knobs|attention-trees|attention-kept]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -322,6 +322,21 @@ fi
 (cd benchmarks && PYTHONPATH=../src timeout 100 python3 attention_timeline.py --out "$OUT/timeline.txt" 2>&1 | grep -v -i warn)
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/test_triton.py -k 'key_blocks or outside_the_store' 2>&1 \
     | tail -3 | tee "$OUT/pytest_spread.txt"
+fi
+
+# attention-kept: the spread decode's kept scores (`triton_blocks.KEEP_SCORES`, off) and the fold's split at batch 1-2
+# (`FOLD_MAX_SPLIT`, the variant with it at 4 is the rule off) against the preset, each variant's bits checked; where
+# the time goes with the scores kept; the spread GPU tests (their kept-score cases included); the 8B audit with the
+# scores kept (about 4 minutes).
+if [ "$PART" = attention-kept ]; then
+(cd benchmarks && PYTHONPATH=../src timeout 150 python3 attention_tiles.py --graphs --prefill "" --decode 1x512,1x2048,1x8192,2x2048,4x2048,8x2048 \
+    --variants "keep_scores=1;keep_scores=1,kept_regs=0;fold_max_split=4" --out "$OUT/kept.txt" 2>&1 | grep -v -i warn)
+(cd benchmarks && PYTHONPATH=../src timeout 60 python3 attention_timeline.py --knobs keep_scores=1 --out "$OUT/timeline_kept.txt" 2>&1 | grep -v -i warn)
+timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/test_triton.py -k 'key_blocks or outside_the_store' 2>&1 \
+    | tail -3 | tee "$OUT/pytest_spread.txt"
+timeout 100 python3 -c "import sys, runpy; from isoexec.ops.attention import triton_blocks as t; t.KEEP_SCORES = True
+sys.argv = ['isoexec', 'audit', '--device', 'cuda', '--quiet', '--model', 'qwen3-8b-random', '--contract', 'tiny-dense-triton', '--json', sys.argv[1]]
+runpy.run_module('isoexec', run_name='__main__')" "$OUT/audit_8b_kept.json" 2>&1 | tail -6 | tee "$OUT/audit_8b_kept.txt"
 fi
 
 # Attention over spans (split_kv_size > 0; no preset takes it). attention-spans: the spans' decode and prefill against

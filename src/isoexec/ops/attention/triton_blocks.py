@@ -23,7 +23,8 @@ maximum is exact in any order. So three launches compute the same values:
 Both blocks kernels wait on memory latency along short runs of blocks rather than on bandwidth (Nsight Compute on an
 H100: a quarter to a third of DRAM bandwidth), and issue many instructions a block (below `MAX_SLOTS_AHEAD`). Three changes
 that kept the bits gave nothing at batch 1-8 (`benchmarks/RESULTS.md`, "Issue 22 on the H200"): the first kernel keeping
-each block's scores for the second (which then reads V alone; 156 registers instead of 126), a fold that reads four
+each block's scores for the second (which then reads V alone; 156 registers instead of 126; `KEEP_SCORES` has it again,
+under a register cap, untimed), a fold that reads four
 blocks' terms a load, and blocks kernels that ask for the next block's K and V before the current block's product (the
 terms kernel at 204 registers); nor, later, prefetch instructions for the next step's table line and K or V, which cost
 no registers (`MAX_SLOTS_AHEAD`'s comment), nor p · V in four slices of V's columns (104 registers, 96 under a cap, five
@@ -133,6 +134,14 @@ FOLD_WARPS = 2
 # 14.4 to 13.9; at batch 4 and 8 (256 and 512 programs) it lost 2-6 us, where the rule keeps FOLD_SPLIT.
 FOLD_MAX_SPLIT = 16
 FOLD_UNROLL = 4
+# True: the max kernel (at MAX_RUN > 1) also stores each block's scores, and the terms kernel reads them and gathers V
+# alone instead of gathering K again and repeating q · k: the same values (an fp32 store and load), K read once. Tried
+# before the whole-block loops (1c92584) it took the terms kernel to 156 registers, three programs an SM, and gained
+# nothing. Compiled for sm_90a now, its loop over whole blocks is 235 instructions against 414, and under `maxnreg` 128
+# (KEPT_SCORES_MAX_REGISTERS; 0: the compiler's choice) it keeps four programs an SM with no spill (242). Off until
+# timed on a GPU.
+KEEP_SCORES = False
+KEPT_SCORES_MAX_REGISTERS = 128
 # The earlier blocks' maxima a terms program reads in one load before its run (a [chunk, G_PAD] tile): one load for
 # tables up to 16,384 keys at block_n 32.
 MAX_CHUNK = 512
@@ -246,9 +255,9 @@ def _block_max(slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, 
 
 
 @jit
-def _run_max(slots, b_q, row_ok, p_i, i_blk, hi, kv_head, k, maxima, head_base, L, S, scale, stride_ks, stride_kh,
+def _run_max(slots, b_q, row_ok, p_i, i_blk, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
              G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, RUN: tl.constexpr,
-             DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr):
+             DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr, KEEP: tl.constexpr = False):
     """Blocks [i_blk, i_blk + RUN)'s row maxima, those below hi stored: the RUN blocks' keys (`slots`, loaded) gathered as
     one K tile and scored by one product, each key masked as the block steps mask it (at or before the row's position,
     inside the table, its slot in the store: FULL, blocks wholly below the row, needs the last alone), then each block's
@@ -269,15 +278,20 @@ def _run_max(slots, b_q, row_ok, p_i, i_blk, hi, kv_head, k, maxima, head_base, 
     rows, runs = tl.arange(0, ROWS), tl.arange(0, RUN)
     tl.store(maxima + (head_base + i_blk + runs[None, :]) * G_PAD + rows[:, None], block_max,
              mask=(rows < G_PAD)[:, None] & (i_blk + runs < hi)[None, :])
+    if KEEP:  # each block's scores, [G_PAD, BLOCK_N] a block, for the terms kernel
+        cols = tl.arange(0, RUN * BLOCK_N)
+        blk = i_blk + cols // BLOCK_N
+        tl.store(scores + ((head_base + blk[None, :]) * G_PAD + rows[:, None]) * BLOCK_N + (cols % BLOCK_N)[None, :], s,
+                 mask=(rows < G_PAD)[:, None] & (blk < hi)[None, :])
 
 
 @jit(do_not_specialize=["L", "S"], dependent=True)
 def block_max_kernel(
-    q, k, v, slot_table, seq_ids, positions, maxima, L, S, scale,
+    q, k, v, slot_table, seq_ids, positions, maxima, scores, L, S, scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, RUN: tl.constexpr = 1, AHEAD: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    KEEP: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): for its run of the row's blocks, the row maxima of each block's scores, into
     maxima[i, head, j, :G_PAD]; RUN blocks a product where RUN > 1 (`_run_max`)."""
@@ -298,13 +312,13 @@ def block_max_kernel(
         i_run = lo
         while i_run < whole:
             slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
-            _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, head_base, L, S, scale, stride_ks, stride_kh,
-                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, True)
+            _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
+                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, True, KEEP)
             i_run += RUN
         while i_run < hi:
             slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
-            _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, head_base, L, S, scale, stride_ks, stride_kh,
-                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, False)
+            _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
+                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, False, KEEP)
             i_run += RUN
     elif INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = lo
@@ -330,13 +344,23 @@ def block_max_kernel(
 
 
 @jit
-def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
+def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
                  stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, FULL: tl.constexpr):
+                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, FULL: tl.constexpr, KEEP: tl.constexpr = False):
     """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored; returns m after it.
-    FULL: a block wholly below the row (`_block_keys`)."""
-    s, b_v, row_active = _block_scores(slots, b_q, row_ok, p_i, i_blk, i_blk < full_blk, kv_head, k, v, L, S, scale,
-                                       stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32, FULL)
+    FULL: a block wholly below the row (`_block_keys`). KEEP: the block's scores as the max kernel kept them (rows from
+    G_PAD on see no key: -inf), and V gathered alone."""
+    if KEEP:
+        slots, _, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, i_blk < full_blk, L, S, ROWS, BLOCK_N, FULL)
+        b_v = tl.load(v + slots[:, None] * stride_vs + kv_head * stride_vh + tl.arange(0, D)[None, :], mask=key_ok[:, None], other=0.0)
+        if DOT_IN_FP32:
+            b_v = b_v.to(tl.float32)
+        r = tl.arange(0, ROWS)
+        s = tl.load(scores + ((head_base + i_blk) * G_PAD + r[:, None]) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :],
+                    mask=(r < G_PAD)[:, None], other=float("-inf"))
+    else:
+        s, b_v, row_active = _block_scores(slots, b_q, row_ok, p_i, i_blk, i_blk < full_blk, kv_head, k, v, L, S, scale,
+                                           stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32, FULL)
     m_new, m_safe, alpha = _running_max(m, s, DOT_IN_FP32)
     p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
     p_sum = _row_sum(p, SUM_BY_DOT)
@@ -354,10 +378,11 @@ def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, alp
 
 @jit(do_not_specialize=["L", "S"])  # not dependent: the module doc says why
 def block_terms_kernel(
-    q, k, v, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, L, S, scale,
+    q, k, v, slot_table, seq_ids, positions, maxima, scores, alphas, sums, pvs, L, S, scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr,
+    KEEP: tl.constexpr = False,
 ):
     """Program (query i, KV head, c), over its run of blocks [lo, hi): the running maximum before block lo (the
     maximum of every earlier block's maxima: a maximum, exact in any order), then block by block that block's alpha,
@@ -379,15 +404,15 @@ def block_terms_kernel(
                           other=float("-inf"))
         m_g = tl.maximum(m_g, tl.max(earlier, 0))
         j0 += MAX_CHUNK
-    _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
-               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES)
+    _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
+               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, KEEP)
 
 
 @jit
-def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, alphas, sums, pvs, head_base, L, S, scale,
+def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
                stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
-               STAGES: tl.constexpr):
+               STAGES: tl.constexpr, KEEP: tl.constexpr):
     """Blocks [lo, hi)'s terms, stored, from m_g ([G_PAD]), the walk's maximum before block lo: laid out as the tile's
     rows (-inf in rows from G_PAD on), then carried along the run as the walk carries it."""
     rows = tl.arange(0, ROWS)
@@ -398,23 +423,23 @@ def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, 
         i_blk = lo
         while i_blk < mid:
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
-                             alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
-                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True)
+                             scores, alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
+                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True, KEEP)
             i_blk += 1
         while i_blk < hi:
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
-                             alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
-                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False)
+                             scores, alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
+                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False, KEEP)
             i_blk += 1
     else:
         for i_blk in tl.range(lo, mid, num_stages=STAGES):
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
-                             alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS,
-                             D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True)
+                             scores, alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS,
+                             D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True, KEEP)
         for i_blk in tl.range(mid, hi, num_stages=STAGES):
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
-                             alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
-                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False)
+                             scores, alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
+                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False, KEEP)
 
 
 @jit
@@ -543,17 +568,20 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     maxima = q.new_empty((num_tokens, num_kv_heads, nb, g_pad), dtype=torch.float32)
     alphas, sums = torch.empty_like(maxima), torch.empty_like(maxima)
     pvs = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, head_dim), dtype=torch.float32)
+    keep = KEEP_SCORES and MAX_RUN > 1
+    scores = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, block_n), dtype=torch.float32) if keep else maxima
     interpret = triton_support.interpreting()
     common = (q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), slot_table.stride(0))
     runs = functools.partial(_programs_a_row, num_tokens * num_kv_heads, cdiv(table, block_n), q.device)
     block_max_kernel[(num_tokens, num_kv_heads, runs(MAX_PROGRAM_WAVES))](
-        q, k_store, v_store, slot_table, seq_ids, positions, maxima, table, k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad,
+        q, k_store, v_store, slot_table, seq_ids, positions, maxima, scores, table, k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad,
         D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb, INTERPRETED=interpret, STAGES=BLOCK_STAGES,
-        RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, num_warps=num_warps, num_stages=num_stages)
-    block_terms_kernel[(num_tokens, num_kv_heads, runs(PROGRAM_WAVES))](q, k_store, v_store, slot_table, seq_ids, positions, maxima, alphas, sums, pvs, table,
+        RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, KEEP=keep, num_warps=num_warps, num_stages=num_stages)
+    block_terms_kernel[(num_tokens, num_kv_heads, runs(PROGRAM_WAVES))](q, k_store, v_store, slot_table, seq_ids, positions, maxima, scores, alphas, sums, pvs, table,
                              k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
-                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, num_warps=num_warps,
+                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, KEEP=keep, num_warps=num_warps,
+                             **({"maxnreg": KEPT_SCORES_MAX_REGISTERS} if keep and KEPT_SCORES_MAX_REGISTERS and not interpret else {}),
                              num_stages=num_stages)
     split, fold_warps = _fold_programs(num_tokens * num_kv_heads, head_dim, q.device)
     d_part = max(1, head_dim // split)
