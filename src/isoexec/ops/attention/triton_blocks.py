@@ -138,8 +138,10 @@ FOLD_UNROLL = 4
 # alone instead of gathering K again and repeating q · k: the same values (an fp32 store and load), K read once. Tried
 # before the whole-block loops (1c92584) it took the terms kernel to 156 registers, three programs an SM, and gained
 # nothing. Compiled for sm_90a now, its loop over whole blocks is 235 instructions against 414, and under `maxnreg` 128
-# (KEPT_SCORES_MAX_REGISTERS; 0: the compiler's choice) it keeps four programs an SM with no spill (242). Off until
-# timed on a GPU.
+# (KEPT_SCORES_MAX_REGISTERS; 0: the compiler's choice) it keeps four programs an SM with no spill (242). One thing the
+# interpreter cannot show: in bf16 a row's sum of p follows the layout its scores come in (`_row_sum`), and loaded
+# scores may come in another layout than the product's (the 1c92584 build kept every bit on an H100). Off until timed
+# and checked on a GPU.
 KEEP_SCORES = False
 KEPT_SCORES_MAX_REGISTERS = 128
 # The earlier blocks' maxima a terms program reads in one load before its run (a [chunk, G_PAD] tile): one load for
