@@ -58,7 +58,7 @@ from torch import Tensor
 
 from ...env import EnvError
 from .. import triton_support
-from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, tl
+from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, rounded_mul, tl
 from .triton_steps import (_block_slots, _finish, _fold_sums, _gather_kv, _in_range, _probs_times_v, _row_sum, _running_max, _scores,
                            _visible_slots)
 
@@ -144,6 +144,11 @@ FOLD_UNROLL = 4
 # and checked on a GPU.
 KEEP_SCORES = False
 KEPT_SCORES_MAX_REGISTERS = 128
+# True: the max kernel (at MAX_RUN > 1) takes each block's row maxima of the bare product q · k, then scales those
+# (one product a row instead of one a score): x -> x * scale rounds monotonically for scale > 0, so the maximum of the
+# scaled scores is the scaled maximum, bit for bit. With KEEP_SCORES the kept scores are the bare products, which the
+# terms kernel scales as the walk does. Off until timed.
+SCALE_MAXIMA = False
 # The earlier blocks' maxima a terms program reads in one load before its run (a [chunk, G_PAD] tile): one load for
 # tables up to 16,384 keys at block_n 32.
 MAX_CHUNK = 512
@@ -259,7 +264,7 @@ def _block_max(slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, 
 @jit
 def _run_max(slots, b_q, row_ok, p_i, i_blk, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
              G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, RUN: tl.constexpr,
-             DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr, KEEP: tl.constexpr = False):
+             DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr, KEEP: tl.constexpr = False, SCALED_LATER: tl.constexpr = False):
     """Blocks [i_blk, i_blk + RUN)'s row maxima, those below hi stored: the RUN blocks' keys (`slots`, loaded) gathered as
     one K tile and scored by one product, each key masked as the block steps mask it (at or before the row's position,
     inside the table, its slot in the store: FULL, blocks wholly below the row, needs the last alone), then each block's
@@ -275,12 +280,16 @@ def _run_max(slots, b_q, row_ok, p_i, i_blk, hi, kv_head, k, maxima, scores, hea
     b_k = tl.load(k + slots[None, :] * stride_ks + kv_head * stride_kh + o_d[:, None], mask=key_ok[None, :], other=0.0)
     if DOT_IN_FP32:
         b_k = b_k.to(tl.float32)
-    s = _scores(b_q, b_k, vis, scale, DOT_IN_FP32)
-    block_max = tl.max(tl.reshape(s, [ROWS, RUN, BLOCK_N]), 2)  # [ROWS, RUN]
+    if SCALED_LATER:  # the bare products' maxima, scaled after (`SCALE_MAXIMA`)
+        s = tl.where(vis, tl.dot(b_q, b_k, input_precision="ieee"), float("-inf"))
+        block_max = rounded_mul(tl.max(tl.reshape(s, [ROWS, RUN, BLOCK_N]), 2), scale, DOT_IN_FP32)
+    else:
+        s = _scores(b_q, b_k, vis, scale, DOT_IN_FP32)
+        block_max = tl.max(tl.reshape(s, [ROWS, RUN, BLOCK_N]), 2)  # [ROWS, RUN]
     rows, runs = tl.arange(0, ROWS), tl.arange(0, RUN)
     tl.store(maxima + (head_base + i_blk + runs[None, :]) * G_PAD + rows[:, None], block_max,
              mask=(rows < G_PAD)[:, None] & (i_blk + runs < hi)[None, :])
-    if KEEP:  # each block's scores, [G_PAD, BLOCK_N] a block, for the terms kernel
+    if KEEP:  # each block's scores (bare products where SCALED_LATER), [G_PAD, BLOCK_N] a block, for the terms kernel
         cols = tl.arange(0, RUN * BLOCK_N)
         blk = i_blk + cols // BLOCK_N
         tl.store(scores + ((head_base + blk[None, :]) * G_PAD + rows[:, None]) * BLOCK_N + (cols % BLOCK_N)[None, :], s,
@@ -293,7 +302,7 @@ def block_max_kernel(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, RUN: tl.constexpr = 1, AHEAD: tl.constexpr = False,
-    KEEP: tl.constexpr = False, PDL: tl.constexpr = False,
+    KEEP: tl.constexpr = False, SCALED_LATER: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): for its run of the row's blocks, the row maxima of each block's scores, into
     maxima[i, head, j, :G_PAD]; RUN blocks a product where RUN > 1 (`_run_max`)."""
@@ -315,12 +324,12 @@ def block_max_kernel(
         while i_run < whole:
             slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
             _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
-                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, True, KEEP)
+                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, True, KEEP, SCALED_LATER)
             i_run += RUN
         while i_run < hi:
             slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
             _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
-                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, False, KEEP)
+                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, False, KEEP, SCALED_LATER)
             i_run += RUN
     elif INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = lo
@@ -348,10 +357,12 @@ def block_max_kernel(
 @jit
 def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
                  stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, FULL: tl.constexpr, KEEP: tl.constexpr = False):
+                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, FULL: tl.constexpr, KEEP: tl.constexpr = False,
+                 SCALED_LATER: tl.constexpr = False):
     """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored; returns m after it.
     FULL: a block wholly below the row (`_block_keys`). KEEP: the block's scores as the max kernel kept them (rows from
-    G_PAD on see no key: -inf), and V gathered alone."""
+    G_PAD on see no key: -inf; bare products, scaled here as `_scores` scales them, where SCALED_LATER), and V gathered
+    alone."""
     if KEEP:
         slots, _, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, i_blk < full_blk, L, S, ROWS, BLOCK_N, FULL)
         b_v = tl.load(v + slots[:, None] * stride_vs + kv_head * stride_vh + tl.arange(0, D)[None, :], mask=key_ok[:, None], other=0.0)
@@ -360,6 +371,8 @@ def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, sco
         r = tl.arange(0, ROWS)
         s = tl.load(scores + ((head_base + i_blk) * G_PAD + r[:, None]) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :],
                     mask=(r < G_PAD)[:, None], other=float("-inf"))
+        if SCALED_LATER:
+            s = rounded_mul(s, scale, DOT_IN_FP32)
     else:
         s, b_v, row_active = _block_scores(slots, b_q, row_ok, p_i, i_blk, i_blk < full_blk, kv_head, k, v, L, S, scale,
                                            stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32, FULL)
@@ -384,7 +397,7 @@ def block_terms_kernel(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr,
-    KEEP: tl.constexpr = False,
+    KEEP: tl.constexpr = False, SCALED_LATER: tl.constexpr = False,
 ):
     """Program (query i, KV head, c), over its run of blocks [lo, hi): the running maximum before block lo (the
     maximum of every earlier block's maxima: a maximum, exact in any order), then block by block that block's alpha,
@@ -407,14 +420,14 @@ def block_terms_kernel(
         m_g = tl.maximum(m_g, tl.max(earlier, 0))
         j0 += MAX_CHUNK
     _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
-               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, KEEP)
+               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, KEEP, SCALED_LATER)
 
 
 @jit
 def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
                stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
-               STAGES: tl.constexpr, KEEP: tl.constexpr):
+               STAGES: tl.constexpr, KEEP: tl.constexpr, SCALED_LATER: tl.constexpr):
     """Blocks [lo, hi)'s terms, stored, from m_g ([G_PAD]), the walk's maximum before block lo: laid out as the tile's
     rows (-inf in rows from G_PAD on), then carried along the run as the walk carries it."""
     rows = tl.arange(0, ROWS)
@@ -426,22 +439,22 @@ def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, 
         while i_blk < mid:
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
                              scores, alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
-                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True, KEEP)
+                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True, KEEP, SCALED_LATER)
             i_blk += 1
         while i_blk < hi:
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
                              scores, alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
-                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False, KEEP)
+                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False, KEEP, SCALED_LATER)
             i_blk += 1
     else:
         for i_blk in tl.range(lo, mid, num_stages=STAGES):
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
                              scores, alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS,
-                             D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True, KEEP)
+                             D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True, KEEP, SCALED_LATER)
         for i_blk in tl.range(mid, hi, num_stages=STAGES):
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
                              scores, alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
-                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False, KEEP)
+                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False, KEEP, SCALED_LATER)
 
 
 @jit
@@ -571,6 +584,7 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     alphas, sums = torch.empty_like(maxima), torch.empty_like(maxima)
     pvs = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, head_dim), dtype=torch.float32)
     keep = KEEP_SCORES and MAX_RUN > 1
+    scaled_later = SCALE_MAXIMA and MAX_RUN > 1 and scale > 0
     scores = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, block_n), dtype=torch.float32) if keep else maxima
     interpret = triton_support.interpreting()
     common = (q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), slot_table.stride(0))
@@ -578,11 +592,12 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     block_max_kernel[(num_tokens, num_kv_heads, runs(MAX_PROGRAM_WAVES))](
         q, k_store, v_store, slot_table, seq_ids, positions, maxima, scores, table, k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad,
         D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb, INTERPRETED=interpret, STAGES=BLOCK_STAGES,
-        RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, KEEP=keep, num_warps=num_warps, num_stages=num_stages)
+        RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, KEEP=keep, SCALED_LATER=scaled_later, num_warps=num_warps, num_stages=num_stages)
     block_terms_kernel[(num_tokens, num_kv_heads, runs(PROGRAM_WAVES))](q, k_store, v_store, slot_table, seq_ids, positions, maxima, scores, alphas, sums, pvs, table,
                              k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
-                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, KEEP=keep, num_warps=num_warps,
+                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, KEEP=keep,
+                             SCALED_LATER=keep and scaled_later, num_warps=num_warps,
                              **({"maxnreg": KEPT_SCORES_MAX_REGISTERS} if keep and KEPT_SCORES_MAX_REGISTERS and not interpret else {}),
                              num_stages=num_stages)
     split, fold_warps = _fold_programs(num_tokens * num_kv_heads, head_dim, q.device)
