@@ -42,7 +42,7 @@ KNOBS = {  # variant item -> (module, constant); a module constant keeps its typ
     "max_chunk": (triton_blocks, "MAX_CHUNK"), "max_run": (triton_blocks, "MAX_RUN"),
     "heads_fastest": (attention_triton, "HEADS_FASTEST"), "prologue": (attention_triton, "PREFETCH_PROLOGUE"), "max_ahead": (triton_blocks, "MAX_SLOTS_AHEAD"),
     "keep_scores": (triton_blocks, "KEEP_SCORES"), "kept_regs": (triton_blocks, "KEPT_SCORES_MAX_REGISTERS"),
-    "scale_maxima": (triton_blocks, "SCALE_MAXIMA"),
+    "scale_maxima": (triton_blocks, "SCALE_MAXIMA"), "check_spread": (triton_blocks, "CHECK_SPREAD_SLOTS"),
 }
 
 

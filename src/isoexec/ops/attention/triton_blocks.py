@@ -59,8 +59,8 @@ from torch import Tensor
 from ...env import EnvError
 from .. import triton_support
 from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, rounded_mul, tl
-from .triton_steps import (_block_slots, _finish, _fold_sums, _gather_kv, _in_range, _probs_times_v, _row_sum, _running_max, _scores,
-                           _visible_slots)
+from .triton_steps import (_block_slots, _finish, _fold_sums, _gather_kv, _in_range, _in_store, _probs_times_v, _row_sum, _running_max, _scores,
+                           _slots_in_store, _visible_slots)
 
 
 def _env_blocks(name: str, default: int | None) -> int | None:
@@ -149,6 +149,13 @@ KEPT_SCORES_MAX_REGISTERS = 128
 # scaled scores is the scaled maximum, bit for bit. With KEEP_SCORES the kept scores are the bare products, which the
 # terms kernel scales as the walk does. Off until timed.
 SCALE_MAXIMA = False
+# True: each blocks-kernel program first checks that every slot of its blocks wholly below the row lies in the store
+# (`_slots_in_store`, one scan of the run's table line, CHECK_SCAN slots a load), and where so walks them with no per-key
+# masks, as the walk's checked tiles do (`attention.triton.CHECK_DECODE_SLOTS`; a table with a slot outside the store,
+# never the engine's or the trainer's, keeps the masked steps): the same values. Compiled for sm_90a the max kernel's
+# step over a whole run drops its slot compares and selects. Off until timed.
+CHECK_SPREAD_SLOTS = False
+CHECK_SCAN = 256
 # The earlier blocks' maxima a terms program reads in one load before its run (a [chunk, G_PAD] tile): one load for
 # tables up to 16,384 keys at block_n 32.
 MAX_CHUNK = 512
@@ -170,12 +177,14 @@ def _decode_rows(q, i, kv_head, stride_qt, stride_qh, G: tl.constexpr, G_PAD: tl
 
 
 @jit
-def _block_keys(slots, row_ok, p_i, i_blk, full, L, S, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, FULL: tl.constexpr):
+def _block_keys(slots, row_ok, p_i, i_blk, full, L, S, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, FULL: tl.constexpr,
+                CHECKED: tl.constexpr = False):
     """Block i_blk's slots (loaded: `slots`), which keys each row sees, which keys some row sees and which rows see a
     key, as `_full_block` (a block wholly below the row: every row sees each key whose slot lies in the store) or
-    `_block` (the row's last) take them: the former where FULL (known when compiled), else as `full` says."""
+    `_block` (the row's last) take them: the former where FULL (known when compiled), else as `full` says. CHECKED
+    (with FULL): every slot found in the store, so every key the constant true."""
     if FULL:
-        ok = _in_range(slots, S)
+        ok = _in_store(slots, S, CHECKED)
         everyone = tl.arange(0, ROWS) >= 0
         vis, key_ok, row_active = ok[None, :] & everyone[:, None], ok, everyone
     else:
@@ -191,10 +200,12 @@ def _block_keys(slots, row_ok, p_i, i_blk, full, L, S, ROWS: tl.constexpr, BLOCK
 
 @jit
 def _block_scores(slots, b_q, row_ok, p_i, i_blk, full, kv_head, k, v, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh,
-                  ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr):
+                  ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr,
+                  CHECKED: tl.constexpr = False):
     """Block i_blk's scores [ROWS, BLOCK_N], its values [BLOCK_N, D] and which rows see a key of it, as
-    `_full_block` (a block wholly below the row: FULL, or `full`) or `_block` (the row's last) compute them, from its slots."""
-    slots, vis, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, full, L, S, ROWS, BLOCK_N, FULL)
+    `_full_block` (a block wholly below the row: FULL, or `full`; CHECKED as `_block_keys`) or `_block` (the row's last)
+    compute them, from its slots."""
+    slots, vis, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, full, L, S, ROWS, BLOCK_N, FULL, CHECKED)
     b_k, b_v = _gather_kv(slots, key_ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
     return _scores(b_q, b_k, vis, scale, DOT_IN_FP32), b_v, row_active
 
@@ -216,6 +227,28 @@ def _program(i, c, P, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N: tl.
     per = tl.cdiv(tl.cdiv(hi_blk, P), MULTIPLE) * MULTIPLE
     lo = c * per
     return p_i, seq_row, (tl.minimum(p_i, L - 1) + 1) // BLOCK_N, lo, tl.minimum(lo + per, hi_blk)
+
+
+@jit
+def _whole_runs_end(lo, hi, full_blk, RUN: tl.constexpr):
+    """The end of a max program's runs wholly below the row: blocks [lo, end) in runs of RUN."""
+    return lo + tl.maximum(tl.minimum(hi, full_blk) - lo, 0) // RUN * RUN
+
+
+@jit
+def _scan_first(seq_row, lo_key, hi_key, SCAN: tl.constexpr):
+    """The first SCAN slots of keys [lo_key, hi_key) (0 past hi_key): loaded where a program starts, so that the check
+    (`_checked_end`) waits on no round trip of its own beside the program's first loads."""
+    offs = tl.arange(0, SCAN)
+    return tl.load(seq_row + lo_key + offs, mask=lo_key + offs < hi_key, other=0)
+
+
+@jit
+def _checked_end(first, seq_row, lo, end, S, BLOCK_N: tl.constexpr, SCAN: tl.constexpr):
+    """end where every slot of blocks [lo, end) lies in the store (`first`: `_scan_first`'s, the rest scanned), else lo."""
+    in_store = tl.min(_in_range(first.to(tl.int64), S).to(tl.int32), 0) == 1
+    in_store = in_store & _slots_in_store(seq_row, lo * BLOCK_N + SCAN, end * BLOCK_N, S, SCAN)
+    return tl.where(in_store, end, lo)
 
 
 @jit
@@ -264,12 +297,17 @@ def _block_max(slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, 
 @jit
 def _run_max(slots, b_q, row_ok, p_i, i_blk, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
              G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, RUN: tl.constexpr,
-             DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr, KEEP: tl.constexpr = False, SCALED_LATER: tl.constexpr = False):
+             DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr, KEEP: tl.constexpr = False, SCALED_LATER: tl.constexpr = False,
+             CHECKED: tl.constexpr = False):
     """Blocks [i_blk, i_blk + RUN)'s row maxima, those below hi stored: the RUN blocks' keys (`slots`, loaded) gathered as
     one K tile and scored by one product, each key masked as the block steps mask it (at or before the row's position,
     inside the table, its slot in the store: FULL, blocks wholly below the row, needs the last alone), then each block's
-    slice reduced."""
-    if FULL:
+    slice reduced. CHECKED (with FULL): every slot found in the store, so no key masks, and every row sees every key (as
+    in the walk's checked steps; the rows from G on are never stored)."""
+    if FULL and CHECKED:
+        key_ok = tl.full([RUN * BLOCK_N], 1, tl.int1)
+        vis = key_ok[None, :] & (tl.arange(0, ROWS) >= 0)[:, None]
+    elif FULL:
         in_store = _in_range(slots, S)
         vis, key_ok = in_store[None, :] & row_ok[:, None], in_store
     else:
@@ -302,7 +340,8 @@ def block_max_kernel(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, RUN: tl.constexpr = 1, AHEAD: tl.constexpr = False,
-    KEEP: tl.constexpr = False, SCALED_LATER: tl.constexpr = False, PDL: tl.constexpr = False,
+    KEEP: tl.constexpr = False, SCALED_LATER: tl.constexpr = False, CHECK: tl.constexpr = False, SCAN: tl.constexpr = 256,
+    PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): for its run of the row's blocks, the row maxima of each block's scores, into
     maxima[i, head, j, :G_PAD]; RUN blocks a product where RUN > 1 (`_run_max`)."""
@@ -311,6 +350,8 @@ def block_max_kernel(
     p_i, seq_row, full_blk, lo, hi = _program(i, tl.program_id(2), tl.num_programs(2), seq_ids, positions, slot_table, L,
                                                stride_sb, BLOCK_N, RUN)
     slots = _first_slots(lo, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
+    if CHECK:
+        first = _scan_first(seq_row, lo * BLOCK_N, _whole_runs_end(lo, hi, full_blk, RUN) * BLOCK_N, SCAN)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
     # Blocks below full_blk are wholly below the row: their steps take the keys' slot checks alone (FULL) in a loop of
@@ -319,8 +360,15 @@ def block_max_kernel(
     # inside the last run, whose program carries its own maximum there.
     mid = tl.maximum(tl.minimum(hi, full_blk), lo)
     if RUN > 1:
-        whole = lo + tl.maximum(tl.minimum(hi, full_blk) - lo, 0) // RUN * RUN  # runs wholly below the row
+        whole = _whole_runs_end(lo, hi, full_blk, RUN)
         i_run = lo
+        if CHECK:  # those runs with no key masks where every slot of them lies in the store
+            checked_end = _checked_end(first, seq_row, lo, whole, S, BLOCK_N, SCAN)
+            while i_run < checked_end:
+                slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
+                _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
+                         G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, True, KEEP, SCALED_LATER, True)
+                i_run += RUN
         while i_run < whole:
             slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
             _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
@@ -358,13 +406,13 @@ def block_max_kernel(
 def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
                  stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                  BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, FULL: tl.constexpr, KEEP: tl.constexpr = False,
-                 SCALED_LATER: tl.constexpr = False):
+                 SCALED_LATER: tl.constexpr = False, CHECKED: tl.constexpr = False):
     """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored; returns m after it.
-    FULL: a block wholly below the row (`_block_keys`). KEEP: the block's scores as the max kernel kept them (rows from
+    FULL: a block wholly below the row, CHECKED: its slots found in the store (`_block_keys`). KEEP: the block's scores as the max kernel kept them (rows from
     G_PAD on see no key: -inf; bare products, scaled here as `_scores` scales them, where SCALED_LATER), and V gathered
     alone."""
     if KEEP:
-        slots, _, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, i_blk < full_blk, L, S, ROWS, BLOCK_N, FULL)
+        slots, _, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, i_blk < full_blk, L, S, ROWS, BLOCK_N, FULL, CHECKED)
         b_v = tl.load(v + slots[:, None] * stride_vs + kv_head * stride_vh + tl.arange(0, D)[None, :], mask=key_ok[:, None], other=0.0)
         if DOT_IN_FP32:
             b_v = b_v.to(tl.float32)
@@ -375,7 +423,7 @@ def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, sco
             s = rounded_mul(s, scale, DOT_IN_FP32)
     else:
         s, b_v, row_active = _block_scores(slots, b_q, row_ok, p_i, i_blk, i_blk < full_blk, kv_head, k, v, L, S, scale,
-                                           stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32, FULL)
+                                           stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32, FULL, CHECKED)
     m_new, m_safe, alpha = _running_max(m, s, DOT_IN_FP32)
     p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
     p_sum = _row_sum(p, SUM_BY_DOT)
@@ -397,7 +445,7 @@ def block_terms_kernel(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr,
-    KEEP: tl.constexpr = False, SCALED_LATER: tl.constexpr = False,
+    KEEP: tl.constexpr = False, SCALED_LATER: tl.constexpr = False, CHECK: tl.constexpr = False, SCAN: tl.constexpr = 256,
 ):
     """Program (query i, KV head, c), over its run of blocks [lo, hi): the running maximum before block lo (the
     maximum of every earlier block's maxima: a maximum, exact in any order), then block by block that block's alpha,
@@ -406,6 +454,9 @@ def block_terms_kernel(
     i, kv_head = tl.program_id(0), tl.program_id(1)
     p_i, seq_row, full_blk, lo, hi = _program(i, tl.program_id(2), tl.num_programs(2), seq_ids, positions, slot_table, L,
                                                stride_sb, BLOCK_N)
+    mid = tl.maximum(tl.minimum(hi, full_blk), lo)
+    if CHECK:
+        first = _scan_first(seq_row, lo * BLOCK_N, mid * BLOCK_N, SCAN)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
     # The walk's m before block lo: the earlier blocks' maxima, MAX_CHUNK blocks a load of [MAX_CHUNK, G_PAD] (-inf before
@@ -419,42 +470,60 @@ def block_terms_kernel(
                           other=float("-inf"))
         m_g = tl.maximum(m_g, tl.max(earlier, 0))
         j0 += MAX_CHUNK
-    _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
-               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, KEEP, SCALED_LATER)
+    checked_end = lo
+    if CHECK:  # blocks [lo, mid) with no key masks where every slot of them lies in the store
+        checked_end = _checked_end(first, seq_row, lo, mid, S, BLOCK_N, SCAN)
+    _run_terms(m_g, lo, checked_end, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
+               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, KEEP, SCALED_LATER,
+               CHECK)
 
 
 @jit
-def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
+def _run_terms(m_g, lo, checked_end, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
                stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
-               STAGES: tl.constexpr, KEEP: tl.constexpr, SCALED_LATER: tl.constexpr):
+               STAGES: tl.constexpr, KEEP: tl.constexpr, SCALED_LATER: tl.constexpr, CHECK: tl.constexpr = False):
     """Blocks [lo, hi)'s terms, stored, from m_g ([G_PAD]), the walk's maximum before block lo: laid out as the tile's
-    rows (-inf in rows from G_PAD on), then carried along the run as the walk carries it."""
+    rows (-inf in rows from G_PAD on), then carried along the run as the walk carries it. CHECK: blocks [lo, checked_end)
+    have every slot in the store."""
     rows = tl.arange(0, ROWS)
     m = tl.max(tl.where(rows[:, None] == tl.arange(0, G_PAD)[None, :], m_g[None, :], float("-inf")), 1)
-    # As in `block_max_kernel`: blocks wholly below the row in a loop of their own (FULL), the row's last after them.
+    # As in `block_max_kernel`: blocks wholly below the row in a loop of their own (FULL; with no key masks where CHECK
+    # found every slot of them in the store), the row's last after them.
     mid = tl.maximum(tl.minimum(hi, full_blk), lo)
+    i_blk = lo
+    if CHECK:
+        m = _terms_loop(m, lo, checked_end, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S,
+                        scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED,
+                        STAGES, KEEP, SCALED_LATER, True, True)
+        i_blk = checked_end
+    m = _terms_loop(m, i_blk, mid, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
+                    stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES,
+                    KEEP, SCALED_LATER, True, False)
+    _terms_loop(m, mid, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
+                stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES,
+                KEEP, SCALED_LATER, False, False)
+
+
+@jit
+def _terms_loop(m, a, b, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
+                stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
+                BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
+                STAGES: tl.constexpr, KEEP: tl.constexpr, SCALED_LATER: tl.constexpr, FULL: tl.constexpr, CHECKED: tl.constexpr):
+    """Blocks [a, b)'s terms in order (`_block_terms`), m carried; returns m after them."""
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
-        i_blk = lo
-        while i_blk < mid:
+        i_blk = a
+        while i_blk < b:
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
                              scores, alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
-                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True, KEEP, SCALED_LATER)
-            i_blk += 1
-        while i_blk < hi:
-            m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
-                             scores, alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
-                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False, KEEP, SCALED_LATER)
+                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, FULL, KEEP, SCALED_LATER, CHECKED)
             i_blk += 1
     else:
-        for i_blk in tl.range(lo, mid, num_stages=STAGES):
-            m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
-                             scores, alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS,
-                             D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, True, KEEP, SCALED_LATER)
-        for i_blk in tl.range(mid, hi, num_stages=STAGES):
+        for i_blk in tl.range(a, b, num_stages=STAGES):
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
                              scores, alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
-                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, False, KEEP, SCALED_LATER)
+                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, FULL, KEEP, SCALED_LATER, CHECKED)
+    return m
 
 
 @jit
@@ -592,12 +661,13 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     block_max_kernel[(num_tokens, num_kv_heads, runs(MAX_PROGRAM_WAVES))](
         q, k_store, v_store, slot_table, seq_ids, positions, maxima, scores, table, k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad,
         D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb, INTERPRETED=interpret, STAGES=BLOCK_STAGES,
-        RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, KEEP=keep, SCALED_LATER=scaled_later, num_warps=num_warps, num_stages=num_stages)
+        RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, KEEP=keep, SCALED_LATER=scaled_later, CHECK=CHECK_SPREAD_SLOTS, SCAN=CHECK_SCAN,
+        num_warps=num_warps, num_stages=num_stages)
     block_terms_kernel[(num_tokens, num_kv_heads, runs(PROGRAM_WAVES))](q, k_store, v_store, slot_table, seq_ids, positions, maxima, scores, alphas, sums, pvs, table,
                              k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
                              MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, KEEP=keep,
-                             SCALED_LATER=keep and scaled_later, num_warps=num_warps,
+                             SCALED_LATER=keep and scaled_later, CHECK=CHECK_SPREAD_SLOTS, SCAN=CHECK_SCAN, num_warps=num_warps,
                              **({"maxnreg": KEPT_SCORES_MAX_REGISTERS} if keep and KEPT_SCORES_MAX_REGISTERS and not interpret else {}),
                              num_stages=num_stages)
     split, fold_warps = _fold_programs(num_tokens * num_kv_heads, head_dim, q.device)
