@@ -332,14 +332,14 @@ if [ "$PART" = attention-kept ]; then
 (cd benchmarks && PYTHONPATH=../src timeout 300 python3 attention_tiles.py --graphs --prefill "" --decode 1x512,1x2048,1x8192,2x2048,4x2048,8x2048 \
     --variants "keep_scores=1;check_spread=1;scale_maxima=1;keep_scores=1,scale_maxima=1,check_spread=1;check_spread=1,scale_maxima=1;fold_max_split=4;keep_scores=1,kept_regs=0" \
     --out "$OUT/kept.txt" 2>&1 | grep -v -i warn)
-(cd benchmarks && PYTHONPATH=../src timeout 50 python3 attention_timeline.py --knobs keep_scores=1,scale_maxima=1,check_spread=1 \
-    --out "$OUT/timeline_kept.txt" 2>&1 | grep -v -i warn)
-timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/test_triton.py -k 'key_blocks or outside_the_store' 2>&1 \
-    | tail -3 | tee "$OUT/pytest_spread.txt"
 timeout 90 python3 -c "import sys, runpy; from isoexec.ops.attention import triton_blocks as t
 t.KEEP_SCORES = t.SCALE_MAXIMA = t.CHECK_SPREAD_SLOTS = True
 sys.argv = ['isoexec', 'audit', '--device', 'cuda', '--quiet', '--model', 'qwen3-8b-random', '--contract', 'tiny-dense-triton', '--json', sys.argv[1]]
 runpy.run_module('isoexec', run_name='__main__')" "$OUT/audit_8b_kept.json" 2>&1 | tail -6 | tee "$OUT/audit_8b_kept.txt"
+(cd benchmarks && PYTHONPATH=../src timeout 50 python3 attention_timeline.py --knobs keep_scores=1,scale_maxima=1,check_spread=1 \
+    --out "$OUT/timeline_kept.txt" 2>&1 | grep -v -i warn)
+timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/test_triton.py -k 'key_blocks or outside_the_store' 2>&1 \
+    | tail -3 | tee "$OUT/pytest_spread.txt"
 fi
 
 # Attention over spans (split_kv_size > 0; no preset takes it). attention-spans: the spans' decode and prefill against
