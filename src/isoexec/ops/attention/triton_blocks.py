@@ -28,7 +28,10 @@ under a register cap, untimed), a fold that reads four
 blocks' terms a load, and blocks kernels that ask for the next block's K and V before the current block's product (the
 terms kernel at 204 registers); nor, later, prefetch instructions for the next step's table line and K or V, which cost
 no registers (`MAX_SLOTS_AHEAD`'s comment), nor p · V in four slices of V's columns (104 registers, 96 under a cap, five
-programs an SM): the same bits, and slower at every size (1 x 8,192 keys 45.7 -> 54.1 us).
+programs an SM): the same bits, and slower at every size (1 x 8,192 keys 45.7 -> 54.1 us). Two knobs, off and
+untimed, cut the blocks kernels' instructions further with the same values: the max kernel scaling its blocks' maxima
+instead of its scores (`SCALE_MAXIMA`) and both kernels walking a program's whole blocks with no key masks once it has
+found all their slots in the store (`CHECK_SPREAD_SLOTS`).
 
 `block_max_kernel` and `fold_kernel` launch with programmatic dependent launch (`triton_support.jit(dependent=True)`), as
 the walk and the rest of a decode step do; `block_terms_kernel` does not. A dependent kernel lets the kernel behind it
