@@ -152,11 +152,12 @@ KEPT_SCORES_MAX_REGISTERS = 128
 # scaled scores is the scaled maximum, bit for bit. With KEEP_SCORES the kept scores are the bare products, which the
 # terms kernel scales as the walk does. Off until timed.
 SCALE_MAXIMA = False
-# True: each blocks-kernel program first checks that every slot of its blocks wholly below the row lies in the store
-# (`_slots_in_store`, one scan of the run's table line, CHECK_SCAN slots a load), and where so walks them with no per-key
-# masks, as the walk's checked tiles do (`attention.triton.CHECK_DECODE_SLOTS`; a table with a slot outside the store,
-# never the engine's or the trainer's, keeps the masked steps): the same values. Compiled for sm_90a the max kernel's
-# step over a whole run drops its slot compares and selects. Off until timed.
+# True: each blocks-kernel program (the max kernel's at MAX_RUN > 1) first checks that every slot of its blocks wholly
+# below the row lies in the store (`_checked_end`: its first CHECK_SCAN slots loaded beside the program's first loads,
+# any more scanned), and where so walks them with no per-key masks, as the walk's checked tiles do
+# (`attention.triton.CHECK_DECODE_SLOTS`; a table with a slot outside the store, never the engine's or the trainer's,
+# keeps the masked steps): the same values. Compiled for sm_90a the max loop over whole runs drops its slot compares
+# and selects (250 -> 201 instructions), the terms loop 414 -> 339. Off until timed.
 CHECK_SPREAD_SLOTS = False
 CHECK_SCAN = 256
 # The earlier blocks' maxima a terms program reads in one load before its run (a [chunk, G_PAD] tile): one load for
@@ -411,9 +412,9 @@ def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, sco
                  BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, FULL: tl.constexpr, KEEP: tl.constexpr = False,
                  SCALED_LATER: tl.constexpr = False, CHECKED: tl.constexpr = False):
     """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored; returns m after it.
-    FULL: a block wholly below the row, CHECKED: its slots found in the store (`_block_keys`). KEEP: the block's scores as the max kernel kept them (rows from
-    G_PAD on see no key: -inf; bare products, scaled here as `_scores` scales them, where SCALED_LATER), and V gathered
-    alone."""
+    FULL: a block wholly below the row, CHECKED: its slots found in the store (`_block_keys`). KEEP: the block's scores
+    as the max kernel kept them (rows from G_PAD on see no key: -inf; bare products, scaled here as `_scores` scales
+    them, where SCALED_LATER), and V gathered alone."""
     if KEEP:
         slots, _, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, i_blk < full_blk, L, S, ROWS, BLOCK_N, FULL, CHECKED)
         b_v = tl.load(v + slots[:, None] * stride_vs + kv_head * stride_vh + tl.arange(0, D)[None, :], mask=key_ok[:, None], other=0.0)
