@@ -79,8 +79,8 @@ from ..common import ALL_CASES, torch_dtype
 from ..triton_support import after_upstream, cdiv, jit, needs_grad, next_power_of_2, prefetch, require_device, tl, triton_available
 from . import flash_backward, gluon_tile, native, triton_blocks, triton_spans
 from .triton_steps import (_block, _close_span, _combine, _diagonal_block, _finish, _fold, _full_block, _full_block_pair, _gather_kv,
-                           _in_range, _in_store, _masked_block, _probs_times_v, _row_sum, _running_max, _scores, _slots_in_store, _update,
-                           _visible, _walk)
+                           _gather_v, _in_range, _in_store, _masked_block, _probs_times_v, _products, _row_sum, _running_max, _scores,
+                           _slots_in_store, _update, _visible, _walk)
 from .reference import _check_inputs, check_split
 
 ID = "attention.triton"
@@ -458,6 +458,6 @@ def register(registry) -> None:
     if triton_available():
         registry.register(Impl(gpu_kernels=True, id=ID, version=1, region="attention", cases=ALL_CASES, fn=attention, check_constants=check_constants, check_geometry=check_geometry,
                                sources=(attention_fwd_kernel, _tile, _walk, _close_span, _combine, _full_block, _full_block_pair, _in_range, _in_store, _slots_in_store, _block, _masked_block, _diagonal_block,
-                                        _update, _scores, _running_max, _probs_times_v, _fold, _gather_kv, _row_sum, _visible, _finish,
+                                        _update, _scores, _products, _running_max, _probs_times_v, _fold, _gather_kv, _gather_v, _row_sum, _visible, _finish,
                                         triton_support, triton_blocks.block_max_kernel, triton_blocks.block_terms_kernel,
                                         triton_blocks.fold_kernel, triton_spans.span_kernel, triton_spans.combine_kernel, gluon_tile)))

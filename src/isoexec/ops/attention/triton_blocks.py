@@ -62,8 +62,8 @@ from torch import Tensor
 from ...env import EnvError
 from .. import triton_support
 from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, rounded_mul, tl
-from .triton_steps import (_block_slots, _finish, _fold_sums, _gather_kv, _in_range, _in_store, _probs_times_v, _row_sum, _running_max, _scores,
-                           _slots_in_store, _visible_slots)
+from .triton_steps import (_block_slots, _finish, _fold_sums, _gather_kv, _gather_v, _in_range, _in_store, _probs_times_v, _products,
+                           _row_sum, _running_max, _scores, _slots_in_store, _visible_slots)
 
 
 def _env_blocks(name: str, default: int | None) -> int | None:
@@ -323,7 +323,7 @@ def _run_max(slots, b_q, row_ok, p_i, i_blk, hi, kv_head, k, maxima, scores, hea
     if DOT_IN_FP32:
         b_k = b_k.to(tl.float32)
     if SCALED_LATER:  # the bare products' maxima, scaled after (`SCALE_MAXIMA`)
-        s = tl.where(vis, tl.dot(b_q, b_k, input_precision="ieee"), float("-inf"))
+        s = tl.where(vis, _products(b_q, b_k), float("-inf"))
         block_max = rounded_mul(tl.max(tl.reshape(s, [ROWS, RUN, BLOCK_N]), 2), scale, DOT_IN_FP32)
     else:
         s = _scores(b_q, b_k, vis, scale, DOT_IN_FP32)
@@ -417,9 +417,7 @@ def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, sco
     them, where SCALED_LATER), and V gathered alone."""
     if KEEP:
         slots, _, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, i_blk < full_blk, L, S, ROWS, BLOCK_N, FULL, CHECKED)
-        b_v = tl.load(v + slots[:, None] * stride_vs + kv_head * stride_vh + tl.arange(0, D)[None, :], mask=key_ok[:, None], other=0.0)
-        if DOT_IN_FP32:
-            b_v = b_v.to(tl.float32)
+        b_v = _gather_v(slots, key_ok, kv_head, v, stride_vs, stride_vh, D, DOT_IN_FP32)
         r = tl.arange(0, ROWS)
         s = tl.load(scores + ((head_base + i_blk) * G_PAD + r[:, None]) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :],
                     mask=(r < G_PAD)[:, None], other=float("-inf"))

@@ -24,12 +24,19 @@ def _row_sum(p, SUM_BY_DOT: tl.constexpr):
 def _gather_kv(slots, keep, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D: tl.constexpr, DOT_IN_FP32: tl.constexpr):
     """K^T [D, BLOCK_N] and V [BLOCK_N, D] of one key block, gathered through its store slots; keys not
     in `keep` read +0.0 (their slots may be -1, or hold NaN/inf)."""
-    o_d = tl.arange(0, D)
-    b_k = tl.load(k + slots[None, :] * stride_ks + kv_head * stride_kh + o_d[:, None], mask=keep[None, :], other=0.0)
-    b_v = tl.load(v + slots[:, None] * stride_vs + kv_head * stride_vh + o_d[None, :], mask=keep[:, None], other=0.0)
+    b_k = tl.load(k + slots[None, :] * stride_ks + kv_head * stride_kh + tl.arange(0, D)[:, None], mask=keep[None, :], other=0.0)
     if DOT_IN_FP32:  # the interpreter has no bfloat16 arithmetic
-        b_k, b_v = b_k.to(tl.float32), b_v.to(tl.float32)
-    return b_k, b_v
+        b_k = b_k.to(tl.float32)
+    return b_k, _gather_v(slots, keep, kv_head, v, stride_vs, stride_vh, D, DOT_IN_FP32)
+
+
+@jit
+def _gather_v(slots, keep, kv_head, v, stride_vs, stride_vh, D: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """`_gather_kv`'s V alone."""
+    b_v = tl.load(v + slots[:, None] * stride_vs + kv_head * stride_vh + tl.arange(0, D)[None, :], mask=keep[:, None], other=0.0)
+    if DOT_IN_FP32:
+        b_v = b_v.to(tl.float32)
+    return b_v
 
 
 @jit
@@ -37,8 +44,14 @@ def _scores(b_q, b_k, vis, scale, INTERPRETED: tl.constexpr):
     """One key block's scores for every row [ROWS, BLOCK_N] fp32, -inf where `vis` hides a key. The product by
     scale is rounded on its own (`rounded_mul`): where `vis` is the constant true (a checked whole block) nothing
     stands between it and the subtraction of the max, which it would otherwise fuse with."""
-    s = rounded_mul(tl.dot(b_q, b_k, input_precision="ieee"), scale, INTERPRETED)
+    s = rounded_mul(_products(b_q, b_k), scale, INTERPRETED)
     return tl.where(vis, s, float("-inf"))
+
+
+@jit
+def _products(b_q, b_k):
+    """q · k [ROWS, BLOCK_N] fp32, unscaled (ieee: fp32 operands are never tf32): what `_scores` scales."""
+    return tl.dot(b_q, b_k, input_precision="ieee")
 
 
 @jit
