@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|gdn-rows|gdn-rows-audits|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine|attention-profile|attention-knobs|attention-trees|attention-kept]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|gdn-rows|gdn-rows-audits|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine|attention-profile|attention-knobs|attention-trees|attention-kept|attention-kept-checks]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -325,18 +325,21 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/
 fi
 
 # attention-kept: the spread decode's untimed knobs (`triton_blocks.KEEP_SCORES`, `SCALE_MAXIMA`, `CHECK_SPREAD_SLOTS`,
-# all off) one at a time and together, and the fold's split at batch 1-2 (`FOLD_MAX_SPLIT`: the variant at 4 is the
-# rule off), against the preset at batch 1-8, each variant's bits checked; where the time goes with all three on; the
-# spread GPU tests (their cases with the knobs on included); the 8B audit with all three on (about 9 minutes).
+# `FOLD_TILES`, all off) alone and together, the tiled fold with more stages, and the fold's split at batch 1-2
+# (`FOLD_MAX_SPLIT`: the variant at 4 is the rule off), against the preset at batch 1-8, each variant's bits checked
+# (about 5 minutes). attention-kept-checks: the 8B audit and where the time goes with all four on, and the
+# spread GPU tests (about 4 minutes).
 if [ "$PART" = attention-kept ]; then
-(cd benchmarks && PYTHONPATH=../src timeout 300 python3 attention_tiles.py --graphs --prefill "" --decode 1x512,1x2048,1x8192,2x2048,4x2048,8x2048 \
-    --variants "keep_scores=1;check_spread=1;scale_maxima=1;keep_scores=1,scale_maxima=1,check_spread=1;check_spread=1,scale_maxima=1;fold_max_split=4;keep_scores=1,kept_regs=0" \
+(cd benchmarks && PYTHONPATH=../src timeout 420 python3 attention_tiles.py --graphs --prefill "" --decode 1x512,1x2048,1x8192,2x2048,4x2048,8x2048 \
+    --variants "keep_scores=1;check_spread=1;scale_maxima=1;keep_scores=1,scale_maxima=1,check_spread=1;fold_max_split=4;fold_tiles=1;fold_tiles=1,fold_stages=16;keep_scores=1,scale_maxima=1,check_spread=1,fold_tiles=1,fold_stages=16" \
     --out "$OUT/kept.txt" 2>&1 | grep -v -i warn)
+fi
+if [ "$PART" = attention-kept-checks ]; then
 timeout 90 python3 -c "import sys, runpy; from isoexec.ops.attention import triton_blocks as t
-t.KEEP_SCORES = t.SCALE_MAXIMA = t.CHECK_SPREAD_SLOTS = True
+t.KEEP_SCORES = t.SCALE_MAXIMA = t.CHECK_SPREAD_SLOTS = t.FOLD_TILES = True
 sys.argv = ['isoexec', 'audit', '--device', 'cuda', '--quiet', '--model', 'qwen3-8b-random', '--contract', 'tiny-dense-triton', '--json', sys.argv[1]]
 runpy.run_module('isoexec', run_name='__main__')" "$OUT/audit_8b_kept.json" 2>&1 | tail -6 | tee "$OUT/audit_8b_kept.txt"
-(cd benchmarks && PYTHONPATH=../src timeout 50 python3 attention_timeline.py --knobs keep_scores=1,scale_maxima=1,check_spread=1 \
+(cd benchmarks && PYTHONPATH=../src timeout 50 python3 attention_timeline.py --knobs keep_scores=1,scale_maxima=1,check_spread=1,fold_tiles=1 \
     --out "$OUT/timeline_kept.txt" 2>&1 | grep -v -i warn)
 timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/test_triton.py -k 'key_blocks or outside_the_store' 2>&1 \
     | tail -3 | tee "$OUT/pytest_spread.txt"

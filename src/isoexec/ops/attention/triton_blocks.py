@@ -63,7 +63,7 @@ from ...env import EnvError
 from .. import triton_support
 from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, rounded_mul, tl
 from .triton_steps import (_block_slots, _finish, _fold_sums, _gather_kv, _gather_v, _in_range, _in_store, _probs_times_v, _products,
-                           _row_sum, _running_max, _scores, _slots_in_store, _visible_slots)
+                           _row_sum, _running_max, _scale_add, _scores, _slots_in_store, _visible_slots)
 
 
 def _env_blocks(name: str, default: int | None) -> int | None:
@@ -137,6 +137,7 @@ FOLD_WARPS = 2
 # 14.4 to 13.9; at batch 4 and 8 (256 and 512 programs) it lost 2-6 us, where the rule keeps FOLD_SPLIT.
 FOLD_MAX_SPLIT = 16
 FOLD_UNROLL = 4
+FOLD_TILES = False
 # True: the max kernel (at MAX_RUN > 1) also stores each block's scores, and the terms kernel reads them and gathers V
 # alone instead of gathering K again and repeating q · k: the same values (an fp32 store and load), K read once. Tried
 # before the whole-block loops (1c92584) it took the terms kernel to 156 registers, three programs an SM, and gained
@@ -537,6 +538,45 @@ def _fold_block(l, acc, alphas, sums, pvs, at, keep, o_d, D: tl.constexpr):
 
 
 @jit
+def _fold_step(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD: tl.constexpr, D: tl.constexpr,
+               UNROLL: tl.constexpr, MASKED: tl.constexpr, TILES: tl.constexpr):
+    if TILES:
+        l, acc = _fold_tile(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD, D, UNROLL, MASKED)
+    else:
+        l, acc = _fold_blocks(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD, D, UNROLL, MASKED)
+    return l, acc
+
+
+@jit
+def _fold_tile(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD: tl.constexpr, D: tl.constexpr,
+               UNROLL: tl.constexpr, MASKED: tl.constexpr):
+    """As `_fold_blocks`, with l kept in acc's layout ([G_PAD, D_PART], every column the same chain) and the UNROLL
+    blocks' terms each read by one load of [G_PAD, D_PART, UNROLL] (three loads an iteration, not four a block), split
+    into the blocks' slices by reshapes, which move no value."""
+    u = tl.arange(0, UNROLL)[None, None, :]
+    at = (head_base + i_blk + u) * G_PAD + rows[:, None, None] + 0 * o_d[None, :, None]
+    ok = keep[:, None, None] & (o_d[None, :, None] >= 0)
+    if MASKED:
+        ok = ok & (i_blk + u < hi_blk)
+    alpha = _blocks_apart(tl.load(alphas + at, mask=ok, other=1.0), G_PAD, o_d.shape[0])
+    p_sum = _blocks_apart(tl.load(sums + at, mask=ok, other=0.0), G_PAD, o_d.shape[0])
+    pv = _blocks_apart(tl.load(pvs + at * D + o_d[None, :, None], mask=ok, other=0.0), G_PAD, o_d.shape[0])
+    for j in tl.static_range(UNROLL):
+        l = _scale_add(l, alpha[j], p_sum[j])
+        acc = _scale_add(acc, alpha[j], pv[j])
+    return l, acc
+
+
+@jit
+def _blocks_apart(x, G_PAD: tl.constexpr, D_PART: tl.constexpr):
+    """x [G_PAD, D_PART, 4] as the tuple of its four [G_PAD, D_PART] slices along the last axis, in order."""
+    even, odd = tl.split(tl.reshape(x, [G_PAD, D_PART, 2, 2]))
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    return x0, x1, x2, x3
+
+
+@jit
 def _fold_blocks(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD: tl.constexpr, D: tl.constexpr,
                  UNROLL: tl.constexpr, MASKED: tl.constexpr):
     """Blocks [i_blk, i_blk + UNROLL) folded in order; MASKED: those from hi_blk on as no-ops (`_fold_row`)."""
@@ -550,7 +590,7 @@ def _fold_blocks(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep
 def fold_kernel(
     o, positions, alphas, sums, pvs, L, stride_ot, stride_oh,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PART: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
-    INTERPRETED: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr = False,
+    INTERPRETED: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr, TILES: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): l and acc's columns [c * D_PART, (c + 1) * D_PART) over the row's blocks in
     ascending order, then the walk's zero select and division. Each element of acc is its own chain of multiply-adds,
@@ -562,18 +602,19 @@ def fold_kernel(
     hi_blk = _row_blocks(tl.load(positions + i).to(tl.int32), L, BLOCK_N)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
     _fold_row(o, i, kv_head, hi_blk, head_base, alphas, sums, pvs, stride_ot, stride_oh, tl.program_id(2) * D_PART, G, G_PAD, D,
-              D_PART, INTERPRETED, STAGES, UNROLL)
+              D_PART, INTERPRETED, STAGES, UNROLL, TILES)
 
 
 @jit
 def _fold_row(o, i, kv_head, hi_blk, head_base, alphas, sums, pvs, stride_ot, stride_oh, d0, G: tl.constexpr, G_PAD: tl.constexpr,
-              D: tl.constexpr, D_PART: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr):
+              D: tl.constexpr, D_PART: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr,
+              TILES: tl.constexpr = False):
     """Query i's rows of KV head `kv_head`, columns [d0, d0 + D_PART): l and acc folded over its hi_blk blocks' stored
     terms in ascending order, then the walk's zero select and division, stored."""
     rows = tl.arange(0, G_PAD)
     o_d = d0 + tl.arange(0, D_PART)
     keep = rows < G
-    l = tl.zeros([G_PAD], dtype=tl.float32)
+    l = tl.zeros([G_PAD, D_PART] if TILES else [G_PAD], dtype=tl.float32)
     acc = tl.zeros([G_PAD, D_PART], dtype=tl.float32)
     # UNROLL blocks an iteration, their loads issued together: the whole iterations with no mask but the rows' (none
     # where G = G_PAD), then the row's last blocks as one iteration with a mask a block (the same multiply-adds,
@@ -584,16 +625,18 @@ def _fold_row(o, i, kv_head, hi_blk, head_base, alphas, sums, pvs, stride_ot, st
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = 0
         while i_blk < whole:
-            l, acc = _fold_blocks(l, acc, alphas, sums, pvs, head_base, i_blk, whole, rows, keep, o_d, G_PAD, D, UNROLL, False)
+            l, acc = _fold_step(l, acc, alphas, sums, pvs, head_base, i_blk, whole, rows, keep, o_d, G_PAD, D, UNROLL, False, TILES)
             i_blk += UNROLL
         while i_blk < hi_blk:
-            l, acc = _fold_blocks(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD, D, UNROLL, True)
+            l, acc = _fold_step(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD, D, UNROLL, True, TILES)
             i_blk += UNROLL
     else:
         for i_blk in tl.range(0, whole, UNROLL, num_stages=STAGES):
-            l, acc = _fold_blocks(l, acc, alphas, sums, pvs, head_base, i_blk, whole, rows, keep, o_d, G_PAD, D, UNROLL, False)
+            l, acc = _fold_step(l, acc, alphas, sums, pvs, head_base, i_blk, whole, rows, keep, o_d, G_PAD, D, UNROLL, False, TILES)
         if whole < hi_blk:
-            l, acc = _fold_blocks(l, acc, alphas, sums, pvs, head_base, whole, hi_blk, rows, keep, o_d, G_PAD, D, UNROLL, True)
+            l, acc = _fold_step(l, acc, alphas, sums, pvs, head_base, whole, hi_blk, rows, keep, o_d, G_PAD, D, UNROLL, True, TILES)
+    if TILES:
+        l = tl.max(l, 1)  # every column holds the same l
     _, out = _finish(l, acc)
     head = kv_head * G + rows
     tl.store(o + i.to(tl.int64) * stride_ot + head[:, None] * stride_oh + o_d[None, :], out.to(o.dtype.element_ty), mask=keep[:, None])
@@ -677,5 +720,5 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     fold_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
                                                                 G=group, G_PAD=g_pad, D=head_dim, D_PART=d_part, BLOCK_N=block_n,
                                                                 NB=nb, INTERPRETED=interpret, STAGES=FOLD_STAGES,
-                                                                UNROLL=FOLD_UNROLL, num_warps=fold_warps)
+                                                                UNROLL=FOLD_UNROLL, TILES=FOLD_TILES, num_warps=fold_warps)
     return o
