@@ -614,8 +614,11 @@ def _fold_row(o, i, kv_head, hi_blk, head_base, alphas, sums, pvs, stride_ot, st
     rows = tl.arange(0, G_PAD)
     o_d = d0 + tl.arange(0, D_PART)
     keep = rows < G
-    l = tl.zeros([G_PAD, D_PART] if TILES else [G_PAD], dtype=tl.float32)
     acc = tl.zeros([G_PAD, D_PART], dtype=tl.float32)
+    if TILES:
+        l = tl.zeros([G_PAD, D_PART], dtype=tl.float32)
+    else:
+        l = tl.zeros([G_PAD], dtype=tl.float32)
     # UNROLL blocks an iteration, their loads issued together: the whole iterations with no mask but the rows' (none
     # where G = G_PAD), then the row's last blocks as one iteration with a mask a block (the same multiply-adds,
     # `fma.rn.f32`, in the same order as a mask on every block, with fewer instructions). A block past the row's last
