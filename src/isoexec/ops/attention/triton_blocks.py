@@ -558,9 +558,9 @@ def _fold_tile(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, 
     ok = keep[:, None, None] & (o_d[None, :, None] >= 0)
     if MASKED:
         ok = ok & (i_blk + u < hi_blk)
-    alpha = _blocks_apart(tl.load(alphas + at, mask=ok, other=1.0), G_PAD, o_d.shape[0])
-    p_sum = _blocks_apart(tl.load(sums + at, mask=ok, other=0.0), G_PAD, o_d.shape[0])
-    pv = _blocks_apart(tl.load(pvs + at * D + o_d[None, :, None], mask=ok, other=0.0), G_PAD, o_d.shape[0])
+    alpha = _blocks_apart(tl.load(alphas + at, mask=ok, other=1.0), G_PAD, o_d.shape[0], UNROLL)
+    p_sum = _blocks_apart(tl.load(sums + at, mask=ok, other=0.0), G_PAD, o_d.shape[0], UNROLL)
+    pv = _blocks_apart(tl.load(pvs + at * D + o_d[None, :, None], mask=ok, other=0.0), G_PAD, o_d.shape[0], UNROLL)
     for j in tl.static_range(UNROLL):
         l = _scale_add(l, alpha[j], p_sum[j])
         acc = _scale_add(acc, alpha[j], pv[j])
@@ -568,12 +568,22 @@ def _fold_tile(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, 
 
 
 @jit
-def _blocks_apart(x, G_PAD: tl.constexpr, D_PART: tl.constexpr):
-    """x [G_PAD, D_PART, 4] as the tuple of its four [G_PAD, D_PART] slices along the last axis, in order."""
-    even, odd = tl.split(tl.reshape(x, [G_PAD, D_PART, 2, 2]))
-    x0, x2 = tl.split(even)
-    x1, x3 = tl.split(odd)
-    return x0, x1, x2, x3
+def _blocks_apart(x, G_PAD: tl.constexpr, D_PART: tl.constexpr, UNROLL: tl.constexpr):
+    """x [G_PAD, D_PART, UNROLL] (UNROLL 2, 4 or 8) as the tuple of its [G_PAD, D_PART] slices along the last axis, in
+    order: reshapes and splits, which move values and compute none."""
+    tl.static_assert(UNROLL == 2 or UNROLL == 4 or UNROLL == 8, "a tiled fold takes 2, 4 or 8 blocks an iteration")
+    if UNROLL == 2:
+        x0, x1 = tl.split(x)
+        return x0, x1
+    else:
+        # [..., UNROLL // 2, 2]: the last axis splits the even blocks from the odd ones, each UNROLL // 2 in order.
+        even, odd = tl.split(tl.reshape(x, [G_PAD, D_PART, UNROLL // 2, 2]))
+        e = _blocks_apart(even, G_PAD, D_PART, UNROLL // 2)
+        o = _blocks_apart(odd, G_PAD, D_PART, UNROLL // 2)
+        if UNROLL == 4:
+            return e[0], o[0], e[1], o[1]
+        else:
+            return e[0], o[0], e[1], o[1], e[2], o[2], e[3], o[3]
 
 
 @jit
