@@ -31,7 +31,8 @@ no registers (`MAX_SLOTS_AHEAD`'s comment), nor p · V in four slices of V's col
 programs an SM): the same bits, and slower at every size (1 x 8,192 keys 45.7 -> 54.1 us). Two knobs, off and
 untimed, cut the blocks kernels' instructions further with the same values: the max kernel scaling its blocks' maxima
 instead of its scores (`SCALE_MAXIMA`) and both kernels walking a program's whole blocks with no key masks once it has
-found all their slots in the store (`CHECK_SPREAD_SLOTS`).
+found all their slots in the store (`CHECK_SPREAD_SLOTS`); a third reads the fold's blocks by iterations again
+(`FOLD_TILES`), now to keep more of them in flight.
 
 `block_max_kernel` and `fold_kernel` launch with programmatic dependent launch (`triton_support.jit(dependent=True)`), as
 the walk and the rest of a decode step do; `block_terms_kernel` does not. A dependent kernel lets the kernel behind it
@@ -137,6 +138,15 @@ FOLD_WARPS = 2
 # 14.4 to 13.9; at batch 4 and 8 (256 and 512 programs) it lost 2-6 us, where the rule keeps FOLD_SPLIT.
 FOLD_MAX_SPLIT = 16
 FOLD_UNROLL = 4
+# True: an iteration of the fold reads its FOLD_UNROLL (2, 4 or 8) blocks' alphas, sums and p · v by one load each
+# ([G_PAD, D_PART, UNROLL] tiles, split into the blocks' slices after) and keeps l in acc's layout, every column the
+# same chain; the multiply-adds and their order are the same. The pipeliner commits a copy group a load, and ptxas
+# waits with at most 63 groups in flight (`cp.async.wait_group` 96 at 8 stages compiles to `DEPBAR.LE SB0, 0x3f`): a
+# block a load took four groups, so about 16 blocks were in flight whatever FOLD_STAGES above five. Tiled, an
+# iteration is three groups: compiled for sm_90a (one warp, 8 columns) the loop is 61 instructions per 4 blocks
+# against 101 (82 per 8), with 24 blocks in flight at 8 stages and 56 (4 an iteration) or 112 (8) at 16. The fold by
+# fours that lost (the module doc) stored alpha and the sums four blocks side by side and read them at 8 stages; this
+# one reads the terms where the terms kernel stores them. Off until timed.
 FOLD_TILES = False
 # True: the max kernel (at MAX_RUN > 1) also stores each block's scores, and the terms kernel reads them and gathers V
 # alone instead of gathering K again and repeating q · k: the same values (an fp32 store and load), K read once. Tried
