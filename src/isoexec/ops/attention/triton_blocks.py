@@ -550,6 +550,8 @@ def _fold_block(l, acc, alphas, sums, pvs, at, keep, o_d, D: tl.constexpr):
 @jit
 def _fold_step(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD: tl.constexpr, D: tl.constexpr,
                UNROLL: tl.constexpr, MASKED: tl.constexpr, TILES: tl.constexpr):
+    """Blocks [i_blk, i_blk + UNROLL) folded in order, by tiles of the iteration's terms (TILES; l in acc's layout) or a
+    block's terms a load."""
     if TILES:
         l, acc = _fold_tile(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD, D, UNROLL, MASKED)
     else:
