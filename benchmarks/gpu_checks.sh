@@ -325,13 +325,14 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/
 fi
 
 # attention-kept: the spread decode's untimed knobs (`triton_blocks.KEEP_SCORES`, `SCALE_MAXIMA`, `CHECK_SPREAD_SLOTS`,
-# `FOLD_TILES`, all off) alone and together, the tiled fold with more stages and 8 blocks an iteration, and the fold's split at batch 1-2
+# `FOLD_TILES`, all off) alone and together, the tiled fold with more stages and 8 blocks an iteration, the terms
+# kernel pipelined with the scores kept (`BLOCK_STAGES` 2), and the fold's split at batch 1-2
 # (`FOLD_MAX_SPLIT`: the variant at 4 is the rule off), against the preset at batch 1-8, each variant's bits checked
 # (about 5 minutes). attention-kept-checks: the 8B audit and where the time goes with all four on, and the
 # spread GPU tests (about 4 minutes).
 if [ "$PART" = attention-kept ]; then
 (cd benchmarks && PYTHONPATH=../src timeout 480 python3 attention_tiles.py --graphs --prefill "" --decode 1x512,1x2048,1x8192,2x2048,4x2048,8x2048 \
-    --variants "fold_tiles=1;fold_tiles=1,fold_stages=16;fold_tiles=1,fold_unroll=8,fold_stages=16;keep_scores=1;check_spread=1;scale_maxima=1;keep_scores=1,scale_maxima=1,check_spread=1;fold_max_split=4;keep_scores=1,scale_maxima=1,check_spread=1,fold_tiles=1,fold_unroll=8,fold_stages=16" \
+    --variants "fold_tiles=1;fold_tiles=1,fold_stages=16;fold_tiles=1,fold_unroll=8,fold_stages=16;keep_scores=1;check_spread=1;scale_maxima=1;keep_scores=1,scale_maxima=1,check_spread=1;keep_scores=1,scale_maxima=1,check_spread=1,block_stages=2;fold_max_split=4;keep_scores=1,scale_maxima=1,check_spread=1,fold_tiles=1,fold_unroll=8,fold_stages=16" \
     --out "$OUT/kept.txt" 2>&1 | grep -v -i warn)
 fi
 if [ "$PART" = attention-kept-checks ]; then
