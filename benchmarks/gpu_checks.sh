@@ -328,7 +328,7 @@ fi
 # `FOLD_TILES`, all off) alone and together, the tiled fold with more stages and 8 blocks an iteration, the terms
 # kernel pipelined with the scores kept (`BLOCK_STAGES` 2), and the fold's split at batch 1-2
 # (`FOLD_MAX_SPLIT`: the variant at 4 is the rule off), against the preset at batch 1-8, each variant's bits checked
-# (about 5 minutes). attention-kept-checks: the 8B audit and where the time goes with all four on, and the
+# (at most 8 minutes, its timeout). attention-kept-checks: the 8B audit and where the time goes with all four on, and the
 # spread GPU tests (about 4 minutes).
 if [ "$PART" = attention-kept ]; then
 (cd benchmarks && PYTHONPATH=../src timeout 480 python3 attention_tiles.py --graphs --prefill "" --decode 1x512,1x2048,1x8192,2x2048,4x2048,8x2048 \
