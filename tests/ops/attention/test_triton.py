@@ -443,16 +443,16 @@ def _decode_path_rows_equal_training_rows(monkeypatch, module, constants, contro
 
 
 @pytest.mark.parametrize("constants", [CONSTANTS, BF16])
-@pytest.mark.parametrize("fold_split, fold_max_split, fold_unroll, tiles, max_chunk, max_waves, max_run, ahead, keep, scale_maxima, check",
-                         [(1, 1, 1, False, 512, 4, 1, True, False, False, False), (4, 16, 3, False, 16, 3, 4, True, True, True, True),
-                          (4, 16, 8, True, 512, 6, 2, False, False, True, True), (4, 16, 4, False, 512, 6, 2, True, True, False, False)])
-def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(constants, fold_split, fold_max_split, fold_unroll, tiles, max_chunk,
+@pytest.mark.parametrize("fold_split, fold_max_split, fold_unroll, max_chunk, max_waves, max_run, ahead, keep, scale_maxima, check",
+                         [(1, 1, 1, 512, 4, 1, True, False, False, False), (4, 16, 3, 16, 3, 4, True, True, True, True),
+                          (4, 16, 4, 512, 6, 2, False, False, True, True), (4, 16, 4, 512, 6, 2, True, True, False, False)])
+def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(constants, fold_split, fold_max_split, fold_unroll, max_chunk,
                                                                               max_waves, max_run, ahead, keep, scale_maxima, check,
                                                                               monkeypatch):
     """Rows of 1,100 keys (69 blocks of 16), decoded at positions on and next to block edges, by the spread path (its
     fold in one program a row and head a block an iteration, or over 4 programs of a quarter of the columns each (on a
     GPU, up to 16 programs of one warp for these few rows), 3 blocks an iteration: rows of 69 blocks end
-    mid-iteration; 4 blocks an iteration, a block's terms a load, or 8 with the iteration's by one load a term; the earlier blocks' maxima read in one load, or in several of 16; the max kernel's runs those of
+    mid-iteration; the earlier blocks' maxima read in one load, or in several of 16; the max kernel's runs those of
     the terms kernel, or longer; its blocks scored one a product, or 4 or 2 a product, runs ending mid-product; the max
     kernel's slots loaded a step ahead, or by the step; the terms kernel repeating q · k, or reading the scores the
     max kernel kept; the max kernel scaling its scores, or its maxima, at a scale that rounds; the blocks kernels'
@@ -466,7 +466,6 @@ def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(co
     monkeypatch.setattr(triton_blocks, "FOLD_SPLIT", fold_split)
     monkeypatch.setattr(triton_blocks, "FOLD_MAX_SPLIT", fold_max_split)
     monkeypatch.setattr(triton_blocks, "FOLD_UNROLL", fold_unroll)
-    monkeypatch.setattr(triton_blocks, "FOLD_TILES", tiles)
     monkeypatch.setattr(triton_blocks, "MAX_CHUNK", max_chunk)
     monkeypatch.setattr(triton_blocks, "MAX_PROGRAM_WAVES", max_waves)
     monkeypatch.setattr(triton_blocks, "MAX_RUN", max_run)

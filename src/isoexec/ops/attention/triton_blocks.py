@@ -24,15 +24,16 @@ Both blocks kernels wait on memory latency along short runs of blocks rather tha
 H100: a quarter to a third of DRAM bandwidth), and issue many instructions a block (below `MAX_SLOTS_AHEAD`). Three changes
 that kept the bits gave nothing at batch 1-8 (`benchmarks/RESULTS.md`, "Issue 22 on the H200"): the first kernel keeping
 each block's scores for the second (which then reads V alone; 156 registers instead of 126; `KEEP_SCORES` has it again,
-under a register cap, untimed), a fold that reads four
+under a register cap: faster now, but not yet bitwise in the 8B audit), a fold that reads four
 blocks' terms a load, and blocks kernels that ask for the next block's K and V before the current block's product (the
 terms kernel at 204 registers); nor, later, prefetch instructions for the next step's table line and K or V, which cost
 no registers (`MAX_SLOTS_AHEAD`'s comment), nor p · V in four slices of V's columns (104 registers, 96 under a cap, five
-programs an SM): the same bits, and slower at every size (1 x 8,192 keys 45.7 -> 54.1 us). Two knobs, off and
-untimed, cut the blocks kernels' instructions further with the same values: the max kernel scaling its blocks' maxima
-instead of its scores (`SCALE_MAXIMA`) and both kernels walking a program's whole blocks with no key masks once it has
-found all their slots in the store (`CHECK_SPREAD_SLOTS`); a third reads the fold's blocks by iterations again
-(`FOLD_TILES`), now to keep more of them in flight.
+programs an SM): the same bits, and slower at every size (1 x 8,192 keys 45.7 -> 54.1 us). Two knobs (off) cut the
+blocks kernels' instructions further with the same values and gained nothing on an H100, alone or beside the kept
+scores: the max kernel scaling its blocks' maxima instead of its scores (`SCALE_MAXIMA`) and both kernels walking a
+program's whole blocks with no key masks once it has found all their slots in the store (`CHECK_SPREAD_SLOTS`); nor
+did a fold reading an iteration's blocks' terms by one load a term, with up to 112 blocks in flight (1 x 8,192 keys
+43.9 -> 42.8 us, 8 x 2,048 62.8 -> 94.4; benchmarks/RESULTS.md).
 
 `block_max_kernel` and `fold_kernel` launch with programmatic dependent launch (`triton_support.jit(dependent=True)`), as
 the walk and the rest of a decode step do; `block_terms_kernel` does not. A dependent kernel lets the kernel behind it
@@ -64,7 +65,7 @@ from ...env import EnvError
 from .. import triton_support
 from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, rounded_mul, tl
 from .triton_steps import (_block_slots, _finish, _fold_sums, _gather_kv, _gather_v, _in_range, _in_store, _probs_times_v, _products,
-                           _row_sum, _running_max, _scale_add, _scores, _slots_in_store, _visible_slots)
+                           _row_sum, _running_max, _scores, _slots_in_store, _visible_slots)
 
 
 def _env_blocks(name: str, default: int | None) -> int | None:
@@ -135,40 +136,43 @@ FOLD_WARPS = 2
 # of one warp each, while the call's fold programs still number at most the SMs (`_fold_programs`): each element's chain
 # is the same, so its bits are. On an H100 (graph replays, two calls on two machines) 16 programs of one warp at batch 1
 # (128 programs) took 1 x 2,048 / 8,192 keys from 20.8 / 46.0 to 20.3 / 44.2 us and 20.4 / 45.7 to 19.6 / 44.4, 1 x 512
-# 14.4 to 13.9; at batch 4 and 8 (256 and 512 programs) it lost 2-6 us, where the rule keeps FOLD_SPLIT.
+# 14.4 to 13.9; at batch 4 and 8 (256 and 512 programs) it lost 2-6 us, where the rule keeps FOLD_SPLIT. The rule
+# itself against FOLD_SPLIT everywhere (an H100, 2267947): batch 1 at 512 / 2,048 / 8,192 keys 14.1 / 20.3 / 46.0 ->
+# 13.8 / 19.8 / 43.8 us, 2 x 2,048 26.3 -> 25.4, batch 4 and 8 the same.
 FOLD_MAX_SPLIT = 16
 FOLD_UNROLL = 4
-# True: an iteration of the fold reads its FOLD_UNROLL (2, 4 or 8) blocks' alphas, sums and p · v by one load each
-# ([G_PAD, D_PART, UNROLL] tiles, split into the blocks' slices after) and keeps l in acc's layout, every column the
-# same chain; the multiply-adds and their order are the same. The pipeliner commits a copy group a load, and ptxas
-# waits with at most 63 groups in flight (`cp.async.wait_group` 96 at 8 stages compiles to `DEPBAR.LE SB0, 0x3f`): a
-# block a load took four groups, so about 16 blocks were in flight whatever FOLD_STAGES above five. Tiled, an
-# iteration is three groups: compiled for sm_90a (one warp, 8 columns) the loop is 61 instructions per 4 blocks
-# against 101 (82 per 8), with 24 blocks in flight at 8 stages and 56 (4 an iteration) or 112 (8) at 16. The fold by
-# fours that lost (the module doc) stored alpha and the sums four blocks side by side and read them at 8 stages; this
-# one reads the terms where the terms kernel stores them. Off until timed.
-FOLD_TILES = False
 # True: the max kernel (at MAX_RUN > 1) also stores each block's scores, and the terms kernel reads them and gathers V
 # alone instead of gathering K again and repeating q · k: the same values (an fp32 store and load), K read once. Tried
 # before the whole-block loops (1c92584) it took the terms kernel to 156 registers, three programs an SM, and gained
 # nothing. Compiled for sm_90a now, its loop over whole blocks is 235 instructions against 414, and under `maxnreg` 128
 # (KEPT_SCORES_MAX_REGISTERS; 0: the compiler's choice) it keeps four programs an SM with no spill (242). One thing the
 # interpreter cannot show: in bf16 a row's sum of p follows the layout its scores come in (`_row_sum`), and loaded
-# scores may come in another layout than the product's (the 1c92584 build kept every bit on an H100). Off until timed
-# and checked on a GPU.
+# scores may come in another layout than the product's (the 1c92584 build kept every bit on an H100). Timed on an H100
+# (2267947, graph replays): 1 x 2,048 / 8,192 keys 19.8 / 43.8 -> 18.9 / 40.0 us, 4 x 2,048 38.0 -> 34.1, 8 x 2,048
+# 62.7 -> 55.0, every row of those calls the preset's bits, and the spread GPU tests pass with it on; but the Qwen3-8B
+# audit with it on mismatched (110 of 256 tokens, from request 1's first decode step). Why, read offline (the TTGIR of
+# the terms kernel at Qwen3-8B's heads): the loaded scores kept the load's blocked layout (4 columns a thread, 8 threads
+# a row), so the row maxima and sums of p reduced in another order than over a product's accumulator layout (8 columns
+# a thread, 4 threads a row), as the walk's do. A bf16 output rarely shows a different sum's last bit, an audit of 36
+# layers does. `_in_product_layout` now takes the loaded scores through a product of zeros, which pins them to the
+# accumulator's layout (the TTGIR's four [64, 32] reductions on #mma, as without the kept scores), and the terms
+# kernel compiles to 128 registers with no cap (156 before; its loop 289 SASS instructions against 414 without the
+# kept scores). Off until the audit is bitwise with it.
 KEEP_SCORES = False
 KEPT_SCORES_MAX_REGISTERS = 128
 # True: the max kernel (at MAX_RUN > 1) takes each block's row maxima of the bare product q · k, then scales those
 # (one product a row instead of one a score): x -> x * scale rounds monotonically for scale > 0, so the maximum of the
 # scaled scores is the scaled maximum, bit for bit. With KEEP_SCORES the kept scores are the bare products, which the
-# terms kernel scales as the walk does. Off until timed.
+# terms kernel scales as the walk does. On an H100 (2267947) within 0.3 us of off at batch 1-8, alone or beside
+# KEEP_SCORES: off.
 SCALE_MAXIMA = False
 # True: each blocks-kernel program (the max kernel's at MAX_RUN > 1) first checks that every slot of its blocks wholly
 # below the row lies in the store (`_checked_end`: its first CHECK_SCAN slots loaded beside the program's first loads,
 # any more scanned), and where so walks them with no per-key masks, as the walk's checked tiles do
 # (`attention.triton.CHECK_DECODE_SLOTS`; a table with a slot outside the store, never the engine's or the trainer's,
 # keeps the masked steps): the same values. Compiled for sm_90a the max loop over whole runs drops its slot compares
-# and selects (250 -> 201 instructions), the terms loop 414 -> 339. Off until timed.
+# and selects (250 -> 201 instructions), the terms loop 414 -> 339. On an H100 (2267947) within 0.7 us of off at batch
+# 1-8, alone or beside KEEP_SCORES (the 8B audit bitwise with it alone): off.
 CHECK_SPREAD_SLOTS = False
 CHECK_SCAN = 256
 # The earlier blocks' maxima a terms program reads in one load before its run (a [chunk, G_PAD] tile): one load for
@@ -434,6 +438,7 @@ def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, sco
                     mask=(r < G_PAD)[:, None], other=float("-inf"))
         if SCALED_LATER:
             s = rounded_mul(s, scale, DOT_IN_FP32)
+        s = _in_product_layout(s, b_q)
     else:
         s, b_v, row_active = _block_scores(slots, b_q, row_ok, p_i, i_blk, i_blk < full_blk, kv_head, k, v, L, S, scale,
                                            stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32, FULL, CHECKED)
@@ -450,6 +455,16 @@ def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, sco
     tl.store(sums + at, p_sum, mask=keep)
     tl.store(pvs + at[:, None] * D + tl.arange(0, D)[None, :], pv, mask=keep[:, None])
     return m_new
+
+
+@jit
+def _in_product_layout(s, b_q):
+    """s [ROWS, BLOCK_N] as the accumulator of a product of zeros: the same values (a -0.0 may turn +0.0, which no
+    maximum, difference or exp of the walk's tells apart) in the layout a product's scores come in, so that a row's
+    sum over them runs in the walk's order (a reduction's order follows its operand's layout)."""
+    zero_q = tl.zeros([s.shape[0], 16], dtype=b_q.dtype)
+    zero_k = tl.zeros([16, s.shape[1]], dtype=b_q.dtype)
+    return tl.dot(zero_q, zero_k, acc=s, input_precision="ieee")
 
 
 @jit(do_not_specialize=["L", "S"])  # not dependent: the module doc says why
@@ -548,57 +563,6 @@ def _fold_block(l, acc, alphas, sums, pvs, at, keep, o_d, D: tl.constexpr):
 
 
 @jit
-def _fold_step(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD: tl.constexpr, D: tl.constexpr,
-               UNROLL: tl.constexpr, MASKED: tl.constexpr, TILES: tl.constexpr):
-    """Blocks [i_blk, i_blk + UNROLL) folded in order, by tiles of the iteration's terms (TILES; l in acc's layout) or a
-    block's terms a load."""
-    if TILES:
-        l, acc = _fold_tile(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD, D, UNROLL, MASKED)
-    else:
-        l, acc = _fold_blocks(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD, D, UNROLL, MASKED)
-    return l, acc
-
-
-@jit
-def _fold_tile(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD: tl.constexpr, D: tl.constexpr,
-               UNROLL: tl.constexpr, MASKED: tl.constexpr):
-    """As `_fold_blocks`, with l kept in acc's layout ([G_PAD, D_PART], every column the same chain) and the UNROLL
-    blocks' terms each read by one load of [G_PAD, D_PART, UNROLL] (three loads an iteration, not four a block), split
-    into the blocks' slices by reshapes, which move no value."""
-    u = tl.arange(0, UNROLL)[None, None, :]
-    at = (head_base + i_blk + u) * G_PAD + rows[:, None, None] + 0 * o_d[None, :, None]
-    ok = keep[:, None, None] & (o_d[None, :, None] >= 0)
-    if MASKED:
-        ok = ok & (i_blk + u < hi_blk)
-    alpha = _blocks_apart(tl.load(alphas + at, mask=ok, other=1.0), G_PAD, o_d.shape[0], UNROLL)
-    p_sum = _blocks_apart(tl.load(sums + at, mask=ok, other=0.0), G_PAD, o_d.shape[0], UNROLL)
-    pv = _blocks_apart(tl.load(pvs + at * D + o_d[None, :, None], mask=ok, other=0.0), G_PAD, o_d.shape[0], UNROLL)
-    for j in tl.static_range(UNROLL):
-        l = _scale_add(l, alpha[j], p_sum[j])
-        acc = _scale_add(acc, alpha[j], pv[j])
-    return l, acc
-
-
-@jit
-def _blocks_apart(x, G_PAD: tl.constexpr, D_PART: tl.constexpr, UNROLL: tl.constexpr):
-    """x [G_PAD, D_PART, UNROLL] (UNROLL 2, 4 or 8) as the tuple of its [G_PAD, D_PART] slices along the last axis, in
-    order: reshapes and splits, which move values and compute none."""
-    tl.static_assert(UNROLL == 2 or UNROLL == 4 or UNROLL == 8, "a tiled fold takes 2, 4 or 8 blocks an iteration")
-    if UNROLL == 2:
-        x0, x1 = tl.split(x)
-        return x0, x1
-    else:
-        # [..., UNROLL // 2, 2]: the last axis splits the even blocks from the odd ones, each UNROLL // 2 in order.
-        even, odd = tl.split(tl.reshape(x, [G_PAD, D_PART, UNROLL // 2, 2]))
-        e = _blocks_apart(even, G_PAD, D_PART, UNROLL // 2)
-        o = _blocks_apart(odd, G_PAD, D_PART, UNROLL // 2)
-        if UNROLL == 4:
-            return e[0], o[0], e[1], o[1]
-        else:
-            return e[0], o[0], e[1], o[1], e[2], o[2], e[3], o[3]
-
-
-@jit
 def _fold_blocks(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD: tl.constexpr, D: tl.constexpr,
                  UNROLL: tl.constexpr, MASKED: tl.constexpr):
     """Blocks [i_blk, i_blk + UNROLL) folded in order; MASKED: those from hi_blk on as no-ops (`_fold_row`)."""
@@ -612,7 +576,7 @@ def _fold_blocks(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep
 def fold_kernel(
     o, positions, alphas, sums, pvs, L, stride_ot, stride_oh,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PART: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
-    INTERPRETED: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr, TILES: tl.constexpr = False, PDL: tl.constexpr = False,
+    INTERPRETED: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): l and acc's columns [c * D_PART, (c + 1) * D_PART) over the row's blocks in
     ascending order, then the walk's zero select and division. Each element of acc is its own chain of multiply-adds,
@@ -624,23 +588,19 @@ def fold_kernel(
     hi_blk = _row_blocks(tl.load(positions + i).to(tl.int32), L, BLOCK_N)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
     _fold_row(o, i, kv_head, hi_blk, head_base, alphas, sums, pvs, stride_ot, stride_oh, tl.program_id(2) * D_PART, G, G_PAD, D,
-              D_PART, INTERPRETED, STAGES, UNROLL, TILES)
+              D_PART, INTERPRETED, STAGES, UNROLL)
 
 
 @jit
 def _fold_row(o, i, kv_head, hi_blk, head_base, alphas, sums, pvs, stride_ot, stride_oh, d0, G: tl.constexpr, G_PAD: tl.constexpr,
-              D: tl.constexpr, D_PART: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr,
-              TILES: tl.constexpr = False):
+              D: tl.constexpr, D_PART: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr):
     """Query i's rows of KV head `kv_head`, columns [d0, d0 + D_PART): l and acc folded over its hi_blk blocks' stored
     terms in ascending order, then the walk's zero select and division, stored."""
     rows = tl.arange(0, G_PAD)
     o_d = d0 + tl.arange(0, D_PART)
     keep = rows < G
+    l = tl.zeros([G_PAD], dtype=tl.float32)
     acc = tl.zeros([G_PAD, D_PART], dtype=tl.float32)
-    if TILES:
-        l = tl.zeros([G_PAD, D_PART], dtype=tl.float32)
-    else:
-        l = tl.zeros([G_PAD], dtype=tl.float32)
     # UNROLL blocks an iteration, their loads issued together: the whole iterations with no mask but the rows' (none
     # where G = G_PAD), then the row's last blocks as one iteration with a mask a block (the same multiply-adds,
     # `fma.rn.f32`, in the same order as a mask on every block, with fewer instructions). A block past the row's last
@@ -650,18 +610,16 @@ def _fold_row(o, i, kv_head, hi_blk, head_base, alphas, sums, pvs, stride_ot, st
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = 0
         while i_blk < whole:
-            l, acc = _fold_step(l, acc, alphas, sums, pvs, head_base, i_blk, whole, rows, keep, o_d, G_PAD, D, UNROLL, False, TILES)
+            l, acc = _fold_blocks(l, acc, alphas, sums, pvs, head_base, i_blk, whole, rows, keep, o_d, G_PAD, D, UNROLL, False)
             i_blk += UNROLL
         while i_blk < hi_blk:
-            l, acc = _fold_step(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD, D, UNROLL, True, TILES)
+            l, acc = _fold_blocks(l, acc, alphas, sums, pvs, head_base, i_blk, hi_blk, rows, keep, o_d, G_PAD, D, UNROLL, True)
             i_blk += UNROLL
     else:
         for i_blk in tl.range(0, whole, UNROLL, num_stages=STAGES):
-            l, acc = _fold_step(l, acc, alphas, sums, pvs, head_base, i_blk, whole, rows, keep, o_d, G_PAD, D, UNROLL, False, TILES)
+            l, acc = _fold_blocks(l, acc, alphas, sums, pvs, head_base, i_blk, whole, rows, keep, o_d, G_PAD, D, UNROLL, False)
         if whole < hi_blk:
-            l, acc = _fold_step(l, acc, alphas, sums, pvs, head_base, whole, hi_blk, rows, keep, o_d, G_PAD, D, UNROLL, True, TILES)
-    if TILES:
-        l = tl.max(l, 1)  # every column holds the same l
+            l, acc = _fold_blocks(l, acc, alphas, sums, pvs, head_base, whole, hi_blk, rows, keep, o_d, G_PAD, D, UNROLL, True)
     _, out = _finish(l, acc)
     head = kv_head * G + rows
     tl.store(o + i.to(tl.int64) * stride_ot + head[:, None] * stride_oh + o_d[None, :], out.to(o.dtype.element_ty), mask=keep[:, None])
@@ -745,5 +703,5 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     fold_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
                                                                 G=group, G_PAD=g_pad, D=head_dim, D_PART=d_part, BLOCK_N=block_n,
                                                                 NB=nb, INTERPRETED=interpret, STAGES=FOLD_STAGES,
-                                                                UNROLL=FOLD_UNROLL, TILES=FOLD_TILES, num_warps=fold_warps)
+                                                                UNROLL=FOLD_UNROLL, num_warps=fold_warps)
     return o

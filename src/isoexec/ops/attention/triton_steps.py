@@ -99,15 +99,9 @@ def _visible_slots(slots, i_blk, pos, row_ok, L, S, window, HAS_WINDOW: tl.const
 
 
 @jit
-def _scale_add(x, alpha, y):
-    """x · alpha + y: the fold's one step (contracted to `fma.rn.f32` for sm_90a)."""
-    return x * alpha + y
-
-
-@jit
 def _fold_sums(l, acc, alpha, p_sum, pv):
     """The state after a block from its Σ p and p · V: l · alpha + Σ p, acc · alpha + p · V."""
-    return _scale_add(l, alpha, p_sum), _scale_add(acc, alpha[:, None], pv)
+    return l * alpha + p_sum, acc * alpha[:, None] + pv
 
 
 @jit
