@@ -28,11 +28,11 @@ under a register cap: faster now, but not yet bitwise in the 8B audit), a fold t
 blocks' terms a load, and blocks kernels that ask for the next block's K and V before the current block's product (the
 terms kernel at 204 registers); nor, later, prefetch instructions for the next step's table line and K or V, which cost
 no registers (`MAX_SLOTS_AHEAD`'s comment), nor p · V in four slices of V's columns (104 registers, 96 under a cap, five
-programs an SM): the same bits, and slower at every size (1 x 8,192 keys 45.7 -> 54.1 us). Two knobs (off) cut the
-blocks kernels' instructions further with the same values and gained nothing on an H100, alone or beside the kept
-scores: the max kernel scaling its blocks' maxima instead of its scores (`SCALE_MAXIMA`) and both kernels walking a
-program's whole blocks with no key masks once it has found all their slots in the store (`CHECK_SPREAD_SLOTS`); nor
-did a fold reading an iteration's blocks' terms by one load a term, with up to 112 blocks in flight (1 x 8,192 keys
+programs an SM): the same bits, and slower at every size (1 x 8,192 keys 45.7 -> 54.1 us). Two changes that cut the
+blocks kernels' instructions further with the same values gained nothing on an H100, alone or beside the kept scores:
+the max kernel scaling its blocks' maxima instead of its scores, and both kernels walking a program's whole blocks
+with no key masks once they had found all their slots in the store (max loop 250 -> 201 SASS instructions, terms loop
+414 -> 339: within 0.7 us at batch 1-8); nor did a fold reading an iteration's blocks' terms by one load a term, with up to 112 blocks in flight (1 x 8,192 keys
 43.9 -> 42.8 us, 8 x 2,048 62.8 -> 94.4; benchmarks/RESULTS.md).
 
 `block_max_kernel` and `fold_kernel` launch with programmatic dependent launch (`triton_support.jit(dependent=True)`), as
@@ -63,9 +63,9 @@ from torch import Tensor
 
 from ...env import EnvError
 from .. import triton_support
-from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, rounded_mul, tl
-from .triton_steps import (_block_slots, _finish, _fold_sums, _gather_kv, _gather_v, _in_range, _in_store, _probs_times_v, _products,
-                           _row_sum, _running_max, _scores, _slots_in_store, _visible_slots)
+from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, tl
+from .triton_steps import (_block_slots, _finish, _fold_sums, _gather_kv, _gather_v, _in_range, _probs_times_v, _row_sum,
+                           _running_max, _scores, _visible_slots)
 
 
 def _env_blocks(name: str, default: int | None) -> int | None:
@@ -160,21 +160,6 @@ FOLD_UNROLL = 4
 # kept scores). Off until the audit is bitwise with it.
 KEEP_SCORES = False
 KEPT_SCORES_MAX_REGISTERS = 128
-# True: the max kernel (at MAX_RUN > 1) takes each block's row maxima of the bare product q · k, then scales those
-# (one product a row instead of one a score): x -> x * scale rounds monotonically for scale > 0, so the maximum of the
-# scaled scores is the scaled maximum, bit for bit. With KEEP_SCORES the kept scores are the bare products, which the
-# terms kernel scales as the walk does. On an H100 (2267947) within 0.3 us of off at batch 1-8, alone or beside
-# KEEP_SCORES: off.
-SCALE_MAXIMA = False
-# True: each blocks-kernel program (the max kernel's at MAX_RUN > 1) first checks that every slot of its blocks wholly
-# below the row lies in the store (`_checked_end`: its first CHECK_SCAN slots loaded beside the program's first loads,
-# any more scanned), and where so walks them with no per-key masks, as the walk's checked tiles do
-# (`attention.triton.CHECK_DECODE_SLOTS`; a table with a slot outside the store, never the engine's or the trainer's,
-# keeps the masked steps): the same values. Compiled for sm_90a the max loop over whole runs drops its slot compares
-# and selects (250 -> 201 instructions), the terms loop 414 -> 339. On an H100 (2267947) within 0.7 us of off at batch
-# 1-8, alone or beside KEEP_SCORES (the 8B audit bitwise with it alone): off.
-CHECK_SPREAD_SLOTS = False
-CHECK_SCAN = 256
 # The earlier blocks' maxima a terms program reads in one load before its run (a [chunk, G_PAD] tile): one load for
 # tables up to 16,384 keys at block_n 32.
 MAX_CHUNK = 512
@@ -196,14 +181,12 @@ def _decode_rows(q, i, kv_head, stride_qt, stride_qh, G: tl.constexpr, G_PAD: tl
 
 
 @jit
-def _block_keys(slots, row_ok, p_i, i_blk, full, L, S, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, FULL: tl.constexpr,
-                CHECKED: tl.constexpr = False):
+def _block_keys(slots, row_ok, p_i, i_blk, full, L, S, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, FULL: tl.constexpr):
     """Block i_blk's slots (loaded: `slots`), which keys each row sees, which keys some row sees and which rows see a
     key, as `_full_block` (a block wholly below the row: every row sees each key whose slot lies in the store) or
-    `_block` (the row's last) take them: the former where FULL (known when compiled), else as `full` says. CHECKED
-    (with FULL): every slot found in the store, so every key the constant true."""
+    `_block` (the row's last) take them: the former where FULL (known when compiled), else as `full` says."""
     if FULL:
-        ok = _in_store(slots, S, CHECKED)
+        ok = _in_range(slots, S)
         everyone = tl.arange(0, ROWS) >= 0
         vis, key_ok, row_active = ok[None, :] & everyone[:, None], ok, everyone
     else:
@@ -219,12 +202,11 @@ def _block_keys(slots, row_ok, p_i, i_blk, full, L, S, ROWS: tl.constexpr, BLOCK
 
 @jit
 def _block_scores(slots, b_q, row_ok, p_i, i_blk, full, kv_head, k, v, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh,
-                  ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr,
-                  CHECKED: tl.constexpr = False):
+                  ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr):
     """Block i_blk's scores [ROWS, BLOCK_N], its values [BLOCK_N, D] and which rows see a key of it, as
-    `_full_block` (a block wholly below the row: FULL, or `full`; CHECKED as `_block_keys`) or `_block` (the row's last)
+    `_full_block` (a block wholly below the row: FULL, or `full`) or `_block` (the row's last)
     compute them, from its slots."""
-    slots, vis, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, full, L, S, ROWS, BLOCK_N, FULL, CHECKED)
+    slots, vis, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, full, L, S, ROWS, BLOCK_N, FULL)
     b_k, b_v = _gather_kv(slots, key_ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
     return _scores(b_q, b_k, vis, scale, DOT_IN_FP32), b_v, row_active
 
@@ -252,22 +234,6 @@ def _program(i, c, P, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N: tl.
 def _whole_runs_end(lo, hi, full_blk, RUN: tl.constexpr):
     """The end of a max program's runs wholly below the row: blocks [lo, end) in runs of RUN."""
     return lo + tl.maximum(tl.minimum(hi, full_blk) - lo, 0) // RUN * RUN
-
-
-@jit
-def _scan_first(seq_row, lo_key, hi_key, SCAN: tl.constexpr):
-    """The first SCAN slots of keys [lo_key, hi_key) (0 past hi_key): loaded where a program starts, so that the check
-    (`_checked_end`) waits on no round trip of its own beside the program's first loads."""
-    offs = tl.arange(0, SCAN)
-    return tl.load(seq_row + lo_key + offs, mask=lo_key + offs < hi_key, other=0)
-
-
-@jit
-def _checked_end(first, seq_row, lo, end, S, BLOCK_N: tl.constexpr, SCAN: tl.constexpr):
-    """end where every slot of blocks [lo, end) lies in the store (`first`: `_scan_first`'s, the rest scanned), else lo."""
-    in_store = tl.min(_in_range(first.to(tl.int64), S).to(tl.int32), 0) == 1
-    in_store = in_store & _slots_in_store(seq_row, lo * BLOCK_N + SCAN, end * BLOCK_N, S, SCAN)
-    return tl.where(in_store, end, lo)
 
 
 @jit
@@ -316,17 +282,12 @@ def _block_max(slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, 
 @jit
 def _run_max(slots, b_q, row_ok, p_i, i_blk, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
              G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, RUN: tl.constexpr,
-             DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr, KEEP: tl.constexpr = False, SCALED_LATER: tl.constexpr = False,
-             CHECKED: tl.constexpr = False):
+             DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr, KEEP: tl.constexpr = False):
     """Blocks [i_blk, i_blk + RUN)'s row maxima, those below hi stored: the RUN blocks' keys (`slots`, loaded) gathered as
     one K tile and scored by one product, each key masked as the block steps mask it (at or before the row's position,
     inside the table, its slot in the store: FULL, blocks wholly below the row, needs the last alone), then each block's
-    slice reduced. CHECKED (with FULL): every slot found in the store, so no key masks, and every row sees every key (as
-    in the walk's checked steps; the rows from G on are never stored)."""
-    if FULL and CHECKED:
-        key_ok = tl.full([RUN * BLOCK_N], 1, tl.int1)
-        vis = key_ok[None, :] & (tl.arange(0, ROWS) >= 0)[:, None]
-    elif FULL:
+    slice reduced."""
+    if FULL:
         in_store = _in_range(slots, S)
         vis, key_ok = in_store[None, :] & row_ok[:, None], in_store
     else:
@@ -337,16 +298,12 @@ def _run_max(slots, b_q, row_ok, p_i, i_blk, hi, kv_head, k, maxima, scores, hea
     b_k = tl.load(k + slots[None, :] * stride_ks + kv_head * stride_kh + o_d[:, None], mask=key_ok[None, :], other=0.0)
     if DOT_IN_FP32:
         b_k = b_k.to(tl.float32)
-    if SCALED_LATER:  # the bare products' maxima, scaled after (`SCALE_MAXIMA`)
-        s = tl.where(vis, _products(b_q, b_k), float("-inf"))
-        block_max = rounded_mul(tl.max(tl.reshape(s, [ROWS, RUN, BLOCK_N]), 2), scale, DOT_IN_FP32)
-    else:
-        s = _scores(b_q, b_k, vis, scale, DOT_IN_FP32)
-        block_max = tl.max(tl.reshape(s, [ROWS, RUN, BLOCK_N]), 2)  # [ROWS, RUN]
+    s = _scores(b_q, b_k, vis, scale, DOT_IN_FP32)
+    block_max = tl.max(tl.reshape(s, [ROWS, RUN, BLOCK_N]), 2)  # [ROWS, RUN]
     rows, runs = tl.arange(0, ROWS), tl.arange(0, RUN)
     tl.store(maxima + (head_base + i_blk + runs[None, :]) * G_PAD + rows[:, None], block_max,
              mask=(rows < G_PAD)[:, None] & (i_blk + runs < hi)[None, :])
-    if KEEP:  # each block's scores (bare products where SCALED_LATER), [G_PAD, BLOCK_N] a block, for the terms kernel
+    if KEEP:  # each block's scores, [G_PAD, BLOCK_N] a block, for the terms kernel
         cols = tl.arange(0, RUN * BLOCK_N)
         blk = i_blk + cols // BLOCK_N
         tl.store(scores + ((head_base + blk[None, :]) * G_PAD + rows[:, None]) * BLOCK_N + (cols % BLOCK_N)[None, :], s,
@@ -359,8 +316,7 @@ def block_max_kernel(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, RUN: tl.constexpr = 1, AHEAD: tl.constexpr = False,
-    KEEP: tl.constexpr = False, SCALED_LATER: tl.constexpr = False, CHECK: tl.constexpr = False, SCAN: tl.constexpr = 256,
-    PDL: tl.constexpr = False,
+    KEEP: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): for its run of the row's blocks, the row maxima of each block's scores, into
     maxima[i, head, j, :G_PAD]; RUN blocks a product where RUN > 1 (`_run_max`)."""
@@ -369,8 +325,6 @@ def block_max_kernel(
     p_i, seq_row, full_blk, lo, hi = _program(i, tl.program_id(2), tl.num_programs(2), seq_ids, positions, slot_table, L,
                                                stride_sb, BLOCK_N, RUN)
     slots = _first_slots(lo, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
-    if CHECK:
-        first = _scan_first(seq_row, lo * BLOCK_N, _whole_runs_end(lo, hi, full_blk, RUN) * BLOCK_N, SCAN)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
     # Blocks below full_blk are wholly below the row: their steps take the keys' slot checks alone (FULL) in a loop of
@@ -381,22 +335,15 @@ def block_max_kernel(
     if RUN > 1:
         whole = _whole_runs_end(lo, hi, full_blk, RUN)
         i_run = lo
-        if CHECK:  # those runs with no key masks where every slot of them lies in the store
-            checked_end = _checked_end(first, seq_row, lo, whole, S, BLOCK_N, SCAN)
-            while i_run < checked_end:
-                slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
-                _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
-                         G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, True, KEEP, SCALED_LATER, True)
-                i_run += RUN
         while i_run < whole:
             slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
             _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
-                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, True, KEEP, SCALED_LATER)
+                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, True, KEEP)
             i_run += RUN
         while i_run < hi:
             slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
             _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
-                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, False, KEEP, SCALED_LATER)
+                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, False, KEEP)
             i_run += RUN
     elif INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = lo
@@ -424,24 +371,20 @@ def block_max_kernel(
 @jit
 def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
                  stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, FULL: tl.constexpr, KEEP: tl.constexpr = False,
-                 SCALED_LATER: tl.constexpr = False, CHECKED: tl.constexpr = False):
+                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, FULL: tl.constexpr, KEEP: tl.constexpr = False):
     """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored; returns m after it.
-    FULL: a block wholly below the row, CHECKED: its slots found in the store (`_block_keys`). KEEP: the block's scores
-    as the max kernel kept them (rows from G_PAD on see no key: -inf; bare products, scaled here as `_scores` scales
-    them, where SCALED_LATER), and V gathered alone."""
+    FULL: a block wholly below the row (`_block_keys`). KEEP: the block's scores as the max kernel kept them (rows
+    from G_PAD on see no key: -inf), and V gathered alone."""
     if KEEP:
-        slots, _, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, i_blk < full_blk, L, S, ROWS, BLOCK_N, FULL, CHECKED)
+        slots, _, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, i_blk < full_blk, L, S, ROWS, BLOCK_N, FULL)
         b_v = _gather_v(slots, key_ok, kv_head, v, stride_vs, stride_vh, D, DOT_IN_FP32)
         r = tl.arange(0, ROWS)
         s = tl.load(scores + ((head_base + i_blk) * G_PAD + r[:, None]) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :],
                     mask=(r < G_PAD)[:, None], other=float("-inf"))
-        if SCALED_LATER:
-            s = rounded_mul(s, scale, DOT_IN_FP32)
         s = _in_product_layout(s, b_q)
     else:
         s, b_v, row_active = _block_scores(slots, b_q, row_ok, p_i, i_blk, i_blk < full_blk, kv_head, k, v, L, S, scale,
-                                           stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32, FULL, CHECKED)
+                                           stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32, FULL)
     m_new, m_safe, alpha = _running_max(m, s, DOT_IN_FP32)
     p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
     p_sum = _row_sum(p, SUM_BY_DOT)
@@ -473,7 +416,7 @@ def block_terms_kernel(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr,
-    KEEP: tl.constexpr = False, SCALED_LATER: tl.constexpr = False, CHECK: tl.constexpr = False, SCAN: tl.constexpr = 256,
+    KEEP: tl.constexpr = False,
 ):
     """Program (query i, KV head, c), over its run of blocks [lo, hi): the running maximum before block lo (the
     maximum of every earlier block's maxima: a maximum, exact in any order), then block by block that block's alpha,
@@ -482,9 +425,6 @@ def block_terms_kernel(
     i, kv_head = tl.program_id(0), tl.program_id(1)
     p_i, seq_row, full_blk, lo, hi = _program(i, tl.program_id(2), tl.num_programs(2), seq_ids, positions, slot_table, L,
                                                stride_sb, BLOCK_N)
-    mid = tl.maximum(tl.minimum(hi, full_blk), lo)
-    if CHECK:
-        first = _scan_first(seq_row, lo * BLOCK_N, mid * BLOCK_N, SCAN)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
     # The walk's m before block lo: the earlier blocks' maxima, MAX_CHUNK blocks a load of [MAX_CHUNK, G_PAD] (-inf before
@@ -498,59 +438,47 @@ def block_terms_kernel(
                           other=float("-inf"))
         m_g = tl.maximum(m_g, tl.max(earlier, 0))
         j0 += MAX_CHUNK
-    checked_end = lo
-    if CHECK:  # blocks [lo, mid) with no key masks where every slot of them lies in the store
-        checked_end = _checked_end(first, seq_row, lo, mid, S, BLOCK_N, SCAN)
-    _run_terms(m_g, lo, checked_end, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
-               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, KEEP, SCALED_LATER,
-               CHECK)
+    _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
+               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, KEEP)
 
 
 @jit
-def _run_terms(m_g, lo, checked_end, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
+def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
                stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
-               STAGES: tl.constexpr, KEEP: tl.constexpr, SCALED_LATER: tl.constexpr, CHECK: tl.constexpr = False):
+               STAGES: tl.constexpr, KEEP: tl.constexpr):
     """Blocks [lo, hi)'s terms, stored, from m_g ([G_PAD]), the walk's maximum before block lo: laid out as the tile's
-    rows (-inf in rows from G_PAD on), then carried along the run as the walk carries it. CHECK: blocks [lo, checked_end)
-    have every slot in the store."""
+    rows (-inf in rows from G_PAD on), then carried along the run as the walk carries it."""
     rows = tl.arange(0, ROWS)
     m = tl.max(tl.where(rows[:, None] == tl.arange(0, G_PAD)[None, :], m_g[None, :], float("-inf")), 1)
-    # As in `block_max_kernel`: blocks wholly below the row in a loop of their own (FULL; with no key masks where CHECK
-    # found every slot of them in the store), the row's last after them.
+    # As in `block_max_kernel`: blocks wholly below the row in a loop of their own (FULL), the row's last after them.
     mid = tl.maximum(tl.minimum(hi, full_blk), lo)
-    i_blk = lo
-    if CHECK:
-        m = _terms_loop(m, lo, checked_end, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S,
-                        scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED,
-                        STAGES, KEEP, SCALED_LATER, True, True)
-        i_blk = checked_end
-    m = _terms_loop(m, i_blk, mid, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
+    m = _terms_loop(m, lo, mid, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
                     stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES,
-                    KEEP, SCALED_LATER, True, False)
+                    KEEP, True)
     _terms_loop(m, mid, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
                 stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES,
-                KEEP, SCALED_LATER, False, False)
+                KEEP, False)
 
 
 @jit
 def _terms_loop(m, a, b, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
                 stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
-                STAGES: tl.constexpr, KEEP: tl.constexpr, SCALED_LATER: tl.constexpr, FULL: tl.constexpr, CHECKED: tl.constexpr):
+                STAGES: tl.constexpr, KEEP: tl.constexpr, FULL: tl.constexpr):
     """Blocks [a, b)'s terms in order (`_block_terms`), m carried; returns m after them."""
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = a
         while i_blk < b:
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
                              scores, alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
-                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, FULL, KEEP, SCALED_LATER, CHECKED)
+                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, FULL, KEEP)
             i_blk += 1
     else:
         for i_blk in tl.range(a, b, num_stages=STAGES):
             m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
                              scores, alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
-                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, FULL, KEEP, SCALED_LATER, CHECKED)
+                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, FULL, KEEP)
     return m
 
 
@@ -681,7 +609,6 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     alphas, sums = torch.empty_like(maxima), torch.empty_like(maxima)
     pvs = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, head_dim), dtype=torch.float32)
     keep = KEEP_SCORES and MAX_RUN > 1
-    scaled_later = SCALE_MAXIMA and MAX_RUN > 1 and scale > 0
     scores = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, block_n), dtype=torch.float32) if keep else maxima
     interpret = triton_support.interpreting()
     common = (q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), slot_table.stride(0))
@@ -689,13 +616,11 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     block_max_kernel[(num_tokens, num_kv_heads, runs(MAX_PROGRAM_WAVES))](
         q, k_store, v_store, slot_table, seq_ids, positions, maxima, scores, table, k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad,
         D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb, INTERPRETED=interpret, STAGES=BLOCK_STAGES,
-        RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, KEEP=keep, SCALED_LATER=scaled_later, CHECK=CHECK_SPREAD_SLOTS, SCAN=CHECK_SCAN,
-        num_warps=num_warps, num_stages=num_stages)
+        RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, KEEP=keep, num_warps=num_warps, num_stages=num_stages)
     block_terms_kernel[(num_tokens, num_kv_heads, runs(PROGRAM_WAVES))](q, k_store, v_store, slot_table, seq_ids, positions, maxima, scores, alphas, sums, pvs, table,
                              k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
                              SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
-                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, KEEP=keep,
-                             SCALED_LATER=keep and scaled_later, CHECK=CHECK_SPREAD_SLOTS, SCAN=CHECK_SCAN, num_warps=num_warps,
+                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, KEEP=keep, num_warps=num_warps,
                              **({"maxnreg": KEPT_SCORES_MAX_REGISTERS} if keep and KEPT_SCORES_MAX_REGISTERS and not interpret else {}),
                              num_stages=num_stages)
     split, fold_warps = _fold_programs(num_tokens * num_kv_heads, head_dim, q.device)
