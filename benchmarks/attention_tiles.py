@@ -14,12 +14,11 @@ a sequence) have the prefill rows' bits under that variant (the contract's prope
 A variant is `name=value` items joined by commas: the op's constants (block_n, num_stages, num_warps, block_m),
 `pairs`, `check_slots`, `check_decode`, `diagonal`, `decode_diagonal`, `heads_fastest` and `prologue` (0 or 1:
 `attention.triton.PAIRS`, `CHECK_SLOTS`, `CHECK_DECODE_SLOTS`, `CHECK_DIAGONAL`, `CHECK_DECODE_DIAGONAL`, `HEADS_FASTEST`,
-`PREFETCH_PROLOGUE`), and
-the spread decode's `waves`, `max_waves`, `fold_split`, `fold_warps`, `fold_max_split`, `fold_unroll`, `fold_stages`,
-`max_chunk`, `max_run`, `block_stages`, `max_ahead`, `keep_scores` and `kept_regs`
-(`triton_blocks.PROGRAM_WAVES`, `MAX_PROGRAM_WAVES`, `FOLD_SPLIT`, `FOLD_WARPS`, `FOLD_MAX_SPLIT`, `FOLD_UNROLL`,
-`FOLD_STAGES`, `MAX_CHUNK`, `MAX_RUN`, `BLOCK_STAGES`, `MAX_SLOTS_AHEAD`, `KEEP_SCORES`, `KEPT_SCORES_MAX_REGISTERS`;
-`fold_max_split` equal to `fold_split` keeps the fold at FOLD_SPLIT programs for every call). Each row is printed (and appended to --out) as soon as it is measured.
+`PREFETCH_PROLOGUE`), and the spread decode's `waves`, `max_waves`, `fold_split`, `fold_warps`, `fold_max_split`,
+`fold_unroll`, `fold_stages`, `max_chunk`, `max_run`, `block_stages` and `max_ahead` (`triton_blocks.PROGRAM_WAVES`,
+`MAX_PROGRAM_WAVES`, `FOLD_SPLIT`, `FOLD_WARPS`, `FOLD_MAX_SPLIT`, `FOLD_UNROLL`, `FOLD_STAGES`, `MAX_CHUNK`, `MAX_RUN`,
+`BLOCK_STAGES`, `MAX_SLOTS_AHEAD`; `fold_max_split` equal to `fold_split` keeps the fold at FOLD_SPLIT programs for
+every call). Each row is printed (and appended to --out) as soon as it is measured.
 """
 import argparse
 
@@ -41,7 +40,6 @@ KNOBS = {  # variant item -> (module, constant); a module constant keeps its typ
     "fold_unroll": (triton_blocks, "FOLD_UNROLL"), "fold_stages": (triton_blocks, "FOLD_STAGES"),
     "max_chunk": (triton_blocks, "MAX_CHUNK"), "max_run": (triton_blocks, "MAX_RUN"), "block_stages": (triton_blocks, "BLOCK_STAGES"),
     "heads_fastest": (attention_triton, "HEADS_FASTEST"), "prologue": (attention_triton, "PREFETCH_PROLOGUE"), "max_ahead": (triton_blocks, "MAX_SLOTS_AHEAD"),
-    "keep_scores": (triton_blocks, "KEEP_SCORES"), "kept_regs": (triton_blocks, "KEPT_SCORES_MAX_REGISTERS"),
 }
 
 

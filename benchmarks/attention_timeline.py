@@ -2,7 +2,7 @@
 replay, with L2 flushed before every replay (as `timing.graphed_ms` times it), for the contract's decode (the spread
 decode's three kernels where it applies) and flash SDPA's, at Qwen3-8B's heads on attention_blocks.py's cases.
 
-    cd benchmarks && PYTHONPATH=../src python3 attention_timeline.py [--sizes 1x2048,8x2048] [--knobs keep_scores=1] [--out FILE]
+    cd benchmarks && PYTHONPATH=../src python3 attention_timeline.py [--sizes 1x2048,8x2048] [--knobs max_run=4] [--out FILE]
 
 --knobs sets `attention_tiles.py`'s spread-decode knobs (name=value, comma-separated) for the whole run.
 

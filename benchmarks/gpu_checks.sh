@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|gdn-rows|gdn-rows-audits|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine|attention-profile|attention-knobs|attention-trees|attention-kept]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|gdn-rows|gdn-rows-audits|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine|attention-profile|attention-knobs|attention-trees]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -322,26 +322,6 @@ fi
 (cd benchmarks && PYTHONPATH=../src timeout 100 python3 attention_timeline.py --out "$OUT/timeline.txt" 2>&1 | grep -v -i warn)
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/test_triton.py -k 'key_blocks or outside_the_store' 2>&1 \
     | tail -3 | tee "$OUT/pytest_spread.txt"
-fi
-
-# attention-kept: the kept scores (`triton_blocks.KEEP_SCORES`, off). On an H100 at 2267947 they were up to 12% faster
-# at batch 1-8 with the preset's bits in attention_tiles.py's rows, and the spread GPU tests passed with them on, but the
-# 8B audit with them on mismatched (110/256 tokens; their row sums ran in another layout's order, now pinned to the
-# product's): attention_tiles.py with them, the 0.6B and 8B audits with them on, the spread GPU tests with them on
-# (about 4 minutes).
-if [ "$PART" = attention-kept ]; then
-(cd benchmarks && PYTHONPATH=../src timeout 120 python3 attention_tiles.py --graphs --prefill "" --decode 1x512,1x2048,1x8192,2x2048,4x2048,8x2048 \
-    --variants "keep_scores=1" --out "$OUT/kept.txt" 2>&1 | grep -v -i warn)
-for model in qwen3-0.6b-random qwen3-8b-random; do
-timeout 90 python3 -c "import sys, runpy; from isoexec.ops.attention import triton_blocks as t
-t.KEEP_SCORES = True
-sys.argv = ['isoexec', 'audit', '--device', 'cuda', '--quiet', '--model', sys.argv[2], '--contract', 'tiny-dense-triton', '--json', sys.argv[1]]
-runpy.run_module('isoexec', run_name='__main__')" "$OUT/audit_${model}_kept.json" "$model" 2>&1 | tail -6 | tee "$OUT/audit_${model}_kept.txt"
-done
-timeout 100 python3 -c "import sys, pytest; from isoexec.ops.attention import triton_blocks as t
-t.KEEP_SCORES = True
-sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-m', 'gpu', 'tests/ops/attention/test_triton.py', '-k', 'key_blocks or outside_the_store']))" 2>&1 \
-    | tail -3 | tee "$OUT/pytest_spread_kept.txt"
 fi
 
 # Attention over spans (split_kv_size > 0; no preset takes it). attention-spans: the spans' decode and prefill against

@@ -16,7 +16,7 @@ from isoexec.ops.attention import triton_blocks
 
 FLOAT = re.compile(r"\.(f32|f16|bf16)\b|wgmma|mma\.|ex2|rcp|div")
 TYPES = ({n: "*bf16" for n in ("q", "k", "v", "o")} | {n: "*i64" for n in ("slot_table", "seq_ids", "positions")}
-         | {n: "*fp32" for n in ("maxima", "alphas", "sums", "pvs")} | {"scale": "fp32"})
+         | {n: "*fp32" for n in ("maxima", "scores", "alphas", "sums", "pvs")} | {"scale": "fp32"})
 HEADS = dict(G=4, G_PAD=4, D=128, BLOCK_N=32)
 KERNELS = [  # (kernel, constexprs, num_warps, num_stages), as `triton_blocks.attention_decode` launches them
     (triton_blocks.block_max_kernel, HEADS | dict(DOT_IN_FP32=False, ROWS=64, NB=64, INTERPRETED=False, STAGES=triton_blocks.BLOCK_STAGES,

@@ -11,20 +11,31 @@ A block's s, p, p · v and sum_j p depend on the blocks before it only through m
 maximum is exact in any order. So three launches compute the same values:
 
 1. `block_max_kernel`, P programs per (query, KV head), each dealt a contiguous run of the row's key blocks: each
-   block's scores and their row maxima (`MAX_RUN` blocks a product);
+   block's scores (`MAX_RUN` blocks a product), stored, and their row maxima;
 2. `block_terms_kernel`, P' programs per (query, KV head) over runs of their own (fewer than P: its registers let
-   fewer share an SM, and a block's maxima do not depend on which run computed them): m before the program's run (the
+   fewer share an SM, and a block's scores do not depend on which run computed them): m before the program's run (the
    maximum of the earlier blocks' maxima), then along the run as the walk carries it, and each block's alpha,
-   sum_j p and p · v, by the same helpers on the same 64-row tile as the walk, so the same instructions (the tile
-   decides an MMA's bits, not which rows fill it);
+   sum_j p and p · v from its stored scores and its V, by the same helpers on the same 64-row tile as the walk, so the
+   same instructions (the tile decides an MMA's bits, not which rows fill it);
 3. `fold_kernel`, programs per (query, KV head) over slices of the columns: l and acc folded over the blocks in
    ascending order with the walk's multiply-adds, then the walk's division and zero select.
 
+The terms kernel reads K not at all: each block's scores come from the max kernel (fp32, [G_PAD, BLOCK_N] a block),
+the same values as a product of the block alone would give (a score is its row's and key's sum over D, which the
+product's width does not enter). Compiled for sm_90a at Qwen3-8B's heads (`benchmarks/attention_sass.py`) its loop over
+whole blocks issues 274 SASS instructions against 414 with K gathered and q · k repeated, at 128 registers (126), and
+the max kernel's, storing the scores, 281 against 250 at 120 registers (104). One thing the interpreter cannot show: a
+row's maximum and sum over the scores reduce in the order their layout gives, and loaded scores come in the load's
+layout (4 columns a thread), not the product's accumulator layout (8 columns a thread) that the walk reduces over;
+loaded as they come, the Qwen3-8B-shaped audit mismatched (110 of 256 tokens) while single bf16 outputs kept their
+bits. `_in_product_layout` pins them to the product's layout. On an H100 (graph replays, `benchmarks/RESULTS.md`),
+against q · k repeated: Qwen3-8B's heads at 1 x 2,048 / 8,192 keys 19.9 / 43.5 -> 19.6 / 40.7 us, 4 x 2,048 38.0 ->
+35.0, 8 x 2,048 62.1 -> 56.0; Qwen3.5-9B's (16 x 4 heads of 256) 8 x 2,048 71.0 -> 58.7; every family's audit bitwise.
+A register cap of 128 held at head_dim 128 but cannot compile head_dim 256 (ptxas asks for 158), and gained nothing.
+
 Both blocks kernels wait on memory latency along short runs of blocks rather than on bandwidth (Nsight Compute on an
-H100: a quarter to a third of DRAM bandwidth), and issue many instructions a block (below `MAX_SLOTS_AHEAD`). Three changes
-that kept the bits gave nothing at batch 1-8 (`benchmarks/RESULTS.md`, "Issue 22 on the H200"): the first kernel keeping
-each block's scores for the second (which then reads V alone; 156 registers instead of 126; `KEEP_SCORES` has it again,
-under a register cap: faster now, but not yet bitwise in the 8B audit), a fold that reads four
+H100: a quarter to a third of DRAM bandwidth), and issue many instructions a block (below `MAX_SLOTS_AHEAD`). Changes
+that kept the bits gave nothing at batch 1-8 (`benchmarks/RESULTS.md`): a fold that reads four
 blocks' terms a load, and blocks kernels that ask for the next block's K and V before the current block's product (the
 terms kernel at 204 registers); nor, later, prefetch instructions for the next step's table line and K or V, which cost
 no registers (`MAX_SLOTS_AHEAD`'s comment), nor p · V in four slices of V's columns (104 registers, 96 under a cap, five
@@ -32,8 +43,8 @@ programs an SM): the same bits, and slower at every size (1 x 8,192 keys 45.7 ->
 blocks kernels' instructions further with the same values gained nothing on an H100, alone or beside the kept scores:
 the max kernel scaling its blocks' maxima instead of its scores, and both kernels walking a program's whole blocks
 with no key masks once they had found all their slots in the store (max loop 250 -> 201 SASS instructions, terms loop
-414 -> 339: within 0.7 us at batch 1-8); nor did a fold reading an iteration's blocks' terms by one load a term, with up to 112 blocks in flight (1 x 8,192 keys
-43.9 -> 42.8 us, 8 x 2,048 62.8 -> 94.4; benchmarks/RESULTS.md).
+414 -> 339: within 0.7 us at batch 1-8); nor did a fold reading an iteration's blocks' terms by one load a term, with
+up to 112 blocks in flight (1 x 8,192 keys 43.9 -> 42.8 us, 8 x 2,048 62.8 -> 94.4).
 
 `block_max_kernel` and `fold_kernel` launch with programmatic dependent launch (`triton_support.jit(dependent=True)`), as
 the walk and the rest of a decode step do; `block_terms_kernel` does not. A dependent kernel lets the kernel behind it
@@ -64,8 +75,8 @@ from torch import Tensor
 from ...env import EnvError
 from .. import triton_support
 from ..triton_support import after_upstream, cdiv, jit, next_power_of_2, tl
-from .triton_steps import (_block_slots, _finish, _fold_sums, _gather_kv, _gather_v, _in_range, _probs_times_v, _row_sum,
-                           _running_max, _scores, _visible_slots)
+from .triton_steps import (_block_slots, _finish, _fold_sums, _gather_v, _in_range, _probs_times_v, _row_sum, _running_max, _scores,
+                           _visible_slots)
 
 
 def _env_blocks(name: str, default: int | None) -> int | None:
@@ -95,10 +106,12 @@ BLOCKS_MAX_FILL = 0.5
 #   blocks an iteration of its loop: 4 programs of 2 warps at 4 blocks an iteration took 24.0 / 71.8 us against
 #   26.8 / 88.5 for one program of 4 warps at one block, and was within 1 us of the best setting tried at batch 4 to 16.
 PROGRAM_WAVES = 4
-# The max kernel's programs an SM, apart (it deals its own runs: a block's maxima do not depend on which program
-# computed them). It takes ~71 registers a thread against the terms kernel's ~126, so more of its programs fit, and with
-# shorter runs more of its K loads are in flight: on an H100 (graph replays, one call) 6 against 4 took batch 8 x 2,048
-# keys from 82.8 to 75.3 us, 4 x 2,048 47.7 -> 46.4, 1 x 8,192 56.3 -> 55.1, 1 x 512 and 2,048 the same; 8 and 12 less.
+# The max kernel's programs an SM, apart (it deals its own runs: a block's scores do not depend on which program
+# computed them). With fewer registers a thread than the terms kernel more of its programs fit, and with shorter runs
+# more of its K loads are in flight: on an H100 (graph replays, one call; 71 registers then, before it stored the
+# scores) 6 against 4 took batch 8 x 2,048 keys from 82.8 to 75.3 us, 4 x 2,048 47.7 -> 46.4, 1 x 8,192 56.3 -> 55.1,
+# 1 x 512 and 2,048 the same; 8 and 12 less. Storing the scores (120 registers), 4 and 8 against 6 were within 0.6 us
+# at batch 1-4 and 4 gained 2.3 us at 8 x 2,048 (one call): kept at 6.
 MAX_PROGRAM_WAVES = 6
 # The max kernel's key blocks a product: MAX_RUN blocks' scores from one [ROWS, MAX_RUN * BLOCK_N] product, their K
 # gathered by one load, so a run's loads go out together instead of one block's after the other's maxima. A score
@@ -141,25 +154,6 @@ FOLD_WARPS = 2
 # 13.8 / 19.8 / 43.8 us, 2 x 2,048 26.3 -> 25.4, batch 4 and 8 the same.
 FOLD_MAX_SPLIT = 16
 FOLD_UNROLL = 4
-# True: the max kernel (at MAX_RUN > 1) also stores each block's scores, and the terms kernel reads them and gathers V
-# alone instead of gathering K again and repeating q · k: the same values (an fp32 store and load), K read once. Tried
-# before the whole-block loops (1c92584) it took the terms kernel to 156 registers, three programs an SM, and gained
-# nothing. Compiled for sm_90a now, its loop over whole blocks is 235 instructions against 414, and under `maxnreg` 128
-# (KEPT_SCORES_MAX_REGISTERS; 0: the compiler's choice) it keeps four programs an SM with no spill (242). One thing the
-# interpreter cannot show: in bf16 a row's sum of p follows the layout its scores come in (`_row_sum`), and loaded
-# scores may come in another layout than the product's (the 1c92584 build kept every bit on an H100). Timed on an H100
-# (2267947, graph replays): 1 x 2,048 / 8,192 keys 19.8 / 43.8 -> 18.9 / 40.0 us, 4 x 2,048 38.0 -> 34.1, 8 x 2,048
-# 62.7 -> 55.0, every row of those calls the preset's bits, and the spread GPU tests pass with it on; but the Qwen3-8B
-# audit with it on mismatched (110 of 256 tokens, from request 1's first decode step). Why, read offline (the TTGIR of
-# the terms kernel at Qwen3-8B's heads): the loaded scores kept the load's blocked layout (4 columns a thread, 8 threads
-# a row), so the row maxima and sums of p reduced in another order than over a product's accumulator layout (8 columns
-# a thread, 4 threads a row), as the walk's do. A bf16 output rarely shows a different sum's last bit, an audit of 36
-# layers does. `_in_product_layout` now takes the loaded scores through a product of zeros, which pins them to the
-# accumulator's layout (the TTGIR's four [64, 32] reductions on #mma, as without the kept scores), and the terms
-# kernel compiles to 128 registers with no cap (156 before; its loop 289 SASS instructions against 414 without the
-# kept scores). Off until the audit is bitwise with it.
-KEEP_SCORES = False
-KEPT_SCORES_MAX_REGISTERS = 128
 # The earlier blocks' maxima a terms program reads in one load before its run (a [chunk, G_PAD] tile): one load for
 # tables up to 16,384 keys at block_n 32.
 MAX_CHUNK = 512
@@ -198,17 +192,6 @@ def _block_keys(slots, row_ok, p_i, i_blk, full, L, S, ROWS: tl.constexpr, BLOCK
         key_ok = tl.where(full, ok, key_ok_part)
         row_active = tl.where(full, everyone, active_part)
     return slots, vis, key_ok, row_active
-
-
-@jit
-def _block_scores(slots, b_q, row_ok, p_i, i_blk, full, kv_head, k, v, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh,
-                  ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr):
-    """Block i_blk's scores [ROWS, BLOCK_N], its values [BLOCK_N, D] and which rows see a key of it, as
-    `_full_block` (a block wholly below the row: FULL, or `full`) or `_block` (the row's last)
-    compute them, from its slots."""
-    slots, vis, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, full, L, S, ROWS, BLOCK_N, FULL)
-    b_k, b_v = _gather_kv(slots, key_ok, kv_head, k, v, stride_ks, stride_kh, stride_vs, stride_vh, D, DOT_IN_FP32)
-    return _scores(b_q, b_k, vis, scale, DOT_IN_FP32), b_v, row_active
 
 
 @jit
@@ -270,23 +253,13 @@ def _carried_slots(first_key, seq_row, L, S, WIDTH: tl.constexpr):
 
 
 @jit
-def _block_max(slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
-               stride_kh, stride_vs, stride_vh, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-               DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr):
-    s, _, _ = _block_scores(slots, b_q, row_ok, p_i, i_blk, i_blk < full_blk, kv_head, k, v, L, S, scale,
-                            stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32, FULL)
-    rows = tl.arange(0, ROWS)
-    tl.store(maxima + (head_base + i_blk) * G_PAD + rows, tl.max(s, 1), mask=rows < G_PAD)
-
-
-@jit
 def _run_max(slots, b_q, row_ok, p_i, i_blk, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
              G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, RUN: tl.constexpr,
-             DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr, KEEP: tl.constexpr = False):
-    """Blocks [i_blk, i_blk + RUN)'s row maxima, those below hi stored: the RUN blocks' keys (`slots`, loaded) gathered as
-    one K tile and scored by one product, each key masked as the block steps mask it (at or before the row's position,
-    inside the table, its slot in the store: FULL, blocks wholly below the row, needs the last alone), then each block's
-    slice reduced."""
+             DOT_IN_FP32: tl.constexpr, FULL: tl.constexpr):
+    """Blocks [i_blk, i_blk + RUN)'s scores and row maxima, those below hi stored: the RUN blocks' keys (`slots`, loaded)
+    gathered as one K tile and scored by one product, each key masked as the block steps mask it (at or before the row's
+    position, inside the table, its slot in the store: FULL, blocks wholly below the row, needs the last alone), then
+    each block's slice reduced."""
     if FULL:
         in_store = _in_range(slots, S)
         vis, key_ok = in_store[None, :] & row_ok[:, None], in_store
@@ -303,23 +276,20 @@ def _run_max(slots, b_q, row_ok, p_i, i_blk, hi, kv_head, k, maxima, scores, hea
     rows, runs = tl.arange(0, ROWS), tl.arange(0, RUN)
     tl.store(maxima + (head_base + i_blk + runs[None, :]) * G_PAD + rows[:, None], block_max,
              mask=(rows < G_PAD)[:, None] & (i_blk + runs < hi)[None, :])
-    if KEEP:  # each block's scores, [G_PAD, BLOCK_N] a block, for the terms kernel
-        cols = tl.arange(0, RUN * BLOCK_N)
-        blk = i_blk + cols // BLOCK_N
-        tl.store(scores + ((head_base + blk[None, :]) * G_PAD + rows[:, None]) * BLOCK_N + (cols % BLOCK_N)[None, :], s,
-                 mask=(rows < G_PAD)[:, None] & (blk < hi)[None, :])
+    cols = tl.arange(0, RUN * BLOCK_N)  # each block's scores, [G_PAD, BLOCK_N] a block, for the terms kernel
+    blk = i_blk + cols // BLOCK_N
+    tl.store(scores + ((head_base + blk[None, :]) * G_PAD + rows[:, None]) * BLOCK_N + (cols % BLOCK_N)[None, :], s,
+             mask=(rows < G_PAD)[:, None] & (blk < hi)[None, :])
 
 
 @jit(do_not_specialize=["L", "S"], dependent=True)
 def block_max_kernel(
-    q, k, v, slot_table, seq_ids, positions, maxima, scores, L, S, scale,
-    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
+    q, k, slot_table, seq_ids, positions, maxima, scores, L, S, scale, stride_qt, stride_qh, stride_ks, stride_kh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr, RUN: tl.constexpr = 1, AHEAD: tl.constexpr = False,
-    KEEP: tl.constexpr = False, PDL: tl.constexpr = False,
+    NB: tl.constexpr, RUN: tl.constexpr = 1, AHEAD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    """Program (query i, KV head, c): for its run of the row's blocks, the row maxima of each block's scores, into
-    maxima[i, head, j, :G_PAD]; RUN blocks a product where RUN > 1 (`_run_max`)."""
+    """Program (query i, KV head, c): for its run of the row's blocks, each block's scores into scores[i, head, j] and
+    their row maxima into maxima[i, head, j, :G_PAD], RUN blocks a product (`_run_max`)."""
     after_upstream(PDL)
     i, kv_head = tl.program_id(0), tl.program_id(1)
     p_i, seq_row, full_blk, lo, hi = _program(i, tl.program_id(2), tl.num_programs(2), seq_ids, positions, slot_table, L,
@@ -327,64 +297,37 @@ def block_max_kernel(
     slots = _first_slots(lo, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
     b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
-    # Blocks below full_blk are wholly below the row: their steps take the keys' slot checks alone (FULL) in a loop of
-    # their own, and the row's last block (or run) its position's masks too, after them (every step masked gives the
-    # same values with more instructions a block). No terms program reads the maxima of the row's last block: it lies
-    # inside the last run, whose program carries its own maximum there.
-    mid = tl.maximum(tl.minimum(hi, full_blk), lo)
-    if RUN > 1:
-        whole = _whole_runs_end(lo, hi, full_blk, RUN)
-        i_run = lo
-        while i_run < whole:
-            slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
-            _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
-                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, True, KEEP)
-            i_run += RUN
-        while i_run < hi:
-            slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
-            _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
-                     G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, False, KEEP)
-            i_run += RUN
-    elif INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
-        i_blk = lo
-        while i_blk < mid:
-            slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
-            _block_max(now, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
-                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, True)
-            i_blk += 1
-        while i_blk < hi:
-            slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
-            _block_max(now, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
-                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, False)
-            i_blk += 1
-    else:
-        for i_blk in tl.range(lo, mid, num_stages=STAGES):
-            slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
-            _block_max(now, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
-                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, True)
-        for i_blk in tl.range(mid, hi, num_stages=STAGES):
-            slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
-            _block_max(now, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, maxima, head_base, L, S, scale, stride_ks,
-                       stride_kh, stride_vs, stride_vh, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, False)
+    # Runs wholly below the row take the keys' slot checks alone (FULL) in a loop of their own, the runs from the one
+    # holding the row's last block its position's masks too, after them (every run masked gives the same values with
+    # more instructions a block). No terms program reads the maxima of the row's last block: it lies inside the last
+    # run, whose program carries its own maximum there.
+    whole = _whole_runs_end(lo, hi, full_blk, RUN)
+    i_run = lo
+    while i_run < whole:
+        slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
+        _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
+                 G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, True)
+        i_run += RUN
+    while i_run < hi:
+        slots, now = _slots_ahead(slots, i_run, RUN, seq_row, L, S, BLOCK_N, RUN * BLOCK_N, AHEAD)
+        _run_max(now, b_q, row_ok, p_i, i_run, hi, kv_head, k, maxima, scores, head_base, L, S, scale, stride_ks, stride_kh,
+                 G_PAD, ROWS, D, BLOCK_N, RUN, DOT_IN_FP32, False)
+        i_run += RUN
 
 
 @jit
-def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
-                 stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-                 BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, FULL: tl.constexpr, KEEP: tl.constexpr = False):
-    """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, stored; returns m after it.
-    FULL: a block wholly below the row (`_block_keys`). KEEP: the block's scores as the max kernel kept them (rows
-    from G_PAD on see no key: -inf), and V gathered alone."""
-    if KEEP:
-        slots, _, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, i_blk < full_blk, L, S, ROWS, BLOCK_N, FULL)
-        b_v = _gather_v(slots, key_ok, kv_head, v, stride_vs, stride_vh, D, DOT_IN_FP32)
-        r = tl.arange(0, ROWS)
-        s = tl.load(scores + ((head_base + i_blk) * G_PAD + r[:, None]) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :],
-                    mask=(r < G_PAD)[:, None], other=float("-inf"))
-        s = _in_product_layout(s, b_q)
-    else:
-        s, b_v, row_active = _block_scores(slots, b_q, row_ok, p_i, i_blk, i_blk < full_blk, kv_head, k, v, L, S, scale,
-                                           stride_ks, stride_kh, stride_vs, stride_vh, ROWS, D, BLOCK_N, DOT_IN_FP32, FULL)
+def _block_terms(m, slots, q, row_ok, p_i, i_blk, full_blk, kv_head, v, scores, alphas, sums, pvs, head_base, L, S, stride_vs,
+                 stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                 DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, FULL: tl.constexpr):
+    """Block i_blk's alpha, sum_j p and p · v from m, the walk's running maximum before it, its scores as the max kernel
+    stored them (rows from G_PAD on see no key: -inf) and its values, stored; returns m after it. FULL: a block wholly
+    below the row (`_block_keys`)."""
+    slots, _, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, i_blk < full_blk, L, S, ROWS, BLOCK_N, FULL)
+    b_v = _gather_v(slots, key_ok, kv_head, v, stride_vs, stride_vh, D, DOT_IN_FP32)
+    r = tl.arange(0, ROWS)
+    s = tl.load(scores + ((head_base + i_blk) * G_PAD + r[:, None]) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :],
+                mask=(r < G_PAD)[:, None], other=float("-inf"))
+    s = _in_product_layout(s, q, DOT_IN_FP32)
     m_new, m_safe, alpha = _running_max(m, s, DOT_IN_FP32)
     p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
     p_sum = _row_sum(p, SUM_BY_DOT)
@@ -401,31 +344,33 @@ def _block_terms(m, slots, b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v, sco
 
 
 @jit
-def _in_product_layout(s, b_q):
-    """s [ROWS, BLOCK_N] as the accumulator of a product of zeros: the same values (a -0.0 may turn +0.0, which no
-    maximum, difference or exp of the walk's tells apart) in the layout a product's scores come in, so that a row's
-    sum over them runs in the walk's order (a reduction's order follows its operand's layout)."""
-    zero_q = tl.zeros([s.shape[0], 16], dtype=b_q.dtype)
-    zero_k = tl.zeros([16, s.shape[1]], dtype=b_q.dtype)
+def _in_product_layout(s, q, DOT_IN_FP32: tl.constexpr):
+    """s [ROWS, BLOCK_N] as the accumulator of a product of zeros of the walk's operand type (q's, or fp32 where
+    DOT_IN_FP32): the same values (a -0.0 may turn +0.0, which no maximum, difference or exp of the walk's tells apart)
+    in the layout a product's scores come in, so that a row's maximum and sum over them run in the walk's order (a
+    reduction's order follows its operand's layout; loaded, they would come in the load's)."""
+    if DOT_IN_FP32:
+        zero_q, zero_k = tl.zeros([s.shape[0], 16], dtype=tl.float32), tl.zeros([16, s.shape[1]], dtype=tl.float32)
+    else:
+        zero_q, zero_k = tl.zeros([s.shape[0], 16], dtype=q.dtype.element_ty), tl.zeros([16, s.shape[1]], dtype=q.dtype.element_ty)
     return tl.dot(zero_q, zero_k, acc=s, input_precision="ieee")
 
 
 @jit(do_not_specialize=["L", "S"])  # not dependent: the module doc says why
 def block_terms_kernel(
-    q, k, v, slot_table, seq_ids, positions, maxima, scores, alphas, sums, pvs, L, S, scale,
-    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_sb,
+    q, v, slot_table, seq_ids, positions, maxima, scores, alphas, sums, pvs, L, S, stride_vs, stride_vh, stride_sb,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr, NB: tl.constexpr, MAX_CHUNK: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr,
-    KEEP: tl.constexpr = False,
 ):
     """Program (query i, KV head, c), over its run of blocks [lo, hi): the running maximum before block lo (the
     maximum of every earlier block's maxima: a maximum, exact in any order), then block by block that block's alpha,
-    sum_j p and p · v as the walk computes them, the running maximum carried on as the walk carries it; a row that
-    sees no key of a block gets the terms that leave its state as the walk's select does (alpha 1, sums 0)."""
+    sum_j p and p · v as the walk computes them from the block's stored scores and its values, the running maximum
+    carried on as the walk carries it; a row that sees no key of a block gets the terms that leave its state as the
+    walk's select does (alpha 1, sums 0). q: only its element type, the walk's product's operand type."""
     i, kv_head = tl.program_id(0), tl.program_id(1)
     p_i, seq_row, full_blk, lo, hi = _program(i, tl.program_id(2), tl.num_programs(2), seq_ids, positions, slot_table, L,
                                                stride_sb, BLOCK_N)
-    b_q, row_ok = _decode_rows(q, i, kv_head, stride_qt, stride_qh, G, G_PAD, D, ROWS, DOT_IN_FP32)
+    row_ok = tl.arange(0, ROWS) < G
     head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
     # The walk's m before block lo: the earlier blocks' maxima, MAX_CHUNK blocks a load of [MAX_CHUNK, G_PAD] (-inf before
     # the first block).
@@ -438,47 +383,35 @@ def block_terms_kernel(
                           other=float("-inf"))
         m_g = tl.maximum(m_g, tl.max(earlier, 0))
         j0 += MAX_CHUNK
-    _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
-               stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, KEEP)
-
-
-@jit
-def _run_terms(m_g, lo, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
-               stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-               BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
-               STAGES: tl.constexpr, KEEP: tl.constexpr):
-    """Blocks [lo, hi)'s terms, stored, from m_g ([G_PAD]), the walk's maximum before block lo: laid out as the tile's
-    rows (-inf in rows from G_PAD on), then carried along the run as the walk carries it."""
+    # m_g laid out as the tile's rows (-inf in rows from G_PAD on), then carried along the run as the walk carries it;
+    # as in `block_max_kernel`, blocks wholly below the row in a loop of their own (FULL), the row's last after them.
     rows = tl.arange(0, ROWS)
-    m = tl.max(tl.where(rows[:, None] == tl.arange(0, G_PAD)[None, :], m_g[None, :], float("-inf")), 1)
-    # As in `block_max_kernel`: blocks wholly below the row in a loop of their own (FULL), the row's last after them.
+    m = tl.max(tl.where(rows[:, None] == o_g[None, :], m_g[None, :], float("-inf")), 1)
     mid = tl.maximum(tl.minimum(hi, full_blk), lo)
-    m = _terms_loop(m, lo, mid, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
-                    stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES,
-                    KEEP, True)
-    _terms_loop(m, mid, hi, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
-                stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES,
-                KEEP, False)
+    m = _terms_loop(m, lo, mid, q, row_ok, p_i, full_blk, seq_row, kv_head, v, scores, alphas, sums, pvs, head_base, L, S, stride_vs,
+                    stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, True)
+    _terms_loop(m, mid, hi, q, row_ok, p_i, full_blk, seq_row, kv_head, v, scores, alphas, sums, pvs, head_base, L, S, stride_vs,
+                stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, False)
 
 
 @jit
-def _terms_loop(m, a, b, b_q, row_ok, p_i, full_blk, seq_row, kv_head, k, v, scores, alphas, sums, pvs, head_base, L, S, scale,
-                stride_ks, stride_kh, stride_vs, stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-                BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
-                STAGES: tl.constexpr, KEEP: tl.constexpr, FULL: tl.constexpr):
+def _terms_loop(m, a, b, q, row_ok, p_i, full_blk, seq_row, kv_head, v, scores, alphas, sums, pvs, head_base, L, S, stride_vs,
+                stride_vh, G: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr,
+                FULL: tl.constexpr):
     """Blocks [a, b)'s terms in order (`_block_terms`), m carried; returns m after them."""
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = a
         while i_blk < b:
-            m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
-                             scores, alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
-                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, FULL, KEEP)
+            m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), q, row_ok, p_i, i_blk, full_blk, kv_head, v, scores,
+                             alphas, sums, pvs, head_base, L, S, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT,
+                             FULL)
             i_blk += 1
     else:
         for i_blk in tl.range(a, b, num_stages=STAGES):
-            m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), b_q, row_ok, p_i, i_blk, full_blk, kv_head, k, v,
-                             scores, alphas, sums, pvs, head_base, L, S, scale, stride_ks, stride_kh, stride_vs, stride_vh, G, G_PAD, ROWS, D,
-                             BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, FULL, KEEP)
+            m = _block_terms(m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), q, row_ok, p_i, i_blk, full_blk, kv_head, v, scores,
+                             alphas, sums, pvs, head_base, L, S, stride_vs, stride_vh, G, G_PAD, ROWS, D, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT,
+                             FULL)
     return m
 
 
@@ -608,21 +541,18 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     maxima = q.new_empty((num_tokens, num_kv_heads, nb, g_pad), dtype=torch.float32)
     alphas, sums = torch.empty_like(maxima), torch.empty_like(maxima)
     pvs = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, head_dim), dtype=torch.float32)
-    keep = KEEP_SCORES and MAX_RUN > 1
-    scores = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, block_n), dtype=torch.float32) if keep else maxima
+    scores = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, block_n), dtype=torch.float32)
     interpret = triton_support.interpreting()
-    common = (q.stride(0), q.stride(1), k_store.stride(0), k_store.stride(1), v_store.stride(0), v_store.stride(1), slot_table.stride(0))
     runs = functools.partial(_programs_a_row, num_tokens * num_kv_heads, cdiv(table, block_n), q.device)
+    tile = dict(G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb)
     block_max_kernel[(num_tokens, num_kv_heads, runs(MAX_PROGRAM_WAVES))](
-        q, k_store, v_store, slot_table, seq_ids, positions, maxima, scores, table, k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad,
-        D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb, INTERPRETED=interpret, STAGES=BLOCK_STAGES,
-        RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, KEEP=keep, num_warps=num_warps, num_stages=num_stages)
-    block_terms_kernel[(num_tokens, num_kv_heads, runs(PROGRAM_WAVES))](q, k_store, v_store, slot_table, seq_ids, positions, maxima, scores, alphas, sums, pvs, table,
-                             k_store.shape[0], float(scale), *common, G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret,
-                             SUM_BY_DOT=q.dtype == torch.float32 and not interpret, BLOCK_N=block_n, ROWS=rows, NB=nb,
-                             MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, KEEP=keep, num_warps=num_warps,
-                             **({"maxnreg": KEPT_SCORES_MAX_REGISTERS} if keep and KEPT_SCORES_MAX_REGISTERS and not interpret else {}),
-                             num_stages=num_stages)
+        q, k_store, slot_table, seq_ids, positions, maxima, scores, table, k_store.shape[0], float(scale), q.stride(0), q.stride(1),
+        k_store.stride(0), k_store.stride(1), slot_table.stride(0), **tile, RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, num_warps=num_warps,
+        num_stages=num_stages)
+    block_terms_kernel[(num_tokens, num_kv_heads, runs(PROGRAM_WAVES))](
+        q, v_store, slot_table, seq_ids, positions, maxima, scores, alphas, sums, pvs, table, k_store.shape[0], v_store.stride(0),
+        v_store.stride(1), slot_table.stride(0), **tile, SUM_BY_DOT=q.dtype == torch.float32 and not interpret,
+        MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, num_warps=num_warps, num_stages=num_stages)
     split, fold_warps = _fold_programs(num_tokens * num_kv_heads, head_dim, q.device)
     d_part = max(1, head_dim // split)
     fold_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
