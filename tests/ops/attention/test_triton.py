@@ -485,6 +485,30 @@ def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(co
     assert (int_view(decode(1, {**CONSTANTS, "block_n": 32}, *fp32)) != int_view(walk)).sum() > 100
 
 
+def test_the_blocks_kernels_take_as_many_programs_an_sm_as_one_sm_holds(monkeypatch):
+    """The spread decode's blocks kernels deal a row's blocks to as many programs an SM as fit at once. On an H100's SM
+    (65,536 registers, 2,048 threads, 228 KB of shared memory) and 4-warp programs: 120 or 128 registers and 32 KB (the
+    max and terms kernels at Qwen3-8B's heads) fit 4, 152 fit 3, 213 with 65 KB (the terms kernel at head_dim 256)
+    fit 2, 160 with 64 KB fit 3 by registers and shared memory alike; 16 warps of few registers are bound by the threads,
+    a huge tile by shared memory, and at least one always runs. Off a GPU a row takes 3 programs (PROGRAM_WAVES None),
+    or the number set less one; on a GPU a set number of programs an SM decides alone, at most one a block."""
+    from isoexec.ops.attention import triton_blocks
+
+    h100 = (65536, 2048, 233472)
+    assert [triton_blocks.programs_that_fit(r, 4, s, h100) for r, s in ((120, 32768), (128, 33792), (152, 33792), (213, 66560),
+                                                                        (160, 65536))] == [4, 4, 3, 2, 3]
+    assert triton_blocks.programs_that_fit(32, 16, 0, h100) == 4
+    assert triton_blocks.programs_that_fit(64, 4, 200_000, h100) == 1
+    assert triton_blocks.programs_that_fit(255, 32, 0, h100) == 1
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert triton_blocks._programs_a_row(None, None, (), {}, 8, 64, cpu) == 3
+    assert triton_blocks._programs_a_row(None, 6, (), {}, 8, 64, cpu) == 5
+    assert triton_blocks._programs_a_row(None, 6, (), {}, 8, 2, cpu) == 2
+    monkeypatch.setattr(triton_blocks, "_num_sms", lambda device: 132)
+    assert triton_blocks._programs_a_row(None, 4, (), {}, 64, 64, cuda) == 9  # cdiv(4 x 132, 64)
+    assert triton_blocks._programs_a_row(None, 4, (), {}, 8, 64, cuda) == 64  # at most one a block
+
+
 def test_the_fold_splits_its_columns_further_only_where_a_call_has_few_rows(monkeypatch):
     """On a GPU of 132 SMs the spread decode's fold takes 16 one-warp programs a (query, KV head) at batch 1 with 8 KV
     heads (128 programs), 8 at batch 2, and FOLD_SPLIT of FOLD_WARPS from batch 4 (where more programs lost on an H100);

@@ -96,23 +96,26 @@ def _env_blocks(name: str, default: int | None) -> int | None:
 # up to batch 8 (64 programs, half the SMs: 84 against 109 us at 2,048 keys), and lost from batch 16 (142-161 against 109).
 BLOCKS_MIN: int | None = _env_blocks("ISOEXEC_ATTENTION_BLOCKS_MIN", 8)
 BLOCKS_MAX_FILL = 0.5
+# Each blocks kernel deals a row's blocks to about as many programs an SM, over the call's rows, as one SM holds at
+# once (`_resident`: by the compiled kernel's registers, shared memory and threads), so that they run as one wave with
+# each program's run as short as that allows. PROGRAM_WAVES (the terms kernel) and MAX_PROGRAM_WAVES (the max kernel)
+# set a number instead (None: the rule). On an H100 (graph replays, the same bits) the rule (terms and max kernel: 4
+# and 4 programs an SM at Qwen3-8B's heads, 2 and 3 at Qwen3.5-9B's (16, 4, 256), 3 and 4 at Qwen3-30B-A3B's (32, 4,
+# 128)) against the 4 and 6 set before it: 8 x 2,048 keys 56.4 -> 54.5 us at the first, batch 1-4 within 0.1 us; 1 x
+# 8,192 44.4 -> 43.8, 2 / 8 x 2,048 26.4 / 58.4 -> 25.5 / 57.0 at the second; 1 x 8,192 34.7 -> 33.4, 2 / 4 x 2,048
+# 21.6 / 28.2 -> 20.8 / 26.8 at the third (8 x 2,048 42.5 -> 42.8); a call before, setting those numbers as knobs,
+# agreed. Fewer programs than fit (3 for the terms kernel at Qwen3-8B's heads: 1 x 8,192 40.7 -> 43.7 us) or more (6,
+# 8: 43.3, 41.8) lost, as 8 and 16 had against 4 when it held 126 registers (21.8 / 60.0 us at 2,048 / 8,192 keys,
+# 22.7 / 62.0 at 8, 22.8 / 69.4 at 16).
+PROGRAM_WAVES: int | None = None
+MAX_PROGRAM_WAVES: int | None = None
 # The constants below were chosen on an H100 (benchmarks/attention_spread.py; batch 1 at 2,048 / 8,192 keys):
-# - PROGRAM_WAVES, the terms kernel's programs an SM (`_programs_a_row`; both blocks kernels' before the max kernel took
-#   MAX_PROGRAM_WAVES): 21.8 / 60.0 us at 4, 22.7 / 62.0 at 8, 22.8 / 69.4 at 16 (batch 4 and 8 the same way);
 # - BLOCK_STAGES, a blocks kernel's loads in flight along its run of blocks: 1 (none ahead) beat 2 and 3 at every size
 #   (27.1 / 66.0 us at 2, 29.3 / 70.8 at 3);
 # - FOLD_STAGES, the fold's blocks' terms in flight: 8 (16 gained 1-3% more);
 # - the fold's programs a (query, KV head), each over head_dim / FOLD_SPLIT of acc's columns, their warps, and the
 #   blocks an iteration of its loop: 4 programs of 2 warps at 4 blocks an iteration took 24.0 / 71.8 us against
 #   26.8 / 88.5 for one program of 4 warps at one block, and was within 1 us of the best setting tried at batch 4 to 16.
-PROGRAM_WAVES = 4
-# The max kernel's programs an SM, apart (it deals its own runs: a block's scores do not depend on which program
-# computed them). With fewer registers a thread than the terms kernel more of its programs fit, and with shorter runs
-# more of its K loads are in flight: on an H100 (graph replays, one call; 71 registers then, before it stored the
-# scores) 6 against 4 took batch 8 x 2,048 keys from 82.8 to 75.3 us, 4 x 2,048 47.7 -> 46.4, 1 x 8,192 56.3 -> 55.1,
-# 1 x 512 and 2,048 the same; 8 and 12 less. Storing the scores (120 registers), 4 and 8 against 6 were within 0.6 us
-# at batch 1-4 and 4 gained 2.3 us at 8 x 2,048 (one call): kept at 6.
-MAX_PROGRAM_WAVES = 6
 # The max kernel's key blocks a product: MAX_RUN blocks' scores from one [ROWS, MAX_RUN * BLOCK_N] product, their K
 # gathered by one load, so a run's loads go out together instead of one block's after the other's maxima. A score
 # is its row's and key's sum over D alone, which the product's width does not enter (the blocks' maxima, exact in any
@@ -496,14 +499,47 @@ def applies(num_tokens: int, num_kv_heads: int, table_blocks: int, device: torch
     return num_tokens * num_kv_heads <= BLOCKS_MAX_FILL * _num_sms(device)
 
 
-def _programs_a_row(rows: int, blocks: int, device: torch.device, waves: int) -> int:
-    """Programs a row's blocks are dealt to (program c takes the c-th run of cdiv(blocks, P)): about `waves` programs an SM
-    over all the call's rows, at most one a block of the table, so that a table wider than the rows' keys (an
-    engine's, sized for its longest sequence) does not launch a program for every block of it. Off a GPU, waves - 1
-    (3 by default), so that the interpreter's tests deal several blocks to a program."""
+def _programs_a_row(kernel, waves: int | None, args: tuple, options: dict, rows: int, blocks: int, device: torch.device) -> int:
+    """Programs a row's blocks are dealt to by `kernel` launched with `args` and `options` (program c takes the c-th run
+    of cdiv(blocks, P)): about `waves` programs an SM over all the call's rows, or where None as many as one SM holds
+    (`_resident`), at most one a block of the table, so that a table wider than the rows' keys (an engine's, sized for
+    its longest sequence) does not launch a program for every block of it. Off a GPU, waves - 1 (3 where None), so that
+    the interpreter's tests deal several blocks to a program."""
     if device.type != "cuda":
-        return min(blocks, max(1, waves - 1))
+        return min(blocks, max(1, (waves or 4) - 1))
+    if waves is None:
+        waves = _resident(kernel, args, options, device)
     return max(1, min(blocks, cdiv(waves * _num_sms(device), rows)))
+
+
+_RESIDENT: dict[tuple, int] = {}  # (kernel, device, argument keys, options) -> programs an SM holds
+
+
+def _resident(kernel, args: tuple, options: dict, device: torch.device) -> int:
+    """How many programs of `kernel`, compiled for `args` and `options`, one SM of `device` holds at once
+    (`programs_that_fit`). Compiled here on the first call of a key, as its first launch would."""
+    from ..triton_launch import arg_key  # compiled kernels only: Triton's launch machinery
+
+    key = (kernel.fn.__name__, device, tuple(map(arg_key, args)), tuple(options.items()))
+    if key not in _RESIDENT:
+        compiled = kernel.warmup(*args, grid=(1,), **options)
+        compiled = compiled.result() if hasattr(compiled, "result") else compiled
+        compiled._init_handles()  # loads the binary, which reports its registers
+        props = torch.cuda.get_device_properties(device)
+        sm = (props.regs_per_multiprocessor, props.max_threads_per_multi_processor, props.shared_memory_per_multiprocessor)
+        _RESIDENT[key] = programs_that_fit(compiled.n_regs, compiled.metadata.num_warps, compiled.metadata.shared, sm)
+    return _RESIDENT[key]
+
+
+def programs_that_fit(registers: int, warps: int, shared: int, sm: tuple[int, int, int]) -> int:
+    """Programs of `warps` warps, `registers` a thread and `shared` bytes of shared memory that an SM of `sm` (registers,
+    threads, shared memory bytes) holds at once: a warp's registers are allocated 256 at a time, and the hardware keeps
+    1 KB of shared memory a program beside a program's own. At least 1."""
+    sm_registers, sm_threads, sm_shared = sm
+    fits = [sm_registers // (cdiv(registers * 32, 256) * 256 * warps), sm_threads // (32 * warps)]
+    if shared:
+        fits.append(sm_shared // (shared + 1024))
+    return max(1, min(fits))
 
 
 def _fold_programs(rows: int, head_dim: int, device: torch.device) -> tuple[int, int]:
@@ -543,16 +579,18 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     pvs = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, head_dim), dtype=torch.float32)
     scores = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, block_n), dtype=torch.float32)
     interpret = triton_support.interpreting()
-    runs = functools.partial(_programs_a_row, num_tokens * num_kv_heads, cdiv(table, block_n), q.device)
-    tile = dict(G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb)
-    block_max_kernel[(num_tokens, num_kv_heads, runs(MAX_PROGRAM_WAVES))](
-        q, k_store, slot_table, seq_ids, positions, maxima, scores, table, k_store.shape[0], float(scale), q.stride(0), q.stride(1),
-        k_store.stride(0), k_store.stride(1), slot_table.stride(0), **tile, RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD, num_warps=num_warps,
-        num_stages=num_stages)
-    block_terms_kernel[(num_tokens, num_kv_heads, runs(PROGRAM_WAVES))](
-        q, v_store, slot_table, seq_ids, positions, maxima, scores, alphas, sums, pvs, table, k_store.shape[0], v_store.stride(0),
-        v_store.stride(1), slot_table.stride(0), **tile, SUM_BY_DOT=q.dtype == torch.float32 and not interpret,
-        MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret, STAGES=BLOCK_STAGES, num_warps=num_warps, num_stages=num_stages)
+    tile = dict(G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb, num_warps=num_warps,
+                num_stages=num_stages)
+    spread = (num_tokens * num_kv_heads, cdiv(table, block_n), q.device)
+    args = (q, k_store, slot_table, seq_ids, positions, maxima, scores, table, k_store.shape[0], float(scale), q.stride(0), q.stride(1),
+            k_store.stride(0), k_store.stride(1), slot_table.stride(0))
+    options = tile | dict(RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD)
+    block_max_kernel[(num_tokens, num_kv_heads, _programs_a_row(block_max_kernel, MAX_PROGRAM_WAVES, args, options, *spread))](*args, **options)
+    args = (q, v_store, slot_table, seq_ids, positions, maxima, scores, alphas, sums, pvs, table, k_store.shape[0], v_store.stride(0),
+            v_store.stride(1), slot_table.stride(0))
+    options = tile | dict(SUM_BY_DOT=q.dtype == torch.float32 and not interpret, MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret,
+                          STAGES=BLOCK_STAGES)
+    block_terms_kernel[(num_tokens, num_kv_heads, _programs_a_row(block_terms_kernel, PROGRAM_WAVES, args, options, *spread))](*args, **options)
     split, fold_warps = _fold_programs(num_tokens * num_kv_heads, head_dim, q.device)
     d_part = max(1, head_dim // split)
     fold_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](o, positions, alphas, sums, pvs, table, o.stride(0), o.stride(1),
