@@ -6,7 +6,9 @@ replays with --graphs (a 512-token prefill's eager launch takes about as long as
 A variant that changes `block_n` changes the rows' bits (the walk's online-softmax steps are its key blocks): `moved`
 counts prefill output elements whose int16 views differ from the preset's (> 0 expected there, 0 for a variant of
 stages or pairs alone), and `decode=prefill` says whether four of the queries decoded over the same keys (one query
-a sequence) have the prefill rows' bits under that variant (the contract's property: must be True).
+a sequence) have the prefill rows' bits under that variant (the contract's property: must be True). A decode row's
+`preset's bits` compares the outputs as int16 and, written as fp32 by the same kernels, as int32: a bf16 output
+seldom shows a one-ulp change in an fp32 row sum, an fp32 one does (`fp32 out`: the same count for prefill).
 
     cd benchmarks && PYTHONPATH=../src python3 attention_tiles.py [--variants "block_n=64,pairs=0;block_n=64,num_stages=2"]
         [--prefill 512,2048,8192,8x512] [--graphs] [--decode 1x2048,8x2048,64x512,64x2048] [--heads 32,8,128] [--out FILE] [--device cpu]
@@ -85,12 +87,16 @@ def prefill(sizes, variants, heads, device, generator, out, timer=kernel_ms) -> 
         last = (q[picks], k, v, table, torch.arange(4, device=device), positions[picks], scale)
         decoded = torch.equal(base(*last).view(torch.int16), want[picks])
         parts = [f"prefill {batch} x {length:<5} flash {flash_ms:7.3f} ms  preset {base_ms:7.3f} ms ({flash_ms / base_ms:.2f}, decode=prefill {decoded})"]
+        want_fp32 = attention_triton.bench_op(output_dtype="float32")(*call).view(torch.int32)
         for variant in variants:
-            op = _op(*_parse(variant))
+            constants, knobs = _parse(variant)
+            op = _op(constants, knobs)
             got = op(*call).view(torch.int16)
+            moved_fp32 = int((_op(constants | {"output_dtype": "float32"}, knobs)(*call).view(torch.int32) != want_fp32).sum())
             decoded = torch.equal(op(*last).view(torch.int16), got[picks])
             ms = timer(lambda: op(*call), device)
-            parts.append(f"[{variant}] {ms:7.3f} ms ({flash_ms / ms:.2f}, moved {int((got != want).sum())}, decode=prefill {decoded})")
+            parts.append(f"[{variant}] {ms:7.3f} ms ({flash_ms / ms:.2f}, moved {int((got != want).sum())} (fp32 out {moved_fp32}), "
+                         f"decode=prefill {decoded})")
         _emit("  ".join(parts), out)
 
 
@@ -105,9 +111,12 @@ def decode(sizes, variants, heads, device, generator, out) -> None:
         parts = [f"decode batch {batch:<3} keys {keys:<5} flash {flash_ms * 1e3:7.1f} us  preset {base_ms * 1e3:7.1f} us "
                  f"({flash_ms / base_ms:.2f})"]
         want = base(*call).view(torch.int16)
+        want_fp32 = attention_triton.bench_op(output_dtype="float32")(*call).view(torch.int32)
         for variant in variants:
-            op = _op(*_parse(variant))
+            constants, knobs = _parse(variant)
+            op = _op(constants, knobs)
             same = torch.equal(op(*call).view(torch.int16), want)
+            same = same and torch.equal(_op(constants | {"output_dtype": "float32"}, knobs)(*call).view(torch.int32), want_fp32)
             ms = graphed_ms(lambda: op(*call), device)
             parts.append(f"[{variant}] {ms * 1e3:7.1f} us ({flash_ms / ms:.2f}, preset's bits {same})")
         _emit("  ".join(parts), out)
