@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -140,3 +141,8 @@ def test_attention_tiles_runs_packed_prefill_and_decode_in_the_interpreter(tmp_p
     assert prefill.startswith("prefill 2 x 40") and decode.startswith("decode batch 2")
     for row, compared, count in ((prefill, "decode=prefill", 3), (decode, "preset's bits", 2)):
         assert row.count(compared) == count and "[heads_fastest=0,max_run=1]" in row and "[block_n=16]" in row, row
+    # Key blocks of 16 re-block the online softmax: the fp32 outputs show it in prefill and decode alike, the launch
+    # knobs move no bit.
+    same_launch, other_blocks = (re.search(r"moved (\d+) \(fp32 out (\d+)\)", part) for part in prefill.split("[")[1:])
+    assert same_launch.groups() == ("0", "0") and int(other_blocks.group(2)) > 0, prefill
+    assert "[heads_fastest=0,max_run=1]" in decode.split("preset's bits True")[0] and "preset's bits False" in decode, decode
