@@ -45,14 +45,14 @@ KNOBS = {  # variant item -> (module, constant); a module constant keeps its typ
 }
 
 
-def _knob_value(current, value: int):
+def knob_value(current, value: int):
     """A knob's value in its constant's type (bool or int); where the constant is None (a rule), 0 keeps the rule."""
     return (value or None) if current is None else type(current)(value)
 
 
 def _parse(variant: str) -> tuple[dict, dict]:
     items = dict(item.split("=") for item in variant.split(",") if item)
-    knobs = {KNOBS[name]: _knob_value(getattr(*KNOBS[name]), int(items.pop(name))) for name in list(items) if name in KNOBS}
+    knobs = {KNOBS[name]: knob_value(getattr(*KNOBS[name]), int(items.pop(name))) for name in list(items) if name in KNOBS}
     return {name: int(value) for name, value in items.items()}, knobs
 
 

@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from attention_blocks import case
 from attention_spans import _emit
-from attention_tiles import KNOBS
+from attention_tiles import KNOBS, knob_value
 from isoexec.ops.attention import triton as attention_triton
 
 REPLAYS = 20
@@ -68,7 +68,7 @@ def main() -> None:
     for item in filter(None, args.knobs.split(",")):
         name, value = item.split("=")
         module, constant = KNOBS[name]
-        setattr(module, constant, type(getattr(module, constant))(int(value)))
+        setattr(module, constant, knob_value(getattr(module, constant), int(value)))
     device = torch.device("cuda")
     op = attention_triton.bench_op()
     generator = torch.Generator(device=device).manual_seed(0)
