@@ -77,7 +77,7 @@ def main() -> None:
           f"latent {mla.kv_lora_rank}; one MoE layer; GMAC = 1e9 multiply-adds")
     print(f"cache per token and layer: {(mla.kv_lora_rank + mla.qk_rope_head_dim) * 2} bytes (latent + rope key, bf16); expanded K/V "
           f"would be {mla.num_heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim) * 2} bytes")
-    print(f"| step | decompressed attention | absorbed attention | absorbed / decompressed | rest of the layer | layer, absorbed / decompressed | cache read |")
+    print("| step | decompressed attention | absorbed attention | absorbed / decompressed | rest of the layer | layer, absorbed / decompressed | cache read |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for label, m, _ in rows(spec):
         whole = (m["absorbed"] + m["rest"]) / (m["decompressed"] + m["rest"])
