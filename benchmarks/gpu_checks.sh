@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|gdn-rows|gdn-rows-audits|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine|attention-profile|attention-knobs|attention-trees]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|gdn-rows|gdn-rows-audits|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine|attention-profile|attention-knobs|attention-trees|attention-audits]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -298,6 +298,26 @@ if [ "$PART" = attention-knobs ]; then
 (cd benchmarks && PYTHONPATH=../src timeout 100 python3 bench.py attention --json "$OUT/bench_attention.json" 2>&1 \
     | grep -E "^attention (prefill|decode)" | tee "$OUT/bench_attention.txt")
 timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/attention/test_triton.py -k "grid or walked_checked" 2>&1 | tail -3 | tee "$OUT/pytest_knobs.txt"
+fi
+
+# attention-audits: every family's GPU audit after a change to the attention decode (CUDA-graph decode, the spread path
+# where a call has few rows): the 8B-shaped one with every decode step spread (ISOEXEC_ATTENTION_BLOCKS_MIN=1) and at the
+# default, the 30B-A3B- and GLM-4.7-shaped ones, the 9B- and 35B-A3B-shaped hybrids with generations over several
+# chunks, then attention_tiles.py at batch 1-8 at those head shapes, the kernels' bits compared in fp32 (about 7 minutes;
+# set ISOEXEC_COMMIT).
+if [ "$PART" = attention-audits ]; then
+audit_line() { timeout 150 python3 -m isoexec audit --device cuda --quiet "$@" 2>&1 | tail -4 | tee -a "$OUT/attention_audits.txt"; }
+ISOEXEC_ATTENTION_BLOCKS_MIN=1 audit_line --model qwen3-8b-random --contract tiny-dense-triton --json "$OUT/audit_8b_every_step_spread.json"
+audit_line --model qwen3-8b-random --contract tiny-dense-triton --json "$OUT/audit_8b.json"
+audit_line --model qwen3-30b-a3b-4l-random --contract tiny-moe-triton --requests 16 --max-new-tokens 16 --json "$OUT/audit_30b.json"
+audit_line --model glm-4.7-flash-4l-random --contract tiny-mla-triton --requests 16 --max-new-tokens 16 --json "$OUT/audit_glm.json"
+for model in qwen3.5-9b-4l-random qwen3.5-35b-a3b-4l-random; do
+audit_line --model "$model" --contract tiny-hybrid-triton --requests 8 --max-new-tokens 140 --json "$OUT/audit_$model.json"
+done
+for heads in 32,8,128 16,4,256 32,4,128; do
+(cd benchmarks && PYTHONPATH=../src timeout 80 python3 attention_tiles.py --graphs --prefill "" --heads "$heads" \
+    --decode 1x512,1x2048,1x8192,2x2048,4x2048,8x2048 --out "$OUT/tiles_heads_${heads//,/_}.txt" 2>&1 | grep -v -i warn)
+done
 fi
 
 # attention-trees: a change to the decode path checked against another tree (OLD=<its root>, e.g. a `git archive` of an
