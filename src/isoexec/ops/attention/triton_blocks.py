@@ -110,8 +110,9 @@ BLOCKS_MAX_FILL = 0.5
 PROGRAM_WAVES: int | None = None
 MAX_PROGRAM_WAVES: int | None = None
 # The constants below were chosen on an H100 (benchmarks/attention_spread.py; batch 1 at 2,048 / 8,192 keys):
-# - BLOCK_STAGES, a blocks kernel's loads in flight along its run of blocks: 1 (none ahead) beat 2 and 3 at every size
-#   (27.1 / 66.0 us at 2, 29.3 / 70.8 at 3);
+# - BLOCK_STAGES, the terms kernel's loads in flight along its run of blocks (then both blocks kernels'; the max kernel's
+#   runs are now a loop of products, not pipelined): 1 (none ahead) beat 2 and 3 at every size (27.1 / 66.0 us at 2,
+#   29.3 / 70.8 at 3), and 2 lost again with the kept scores (50.3 us at 1 x 8,192);
 # - FOLD_STAGES, the fold's blocks' terms in flight: 8 (16 gained 1-3% more);
 # - the fold's programs a (query, KV head), each over head_dim / FOLD_SPLIT of acc's columns, their warps, and the
 #   blocks an iteration of its loop: 4 programs of 2 warps at 4 blocks an iteration took 24.0 / 71.8 us against
