@@ -513,15 +513,15 @@ def _programs_a_row(kernel, waves: int | None, args: tuple, options: dict, rows:
     return max(1, min(blocks, cdiv(waves * _num_sms(device), rows)))
 
 
-_RESIDENT: dict[tuple, int] = {}  # (kernel, device, argument keys, options) -> programs an SM holds
+_RESIDENT: dict[tuple, int] = {}  # (kernel, device, q's dtype, options) -> programs an SM holds
 
 
 def _resident(kernel, args: tuple, options: dict, device: torch.device) -> int:
     """How many programs of `kernel`, compiled for `args` and `options`, one SM of `device` holds at once
-    (`programs_that_fit`). Compiled here on the first call of a key, as its first launch would."""
-    from ..triton_launch import arg_key  # compiled kernels only: Triton's launch machinery
-
-    key = (kernel.fn.__name__, device, tuple(map(arg_key, args)), tuple(options.items()))
+    (`programs_that_fit`). Compiled here on the first call of a key, as its first launch would. The key is what decides
+    the code (the constexprs, the operand type), not every argument's specialization as a launch's is: this runs on
+    every eager decode call, and the answer only sizes the grid, which no bit depends on."""
+    key = (kernel.fn.__name__, device, args[0].dtype, tuple(options.items()))
     if key not in _RESIDENT:
         compiled = kernel.warmup(*args, grid=(1,), **options)
         compiled = compiled.result() if hasattr(compiled, "result") else compiled
