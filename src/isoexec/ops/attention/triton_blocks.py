@@ -164,6 +164,7 @@ FOLD_UNROLL = 4
 # each program walks the whole row, its loads WALK_STAGES blocks ahead. Not yet timed on a GPU.
 COLUMN_WALK: int | None = None
 WALK_STAGES = 3
+WALK_AHEAD = True
 # The earlier blocks' maxima a terms program reads in one load before its run (a [chunk, G_PAD] tile): one load for
 # tables up to 16,384 keys at block_n 32.
 MAX_CHUNK = 512
@@ -521,8 +522,8 @@ def _walk_block(l, acc, m, slots, q, row_ok, p_i, i_blk, full_blk, kv_head, v, s
 @jit
 def _walk_loop(l, acc, m, a, b, q, row_ok, p_i, full_blk, seq_row, kv_head, v, scores, head_base, L, S, stride_vs, stride_vh, o_d,
                G_PAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
-               INTERPRETED: tl.constexpr, STAGES: tl.constexpr, FULL: tl.constexpr):
-    """Blocks [a, b) folded in order (`_walk_block`)."""
+               INTERPRETED: tl.constexpr, STAGES: tl.constexpr, AHEAD: tl.constexpr, FULL: tl.constexpr):
+    """Blocks [a, b) folded in order (`_walk_block`); AHEAD: each step's slots loaded a step ahead (`_slots_ahead`)."""
     if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
         i_blk = a
         while i_blk < b:
@@ -531,10 +532,11 @@ def _walk_loop(l, acc, m, a, b, q, row_ok, p_i, full_blk, seq_row, kv_head, v, s
                                     FULL)
             i_blk += 1
     else:
+        slots = _first_slots(a, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
         for i_blk in tl.range(a, b, num_stages=STAGES):
-            l, acc, m = _walk_block(l, acc, m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), q, row_ok, p_i, i_blk, full_blk, kv_head,
-                                    v, scores, head_base, L, S, stride_vs, stride_vh, o_d, G_PAD, ROWS, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT,
-                                    FULL)
+            slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
+            l, acc, m = _walk_block(l, acc, m, now, q, row_ok, p_i, i_blk, full_blk, kv_head, v, scores, head_base, L, S, stride_vs,
+                                    stride_vh, o_d, G_PAD, ROWS, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, FULL)
     return l, acc, m
 
 
@@ -543,7 +545,7 @@ def column_walk_kernel(
     o, q, v, slot_table, seq_ids, positions, scores, L, S, stride_vs, stride_vh, stride_sb, stride_ot, stride_oh,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PART: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr,
-    PDL: tl.constexpr = False,
+    AHEAD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Program (query i, KV head, c): the walk over every block of the row in ascending order, for acc's columns
     [c * D_PART, (c + 1) * D_PART) alone, each block's scores as the max kernel stored them and those columns of its
@@ -561,9 +563,9 @@ def column_walk_kernel(
     acc = tl.zeros([ROWS, D_PART], dtype=tl.float32)
     mid = tl.minimum(hi, full_blk)  # blocks wholly below the row with the keys' slot checks alone, then the row's last
     l, acc, m = _walk_loop(l, acc, m, 0, mid, q, row_ok, p_i, full_blk, seq_row, kv_head, v, scores, head_base, L, S, stride_vs, stride_vh,
-                           o_d, G_PAD, ROWS, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, True)
+                           o_d, G_PAD, ROWS, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, AHEAD, True)
     l, acc, m = _walk_loop(l, acc, m, mid, hi, q, row_ok, p_i, full_blk, seq_row, kv_head, v, scores, head_base, L, S, stride_vs, stride_vh,
-                           o_d, G_PAD, ROWS, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, False)
+                           o_d, G_PAD, ROWS, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, AHEAD, False)
     _, out = _finish(l, acc)
     rows = tl.arange(0, ROWS)
     tl.store(o + i.to(tl.int64) * stride_ot + (kv_head * G + rows)[:, None] * stride_oh + o_d[None, :], out.to(o.dtype.element_ty),
@@ -671,7 +673,7 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
         column_walk_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](
             o, q, v_store, slot_table, seq_ids, positions, scores, table, k_store.shape[0], v_store.stride(0), v_store.stride(1),
             slot_table.stride(0), o.stride(0), o.stride(1), **tile, D_PART=d_part, SUM_BY_DOT=sum_by_dot, INTERPRETED=interpret,
-            STAGES=WALK_STAGES)
+            STAGES=WALK_STAGES, AHEAD=WALK_AHEAD)
         return o
     alphas, sums = torch.empty_like(maxima), torch.empty_like(maxima)
     pvs = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, head_dim), dtype=torch.float32)
