@@ -42,8 +42,6 @@ KNOBS = {  # variant item -> (module, constant); a module constant keeps its typ
     "fold_unroll": (triton_blocks, "FOLD_UNROLL"), "fold_stages": (triton_blocks, "FOLD_STAGES"),
     "max_chunk": (triton_blocks, "MAX_CHUNK"), "max_run": (triton_blocks, "MAX_RUN"), "block_stages": (triton_blocks, "BLOCK_STAGES"),
     "heads_fastest": (attention_triton, "HEADS_FASTEST"), "prologue": (attention_triton, "PREFETCH_PROLOGUE"), "max_ahead": (triton_blocks, "MAX_SLOTS_AHEAD"),
-    "column_walk": (triton_blocks, "COLUMN_WALK"), "walk_stages": (triton_blocks, "WALK_STAGES"),
-    "walk_ahead": (triton_blocks, "WALK_AHEAD"),
 }
 
 

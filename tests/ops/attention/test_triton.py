@@ -443,12 +443,11 @@ def _decode_path_rows_equal_training_rows(monkeypatch, module, constants, contro
 
 
 @pytest.mark.parametrize("constants", [CONSTANTS, BF16])
-@pytest.mark.parametrize("fold_split, fold_max_split, fold_unroll, max_chunk, max_waves, max_run, ahead, scale, column_walk",
-                         [(1, 1, 1, 512, 4, 1, True, 0.25, None), (4, 16, 3, 16, 3, 4, True, 0.0884, None),
-                          (4, 16, 4, 512, 6, 2, False, 0.0884, None), (4, 16, 4, 512, 6, 2, True, 0.25, None),
-                          (4, 16, 4, 512, 3, 2, True, 0.0884, 1), (4, 16, 4, 512, 3, 2, True, 0.25, 4)])
+@pytest.mark.parametrize("fold_split, fold_max_split, fold_unroll, max_chunk, max_waves, max_run, ahead, scale",
+                         [(1, 1, 1, 512, 4, 1, True, 0.25), (4, 16, 3, 16, 3, 4, True, 0.0884), (4, 16, 4, 512, 6, 2, False, 0.0884),
+                          (4, 16, 4, 512, 6, 2, True, 0.25)])
 def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(constants, fold_split, fold_max_split, fold_unroll, max_chunk,
-                                                                              max_waves, max_run, ahead, scale, column_walk, monkeypatch):
+                                                                              max_waves, max_run, ahead, scale, monkeypatch):
     """Rows of 1,100 keys (69 blocks of 16), decoded at positions on and next to block edges, by the spread path (its
     fold in one program a row and head a block an iteration, or over 4 programs of a quarter of the columns each (on a
     GPU, up to 16 programs of one warp for these few rows), 3 blocks an iteration: rows of 69 blocks end
@@ -467,7 +466,6 @@ def test_long_decode_rows_with_their_key_blocks_over_the_grid_equal_the_walks(co
     monkeypatch.setattr(triton_blocks, "MAX_PROGRAM_WAVES", max_waves)
     monkeypatch.setattr(triton_blocks, "MAX_RUN", max_run)
     monkeypatch.setattr(triton_blocks, "MAX_SLOTS_AHEAD", ahead)
-    monkeypatch.setattr(triton_blocks, "COLUMN_WALK", column_walk)
 
     q, k, v, slot_table, seq_ids, positions = packed([1100, 40], dtype=torch.float32 if constants is CONSTANTS else torch.bfloat16)
     slot_table[0, 5], slot_table[0, 600] = -1, k.shape[0] + 7  # keys outside the store, in whole blocks of the long rows

@@ -158,13 +158,6 @@ FOLD_WARPS = 2
 # 13.8 / 19.8 / 43.8 us, 2 x 2,048 26.3 -> 25.4, batch 4 and 8 the same.
 FOLD_MAX_SPLIT = 16
 FOLD_UNROLL = 4
-# COLUMN_WALK: after the max kernel, `column_walk_kernel` (programs a row, each over head_dim / COLUMN_WALK of acc's
-# columns, walking every block of the row from its stored scores and its values' columns) in place of the terms kernel
-# and the fold (None). p · v then makes no round trip through memory, and V is read once over the programs of a row;
-# each program walks the whole row, its loads WALK_STAGES blocks ahead. Not yet timed on a GPU.
-COLUMN_WALK: int | None = None
-WALK_STAGES = 3
-WALK_AHEAD = True
 # The earlier blocks' maxima a terms program reads in one load before its run (a [chunk, G_PAD] tile): one load for
 # tables up to 16,384 keys at block_n 32.
 MAX_CHUNK = 512
@@ -335,22 +328,6 @@ def _block_terms(m, slots, q, row_ok, p_i, i_blk, full_blk, kv_head, v, scores, 
     below the row (`_block_keys`)."""
     slots, _, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, i_blk < full_blk, L, S, ROWS, BLOCK_N, FULL)
     b_v = _gather_v(slots, key_ok, kv_head, v, stride_vs, stride_vh, D, DOT_IN_FP32)
-    m_new, alpha, p_sum, pv = _stored_block(m, b_v, q, row_active, scores, head_base, i_blk, G_PAD, ROWS, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
-    rows = tl.arange(0, ROWS)
-    keep = rows < G
-    at = (head_base + i_blk) * G_PAD + rows
-    tl.store(alphas + at, alpha, mask=keep)
-    tl.store(sums + at, p_sum, mask=keep)
-    tl.store(pvs + at[:, None] * D + tl.arange(0, D)[None, :], pv, mask=keep[:, None])
-    return m_new
-
-
-@jit
-def _stored_block(m, b_v, q, row_active, scores, head_base, i_blk, G_PAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-                  DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr):
-    """Block i_blk's running maximum after it, alpha, sum_j p and p · b_v (b_v: its values, or some of their columns) as
-    the walk computes them, from m before it and the scores the max kernel stored (rows from G_PAD on see no key: -inf);
-    a row that sees no key of the block gets the terms that leave its state as the walk's select does (alpha 1, sums 0)."""
     r = tl.arange(0, ROWS)
     s = tl.load(scores + ((head_base + i_blk) * G_PAD + r[:, None]) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :],
                 mask=(r < G_PAD)[:, None], other=float("-inf"))
@@ -358,7 +335,16 @@ def _stored_block(m, b_v, q, row_active, scores, head_base, i_blk, G_PAD: tl.con
     m_new, m_safe, alpha = _running_max(m, s, DOT_IN_FP32)
     p, pv = _probs_times_v(s, m_safe, b_v, DOT_IN_FP32)
     p_sum = _row_sum(p, SUM_BY_DOT)
-    return m_new, tl.where(row_active, alpha, 1.0), tl.where(row_active, p_sum, 0.0), tl.where(row_active[:, None], pv, 0.0)
+    alpha = tl.where(row_active, alpha, 1.0)
+    p_sum = tl.where(row_active, p_sum, 0.0)
+    pv = tl.where(row_active[:, None], pv, 0.0)
+    rows = tl.arange(0, ROWS)
+    keep = rows < G
+    at = (head_base + i_blk) * G_PAD + rows
+    tl.store(alphas + at, alpha, mask=keep)
+    tl.store(sums + at, p_sum, mask=keep)
+    tl.store(pvs + at[:, None] * D + tl.arange(0, D)[None, :], pv, mask=keep[:, None])
+    return m_new
 
 
 @jit
@@ -504,74 +490,6 @@ def _fold_row(o, i, kv_head, hi_blk, head_base, alphas, sums, pvs, stride_ot, st
     tl.store(o + i.to(tl.int64) * stride_ot + head[:, None] * stride_oh + o_d[None, :], out.to(o.dtype.element_ty), mask=keep[:, None])
 
 
-@jit
-def _walk_block(l, acc, m, slots, q, row_ok, p_i, i_blk, full_blk, kv_head, v, scores, head_base, L, S, stride_vs, stride_vh, o_d,
-                G_PAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
-                FULL: tl.constexpr):
-    """Block i_blk folded into l and acc's columns o_d from its stored scores and those columns of its values, m the
-    walk's running maximum before it; returns l, acc and m after it."""
-    slots, _, key_ok, row_active = _block_keys(slots, row_ok, p_i, i_blk, i_blk < full_blk, L, S, ROWS, BLOCK_N, FULL)
-    b_v = tl.load(v + slots[:, None] * stride_vs + kv_head * stride_vh + o_d[None, :], mask=key_ok[:, None], other=0.0)
-    if DOT_IN_FP32:
-        b_v = b_v.to(tl.float32)
-    m, alpha, p_sum, pv = _stored_block(m, b_v, q, row_active, scores, head_base, i_blk, G_PAD, ROWS, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT)
-    l, acc = _fold_sums(l, acc, alpha, p_sum, pv)
-    return l, acc, m
-
-
-@jit
-def _walk_loop(l, acc, m, a, b, q, row_ok, p_i, full_blk, seq_row, kv_head, v, scores, head_base, L, S, stride_vs, stride_vh, o_d,
-               G_PAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
-               INTERPRETED: tl.constexpr, STAGES: tl.constexpr, AHEAD: tl.constexpr, FULL: tl.constexpr):
-    """Blocks [a, b) folded in order (`_walk_block`); AHEAD: each step's slots loaded a step ahead (`_slots_ahead`)."""
-    if INTERPRETED:  # the interpreter cannot take a loaded bound in `range`
-        i_blk = a
-        while i_blk < b:
-            l, acc, m = _walk_block(l, acc, m, _block_slots(i_blk * BLOCK_N, seq_row, L, BLOCK_N), q, row_ok, p_i, i_blk, full_blk, kv_head,
-                                    v, scores, head_base, L, S, stride_vs, stride_vh, o_d, G_PAD, ROWS, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT,
-                                    FULL)
-            i_blk += 1
-    else:
-        slots = _first_slots(a, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
-        for i_blk in tl.range(a, b, num_stages=STAGES):
-            slots, now = _slots_ahead(slots, i_blk, 1, seq_row, L, S, BLOCK_N, BLOCK_N, AHEAD)
-            l, acc, m = _walk_block(l, acc, m, now, q, row_ok, p_i, i_blk, full_blk, kv_head, v, scores, head_base, L, S, stride_vs,
-                                    stride_vh, o_d, G_PAD, ROWS, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, FULL)
-    return l, acc, m
-
-
-@jit(do_not_specialize=["L", "S"], dependent=True)
-def column_walk_kernel(
-    o, q, v, slot_table, seq_ids, positions, scores, L, S, stride_vs, stride_vh, stride_sb, stride_ot, stride_oh,
-    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PART: tl.constexpr, DOT_IN_FP32: tl.constexpr, SUM_BY_DOT: tl.constexpr,
-    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, NB: tl.constexpr, INTERPRETED: tl.constexpr, STAGES: tl.constexpr,
-    AHEAD: tl.constexpr = False, PDL: tl.constexpr = False,
-):
-    """Program (query i, KV head, c): the walk over every block of the row in ascending order, for acc's columns
-    [c * D_PART, (c + 1) * D_PART) alone, each block's scores as the max kernel stored them and those columns of its
-    values; then the walk's zero select and division. m, alpha and the sums are the walk's (each program computes them
-    again), and each element of acc its own chain, so a slice of the columns leaves every bit; p · v over a slice of
-    V's columns is the full product's slice (an output element is its row's and column's sum over the block's keys)."""
-    after_upstream(PDL)
-    i, kv_head = tl.program_id(0), tl.program_id(1)
-    p_i, seq_row, full_blk, _, hi = _program(i, 0, 1, seq_ids, positions, slot_table, L, stride_sb, BLOCK_N)
-    row_ok = tl.arange(0, ROWS) < G
-    head_base = (i.to(tl.int64) * tl.num_programs(1) + kv_head) * NB
-    o_d = tl.program_id(2) * D_PART + tl.arange(0, D_PART)
-    m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([ROWS], dtype=tl.float32)
-    acc = tl.zeros([ROWS, D_PART], dtype=tl.float32)
-    mid = tl.minimum(hi, full_blk)  # blocks wholly below the row with the keys' slot checks alone, then the row's last
-    l, acc, m = _walk_loop(l, acc, m, 0, mid, q, row_ok, p_i, full_blk, seq_row, kv_head, v, scores, head_base, L, S, stride_vs, stride_vh,
-                           o_d, G_PAD, ROWS, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, AHEAD, True)
-    l, acc, m = _walk_loop(l, acc, m, mid, hi, q, row_ok, p_i, full_blk, seq_row, kv_head, v, scores, head_base, L, S, stride_vs, stride_vh,
-                           o_d, G_PAD, ROWS, BLOCK_N, DOT_IN_FP32, SUM_BY_DOT, INTERPRETED, STAGES, AHEAD, False)
-    _, out = _finish(l, acc)
-    rows = tl.arange(0, ROWS)
-    tl.store(o + i.to(tl.int64) * stride_ot + (kv_head * G + rows)[:, None] * stride_oh + o_d[None, :], out.to(o.dtype.element_ty),
-             mask=row_ok[:, None])
-
-
 def applies(num_tokens: int, num_kv_heads: int, table_blocks: int, device: torch.device) -> bool:
     """Whether a decode call (one program per query and KV head in `attention_fwd`) takes the key blocks spread over
     the grid: BLOCKS_MIN set, its table at least that many blocks wide, and few programs an SM."""
@@ -658,6 +576,8 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
     table = slot_table.shape[1]
     nb = next_power_of_2(cdiv(table, block_n))
     maxima = q.new_empty((num_tokens, num_kv_heads, nb, g_pad), dtype=torch.float32)
+    alphas, sums = torch.empty_like(maxima), torch.empty_like(maxima)
+    pvs = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, head_dim), dtype=torch.float32)
     scores = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, block_n), dtype=torch.float32)
     interpret = triton_support.interpreting()
     tile = dict(G=group, G_PAD=g_pad, D=head_dim, DOT_IN_FP32=interpret, BLOCK_N=block_n, ROWS=rows, NB=nb, num_warps=num_warps,
@@ -667,19 +587,9 @@ def attention_decode(q: Tensor, k_store: Tensor, v_store: Tensor, slot_table: Te
             k_store.stride(0), k_store.stride(1), slot_table.stride(0))
     options = tile | dict(RUN=MAX_RUN, AHEAD=MAX_SLOTS_AHEAD)
     block_max_kernel[(num_tokens, num_kv_heads, _programs_a_row(block_max_kernel, MAX_PROGRAM_WAVES, args, options, *spread))](*args, **options)
-    sum_by_dot = q.dtype == torch.float32 and not interpret
-    if COLUMN_WALK is not None:
-        d_part = max(1, head_dim // COLUMN_WALK)
-        column_walk_kernel[(num_tokens, num_kv_heads, head_dim // d_part)](
-            o, q, v_store, slot_table, seq_ids, positions, scores, table, k_store.shape[0], v_store.stride(0), v_store.stride(1),
-            slot_table.stride(0), o.stride(0), o.stride(1), **tile, D_PART=d_part, SUM_BY_DOT=sum_by_dot, INTERPRETED=interpret,
-            STAGES=WALK_STAGES, AHEAD=WALK_AHEAD)
-        return o
-    alphas, sums = torch.empty_like(maxima), torch.empty_like(maxima)
-    pvs = q.new_empty((num_tokens, num_kv_heads, nb, g_pad, head_dim), dtype=torch.float32)
     args = (q, v_store, slot_table, seq_ids, positions, maxima, scores, alphas, sums, pvs, table, k_store.shape[0], v_store.stride(0),
             v_store.stride(1), slot_table.stride(0))
-    options = tile | dict(SUM_BY_DOT=sum_by_dot, MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret,
+    options = tile | dict(SUM_BY_DOT=q.dtype == torch.float32 and not interpret, MAX_CHUNK=min(nb, MAX_CHUNK), INTERPRETED=interpret,
                           STAGES=BLOCK_STAGES)
     block_terms_kernel[(num_tokens, num_kv_heads, _programs_a_row(block_terms_kernel, PROGRAM_WAVES, args, options, *spread))](*args, **options)
     split, fold_warps = _fold_programs(num_tokens * num_kv_heads, head_dim, q.device)
