@@ -42,8 +42,9 @@ from . import triton_tiles, triton_two_launch
 from .reference import check_inputs, check_runs
 from .runs import Runs, find_runs
 from .triton_bwd import gdn_bwd
-from .triton_tiles import (INVERSES, PRECISIONS, SUB, T_FIELD, _advanced, _decayed, _delta, _operand, _outputs, _padded, _piece_keys,
-                           _piece_queries, _piece_values, _rows_mask, _strided16, _values, row_floats)
+from .triton_tiles import (INVERSES, PRECISIONS, SUB, T_FIELD, _advanced, _decayed, _delta, _key_chain, _key_inputs, _operand, _outputs,
+                           _padded, _piece_keys, _piece_queries, _piece_values, _queries, _query_inputs, _rows_mask, _strided16, _values,
+                           row_floats)
 
 ID = "gdn.core.triton"
 VERSION = 3
@@ -122,9 +123,14 @@ def _run(
     i_kh = i_h // GROUP
     neg_a = -tl.exp(tl.load(a_log + i_h).to(tl.float32))
     bias = tl.load(dt_bias + i_h).to(tl.float32)
-    # The run's start state: the slot's open chunk's, or zeros at position 0 (this program's value columns).
-    s0 = tl.load(state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :],
-                 mask=m_state & (pos0 > 0) & caching, other=0.0)  # [DK_PAD, BV]
+    # The run's start state: the slot's open chunk's, or zeros at position 0 (this program's value columns); a program of
+    # a narrow block (a decode step split over the value columns) reads it in its first piece, after the piece's inputs.
+    p_start = state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :]
+    if BV <= 32:
+        s0 = tl.zeros([DK_PAD, BV], dtype=tl.float32)
+    else:
+        s0 = tl.load(state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :],
+                     mask=m_state & (pos0 > 0) & caching, other=0.0)  # [DK_PAD, BV]
 
     t = i_t.to(tl.int64)  # the token at offset `off` of the current piece
     pos = pos0
@@ -146,15 +152,35 @@ def _run(
         # first piece instead (its cached rows a round trip sooner) timed the same at batch 1-16 on an H100.
         p_slot = rows_cache + tl.load(state_ids + t, mask=caching, other=0).to(tl.int64) * (C * HV * width) + i_h * width
         p_cached = p_slot + rows * (HV * width)  # [C]
-
-        kf, g, beta, t_rows, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, neg_a,
-                                                             bias, stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C, SUB, PRECISION,
-                                                             ROWS, INTERPRET)
-        vf = _piece_values(v, p_cached, tok64, piece, loaded, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
-        s_op = _operand(s0, PRECISION, INTERPRET)
-        delta = _delta(_values(inverse, beta, vf, PRECISION, INTERPRET), w, s_op, PRECISION, INTERPRET)  # [C, BV]
-        qn, scores = _piece_queries(q, tok64, piece, loaded, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK, DK_PAD, C,
-                                    PRECISION, INTERPRET)
+        if BV <= 32:
+            # The piece's inputs, then the run's start state, then the arithmetic. Loaded before the loop (as wider
+            # blocks do, below), the state is the loop's carried value, whose copy into the loop's registers waits for
+            # it before any of the piece's loads goes out: two round trips one after the other, the larger part of an H100
+            # decode step's stall samples before its first product at batch 1 (ncu). Loaded here, its conversion for the
+            # products comes right after its load and so after the other loads. On an H100 (Qwen3.5-9B's heads, graph
+            # replays, the same bits) a step over a chunk took 6.71 us at batch 1 against 7.20 (blocks of 32) and 7.87
+            # against 7.89 at batch 2 (32); at batch 4 (blocks of 64, two programs an SM) this order took 10.40 against
+            # 9.95, so wider blocks keep the other.
+            kf, g, beta = _key_inputs(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, neg_a, bias, stride_kt,
+                                      stride_kh, stride_at, DK, DK_PAD, DV_PAD)
+            vf = _piece_values(v, p_cached, tok64, piece, loaded, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
+            qf = _query_inputs(q, tok64, piece, loaded, o_k, m_k, i_kh, stride_qt, stride_qh, DK, DK_PAD)
+            first = pos == pos0
+            s0 = tl.where(first, tl.load(p_start, mask=m_state & (pos0 > 0) & caching & first, other=0.0), s0)
+            s_op = _operand(s0, PRECISION, INTERPRET)
+            t_rows, kn, c, inverse, w = _key_chain(kf, g, beta, p_cached, piece, cached, DK_PAD, DV_PAD, C, SUB, PRECISION, ROWS,
+                                                   INTERPRET)
+            delta = _delta(_values(inverse, beta, vf, PRECISION, INTERPRET), w, s_op, PRECISION, INTERPRET)  # [C, BV]
+            qn, scores = _queries(qf, kn, c, q_scale, C, PRECISION, INTERPRET)
+        else:
+            kf, g, beta, t_rows, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h,
+                                                                 neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C,
+                                                                 SUB, PRECISION, ROWS, INTERPRET)
+            vf = _piece_values(v, p_cached, tok64, piece, loaded, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
+            s_op = _operand(s0, PRECISION, INTERPRET)
+            delta = _delta(_values(inverse, beta, vf, PRECISION, INTERPRET), w, s_op, PRECISION, INTERPRET)  # [C, BV]
+            qn, scores = _piece_queries(q, tok64, piece, loaded, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK, DK_PAD, C,
+                                        PRECISION, INTERPRET)
         o = _outputs(qn, scores, c, s_op, delta, PRECISION, INTERPRET)
         m_pv = _rows_mask(piece, m_v, DV % BV == 0)
         o_rows = tl.multiple_of(tok64 * stride_ot + i_h * stride_oh, 16)

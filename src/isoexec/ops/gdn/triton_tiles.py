@@ -147,13 +147,20 @@ def _rows_mask(rows_in, m_cols, WHOLE: tl.constexpr):
 def _piece_keys(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, neg_a, bias, stride_kt, stride_kh, stride_at,
                 DK: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
                 ROWS: tl.constexpr, INTERPRET: tl.constexpr):
-    """Steps 1 and 2 of a chunk piece and W: the rows' keys and gates (the `cached` rows from the slot, the
-    `piece` rows from the call, zeros past them), the l2-normalised keys kn, the decay cumsum c, the inverse T
-    (by rows where ROWS, T's cached rows from the slot) and W = T (β e^c k). Returns kf, g and β as the slot keeps
-    them, T in fp32 as the slot keeps it (ROWS; else the operand again), then kn, c, T and W (operands).
-    `loaded` ⊇ `piece`: the call's rows read (`_piece_values`), those outside the piece then zeroed."""
-    rows = tl.arange(0, C)
-    below = rows[:, None] > rows[None, :]
+    """Steps 1 and 2 of a chunk piece and W (`_key_inputs`, then `_key_chain`). Returns kf, g and β as the slot keeps
+    them, T in fp32 as the slot keeps it (ROWS; else the operand again), then kn, c, T and W (operands)."""
+    kf, g, beta = _key_inputs(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, neg_a, bias, stride_kt, stride_kh,
+                              stride_at, DK, DK_PAD, DV_PAD)
+    t_rows, kn, c, inverse, w = _key_chain(kf, g, beta, p_cached, piece, cached, DK_PAD, DV_PAD, C, SUB, PRECISION, ROWS, INTERPRET)
+    return kf, g, beta, t_rows, kn, c, inverse, w
+
+
+@jit
+def _key_inputs(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, neg_a, bias, stride_kt, stride_kh, stride_at,
+                DK: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr):
+    """Step 1's inputs: the rows' keys and gates, the `cached` rows from the slot, the `piece` rows from the call, zeros
+    past them (kf, g and β as the slot keeps them). `loaded` ⊇ `piece`: the call's rows read (`_piece_values`), those
+    outside the piece then zeroed."""
     # Every stride is a multiple of 16 elements (gdn_fwd pads where not), so loads are 16-byte vectors.
     k_rows = tl.multiple_of(tok64 * stride_kt + i_kh * stride_kh, 16)
     m_ck, m_pk = _rows_mask(cached, m_k, DK == DK_PAD), _rows_mask(piece, m_k, DK == DK_PAD)
@@ -163,6 +170,17 @@ def _piece_keys(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh,
                      tl.load(b + tok64 * stride_at + i_h, mask=loaded, other=0.0), neg_a, bias)
     g = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD, mask=cached, other=0.0), tl.where(piece, g, 0.0))
     beta = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD + 1, mask=cached, other=0.0), tl.where(piece, beta, 0.0))
+    return kf, g, beta
+
+
+@jit
+def _key_chain(kf, g, beta, p_cached, piece, cached, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr,
+               PRECISION: tl.constexpr, ROWS: tl.constexpr, INTERPRET: tl.constexpr):
+    """Step 2 and W from step 1's inputs: the l2-normalised keys kn, the decay cumsum c, the inverse T (by rows where
+    ROWS, T's cached rows from the slot) and W = T (β e^c k). Returns T in fp32 as the slot keeps it (ROWS; else the
+    operand again), then kn, c, T and W (operands)."""
+    rows = tl.arange(0, C)
+    below = rows[:, None] > rows[None, :]
     kn = _operand(kf * (1.0 / tl.sqrt(tl.sum(kf * kf, 1) + L2_EPS))[:, None], PRECISION, INTERPRET)  # [C, DK_PAD]
     c = tl.cumsum(g, 0)
     gram = _mm(kn, tl.trans(kn), PRECISION, INTERPRET)  # [C, C]
@@ -177,7 +195,7 @@ def _piece_keys(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh,
         t_rows = inverse
     w = _operand(_mm(inverse, _operand((beta * tl.exp(c))[:, None] * kn.to(tl.float32), PRECISION, INTERPRET), PRECISION, INTERPRET),
                  PRECISION, INTERPRET)  # [C, DK_PAD]
-    return kf, g, beta, t_rows, kn, c, inverse, w
+    return t_rows, kn, c, inverse, w
 
 
 @jit
@@ -208,13 +226,24 @@ def _delta(u, w, s_op, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
 @jit
 def _piece_queries(q, tok64, piece, loaded, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK: tl.constexpr,
                    DK_PAD: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """The l2-normalised, scaled queries (the `piece` rows; `loaded` as `_piece_values`) and the scores (q kᵀ ∘ decay,
-    j <= i), both as operands."""
-    rows = tl.arange(0, C)
-    upto = rows[:, None] >= rows[None, :]
+    """`_query_inputs`, then `_queries`."""
+    qf = _query_inputs(q, tok64, piece, loaded, o_k, m_k, i_kh, stride_qt, stride_qh, DK, DK_PAD)
+    return _queries(qf, kn, c, q_scale, C, PRECISION, INTERPRET)
+
+
+@jit
+def _query_inputs(q, tok64, piece, loaded, o_k, m_k, i_kh, stride_qt, stride_qh, DK: tl.constexpr, DK_PAD: tl.constexpr):
+    """The `piece` rows' queries, zeros elsewhere (`loaded` as `_piece_values`)."""
     q_rows = tl.multiple_of(tok64 * stride_qt + i_kh * stride_qh, 16)
     qf = tl.load(q + q_rows[:, None] + o_k[None, :], mask=_rows_mask(loaded, m_k, DK == DK_PAD), other=0.0).to(tl.float32)
-    qf = tl.where(_rows_mask(piece, m_k, DK == DK_PAD), qf, 0.0)
+    return tl.where(_rows_mask(piece, m_k, DK == DK_PAD), qf, 0.0)
+
+
+@jit
+def _queries(qf, kn, c, q_scale, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The l2-normalised, scaled queries and the scores (q kᵀ ∘ decay, j <= i), both as operands."""
+    rows = tl.arange(0, C)
+    upto = rows[:, None] >= rows[None, :]
     qn = _operand(qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) + L2_EPS))[:, None] * q_scale, PRECISION, INTERPRET)
     scores = tl.where(upto, _mm(qn, tl.trans(kn), PRECISION, INTERPRET) * tl.exp(tl.where(upto, c[:, None] - c[None, :], 0.0)), 0.0)
     return qn, _operand(scores, PRECISION, INTERPRET)
