@@ -22,7 +22,9 @@ Each kernel compiles once for every case: nothing that differs between a trainer
 is a constexpr or a specialised integer (has_cache, T and the strides are runtime values; the wrapper
 hands the kernels 16-byte aligned pointers and strides that are multiples of 16 elements only), because
 two compiled variants may lay a tile out differently and reduce it in another order (which is why the
-two-launch path's layouts were read, and its bits are tested, rather than assumed). The backward pass
+two-launch path's layouts were read, and its bits are tested, rather than assumed). The split decode's blocks
+(`SPLITS`) are such variants too, their block of columns a constexpr (a 32-column block also orders its first piece's
+loads otherwise, `_run`): their bits are tested against the unsplit kernel's, on the CPU and on a GPU. The backward pass
 (`triton_bwd.py`) is Triton kernels of its own: correct gradients, not invariant ones.
 """
 from __future__ import annotations
