@@ -131,8 +131,7 @@ def _run(
     if BV <= 32:
         s0 = tl.zeros([DK_PAD, BV], dtype=tl.float32)
     else:
-        s0 = tl.load(state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :],
-                     mask=m_state & (pos0 > 0) & caching, other=0.0)  # [DK_PAD, BV]
+        s0 = tl.load(p_start, mask=m_state & (pos0 > 0) & caching, other=0.0)  # [DK_PAD, BV]
 
     t = i_t.to(tl.int64)  # the token at offset `off` of the current piece
     pos = pos0
