@@ -3,7 +3,7 @@
 # the Triton / CUDA-graph tests compiled for the GPU, admission of the GPU contract and of native, and
 # the GPU audits (tiny-dense and a Qwen3-0.6B-sized random model). Everything lands under $OUT.
 #
-#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|gdn-rows|gdn-rows-audits|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine|attention-profile|attention-knobs|attention-trees|attention-audits]   # from the repository root
+#   OUT=out bash benchmarks/gpu_checks.sh [tests|admission|audits|parallel|moe-tests|moe-admission|moe-audits|moe-bench|mla-tests|mla-admission|mla-audits|mla-bench|gdn-tests|gdn-admission|gdn-audits|gdn-bench|gdn-two-launch|gdn-retime|gdn-rows|gdn-rows-audits|gdn-decode|attention-fold|attention-blocks|attention-gluon|attention-gluon-bench|attention-probes|attention-spread|attention-spans|attention-spans-engine|attention-profile|attention-knobs|attention-trees|attention-audits]   # from the repository root
 #
 # The whole takes ~10 minutes on one H200 (pytest 3, the 0.6B admission 5: its decode GEMM entries compile
 # many shapes), over a device call's 10-minute limit with the start: name one part per call there.
@@ -155,6 +155,25 @@ python3 -m isoexec audit --device cuda --quiet --model "$model" --contract /tmp/
 done
 (cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} python3 bench.py engine trainer --model qwen3.5-9b-4l-random \
     --contracts /tmp/hybrid_rows.json,tiny-hybrid-triton,native --json "$OUT/bench_9b_rows.json" 2>&1 | tail -14 | tee "$OUT/bench_9b_rows.txt")
+fi
+
+# gdn-decode: after a change to the GDN decode step (carry fla-core's wheel as for gdn-bench): the contract forms' GPU
+# tests at Qwen3.5's heads, a chunk of decode steps at batch 1-16 beside FLA's (profile_gdn_decode.py --part rows), and
+# ncu's per-instruction stall samples of a batch-1 and a batch-2 step's kernel, in ncu.tar
+# (benchmarks/results/2026-12-07_8aeec9a_h100_gdn_decode_ncu/ncu_stalls.py reads them; about 5 minutes).
+if [ "$PART" = gdn-decode ]; then
+timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/gdn/test_triton.py -k "qwen and contract" 2>&1 | tail -3 | tee "$OUT/pytest_gdn_contract.txt"
+for only in "op, inverse products" fla; do
+(cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} timeout 120 python3 profile_gdn_decode.py --part rows --batches 1,2,4,8,16 --only "$only" \
+    2>&1 | grep "^==" | tee -a "$OUT/gdn_decode_steps.txt")
+done
+for batch in 1 2; do
+(cd benchmarks && PYTHONPATH=../src:${PYTHONPATH:-} timeout 170 ncu --kernel-name regex:gdn_fwd_kernel --launch-skip 21 --launch-count 1 \
+    --set full --import-source yes -f -o "$OUT/op_b$batch" python3 profile_gdn_decode.py --part rows --untimed --batches "$batch" \
+    --only "op, inverse products" > /dev/null 2>&1)
+ncu -i "$OUT/op_b$batch.ncu-rep" --page source --csv --print-source sass > "$OUT/op_b${batch}_sass.csv" 2>&1
+tar -rf "$OUT/ncu.tar" -C "$OUT" "op_b${batch}_sass.csv" && rm -f "$OUT/op_b$batch.ncu-rep" "$OUT/op_b${batch}_sass.csv"
+done
 fi
 
 # gdn.core.triton's two-launch path (docs/gdn.md; carry fla-core's wheel as for gdn-bench): the bits of every form by
