@@ -229,7 +229,7 @@ def profile_moe_tiles(tokens=(1, 16, 64, 4096), shapes=None, device="cuda") -> N
                     print(f"    {tile}: {type(error).__name__}", flush=True)
                     continue
                 print(f"    {' '.join(f'{v:.4f}' for v in times)}{'' if same else ' (other bits)'}  {tile}", flush=True)
-        del p, xs
+        p = xs = None  # the shape's weights and inputs freed before the next shape's are drawn
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
