@@ -23,8 +23,9 @@ is a constexpr or a specialised integer (has_cache, T and the strides are runtim
 hands the kernels 16-byte aligned pointers and strides that are multiples of 16 elements only), because
 two compiled variants may lay a tile out differently and reduce it in another order (which is why the
 two-launch path's layouts were read, and its bits are tested, rather than assumed). The split decode's blocks
-(`SPLITS`) are such variants too, their block of columns a constexpr (a 32-column block also orders its first piece's
-loads otherwise, `_run`): their bits are tested against the unsplit kernel's, on the CPU and on a GPU. The backward pass
+(`SPLITS`) are such variants too, their block of columns a constexpr (a 32-column block also orders its piece's loads
+otherwise, `_piece`, and computes a one-token run by straight-line code, `_token`): their bits are tested against the
+unsplit kernel's, on the CPU and on a GPU. The backward pass
 (`triton_bwd.py`) is Triton kernels of its own: correct gradients, not invariant ones.
 """
 from __future__ import annotations
@@ -44,9 +45,9 @@ from . import triton_tiles, triton_two_launch
 from .reference import check_inputs, check_runs
 from .runs import Runs, find_runs
 from .triton_bwd import gdn_bwd
-from .triton_tiles import (INVERSES, PRECISIONS, SUB, T_FIELD, _advanced, _decayed, _delta, _key_chain, _key_inputs, _operand, _outputs,
-                           _padded, _piece_keys, _piece_queries, _piece_values, _queries, _query_inputs, _rows_mask, _strided16, _values,
-                           row_floats)
+from .triton_tiles import (INVERSES, PRECISIONS, SUB, T_FIELD, _advanced, _decayed, _delta, _gates_of, _key_chain, _key_loads, _operand,
+                           _outputs, _padded, _piece_keys, _piece_queries, _piece_values, _queries, _query_inputs, _rows_mask, _strided16,
+                           _values, row_floats)
 
 ID = "gdn.core.triton"
 VERSION = 3
@@ -95,8 +96,19 @@ def gdn_fwd_kernel(
         after = tl.load(positions + i_t + 1, mask=i_t + 1 < T, other=-2)
         alone = (i_t + 1 >= T) | (after != pos0 + 1)
         alone = alone | (caching & (tl.load(state_ids + i_t + 1, mask=caching & (i_t + 1 < T), other=-1) != slot))
-        i_v = tl.where(alone, i_s, 0)
-        end = tl.where(starts, tl.where(alone, i_s + 1, tl.where(i_s == 0, NV, 0)), 0)
+        if BV <= 32:
+            # A one-token run: block i_s of its row by straight-line code, every access masked by whether there is one, so
+            # the compiler issues the piece's loads and lays out its tiles' addresses beside the loads above, not behind
+            # a branch on them; its slot is the one read above (no second round trip for it). Blocks of 64 keep the
+            # loop alone: beside it this copy spilled 408 bytes there (40 without).
+            _token(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, T, q_scale, i_t, i_h, i_s, i_s == NV - 1, starts & alone,
+                   pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot,
+                   stride_oh, GROUP, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET)
+            i_v = 0
+            end = tl.where(starts & ~alone & (i_s == 0), NV, 0)
+        else:
+            i_v = tl.where(alone, i_s, 0)
+            end = tl.where(starts, tl.where(alone, i_s + 1, tl.where(i_s == 0, NV, 0)), 0)
         while i_v < end:  # not `for … in range(i_v, end)`: the interpreter cannot take loaded bounds there
             _run(q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, state_ids, positions, T, q_scale, i_t, i_h, i_v, i_v == NV - 1,
                  pos0, slot, caching, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
@@ -147,58 +159,14 @@ def _run(
         stop = _piece_stop(positions, state_ids, tok, pos, off, slot, caching, T, C)
         piece = (rows >= off) & (rows < stop)  # [C], within `loaded`
         cached = rows < off  # the chunk's earlier rows, from the slot (off > 0 only with a cache)
-        tok64 = tok.to(tl.int64)
         # The slot as the piece's first token names it (the run's slot): read per piece, so the compiler does not hoist
         # the cache's [C, D] address tiles out of the loop and keep them live. Taking the slot loaded first for the run's
         # first piece instead (its cached rows a round trip sooner) timed the same at batch 1-16 on an H100.
         p_slot = rows_cache + tl.load(state_ids + t, mask=caching, other=0).to(tl.int64) * (C * HV * width) + i_h * width
-        p_cached = p_slot + rows * (HV * width)  # [C]
-        if BV <= 32:
-            # The piece's inputs, then the run's start state, then the arithmetic. Loaded before the loop (as wider
-            # blocks do, below), the state is the loop's carried value, whose copy into the loop's registers waits for
-            # it before any of the piece's loads goes out: two round trips one after the other, the larger part of an H100
-            # decode step's stall samples before its first product at batch 1 (ncu). Loaded here, its conversion for the
-            # products comes right after its load and so after the other loads. On an H100 (Qwen3.5-9B's heads, graph
-            # replays, the same bits) a step over a chunk took 6.71 us at batch 1 against 7.20 (blocks of 32) and 7.87
-            # against 7.89 at batch 2 (32); at batch 4 (blocks of 64, two programs an SM) this order took 10.40 against
-            # 9.95, so wider blocks keep the other.
-            kf, g, beta = _key_inputs(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, neg_a, bias, stride_kt,
-                                      stride_kh, stride_at, DK, DK_PAD, DV_PAD)
-            vf = _piece_values(v, p_cached, tok64, piece, loaded, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
-            qf = _query_inputs(q, tok64, piece, loaded, o_k, m_k, i_kh, stride_qt, stride_qh, DK, DK_PAD)
-            first = pos == pos0
-            s0 = tl.where(first, tl.load(p_start, mask=m_state & (pos0 > 0) & caching & first, other=0.0), s0)
-            s_op = _operand(s0, PRECISION, INTERPRET)
-            t_rows, kn, c, inverse, w = _key_chain(kf, g, beta, p_cached, piece, cached, DK_PAD, DV_PAD, C, SUB, PRECISION, ROWS,
-                                                   INTERPRET)
-            delta = _delta(_values(inverse, beta, vf, PRECISION, INTERPRET), w, s_op, PRECISION, INTERPRET)  # [C, BV]
-            qn, scores = _queries(qf, kn, c, q_scale, C, PRECISION, INTERPRET)
-        else:
-            kf, g, beta, t_rows, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h,
-                                                                 neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C,
-                                                                 SUB, PRECISION, ROWS, INTERPRET)
-            vf = _piece_values(v, p_cached, tok64, piece, loaded, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
-            s_op = _operand(s0, PRECISION, INTERPRET)
-            delta = _delta(_values(inverse, beta, vf, PRECISION, INTERPRET), w, s_op, PRECISION, INTERPRET)  # [C, BV]
-            qn, scores = _piece_queries(q, tok64, piece, loaded, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK, DK_PAD, C,
-                                        PRECISION, INTERPRET)
-        o = _outputs(qn, scores, c, s_op, delta, PRECISION, INTERPRET)
-        m_pv = _rows_mask(piece, m_v, DV % BV == 0)
-        o_rows = tl.multiple_of(tok64 * stride_ot + i_h * stride_oh, 16)
-        tl.store(out + o_rows[:, None] + o_v[None, :], o.to(out.dtype.element_ty), mask=m_pv)
-        # A piece that leaves its chunk open: its rows' inputs into the slot for the next call (this block's v
-        # columns; k, g and β from the last block, once every block has read the slot's earlier rows).
-        keep = piece & caching & (stop < C)
-        tl.store(p_cached[:, None] + DK_PAD + o_v[None, :], vf, mask=_rows_mask(keep, m_v, DV % BV == 0))
-        keep = keep & last_block
-        tl.store(p_cached[:, None] + o_k[None, :], kf, mask=_rows_mask(keep, m_k, DK == DK_PAD))
-        tl.store(p_cached + DK_PAD + DV_PAD, g, mask=keep)
-        tl.store(p_cached + DK_PAD + DV_PAD + 1, beta, mask=keep)
-        if ROWS:
-            tl.store(p_cached[:, None] + DK_PAD + DV_PAD + 16 + rows[None, :], t_rows, mask=keep[:, None])
+        s0 = _piece(q, k, v, a, b, out, p_start, s0, p_slot, tok, loaded, piece, cached, stop, pos == pos0, pos0, caching, last_block,
+                    i_h, i_kh, o_k, o_v, m_k, m_v, m_state, neg_a, bias, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+                    stride_vh, stride_at, stride_ot, stride_oh, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET)
         if stop == C:
-            c_last, decayed = _decayed(kn, c, C, PRECISION, INTERPRET)
-            s0 = _advanced(s0, c_last, decayed, delta, PRECISION, INTERPRET)
             closed = pos0 >= 0
         t += stop - off
         pos += stop - off
@@ -209,6 +177,104 @@ def _run(
     if caching & (closed | (pos0 == 0)):  # the state changed (a chunk closed), or the slot never held this sequence's
         p_state = state + tl.load(state_ids + i_t).to(tl.int64) * (HV * DK * DV) + i_h * (DK * DV)  # reread: see p_slot
         tl.store(p_state + o_k[:, None] * DV + o_v[None, :], s0, mask=m_state)
+
+
+@jit
+def _token(
+    q, k, v, a, b, a_log, dt_bias, out, state, rows_cache, T, q_scale, i_t, i_h, i_v, last_block, one, pos0, slot, caching,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_ot, stride_oh,
+    GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, ROWS: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """`_run` for a run of one token (`one`; else nothing is read or written), value head i_h, columns
+    [i_v BV, (i_v + 1) BV): the one piece that token's chunk offset ends, with no loop or branch ahead of its loads."""
+    width: tl.constexpr = DK_PAD + DV_PAD + 16 + (T_FIELD if ROWS else 0)  # triton_tiles.row_floats
+    rows = tl.arange(0, C)
+    o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < DK, o_v < DV
+    m_state = m_k[:, None] & m_v[None, :]
+    i_kh = i_h // GROUP
+    neg_a = -tl.exp(tl.load(a_log + i_h).to(tl.float32))
+    bias = tl.load(dt_bias + i_h).to(tl.float32)
+    p_start = state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :]
+    active = one & (pos0 >= 0)
+    off = pos0 % C
+    stop = tl.where(active, off + 1, 0)
+    tok = i_t.to(tl.int64) + rows - off
+    loaded = (rows >= off) & (tok < T) & active
+    piece = (rows >= off) & (rows < stop)
+    cached = (rows < off) & active
+    tl.static_assert(BV <= 32)  # so `_piece` reads the start state itself, after the piece's inputs
+    s0 = tl.zeros([DK_PAD, BV], dtype=tl.float32)
+    p_slot = rows_cache + slot * (C * HV * width) + i_h * width
+    s0 = _piece(q, k, v, a, b, out, p_start, s0, p_slot, tok, loaded, piece, cached, stop, active, pos0, caching, last_block, i_h,
+                i_kh, o_k, o_v, m_k, m_v, m_state, neg_a, bias, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                stride_at, stride_ot, stride_oh, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET)
+    if caching & one & ((stop == C) | (pos0 <= 0)):  # as `_run`'s last store
+        tl.store(p_start, s0, mask=m_state)
+
+
+@jit
+def _piece(q, k, v, a, b, out, p_start, s0, p_slot, tok, loaded, piece, cached, stop, first, pos0, caching, last_block, i_h, i_kh, o_k,
+           o_v, m_k, m_v, m_state, neg_a, bias, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at,
+           stride_ot, stride_oh, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+           BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, ROWS: tl.constexpr, INTERPRET: tl.constexpr):
+    """One chunk piece in value head i_h's columns o_v: the rows `piece` (`tok`: the token at each chunk offset; `cached`
+    rows from the slot at p_slot; `loaded` ⊇ `piece` the call's rows read, see `_key_inputs`) from s0, the state at the
+    chunk's start (a block of 32 columns reads it here from p_start in the run's `first` piece). Writes the piece's
+    outputs, and its rows' inputs into the slot where the chunk stays open; returns the state after the piece (advanced
+    where it closes the chunk, `stop` == C)."""
+    width: tl.constexpr = DK_PAD + DV_PAD + 16 + (T_FIELD if ROWS else 0)  # triton_tiles.row_floats
+    rows = tl.arange(0, C)
+    tok64 = tok.to(tl.int64)
+    p_cached = p_slot + rows * (HV * width)  # [C]
+    if BV <= 32:
+        # The piece's inputs, then the run's start state, then the arithmetic. Loaded before the loop (as wider
+        # blocks do, below), the state is the loop's carried value, whose copy into the loop's registers waits for
+        # it before any of the piece's loads goes out: two round trips one after the other, the larger part of an H100
+        # decode step's stall samples before its first product at batch 1 (ncu). Loaded here, its conversion for the
+        # products comes right after its load and so after the other loads. On an H100 (Qwen3.5-9B's heads, graph
+        # replays, the same bits) a step over a chunk took 6.71 us at batch 1 against 7.20 (blocks of 32) and 7.87
+        # against 7.89 at batch 2 (32); at batch 4 (blocks of 64, two programs an SM) this order took 10.40 against
+        # 9.95, so wider blocks keep the other. The gates' arithmetic comes after every load too (`_key_loads`).
+        kf, a_new, b_new, g_cached, beta_cached = _key_loads(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h,
+                                                             stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD)
+        vf = _piece_values(v, p_cached, tok64, piece, loaded, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
+        qf = _query_inputs(q, tok64, piece, loaded, o_k, m_k, i_kh, stride_qt, stride_qh, DK, DK_PAD)
+        s0 = tl.where(first, tl.load(p_start, mask=m_state & (pos0 > 0) & caching & first, other=0.0), s0)
+        g, beta = _gates_of(a_new, b_new, g_cached, beta_cached, piece, cached, neg_a, bias)
+        s_op = _operand(s0, PRECISION, INTERPRET)
+        t_rows, kn, c, inverse, w = _key_chain(kf, g, beta, p_cached, piece, cached, DK_PAD, DV_PAD, C, SUB, PRECISION, ROWS,
+                                               INTERPRET)
+        delta = _delta(_values(inverse, beta, vf, PRECISION, INTERPRET), w, s_op, PRECISION, INTERPRET)  # [C, BV]
+        qn, scores = _queries(qf, kn, c, q_scale, C, PRECISION, INTERPRET)
+    else:
+        kf, g, beta, t_rows, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h,
+                                                             neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C,
+                                                             SUB, PRECISION, ROWS, INTERPRET)
+        vf = _piece_values(v, p_cached, tok64, piece, loaded, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
+        s_op = _operand(s0, PRECISION, INTERPRET)
+        delta = _delta(_values(inverse, beta, vf, PRECISION, INTERPRET), w, s_op, PRECISION, INTERPRET)  # [C, BV]
+        qn, scores = _piece_queries(q, tok64, piece, loaded, o_k, m_k, i_kh, kn, c, q_scale, stride_qt, stride_qh, DK, DK_PAD, C,
+                                    PRECISION, INTERPRET)
+    o = _outputs(qn, scores, c, s_op, delta, PRECISION, INTERPRET)
+    m_pv = _rows_mask(piece, m_v, DV % BV == 0)
+    o_rows = tl.multiple_of(tok64 * stride_ot + i_h * stride_oh, 16)
+    tl.store(out + o_rows[:, None] + o_v[None, :], o.to(out.dtype.element_ty), mask=m_pv)
+    # A piece that leaves its chunk open: its rows' inputs into the slot for the next call (this block's v
+    # columns; k, g and β from the last block, once every block has read the slot's earlier rows).
+    keep = piece & caching & (stop < C)
+    tl.store(p_cached[:, None] + DK_PAD + o_v[None, :], vf, mask=_rows_mask(keep, m_v, DV % BV == 0))
+    keep = keep & last_block
+    tl.store(p_cached[:, None] + o_k[None, :], kf, mask=_rows_mask(keep, m_k, DK == DK_PAD))
+    tl.store(p_cached + DK_PAD + DV_PAD, g, mask=keep)
+    tl.store(p_cached + DK_PAD + DV_PAD + 1, beta, mask=keep)
+    if ROWS:
+        tl.store(p_cached[:, None] + DK_PAD + DV_PAD + 16 + rows[None, :], t_rows, mask=keep[:, None])
+    if stop == C:
+        c_last, decayed = _decayed(kn, c, C, PRECISION, INTERPRET)
+        s0 = _advanced(s0, c_last, decayed, delta, PRECISION, INTERPRET)
+    return s0
 
 
 @jit

@@ -160,17 +160,39 @@ def _key_inputs(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh,
                 DK: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr):
     """Step 1's inputs: the rows' keys and gates, the `cached` rows from the slot, the `piece` rows from the call, zeros
     past them (kf, g and β as the slot keeps them). `loaded` ⊇ `piece`: the call's rows read (`_piece_values`), those
-    outside the piece then zeroed."""
+    outside the piece then zeroed. `_key_loads`, then `_gates_of`."""
+    kf, a_new, b_new, g_cached, beta_cached = _key_loads(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h,
+                                                         stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD)
+    g, beta = _gates_of(a_new, b_new, g_cached, beta_cached, piece, cached, neg_a, bias)
+    return kf, g, beta
+
+
+@jit
+def _key_loads(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, stride_kt, stride_kh, stride_at, DK: tl.constexpr,
+               DK_PAD: tl.constexpr, DV_PAD: tl.constexpr):
+    """`_key_inputs`' loads: kf, then the call's a and b and the slot's g and β for `_gates_of`. Apart because the gates'
+    log (libdevice's, with a branch for its special cases) ends a basic block: a load placed after it in the program
+    waits for the loads the log reads before it is issued."""
     # Every stride is a multiple of 16 elements (gdn_fwd pads where not), so loads are 16-byte vectors.
     k_rows = tl.multiple_of(tok64 * stride_kt + i_kh * stride_kh, 16)
     m_ck, m_pk = _rows_mask(cached, m_k, DK == DK_PAD), _rows_mask(piece, m_k, DK == DK_PAD)
     k_new = tl.load(k + k_rows[:, None] + o_k[None, :], mask=_rows_mask(loaded, m_k, DK == DK_PAD), other=0.0).to(tl.float32)
     kf = tl.where(m_ck, tl.load(p_cached[:, None] + o_k[None, :], mask=m_ck, other=0.0), tl.where(m_pk, k_new, 0.0))
-    g, beta = _gates(tl.load(a + tok64 * stride_at + i_h, mask=loaded, other=0.0),
-                     tl.load(b + tok64 * stride_at + i_h, mask=loaded, other=0.0), neg_a, bias)
-    g = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD, mask=cached, other=0.0), tl.where(piece, g, 0.0))
-    beta = tl.where(cached, tl.load(p_cached + DK_PAD + DV_PAD + 1, mask=cached, other=0.0), tl.where(piece, beta, 0.0))
-    return kf, g, beta
+    a_new = tl.load(a + tok64 * stride_at + i_h, mask=loaded, other=0.0)
+    b_new = tl.load(b + tok64 * stride_at + i_h, mask=loaded, other=0.0)
+    g_cached = tl.load(p_cached + DK_PAD + DV_PAD, mask=cached, other=0.0)
+    beta_cached = tl.load(p_cached + DK_PAD + DV_PAD + 1, mask=cached, other=0.0)
+    return kf, a_new, b_new, g_cached, beta_cached
+
+
+@jit
+def _gates_of(a_new, b_new, g_cached, beta_cached, piece, cached, neg_a, bias):
+    """g and β of a piece's rows from `_key_loads`' values: the slot's for `cached` rows, the gates of the call's for
+    `piece` rows, zeros past them."""
+    g, beta = _gates(a_new, b_new, neg_a, bias)
+    g = tl.where(cached, g_cached, tl.where(piece, g, 0.0))
+    beta = tl.where(cached, beta_cached, tl.where(piece, beta, 0.0))
+    return g, beta
 
 
 @jit
