@@ -131,15 +131,10 @@ def _run(
     """Value head i_h, columns [i_v BV, (i_v + 1) BV) of the run that starts at token i_t, piece by piece."""
     width: tl.constexpr = DK_PAD + DV_PAD + 16 + (T_FIELD if ROWS else 0)  # triton_tiles.row_floats
     rows = tl.arange(0, C)
-    o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < DK, o_v < DV
-    m_state = m_k[:, None] & m_v[None, :]
-    i_kh = i_h // GROUP
-    neg_a = -tl.exp(tl.load(a_log + i_h).to(tl.float32))
-    bias = tl.load(dt_bias + i_h).to(tl.float32)
+    o_k, o_v, m_k, m_v, m_state, i_kh, neg_a, bias, p_start = _block(a_log, dt_bias, state, slot, i_h, i_v, GROUP, HV, DK, DV, DK_PAD,
+                                                                     BV)
     # The run's start state: the slot's open chunk's, or zeros at position 0 (this program's value columns); a program of
     # a narrow block (a decode step split over the value columns) reads it in its first piece, after the piece's inputs.
-    p_start = state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :]
     if BV <= 32:
         s0 = tl.zeros([DK_PAD, BV], dtype=tl.float32)
     else:
@@ -190,13 +185,8 @@ def _token(
     [i_v BV, (i_v + 1) BV): the one piece that token's chunk offset ends, with no loop or branch ahead of its loads."""
     width: tl.constexpr = DK_PAD + DV_PAD + 16 + (T_FIELD if ROWS else 0)  # triton_tiles.row_floats
     rows = tl.arange(0, C)
-    o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < DK, o_v < DV
-    m_state = m_k[:, None] & m_v[None, :]
-    i_kh = i_h // GROUP
-    neg_a = -tl.exp(tl.load(a_log + i_h).to(tl.float32))
-    bias = tl.load(dt_bias + i_h).to(tl.float32)
-    p_start = state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :]
+    o_k, o_v, m_k, m_v, m_state, i_kh, neg_a, bias, p_start = _block(a_log, dt_bias, state, slot, i_h, i_v, GROUP, HV, DK, DV, DK_PAD,
+                                                                     BV)
     active = one & (pos0 >= 0)
     off = pos0 % C
     stop = tl.where(active, off + 1, 0)
@@ -212,6 +202,22 @@ def _token(
                 stride_at, stride_ot, stride_oh, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET)
     if caching & one & ((stop == C) | (pos0 <= 0)):  # as `_run`'s last store
         tl.store(p_start, s0, mask=m_state)
+
+
+@jit
+def _block(a_log, dt_bias, state, slot, i_h, i_v, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+           DK_PAD: tl.constexpr, BV: tl.constexpr):
+    """A program's block, value head i_h's columns [i_v BV, (i_v + 1) BV): the key and value offsets and their masks,
+    the state's mask, the key head, the head's gate constants -exp(A_log) and dt_bias, and the block's start state in
+    the slot."""
+    o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < DK, o_v < DV
+    m_state = m_k[:, None] & m_v[None, :]
+    i_kh = i_h // GROUP
+    neg_a = -tl.exp(tl.load(a_log + i_h).to(tl.float32))
+    bias = tl.load(dt_bias + i_h).to(tl.float32)
+    p_start = state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :]
+    return o_k, o_v, m_k, m_v, m_state, i_kh, neg_a, bias, p_start
 
 
 @jit
