@@ -160,7 +160,8 @@ def _run(
         p_slot = rows_cache + tl.load(state_ids + t, mask=caching, other=0).to(tl.int64) * (C * HV * width) + i_h * width
         s0 = _piece(q, k, v, a, b, out, p_start, s0, p_slot, tok, loaded, piece, cached, stop, pos == pos0, pos0, caching, last_block,
                     i_h, i_kh, o_k, o_v, m_k, m_v, m_state, neg_a, bias, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
-                    stride_vh, stride_at, stride_ot, stride_oh, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET)
+                    stride_vh, stride_at, stride_ot, stride_oh, 0.0, 0.0, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET,
+                    False)
         if stop == C:
             closed = pos0 >= 0
         t += stop - off
@@ -197,9 +198,15 @@ def _token(
     tl.static_assert(BV <= 32)  # so `_piece` reads the start state itself, after the piece's inputs
     s0 = tl.zeros([DK_PAD, BV], dtype=tl.float32)
     p_slot = rows_cache + slot * (C * HV * width) + i_h * width
+    # The token's gate inputs as scalars (the program's token always exists): one load each, issued beside the run
+    # finding's. As a row vector, masked by the row's offset, Triton loaded them again for each layout the gates are used
+    # in, each load right before its use: on an H100 a step over a chunk took 5.88 us at batch 1 against 6.66 (7.13
+    # against 7.82 at batch 2), the same bits (benchmarks/RESULTS.md, "The one-token program's gates as scalars").
+    a_tok = tl.load(a + i_t.to(tl.int64) * stride_at + i_h)
+    b_tok = tl.load(b + i_t.to(tl.int64) * stride_at + i_h)
     s0 = _piece(q, k, v, a, b, out, p_start, s0, p_slot, tok, loaded, piece, cached, stop, active, pos0, caching, last_block, i_h,
                 i_kh, o_k, o_v, m_k, m_v, m_state, neg_a, bias, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                stride_at, stride_ot, stride_oh, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET)
+                stride_at, stride_ot, stride_oh, a_tok, b_tok, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET, True)
     if caching & one & ((stop == C) | (pos0 <= 0)):  # as `_run`'s last store
         tl.store(p_start, s0, mask=m_state)
 
@@ -223,13 +230,15 @@ def _block(a_log, dt_bias, state, slot, i_h, i_v, GROUP: tl.constexpr, HV: tl.co
 @jit
 def _piece(q, k, v, a, b, out, p_start, s0, p_slot, tok, loaded, piece, cached, stop, first, pos0, caching, last_block, i_h, i_kh, o_k,
            o_v, m_k, m_v, m_state, neg_a, bias, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at,
-           stride_ot, stride_oh, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-           BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, ROWS: tl.constexpr, INTERPRET: tl.constexpr):
+           stride_ot, stride_oh, a_tok, b_tok, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr,
+           DV_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, ROWS: tl.constexpr,
+           INTERPRET: tl.constexpr, ONE: tl.constexpr):
     """One chunk piece in value head i_h's columns o_v: the rows `piece` (`tok`: the token at each chunk offset; `cached`
     rows from the slot at p_slot; `loaded` ⊇ `piece` the call's rows read, see `_key_inputs`) from s0, the state at the
-    chunk's start (a block of 32 columns reads it here from p_start in the run's `first` piece). Writes the piece's
-    outputs, and its rows' inputs into the slot where the chunk stays open; returns the state after the piece (advanced
-    where it closes the chunk, `stop` == C)."""
+    chunk's start (a block of 32 columns reads it here from p_start in the run's `first` piece). ONE: the piece is one
+    token's row (`_token`), whose gate inputs are the scalars a_tok and b_tok (else unread). Writes the piece's outputs,
+    and its rows' inputs into the slot where the chunk stays open; returns the state after the piece (advanced where it
+    closes the chunk, `stop` == C)."""
     width: tl.constexpr = DK_PAD + DV_PAD + 16 + (T_FIELD if ROWS else 0)  # triton_tiles.row_floats
     rows = tl.arange(0, C)
     tok64 = tok.to(tl.int64)
@@ -248,6 +257,8 @@ def _piece(q, k, v, a, b, out, p_start, s0, p_slot, tok, loaded, piece, cached, 
         vf = _piece_values(v, p_cached, tok64, piece, loaded, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
         qf = _query_inputs(q, tok64, piece, loaded, o_k, m_k, i_kh, stride_qt, stride_qh, DK, DK_PAD)
         s0 = tl.where(first, tl.load(p_start, mask=m_state & (pos0 > 0) & caching & first, other=0.0), s0)
+        if ONE:  # the piece's one row's gate inputs: `_token`'s scalars, the same values (so the same bits) in no layout
+            a_new, b_new = a_tok, b_tok
         g, beta = _gates_of(a_new, b_new, g_cached, beta_cached, piece, cached, neg_a, bias)
         s_op = _operand(s0, PRECISION, INTERPRET)
         t_rows, kn, c, inverse, w = _key_chain(kf, g, beta, p_cached, piece, cached, DK_PAD, DV_PAD, C, SUB, PRECISION, ROWS,
