@@ -233,6 +233,21 @@ def test_value_columns_split_over_the_grid_give_the_same_bits(chunks_of_16, monk
     assert native_decode_differs(seq, params)
 
 
+def test_gate_constants_of_mixed_dtypes_are_read_as_their_values(chunks_of_16, monkeypatch):
+    """A_log in fp32 beside a bf16 dt_bias (checkpoints may keep A_log in fp32): the rows of the same values in fp32,
+    bit for bit, in one-token runs split over the grid (the one-token program reads the pair through one load, so a
+    mixed pair is promoted first) and in longer runs."""
+    monkeypatch.setattr(test_core, "DV", 32)
+    monkeypatch.setattr(gdn_triton, "SPLIT_BLOCK_V", 16)
+    op, params = triton_op(block_v=32), make_params()
+    mixed = dict(a_log=params["a_log"], dt_bias=params["dt_bias"].bfloat16())
+    promoted = dict(a_log=params["a_log"], dt_bias=mixed["dt_bias"].float())
+    for lengths in ((1, 1, 1), (3, C + 2)):
+        seqs = [make_seq(n, seed=n) for n in lengths]
+        for got, want in zip(test_core.packed(op, seqs, mixed), test_core.packed(op, seqs, promoted)):
+            assert bitwise_equal(got, want)
+
+
 def test_the_split_rule_is_read_from_the_environment(monkeypatch):
     for value in ("32:0.5,64:4", "64:4,32:0.5"):  # narrowest block first, whatever the order given
         monkeypatch.setenv("ISOEXEC_GDN_SPLITS", value)

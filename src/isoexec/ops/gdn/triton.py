@@ -187,7 +187,7 @@ def _token(
     width: tl.constexpr = DK_PAD + DV_PAD + 16 + (T_FIELD if ROWS else 0)  # triton_tiles.row_floats
     rows = tl.arange(0, C)
     o_k, o_v, m_k, m_v, m_state, i_kh, neg_a, bias, p_start = _block(a_log, dt_bias, state, slot, i_h, i_v, GROUP, HV, DK, DV, DK_PAD,
-                                                                     BV)
+                                                                     BV, False)
     active = one & (pos0 >= 0)
     off = pos0 % C
     stop = tl.where(active, off + 1, 0)
@@ -198,12 +198,19 @@ def _token(
     tl.static_assert(BV <= 32)  # so `_piece` reads the start state itself, after the piece's inputs
     s0 = tl.zeros([DK_PAD, BV], dtype=tl.float32)
     p_slot = rows_cache + slot * (C * HV * width) + i_h * width
-    # The token's gate inputs as scalars (the program's token always exists): one load each, issued beside the run
-    # finding's. As a row vector, masked by the row's offset, Triton loaded them again for each layout the gates are used
-    # in, each load right before its use: on an H100 a step over a chunk took 5.88 us at batch 1 against 6.66 (7.13
-    # against 7.82 at batch 2), the same bits (benchmarks/RESULTS.md, "The one-token program's gates as scalars").
-    a_tok = tl.load(a + i_t.to(tl.int64) * stride_at + i_h)
-    b_tok = tl.load(b + i_t.to(tl.int64) * stride_at + i_h)
+    # The token's gate inputs as scalars (the program's token always exists), issued beside the run finding's loads. As
+    # a row vector masked by the row's offset, Triton loaded them again for each layout the gates are used in, each load
+    # right before its use: on an H100 a step over a chunk took 5.88 us at batch 1 against 6.66 (7.13 against 7.82 at
+    # batch 2). Each pair (the token's a and b; the head's A_log and dt_bias) goes as one two-element load, its values
+    # taken out by sums of one value and a zero (exact but for a zero's sign, which no later step reads): loaded one by
+    # one, ptxas placed some where they are used, a wait of their own (6.96 against 7.05 us at batch 2, 5.72 against
+    # 5.74 at batch 1). The same bits (benchmarks/RESULTS.md, "The one-token program's gates as scalars" and "Gate loads
+    # in pairs and tiles").
+    pair = tl.arange(0, 2)
+    ab = tl.load(tl.where(pair == 0, a, b) + (i_t.to(tl.int64) * stride_at + i_h)).to(tl.float32)
+    a_tok, b_tok = tl.sum(tl.where(pair == 0, ab, 0.0), 0), tl.sum(tl.where(pair == 1, ab, 0.0), 0)
+    consts = tl.load(tl.where(pair == 0, a_log, dt_bias) + i_h).to(tl.float32)
+    neg_a, bias = -tl.exp(tl.sum(tl.where(pair == 0, consts, 0.0), 0)), tl.sum(tl.where(pair == 1, consts, 0.0), 0)
     s0 = _piece(q, k, v, a, b, out, p_start, s0, p_slot, tok, loaded, piece, cached, stop, active, pos0, caching, last_block, i_h,
                 i_kh, o_k, o_v, m_k, m_v, m_state, neg_a, bias, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                 stride_at, stride_ot, stride_oh, a_tok, b_tok, HV, DK, DV, DK_PAD, DV_PAD, BV, C, SUB, PRECISION, ROWS, INTERPRET, True)
@@ -213,16 +220,18 @@ def _token(
 
 @jit
 def _block(a_log, dt_bias, state, slot, i_h, i_v, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-           DK_PAD: tl.constexpr, BV: tl.constexpr):
+           DK_PAD: tl.constexpr, BV: tl.constexpr, CONSTS: tl.constexpr = True):
     """A program's block, value head i_h's columns [i_v BV, (i_v + 1) BV): the key and value offsets and their masks,
-    the state's mask, the key head, the head's gate constants -exp(A_log) and dt_bias, and the block's start state in
-    the slot."""
+    the state's mask, the key head, the head's gate constants -exp(A_log) and dt_bias (CONSTS; else zeros, the caller
+    loads them), and the block's start state in the slot."""
     o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < DK, o_v < DV
     m_state = m_k[:, None] & m_v[None, :]
     i_kh = i_h // GROUP
-    neg_a = -tl.exp(tl.load(a_log + i_h).to(tl.float32))
-    bias = tl.load(dt_bias + i_h).to(tl.float32)
+    neg_a, bias = 0.0, 0.0
+    if CONSTS:
+        neg_a = -tl.exp(tl.load(a_log + i_h).to(tl.float32))
+        bias = tl.load(dt_bias + i_h).to(tl.float32)
     p_start = state + slot * (HV * DK * DV) + i_h * (DK * DV) + o_k[:, None] * DV + o_v[None, :]
     return o_k, o_v, m_k, m_v, m_state, i_kh, neg_a, bias, p_start
 
@@ -268,7 +277,7 @@ def _piece(q, k, v, a, b, out, p_start, s0, p_slot, tok, loaded, piece, cached, 
     else:
         kf, g, beta, t_rows, kn, c, inverse, w = _piece_keys(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h,
                                                              neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, C,
-                                                             SUB, PRECISION, ROWS, INTERPRET)
+                                                             SUB, PRECISION, ROWS, INTERPRET, True)  # TILED
         vf = _piece_values(v, p_cached, tok64, piece, loaded, cached, o_v, m_v, i_h, stride_vt, stride_vh, DK_PAD, DV, BV)
         s_op = _operand(s0, PRECISION, INTERPRET)
         delta = _delta(_values(inverse, beta, vf, PRECISION, INTERPRET), w, s_op, PRECISION, INTERPRET)  # [C, BV]
@@ -336,6 +345,10 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
     if a.stride() != b.stride() or a.stride(-1) != 1 or b.stride(-1) != 1:  # the kernel reads both with a's strides
         a, b = a.contiguous(), b.contiguous()
     a_log, dt_bias = a_log.contiguous(), dt_bias.contiguous()
+    # The one-token program loads each pair (a and b, of the contract's input dtype; A_log and dt_bias, of any) through
+    # one pointer tile, so a pair shares a dtype; the kernel takes the gates' inputs to fp32, so promoting keeps every value.
+    if a_log.dtype != dt_bias.dtype:
+        a_log, dt_bias = a_log.float(), dt_bias.float()
     positions = positions.contiguous()
     runs = runs if runs is not None else find_runs(positions, state_ids)
     has_cache = state is not None

@@ -146,42 +146,58 @@ def _rows_mask(rows_in, m_cols, WHOLE: tl.constexpr):
 @jit
 def _piece_keys(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, neg_a, bias, stride_kt, stride_kh, stride_at,
                 DK: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
-                ROWS: tl.constexpr, INTERPRET: tl.constexpr):
+                ROWS: tl.constexpr, INTERPRET: tl.constexpr, TILED: tl.constexpr = False):
     """Steps 1 and 2 of a chunk piece and W (`_key_inputs`, then `_key_chain`). Returns kf, g and β as the slot keeps
     them, T in fp32 as the slot keeps it (ROWS; else the operand again), then kn, c, T and W (operands)."""
     kf, g, beta = _key_inputs(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, neg_a, bias, stride_kt, stride_kh,
-                              stride_at, DK, DK_PAD, DV_PAD)
+                              stride_at, DK, DK_PAD, DV_PAD, TILED)
     t_rows, kn, c, inverse, w = _key_chain(kf, g, beta, p_cached, piece, cached, DK_PAD, DV_PAD, C, SUB, PRECISION, ROWS, INTERPRET)
     return kf, g, beta, t_rows, kn, c, inverse, w
 
 
 @jit
 def _key_inputs(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, neg_a, bias, stride_kt, stride_kh, stride_at,
-                DK: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr):
+                DK: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, TILED: tl.constexpr = False):
     """Step 1's inputs: the rows' keys and gates, the `cached` rows from the slot, the `piece` rows from the call, zeros
     past them (kf, g and β as the slot keeps them). `loaded` ⊇ `piece`: the call's rows read (`_piece_values`), those
     outside the piece then zeroed. `_key_loads`, then `_gates_of`."""
     kf, a_new, b_new, g_cached, beta_cached = _key_loads(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h,
-                                                         stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD)
+                                                         stride_kt, stride_kh, stride_at, DK, DK_PAD, DV_PAD, TILED)
     g, beta = _gates_of(a_new, b_new, g_cached, beta_cached, piece, cached, neg_a, bias)
     return kf, g, beta
 
 
 @jit
 def _key_loads(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, i_h, stride_kt, stride_kh, stride_at, DK: tl.constexpr,
-               DK_PAD: tl.constexpr, DV_PAD: tl.constexpr):
+               DK_PAD: tl.constexpr, DV_PAD: tl.constexpr, TILED: tl.constexpr = False):
     """`_key_inputs`' loads: kf, then the call's a and b and the slot's g and β for `_gates_of`. Apart because the gates'
     log (libdevice's, with a branch for its special cases) ends a basic block: a load placed after it in the program
-    waits for the loads the log reads before it is issued."""
+    waits for the loads the log reads before it is issued. TILED: a and b through one [C, 16] pointer tile, the slot's
+    g and β as one [C, 16] tile of the row's gate field, each value taken out by a sum of it and zeros (exact but for a
+    zero's sign, which no later step reads): two loads where four row vectors were, each of which Triton loads again
+    for every layout it is used in. Taken by the wider blocks and the unsplit kernel, where a step over a chunk took
+    14.6 us at batch 8 against 15.3 and 34.0 against 35.9 at batch 16 on an H100 (the same bits; benchmarks/RESULTS.md,
+    "Gate loads in pairs and tiles"); the 32-column programs keep the row vectors, which timed 0.25 us faster there at
+    batch 1."""
     # Every stride is a multiple of 16 elements (gdn_fwd pads where not), so loads are 16-byte vectors.
     k_rows = tl.multiple_of(tok64 * stride_kt + i_kh * stride_kh, 16)
     m_ck, m_pk = _rows_mask(cached, m_k, DK == DK_PAD), _rows_mask(piece, m_k, DK == DK_PAD)
     k_new = tl.load(k + k_rows[:, None] + o_k[None, :], mask=_rows_mask(loaded, m_k, DK == DK_PAD), other=0.0).to(tl.float32)
     kf = tl.where(m_ck, tl.load(p_cached[:, None] + o_k[None, :], mask=m_ck, other=0.0), tl.where(m_pk, k_new, 0.0))
-    a_new = tl.load(a + tok64 * stride_at + i_h, mask=loaded, other=0.0)
-    b_new = tl.load(b + tok64 * stride_at + i_h, mask=loaded, other=0.0)
-    g_cached = tl.load(p_cached + DK_PAD + DV_PAD, mask=cached, other=0.0)
-    beta_cached = tl.load(p_cached + DK_PAD + DV_PAD + 1, mask=cached, other=0.0)
+    if TILED:
+        cols = tl.arange(0, 16)
+        p_ab = tl.where(cols[None, :] == 0, a, b) + (tok64 * stride_at + i_h)[:, None]
+        ab = tl.load(p_ab, mask=loaded[:, None] & (cols[None, :] < 2), other=0.0).to(tl.float32)
+        a_new = tl.sum(tl.where(cols[None, :] == 0, ab, 0.0), 1)
+        b_new = tl.sum(tl.where(cols[None, :] == 1, ab, 0.0), 1)
+        field = tl.load(p_cached[:, None] + DK_PAD + DV_PAD + cols[None, :], mask=cached[:, None] & (cols[None, :] < 2), other=0.0)
+        g_cached = tl.sum(tl.where(cols[None, :] == 0, field, 0.0), 1)
+        beta_cached = tl.sum(tl.where(cols[None, :] == 1, field, 0.0), 1)
+    else:
+        a_new = tl.load(a + tok64 * stride_at + i_h, mask=loaded, other=0.0)
+        b_new = tl.load(b + tok64 * stride_at + i_h, mask=loaded, other=0.0)
+        g_cached = tl.load(p_cached + DK_PAD + DV_PAD, mask=cached, other=0.0)
+        beta_cached = tl.load(p_cached + DK_PAD + DV_PAD + 1, mask=cached, other=0.0)
     return kf, a_new, b_new, g_cached, beta_cached
 
 
