@@ -236,7 +236,8 @@ def test_value_columns_split_over_the_grid_give_the_same_bits(chunks_of_16, monk
 def test_gate_constants_of_mixed_dtypes_are_read_as_their_values(chunks_of_16, monkeypatch):
     """A_log in fp32 beside a bf16 dt_bias (checkpoints may keep A_log in fp32): the rows of the same values in fp32,
     bit for bit, in one-token runs split over the grid (the one-token program reads the pair through one load, so a
-    mixed pair is promoted first) and in longer runs."""
+    mixed pair is promoted first) and in longer runs. Control: the fp32 dt_bias before its bf16 rounding (other values
+    by construction) gives other rows, so the comparison sees the gate constants."""
     monkeypatch.setattr(test_core, "DV", 32)
     monkeypatch.setattr(gdn_triton, "SPLIT_BLOCK_V", 16)
     op, params = triton_op(block_v=32), make_params()
@@ -246,6 +247,9 @@ def test_gate_constants_of_mixed_dtypes_are_read_as_their_values(chunks_of_16, m
         seqs = [make_seq(n, seed=n) for n in lengths]
         for got, want in zip(test_core.packed(op, seqs, mixed), test_core.packed(op, seqs, promoted)):
             assert bitwise_equal(got, want)
+    assert not torch.equal(params["dt_bias"], promoted["dt_bias"])
+    unrounded = torch.cat(test_core.packed(op, seqs, params))
+    assert not bitwise_equal(unrounded, torch.cat(test_core.packed(op, seqs, promoted)))
 
 
 def test_the_split_rule_is_read_from_the_environment(monkeypatch):
