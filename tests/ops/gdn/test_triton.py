@@ -171,6 +171,20 @@ def test_the_cache_holds_the_open_chunks_inputs(chunks_of_16):
     assert torch.isnan(rows[3:]).all() and torch.isnan(cache.state[:2].cpu()).all()
 
 
+def test_the_slot_keeps_k_and_v_in_the_input_dtype(chunks_of_16):
+    """bf16 inputs: the open chunk's k and v rows as given, in bf16 at the start of their fp32 fields (so that a row's
+    value is one load, from the slot or from the call), each field's other half untouched."""
+    seq, params = make_seq(C + 3, dtype=torch.bfloat16), make_params()
+    cache = test_core.Cache()
+    cache.step(triton_op(torch.bfloat16), params, [(2, seq, 0, C + 3)])
+    rows = cache.rows[2].cpu()  # [C, HV, width] fp32
+    k_pad, group = gdn_triton._padded(DK), HV // seq["k"].shape[1]
+    halves = rows.view(torch.bfloat16)  # [C, HV, 2 width]
+    assert torch.equal(halves[:3, :, :DK], seq["k"][C:].repeat_interleave(group, 1))
+    assert torch.equal(halves[:3, :, 2 * k_pad : 2 * k_pad + DV], seq["v"][C:])
+    assert torch.isnan(rows[:3, :, k_pad // 2 : k_pad]).all() and torch.isnan(rows[3:]).all()
+
+
 def test_the_inverse_by_rows_keeps_t_rows_in_the_slot_and_moves_bits(chunks_of_16):
     """`inverse = "rows"`: after a prefill of 2C + 3 tokens the slot's T field holds the open chunk's three rows of
     (I + A)^-1 (lower triangular, ones on the diagonal, zeros past each row) and nothing else of that field is

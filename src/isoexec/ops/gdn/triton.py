@@ -45,7 +45,7 @@ from . import triton_tiles, triton_two_launch
 from .reference import check_inputs, check_runs
 from .runs import Runs, find_runs
 from .triton_bwd import gdn_bwd
-from .triton_tiles import (INVERSES, PRECISIONS, SUB, T_FIELD, _advanced, _decayed, _delta, _gates_of, _key_chain, _key_loads, _operand,
+from .triton_tiles import (INVERSES, PRECISIONS, SUB, T_FIELD, _advanced, _decayed, _delta, _gates_of, _in_dtype, _key_chain, _key_loads, _operand,
                            _outputs, _padded, _piece_keys, _piece_queries, _piece_values, _queries, _query_inputs, _rows_mask, _strided16,
                            _values, row_floats)
 
@@ -290,9 +290,9 @@ def _piece(q, k, v, a, b, out, p_start, s0, p_slot, tok, loaded, piece, cached, 
     # A piece that leaves its chunk open: its rows' inputs into the slot for the next call (this block's v
     # columns; k, g and β from the last block, once every block has read the slot's earlier rows).
     keep = piece & caching & (stop < C)
-    tl.store(p_cached[:, None] + DK_PAD + o_v[None, :], vf, mask=_rows_mask(keep, m_v, DV % BV == 0))
+    tl.store(_in_dtype(p_cached + DK_PAD, v)[:, None] + o_v[None, :], vf.to(v.dtype.element_ty), mask=_rows_mask(keep, m_v, DV % BV == 0))
     keep = keep & last_block
-    tl.store(p_cached[:, None] + o_k[None, :], kf, mask=_rows_mask(keep, m_k, DK == DK_PAD))
+    tl.store(_in_dtype(p_cached, k)[:, None] + o_k[None, :], kf.to(k.dtype.element_ty), mask=_rows_mask(keep, m_k, DK == DK_PAD))
     tl.store(p_cached + DK_PAD + DV_PAD, g, mask=keep)
     tl.store(p_cached + DK_PAD + DV_PAD + 1, beta, mask=keep)
     if ROWS:

@@ -31,6 +31,8 @@ INVERSES = {"products": 0, "rows": 1}
 SUB = 16  # rows of the inverse's diagonal blocks: tl.dot's smallest tile
 # A cached row's fields, per value head: k [DK_PAD], v [DV_PAD], g and β (padded to 16 floats), then, under the rows
 # inverse alone, T's row (T_FIELD floats, the largest chunk the kernel takes), so that every field starts 64-byte aligned.
+# k and v are kept in the input dtype at the start of their fields (bf16: the first half), so that a row's k or v is
+# one load, from the slot or from the call, where two loads of different dtypes were (`_key_loads`, `_piece_values`).
 _T_FIELD = 64
 T_FIELD = tl.constexpr(_T_FIELD) if tl is not None else _T_FIELD
 
@@ -182,8 +184,11 @@ def _key_loads(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, 
     # Every stride is a multiple of 16 elements (gdn_fwd pads where not), so loads are 16-byte vectors.
     k_rows = tl.multiple_of(tok64 * stride_kt + i_kh * stride_kh, 16)
     m_ck, m_pk = _rows_mask(cached, m_k, DK == DK_PAD), _rows_mask(piece, m_k, DK == DK_PAD)
-    k_new = tl.load(k + k_rows[:, None] + o_k[None, :], mask=_rows_mask(loaded, m_k, DK == DK_PAD), other=0.0).to(tl.float32)
-    kf = tl.where(m_ck, tl.load(p_cached[:, None] + o_k[None, :], mask=m_ck, other=0.0), tl.where(m_pk, k_new, 0.0))
+    # One load a row, from the slot (its k field holds the input dtype's values) or from the call.
+    k_slot = _in_dtype(p_cached, k)
+    p_k = tl.where(cached[:, None], k_slot[:, None] + o_k[None, :], k + k_rows[:, None] + o_k[None, :])
+    k_any = tl.load(p_k, mask=_rows_mask(loaded | cached, m_k, DK == DK_PAD), other=0.0).to(tl.float32)
+    kf = tl.where(m_ck | m_pk, k_any, 0.0)
     if TILED:
         cols = tl.arange(0, 16)
         p_ab = tl.where(cols[None, :] == 0, a, b) + (tok64 * stride_at + i_h)[:, None]
@@ -245,8 +250,17 @@ def _piece_values(v, p_cached, tok64, piece, loaded, cached, o_v, m_v, i_h, stri
     as a load masked by `piece`, so the same bits."""
     v_rows = tl.multiple_of(tok64 * stride_vt + i_h * stride_vh, 16)
     m_cv, m_pv = _rows_mask(cached, m_v, DV % BV == 0), _rows_mask(piece, m_v, DV % BV == 0)
-    v_new = tl.load(v + v_rows[:, None] + o_v[None, :], mask=_rows_mask(loaded, m_v, DV % BV == 0), other=0.0).to(tl.float32)
-    return tl.where(m_cv, tl.load(p_cached[:, None] + DK_PAD + o_v[None, :], mask=m_cv, other=0.0), tl.where(m_pv, v_new, 0.0))
+    v_slot = _in_dtype(p_cached + DK_PAD, v)
+    p_v = tl.where(cached[:, None], v_slot[:, None] + o_v[None, :], v + v_rows[:, None] + o_v[None, :])
+    v_any = tl.load(p_v, mask=_rows_mask(loaded | cached, m_v, DV % BV == 0), other=0.0).to(tl.float32)
+    return tl.where(m_cv | m_pv, v_any, 0.0)
+
+
+@jit
+def _in_dtype(p, x):
+    """The fp32 slot pointers p as pointers to x's element type (the slot keeps k and v in the input dtype, so that a
+    row's value is one load from the slot or the call)."""
+    return p.to(x.dtype, bitcast=True)
 
 
 @jit

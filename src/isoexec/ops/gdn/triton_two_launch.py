@@ -16,7 +16,7 @@ import torch
 from .. import triton_support
 from ..triton_support import jit, tl
 from .runs import pieces
-from .triton_tiles import (INVERSES, PRECISIONS, SUB, T_FIELD, _advanced, _decayed, _delta, _operand, _outputs, _padded, _piece_keys,
+from .triton_tiles import (INVERSES, PRECISIONS, SUB, T_FIELD, _advanced, _decayed, _delta, _in_dtype, _operand, _outputs, _padded, _piece_keys,
                            _piece_queries, _piece_values, _rows_mask, _stored, _values)
 
 
@@ -148,13 +148,13 @@ def gdn_walk_kernel(
         elif caching:  # the run's last piece leaves its chunk open: its rows' inputs into the slot (k, g, β from the last block)
             p_cached = rows_cache + slot * (C * HV * width) + i_h * width + rows * (HV * width)
             v_rows = tl.multiple_of(tok64 * stride_vt + i_h * stride_vh, 16)
-            vf = tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_pv, other=0.0).to(tl.float32)
-            tl.store(p_cached[:, None] + DK_PAD + o_v[None, :], vf, mask=m_pv)
+            vf = tl.load(v + v_rows[:, None] + o_v[None, :], mask=m_pv, other=0.0)
+            tl.store(_in_dtype(p_cached + DK_PAD, v)[:, None] + o_v[None, :], vf, mask=m_pv)
             keep = piece & (i_v == NV - 1)
             m_pk = _rows_mask(keep, m_k, DK == DK_PAD)
             k_rows = tl.multiple_of(tok64 * stride_kt + (i_h // GROUP) * stride_kh, 16)
-            kf = tl.load(k + k_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32)
-            tl.store(p_cached[:, None] + o_k[None, :], kf, mask=m_pk)
+            kf = tl.load(k + k_rows[:, None] + o_k[None, :], mask=m_pk, other=0.0)
+            tl.store(_in_dtype(p_cached, k)[:, None] + o_k[None, :], kf, mask=m_pk)
             tl.store(p_cached + DK_PAD + DV_PAD, tl.load(g_buf + p, mask=keep, other=0.0), mask=keep)
             tl.store(p_cached + DK_PAD + DV_PAD + 1, tl.load(beta_buf + p, mask=keep, other=0.0), mask=keep)
             if ROWS:
