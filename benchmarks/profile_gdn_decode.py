@@ -5,7 +5,7 @@ replayed as one CUDA graph, as `bench.py gdn` times "decode chunk") by the op wi
 `gdn_rows_decode.py`'s standalone kernel and by FLA's recurrent step: how many launch a step and each one's device time,
 which says whether the op's step costs more than the standalone kernel inside its kernel or around it.
 
-    cd benchmarks && PYTHONPATH=../src python3 profile_gdn_decode.py [--part all|rows] [--batches 1,4]
+    cd benchmarks && PYTHONPATH=../src python3 profile_gdn_decode.py [--part all|rows] [--batches 1,4] [--shape hk16-hv16-d128]
 """
 
 import argparse
@@ -34,7 +34,7 @@ def _kernels(fn, label: str, reps: int = 20, per: int = 1) -> None:
         print(f"   {e.device_time_total / (reps * per):8.2f} us  {e.count / (reps * per):5.2f}x  {e.key[:100]}")
 
 
-def profile_rows_step(batches: list[int], timed: bool = True, only: str = "") -> None:
+def profile_rows_step(batches: list[int], timed: bool = True, only: str = "", shape_name: str = "hk16-hv32-d128") -> None:
     """Graph replays of a chunk of decode steps: the kernels each impl launches a step and their device time."""
     from gdn import TOKEN_INPUTS
     from gdn_rows_decode import rows_step, split_block
@@ -42,7 +42,7 @@ def profile_rows_step(batches: list[int], timed: bool = True, only: str = "") ->
 
     device = torch.device("cuda")
     fla, why = _fla()
-    shape = SHAPES["hk16-hv32-d128"]
+    shape = SHAPES[shape_name]
     hk, hv, dk, dv = shape
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     ops = {inverse: _contract_op(GPU["contract"], inverse=inverse) for inverse in ("products", "rows")}
@@ -158,9 +158,10 @@ if __name__ == "__main__":
     parser.add_argument("--batches", default="1,4", help="--part rows: decode batches")
     parser.add_argument("--untimed", action="store_true", help="--part rows: no graph timing (under a profiler such as ncu)")
     parser.add_argument("--only", default="", help="--part rows: the impls whose label contains this")
+    parser.add_argument("--shape", default="hk16-hv32-d128", choices=sorted(SHAPES), help="--part rows: the GDN heads (bench.py gdn's shapes)")
     args = parser.parse_args()
     if args.part == "rows":
-        profile_rows_step([int(b) for b in args.batches.split(",")], timed=not args.untimed, only=args.only)
+        profile_rows_step([int(b) for b in args.batches.split(",")], timed=not args.untimed, only=args.only, shape_name=args.shape)
     else:
         probe_tiles()
         profile_decode()
