@@ -1,7 +1,10 @@
 # Not yet run: a57d91d's checks that did not fit this folder's calls (the device time ran out), and its decode step at
 # both head shapes on whichever GPU comes (an H200 gives the figures issue 19 has not been retaken on). From the
 # repository root at a57d91d or later: run(command="OUT=$OUT bash benchmarks/results/2026-12-07_455a9df_h100_gdn_slot_dtype/call_next.sh",
-#   carry=["build/fla_core-0.6.0-py3-none-any.whl"])   # pip download fla-core==0.6.0 --no-deps -d build, if build/ lost it
+#   carry=["build/fla_core-0.6.0-py3-none-any.whl", "build/n_tr"])   # pip download fla-core==0.6.0 --no-deps -d build, if build/ lost it
+# build/n_tr (optional: the probe below), from the repository root:
+#   rm -rf build/n_tr; mkdir build/n_tr; cp -r src benchmarks pyproject.toml build/n_tr/; rm -rf build/n_tr/benchmarks/results
+#   (cd build/n_tr && patch -p1 < ../../benchmarks/results/2026-12-07_455a9df_h100_gdn_slot_dtype/delta_tr_probe.patch)
 # ~400 s warm; then, on the same machine, `bench.py gdn --gdn-shapes hk16-hv32-d128` and `--gdn-shapes hk16-hv16-d128` as
 # two calls (each ~160 s cold).
 set -u
@@ -18,3 +21,13 @@ for shape in hk16-hv32-d128 hk16-hv16-d128 hk16-hv32-d128 hk16-hv16-d128; do
     PYTHONPATH=../src:/tmp/site timeout 60 python3 profile_gdn_decode.py --part rows --batches 1,2,4,8,16 --shape $shape --only "$only" 2>&1 | grep "^==" | cut -c1-110 | sed "s/^/$shape /" | tee -a $OUT/steps.txt
   done
 done
+# The probe (delta_tr_probe.patch, other bits, not a contract form): the 32-column program computes delta as
+# T (beta v - (beta e^c k) S0), so k S0 runs beside the inverse and W goes; the repository's tree and n_tr by turns.
+R=$(cd .. && pwd)
+if [ -d $R/build/n_tr ]; then
+  for shape in hk16-hv32-d128 hk16-hv16-d128; do
+    for tree in $R $R/build/n_tr $R $R/build/n_tr; do
+      (cd $tree/benchmarks && PYTHONPATH=../src:/tmp/site timeout 60 python3 profile_gdn_decode.py --part rows --batches 1,2,4 --shape $shape --only "op, inverse products" 2>&1 | grep "^==" | cut -c1-110 | sed "s#^#$shape ${tree#$R} #" | tee -a $OUT/probe_steps.txt)
+    done
+  done
+fi
