@@ -21,6 +21,11 @@ for shape in hk16-hv32-d128 hk16-hv16-d128 hk16-hv32-d128 hk16-hv16-d128; do
     PYTHONPATH=../src:/tmp/site timeout 60 python3 profile_gdn_decode.py --part rows --batches 1,2,4,8,16 --shape $shape --only "$only" 2>&1 | grep "^==" | cut -c1-110 | sed "s/^/$shape /" | tee -a $OUT/steps.txt
   done
 done
+# Blocks of 16 columns against 32 where a step has few programs (16 value heads: 16 unsplit programs at batch 1), the
+# same bits (the split's own check); they lost at batch 1 before the one-token program existed (66c61d8).
+for shape in hk16-hv16-d128 hk16-hv32-d128; do
+  PYTHONPATH=../src:/tmp/site timeout 90 python3 gdn_split.py --shape $shape --splits 16,32 --batches 1,2 2>&1 | grep -v -i warn | tail -6 | tee -a $OUT/split16.txt
+done
 # The probe (delta_tr_probe.patch, other bits, not a contract form): the 32-column program computes delta as
 # T (beta v - (beta e^c k) S0), so k S0 runs beside the inverse and W goes; the repository's tree and n_tr by turns.
 R=$(cd .. && pwd)
