@@ -1,20 +1,15 @@
-# Not yet run: a57d91d's checks that did not fit this folder's calls (the device time ran out), and its decode step at
-# both head shapes on whichever GPU comes (an H200 gives the figures issue 19 has not been retaken on). From the
+# Not yet run: a57d91d's decode step at both head shapes on whichever GPU comes (an H200 gives the figures issue 19 has not been retaken on). From the
 # repository root at a57d91d or later: run(command="OUT=$OUT bash benchmarks/results/2026-12-07_455a9df_h100_gdn_slot_dtype/call_next.sh",
 #   carry=["build/fla_core-0.6.0-py3-none-any.whl", "build/n_tr"])   # pip download fla-core==0.6.0 --no-deps -d build, if build/ lost it
 # build/n_tr (optional: the probe below), from the repository root:
 #   rm -rf build/n_tr; mkdir build/n_tr; cp -r src benchmarks pyproject.toml build/n_tr/; rm -rf build/n_tr/benchmarks/results
 #   (cd build/n_tr && patch -p1 < ../../benchmarks/results/2026-12-07_455a9df_h100_gdn_slot_dtype/delta_tr_probe.patch)
-# ~400 s warm; then, on the same machine, `bench.py gdn --gdn-shapes hk16-hv32-d128` and `--gdn-shapes hk16-hv16-d128` as
+# ~450 s cold; then, on the same machine, `bench.py gdn --gdn-shapes hk16-hv32-d128` and `--gdn-shapes hk16-hv16-d128` as
 # two calls (each ~160 s cold).
 set -u
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/device.txt
 pip install -q --no-deps --target /tmp/site build/fla_core-0.6.0-py3-none-any.whl > /dev/null 2>&1
 export PYTHONUNBUFFERED=1
-for m in "qwen3.5-9b-4l-random 2" "qwen3.5-35b-a3b-4l-random 8"; do
-  set -- $m; echo "== $1, $2 requests" | tee -a $OUT/audits.txt
-  PYTHONPATH=src timeout 150 python3 -m isoexec audit --device cuda --quiet --model $1 --contract tiny-hybrid-triton --requests $2 --max-new-tokens 140 2>&1 | grep -v -i warn | tail -8 | tee -a $OUT/audits.txt
-done
 cd benchmarks
 for shape in hk16-hv32-d128 hk16-hv16-d128 hk16-hv32-d128 hk16-hv16-d128; do
   for only in "op, inverse products" fla; do
