@@ -17,7 +17,10 @@ of sequences one token each at a cached context; CUDA-graph replays where an imp
 can be captured, as decode graphs run). The training forward and prefill are timed as the calls are made (eager,
 the host's launches in the time) and also as CUDA-graph replays (`*_graph_ms`, `fla_vs_contract_graph`): the
 device's work alone. FLA's eager calls spread with the host (0.6-1.5 ms for one 2048-token prefill over runs);
-the replays say whether a ratio is the kernels' or the host's. Ratios: `fla_vs_contract` = the contract's time / FLA's (the
+the replays say whether a ratio is the kernels' or the host's. The contract's training and prefill calls of long runs
+take two launches whose tables come from the host, which a capture cannot see, so their graph replay is the one
+launch instead: `*_kernels_ms` (`fla_vs_contract_kernels`, forward + backward too) sums each eager call's kernels
+under torch.profiler, the device's time of the calls as made, like for like. Ratios: `fla_vs_contract` = the contract's time / FLA's (the
 issue's "≤ 1.3×" goals read this way: below 1.3 meets them). Each row keeps max |contract - fla| over the
 outputs, so a wrong kernel cannot pass as a fast one.
 """
@@ -28,7 +31,7 @@ import torch
 
 from isoexec.contract import load
 from isoexec.runtime.registry import REGISTRY
-from timing import graphed_ms, kernel_ms
+from timing import device_ms, graphed_ms, kernel_ms
 
 SHAPES = {"hk16-hv32-d128": (16, 32, 128, 128), "hk16-hv16-d128": (16, 16, 128, 128)}
 # Decode at a chunk's first offset (context 2048: the contract's step has no cached row to read) and its last
@@ -144,6 +147,7 @@ def _both(contract, native, state, cache_rows, device, graph: bool, row: dict, c
             row[f"{name}_ms"] /= calls
             if also_graphed:
                 _graph_ms(lambda: fn(s, r), device, row, name)
+                _kernels_ms(lambda: fn(s, r), device, row, name)
     return outputs
 
 
@@ -179,6 +183,15 @@ def _graph_ms(fn, device, row: dict, name: str) -> None:
     except RuntimeError as error:
         row[f"{name}_graph_error"] = str(error).splitlines()[0][:160]
         torch.cuda.synchronize(device)
+
+
+def _kernels_ms(fn, device, row: dict, name: str) -> None:
+    """The call's kernels' device time into row[name + "_kernels_ms"] (on a GPU): the eager calls of training and prefill
+    cannot be captured by the contract's two-launch path (its runs are read on the host), and FLA's eager calls are
+    bound by the host, so this is the like-for-like device time of both."""
+    ms = device_ms(fn, device)
+    if ms is not None:
+        row[f"{name}_kernels_ms"] = ms
 
 
 def _timed(fn, device, graph: bool, row: dict, name: str) -> None:
@@ -217,7 +230,8 @@ def bench_gdn(device: torch.device, small: bool = False, contract: str | None = 
     def record(row: dict, outputs: dict) -> None:
         if "fla" in outputs and row.get("context", 0) % chunk == 0:
             row["contract_max_abs_diff_vs_fla"] = float((outputs["contract"].float() - outputs["fla"].float()).abs().max())
-        for timing, ratio in (("ms", "fla_vs_contract"), ("fwd_bwd_ms", "fla_vs_contract_fwd_bwd"), ("graph_ms", "fla_vs_contract_graph")):
+        for timing, ratio in (("ms", "fla_vs_contract"), ("fwd_bwd_ms", "fla_vs_contract_fwd_bwd"), ("graph_ms", "fla_vs_contract_graph"),
+                              ("kernels_ms", "fla_vs_contract_kernels"), ("fwd_bwd_kernels_ms", "fla_vs_contract_fwd_bwd_kernels")):
             if f"contract_{timing}" in row and f"fla_{timing}" in row:
                 row[ratio] = row[f"contract_{timing}"] / row[f"fla_{timing}"]
         keys = ("seqs", "seq_len", "batch", "context", "chunk", "steps")
@@ -244,6 +258,7 @@ def bench_gdn(device: torch.device, small: bool = False, contract: str | None = 
                     outputs[name] = fn(**x)
                     row[f"{name}_ms"] = kernel_ms(lambda: fn(**x), device)
                     _graph_ms(lambda: fn(**x), device, row, name)
+                    _kernels_ms(lambda: fn(**x), device, row, name)
                 leaves = {k: t.clone().requires_grad_() for k, t in x.items()}
                 grad = torch.randn(outputs[name].shape, generator=torch.Generator(device=device).manual_seed(1), device=device,
                                    dtype=outputs[name].dtype)
@@ -256,6 +271,7 @@ def bench_gdn(device: torch.device, small: bool = False, contract: str | None = 
 
                 try:
                     row[f"{name}_fwd_bwd_ms"] = kernel_ms(step, device)
+                    _kernels_ms(step, device, row, f"{name}_fwd_bwd")
                 except RuntimeError as error:  # e.g. FLA's guard, where it could not be lifted
                     row[f"{name}_fwd_bwd_error"] = str(error).splitlines()[0][:200]
             if len(grads) == 2:  # the largest relative difference (norm) of an input's gradient, FLA's against the contract's

@@ -1,7 +1,8 @@
 """How every section of bench.py times: kernels by median of many launches, whole steps by wall clock.
 
 On CUDA, `kernel_ms` is `triton.testing.do_bench` (CUDA events, L2 flushed between launches); on the
-CPU (the `--small` smoke run) both functions take time.perf_counter medians.
+CPU (the `--small` smoke run) both functions take time.perf_counter medians. `device_ms` sums a call's kernels under
+torch.profiler: the device's time for calls that cannot be captured, whose eager time may be the host's.
 """
 
 import statistics
@@ -22,6 +23,25 @@ def kernel_ms(fn, device: torch.device) -> float:
 
         return do_bench(fn, warmup=25, rep=100, return_mode="median")
     return wall_ms(fn, device, reps=5)
+
+
+def device_ms(fn, device: torch.device, reps: int = 10) -> float | None:
+    """The device time of one call of fn's kernels, summed under torch.profiler (no launch gaps, no host time), in ms:
+    for calls that cannot be captured in a CUDA graph and whose eager time is the host's. None off CUDA."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize(device)
+    # Device-side events alone (kernels, copies, fills): an op's CPU event carries its kernels' time as well.
+    kernels = (e for e in prof.key_averages() if e.self_device_time_total > 0 and e.self_cpu_time_total == 0)
+    return sum(e.self_device_time_total for e in kernels) / reps / 1000
 
 
 def graphed_ms(fn, device: torch.device) -> float:
