@@ -20,8 +20,8 @@ device's work alone. FLA's eager calls spread with the host (0.6-1.5 ms for one 
 the replays say whether a ratio is the kernels' or the host's. The contract's training and prefill calls of long runs
 take two launches whose tables come from the host, which a capture cannot see, so their graph replay is the one
 launch instead: `*_kernels_ms` (`fla_vs_contract_kernels`, forward + backward too) sums each eager call's kernels
-under torch.profiler, the device's time of the calls as made, like for like. Ratios: `fla_vs_contract` = the contract's time / FLA's (the
-issue's "≤ 1.3×" goals read this way: below 1.3 meets them). Each row keeps max |contract - fla| over the
+under torch.profiler, the device's time of the calls as made, like for like. Ratios: `fla_vs_contract` = the
+contract's time / FLA's (the issue's "≤ 1.3×" goals read this way: below 1.3 meets them). Each row keeps max |contract - fla| over the
 outputs, so a wrong kernel cannot pass as a fast one.
 """
 
@@ -136,7 +136,7 @@ def _cached_phase(op, fla, x, shape, num_seqs, chunk, width, ids, positions, cu,
 
 def _both(contract, native, state, cache_rows, device, graph: bool, row: dict, calls: int = 1, also_graphed: bool = False) -> dict:
     """Each impl's outputs from one cache, then its time per call (fn makes `calls` calls) into the row; with
-    `also_graphed`, its time as a graph replay too."""
+    `also_graphed` (eager calls), its time as a graph replay and its kernels' device time too."""
     outputs = {}
     with torch.no_grad():
         for name, fn in (("contract", contract), ("fla", native))[: 1 + (native is not None)]:
