@@ -10,9 +10,9 @@ sequence from position 0 (no metadata), lone and stacked.
     PYTHONPATH=src python3 benchmarks/attention_gluon.py --compile-only   # no GPU: every kernel built for sm_90a, its resources
 
 Why: compiled by Triton the walk issues each 32-key block's QK wgmma and waits, runs the softmax, issues the PV wgmma and
-waits, then folds, so nothing of the softmax runs under an MMA (RESULTS.md, "What bounds prefill"). The overlapped loop
+waits, then folds, so nothing of the softmax runs under an MMA (docs/experiments.md, "What bounds prefill"). The overlapped loop
 was written to change that and was slower on an H100; the walk's order written in Gluon was faster than Triton's code
-for it (RESULTS.md, "The spread decode and the Gluon tile").
+for it (docs/experiments.md, "The spread decode and the Gluon tile").
 
 The `sync` kernel is one sequence from position 0, bf16, head_dim 128, query heads a power of two per KV head.
 """

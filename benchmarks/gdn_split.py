@@ -17,7 +17,7 @@ over fewer warps. The bits are not expected to survive: compiled for sm_90a, the
 row over 16 lanes of 8 elements at 4 warps and over 4 lanes of 4 x 8 at 1 and 2 (another summation order), and the
 state update's [128, 16] x [16, BV] product is a wgmma at 4 warps and an mma.sync below (a warpgroup is 4 warps). The
 time says whether reductions that no layout reorders (and the contract version they would take) are worth building;
-the differing columns say what the kernel as it is gives. On an H100 (benchmarks/RESULTS.md, "Decode loads, warps, PDL
+the differing columns say what the kernel as it is gives. On an H100 (docs/experiments.md, "Decode loads, warps, PDL
 and short runs") fewer warps were slower (batch 1: 9.18 µs at 4, 10.61 at 2, 15.53 at 1) and, unexpectedly, gave the
 same bits.
 """

@@ -6,7 +6,7 @@ Gluon (`triton.experimental.gluon`: Triton's own back end with the layouts, shar
 runs the same walk by hand. Two block loops (`OVERLAP`): the walk's own order, and one that issues block j's QK together
 with block j - 1's PV, runs block j's softmax while that PV is in flight and folds block j - 1 after it (only when each
 wgmma is waited moves: the folds of l and acc stay in block order). On an H100 the overlap cost more than it gave, and
-the walk's order written in Gluon as one 64-row tile ran faster than Triton's code for it (RESULTS.md, "The spread
+the walk's order written in Gluon as one 64-row tile ran faster than Triton's code for it (docs/experiments.md, "The spread
 decode and the Gluon tile"), so that order is the default and the tile runs lone (`attention_fwd` stacks none for it).
 
 The bits are the walk's by construction, not by test alone: the same tile (BLOCK_Q positions x the G_PAD query heads
@@ -50,7 +50,7 @@ ENABLED: bool = switch("ISOEXEC_ATTENTION_GLUON", False)
 # The block loop's order. False: the walk's own, each wgmma waited at once (softmax between the two MMAs), in lone
 # 64-row tiles (`attention_fwd` stacks none while the tile is on). True: block j's QK issued with block j - 1's PV and
 # block j's softmax run while that PV is in flight. On an H100 the overlap ran 0.83-0.85x the walk's order at 4 warps
-# (benchmarks/RESULTS.md, "The spread decode and the Gluon tile"); both give the walk's bits.
+# (docs/experiments.md, "The spread decode and the Gluon tile"); both give the walk's bits.
 OVERLAP = False
 
 

@@ -61,7 +61,7 @@ interpreter (tests/ops/attention/test_triton.py); on a GPU the two places a comp
 multiply-adds (compiled for sm_90a, both kernels contract them to `fma.rn.f32`) and p · v, a separate sum in both
 (`settled` in the walk, a store here). On an H100 the rows were the walk's bit for bit at batch 1-16 and 128-8,192
 keys at every launch setting swept, and with blocks dealt in strides (before contiguous runs) the GPU tests passed and
-the 0.6B- and 8B-shaped audits were bitwise with every decode step spread (`benchmarks/RESULTS.md`, "The spread
+the 0.6B- and 8B-shaped audits were bitwise with every decode step spread (docs/experiments.md, "The spread
 decode"); `ISOEXEC_ATTENTION_BLOCKS_MIN` sets the threshold, `off` turns it off.
 """
 from __future__ import annotations

@@ -204,7 +204,7 @@ def _token(
     # batch 2). Each pair (the token's a and b; the head's A_log and dt_bias) goes as one two-element load, its values
     # taken out by sums of one value and a zero (exact but for a zero's sign, which no later step reads): loaded one by
     # one, ptxas placed some where they are used, a wait of their own (6.96 against 7.05 us at batch 2, 5.72 against
-    # 5.74 at batch 1). The same bits (benchmarks/RESULTS.md, "The one-token program's gates as scalars" and "Gate loads
+    # 5.74 at batch 1). The same bits (docs/experiments.md, "The one-token program's gates as scalars" and "Gate loads
     # in pairs and tiles").
     pair = tl.arange(0, 2)
     ab = tl.load(tl.where(pair == 0, a, b) + (i_t.to(tl.int64) * stride_at + i_h)).to(tl.float32)
@@ -414,7 +414,7 @@ def _env_fill(name: str, default: float | None) -> float | None:
 # chunk piece's chunk-local work at once, then a walk per run and block of value columns that carries the state alone);
 # the others, and every call captured in a CUDA graph, in one, `gdn_fwd_kernel`. The rows' bits are the same either
 # way (triton_two_launch.py says why; tests/ops/gdn/test_triton.py and benchmarks/gdn_bits.py compare them). On an
-# H100 at Qwen3.5's heads (benchmarks/profile_gdn_fwd.py; benchmarks/RESULTS.md, "Retimed on an H100" and "Two
+# H100 at Qwen3.5's heads (benchmarks/profile_gdn_fwd.py; docs/experiments.md, "Retimed on an H100" and "Two
 # launches for short runs") two launches took 2 x 4096 tokens from 2.30 ms to 0.59 (32 value heads), one run of 2048
 # from 1.18 to 0.22, 8 x 2048 from 1.34 to 1.16, and won at every size timed with runs of 256 and more (32 x 512: 1.45
 # to 1.25; 8 x 512: 0.37 to 0.28; 8 x 256: 0.19 to 0.15; 16 value heads alike). Below, a small call's two launches
@@ -445,7 +445,7 @@ WALK_PREFETCH: bool = bool(_env_int("ISOEXEC_GDN_WALK_PREFETCH", 1, least=0))
 # the grid: a program per block of columns, each with its columns of the state, where one program took them all in
 # turn. SPLITS lists (block of columns, most unsplit programs an SM) from the narrowest block: a call takes the
 # narrowest whose bound it meets. On an H100 at Qwen3.5's heads (32 and 16 value heads of 128; benchmarks/gdn_split.py;
-# benchmarks/RESULTS.md, "Retimed on an H100"), per step over a chunk: blocks of 32 were fastest up to 64 unsplit
+# docs/experiments.md, "Retimed on an H100"), per step over a chunk: blocks of 32 were fastest up to 64 unsplit
 # programs (a batch-1 step at 32 heads: 11.7 us to 8.7), 64 at 128 (batch 4 at 32 heads: 12.6 to 11.6), no split from
 # 256 (batch 8 at 32 heads: 16.1 unsplit, 19.5 in blocks of 64). An output element's products run over the head dim
 # whatever the block's width, as the two-launch walk's do (WALK_BLOCK_V): the same bits (tests/ops/gdn/test_triton.py;

@@ -178,7 +178,7 @@ def _key_loads(k, a, b, p_cached, tok64, piece, loaded, cached, o_k, m_k, i_kh, 
     g and β as one [C, 16] tile of the row's gate field, each value taken out by a sum of it and zeros (exact but for a
     zero's sign, which no later step reads): two loads where four row vectors were, each of which Triton loads again
     for every layout it is used in. Taken by the wider blocks and the unsplit kernel, where a step over a chunk took
-    14.6 us at batch 8 against 15.3 and 34.0 against 35.9 at batch 16 on an H100 (the same bits; benchmarks/RESULTS.md,
+    14.6 us at batch 8 against 15.3 and 34.0 against 35.9 at batch 16 on an H100 (the same bits; docs/experiments.md,
     "Gate loads in pairs and tiles"); the 32-column programs keep the row vectors, which timed 0.25 us faster there at
     batch 1."""
     # Every stride is a multiple of 16 elements (gdn_fwd pads where not), so loads are 16-byte vectors.
