@@ -430,8 +430,10 @@ TWO_LAUNCH_MAX_FILL: float | None = _env_fill("ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL",
 # two >= 16, or `off`, sets it for a process): an output element's products run over the head dim whatever the block's
 # width, so its bits do not depend on it (equal on the CPU and, at heads of 128, on an H200), and a narrower block
 # keeps the walk's state tile in fewer registers (ptxas for sm_90, heads of 128: 255 registers and 248 bytes of
-# spills at 128 columns, 204 and none at 64, 174 at 32). 64 columns prefetched were the fastest at 32 value heads.
-WALK_BLOCK_V: int | None = _env_int("ISOEXEC_GDN_WALK_BLOCK_V", 64, least=16)
+# spills at 128 columns, 204 and none at 64, 174 at 32). On an H100 at Qwen3.5's heads a prefill's kernels took
+# 0.198 ms at 32 columns against 0.220 at 64 and 0.245 at 16 (one run of 2048 tokens, 32 value heads; 0.160, 0.185 and
+# 0.158 at 16 heads; benchmarks/results/2026-12-07_f53d2e8_h100_gdn_kernels).
+WALK_BLOCK_V: int | None = _env_int("ISOEXEC_GDN_WALK_BLOCK_V", 32, least=16)
 if WALK_BLOCK_V is not None and WALK_BLOCK_V & (WALK_BLOCK_V - 1):
     raise EnvError(f"ISOEXEC_GDN_WALK_BLOCK_V must be a power of two >= 16, got {WALK_BLOCK_V}")
 # Whether the walk loads a piece's tiles while the piece before it computes (ISOEXEC_GDN_WALK_PREFETCH=0 turns it
