@@ -66,6 +66,8 @@ def main() -> None:
         ("gdn_bwd_wy_kernel", bwd.gdn_bwd_wy_kernel, backward, bwd.NUM_WARPS, bwd.NUM_STAGES),
         ("gdn_bwd_states_kernel", bwd.gdn_bwd_states_kernel, backward, bwd.NUM_WARPS, bwd.NUM_STAGES),
         ("gdn_bwd_dstates_kernel", bwd.gdn_bwd_dstates_kernel, backward, bwd.NUM_WARPS, bwd.NUM_STAGES),
+        ("gdn_bwd_walks_kernel (the two above in one launch)", bwd.gdn_bwd_walks_kernel,
+         dict(backward, NV=-(-HEADS["DV"] // bwd.BLOCK_V)), bwd.NUM_WARPS, bwd.NUM_STAGES),
         ("gdn_bwd_outputs_kernel", bwd.gdn_bwd_outputs_kernel, backward, bwd.CHUNK_WARPS, bwd.NUM_STAGES),
         ("gdn_bwd_wy_grads_kernel", bwd.gdn_bwd_wy_grads_kernel, backward, bwd.CHUNK_WARPS, bwd.NUM_STAGES),
         ("gdn_bwd_chunk_kernel (the two above as one: SPLIT off)", bwd.gdn_bwd_chunk_kernel, backward, bwd.CHUNK_WARPS, bwd.NUM_STAGES),

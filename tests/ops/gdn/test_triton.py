@@ -388,6 +388,30 @@ def test_bf16_buffers_round_as_the_operands_do(chunks_of_16, monkeypatch):
     assert not bitwise_equal(gradients("ieee", False)["q[0]"], kept["q[0]"])
 
 
+@pytest.mark.parametrize("bf16_buffers", [True, False], ids=["bf16 buffers", "fp32 buffers (δ over U)"])
+def test_the_walks_in_one_launch_give_two_launches_bits(chunks_of_16, monkeypatch, bf16_buffers):
+    """Both walks in one launch (the forward walk's programs first, the reverse walk's after them) are the two
+    launches' programs: every gradient keeps its bits, over three blocks of value columns and runs of one to
+    several backward chunks; the control, fp32 products, moves q's gradient, so the comparison sees a change."""
+    monkeypatch.setattr(test_core, "DV", 48)
+    monkeypatch.setattr(gdn_triton_bwd, "BLOCK_V", 16)
+    monkeypatch.setattr(gdn_triton_bwd, "CHUNK", 16)
+    monkeypatch.setattr(gdn_triton_bwd, "BF16_BUFFERS", bf16_buffers)
+    seqs, params = [make_seq(n, seed=n) for n in (C + 5, 1, 3 * C + 3)], make_params()
+
+    def gradients(one_launch, precision="bf16"):
+        monkeypatch.setattr(gdn_triton_bwd, "ONE_WALK_LAUNCH", one_launch)
+        leaves = [{n: t.clone().requires_grad_() for n, t in seq.items()} for seq in seqs]
+        p32 = {n: t.clone().requires_grad_() for n, t in params.items()}
+        outs = test_core.packed(triton_op(block_v=16, dot_precision=precision), leaves, p32)
+        sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum() for o in outs).backward()
+        return {f"{n}[{i}]": t.grad for i, leaf in enumerate(leaves) for n, t in leaf.items()} | {n: t.grad for n, t in p32.items()}
+
+    one, two = gradients(True), gradients(False)
+    assert [name for name, got in one.items() if not bitwise_equal(got, two[name])] == []
+    assert not bitwise_equal(gradients(True, "ieee")["q[0]"], one["q[0]"])
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the backward's own tiles at Qwen3.5's head sizes: compiled for the GPU")
 @pytest.mark.parametrize("precision, atol, rtol, norm", [("ieee", 1e-4, 1e-4, None), ("bf16", None, None, 2e-2)])
 def test_at_qwen_head_sizes_gradients_match_float64(chunks_of_16, monkeypatch, precision, atol, rtol, norm):

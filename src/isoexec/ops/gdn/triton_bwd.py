@@ -21,7 +21,8 @@ state chains are serial, and they carry nothing but the chain's own products:
 2. `gdn_bwd_states_kernel`, a program per (run, value head, block of value columns): the forward walk,
    δ = U - W S and S' from it (two products a chunk), storing S at every chunk's start and δ;
 3. `gdn_bwd_dstates_kernel`, the same grid backward: dδ and dS (the chunk-local Pᵀ dO and qᵀ (e^c dO) beside
-   the chain's two products), storing dS' at every chunk's end and dδ;
+   the chain's two products), storing dS' at every chunk's end and dδ; the two walks share no data, so
+   `gdn_bwd_walks_kernel` runs both in one launch (ONE_WALK_LAUNCH);
 4. a program per (chunk, value head), all chunks at once: every gradient of the chunk from S, dS', δ and dδ,
    the value blocks in a loop (no per-block partial sums), the gates' backward at the end; as one kernel
    (`gdn_bwd_chunk_kernel`) or two (`gdn_bwd_outputs_kernel`: through the outputs and the next state;
@@ -31,6 +32,8 @@ state chains are serial, and they carry nothing but the chain's own products:
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from torch import Tensor
@@ -114,12 +117,12 @@ def gdn_bwd_wy_kernel(k, v, a, b, a_log, dt_bias, t_buf, w_buf, u_buf, chunk_fir
         tl.store(u_buf + p[:, None] * DV + o_v[None, :], _dot(inverse, beta[:, None] * vf, PRECISION, INTERPRET), mask=m_v)
 
 
-@jit(do_not_specialize=["stride_kt", "stride_kh", "stride_at"])
-def gdn_bwd_states_kernel(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, run_first, run_len, run_chunk0,
-                          stride_kt, stride_kh, stride_at, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                          DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """The forward walk: S at every chunk's start (S_0 = 0) and δ = U - W S of every row."""
-    i_r, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+@jit
+def _forward_walk(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, run_first, run_len, run_chunk0, i_r, i_h, i_v,
+                  stride_kt, stride_kh, stride_at, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                  DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The forward walk of run i_r, value head i_h and value block i_v: S at every chunk's start (S_0 = 0) and
+    δ = U - W S of every row."""
     t0, n, chunk0 = tl.load(run_first + i_r).to(tl.int64), tl.load(run_len + i_r), tl.load(run_chunk0 + i_r).to(tl.int64)
     rows = tl.arange(0, C)
     o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
@@ -144,13 +147,13 @@ def gdn_bwd_states_kernel(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_b
         j += 1
 
 
-@jit(do_not_specialize=["q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_at", "stride_dt", "stride_dh"])
-def gdn_bwd_dstates_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, run_first, run_len, run_chunk0, q_scale,
-                           stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh,
-                           GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr,
-                           BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """The reverse walk: dS' at every chunk's end and dδ of every row; dS = e^{c_C} dS' + qᵀ (e^c dO) - Wᵀ dδ."""
-    i_r, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+@jit
+def _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, run_first, run_len, run_chunk0, i_r, i_h, i_v, q_scale,
+                  stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh,
+                  GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr,
+                  BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The reverse walk of run i_r, value head i_h and value block i_v: dS' at every chunk's end and dδ of every
+    row; dS = e^{c_C} dS' + qᵀ (e^c dO) - Wᵀ dδ."""
     t0, n, chunk0 = tl.load(run_first + i_r).to(tl.int64), tl.load(run_len + i_r), tl.load(run_chunk0 + i_r).to(tl.int64)
     rows = tl.arange(0, C)
     o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
@@ -182,6 +185,47 @@ def gdn_bwd_dstates_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_
         ds = tl.exp(c_last) * ds + _dot(tl.trans(qn), tl.exp(c)[:, None] * d_o.to(tl.float32), PRECISION, INTERPRET) \
             - _dot(tl.trans(w), d_delta, PRECISION, INTERPRET)
         j -= 1
+
+
+_WALK_STRIDES = ["q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_at", "stride_dt", "stride_dh"]
+
+
+@jit(do_not_specialize=["stride_kt", "stride_kh", "stride_at"])
+def gdn_bwd_states_kernel(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, run_first, run_len, run_chunk0,
+                          stride_kt, stride_kh, stride_at, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                          DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The forward walk alone, a program per (run, value head, block of value columns)."""
+    _forward_walk(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, run_first, run_len, run_chunk0, tl.program_id(0),
+                  tl.program_id(1), tl.program_id(2), stride_kt, stride_kh, stride_at, GROUP, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
+
+
+@jit(do_not_specialize=_WALK_STRIDES)
+def gdn_bwd_dstates_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, run_first, run_len, run_chunk0, q_scale,
+                           stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh,
+                           GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr,
+                           BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The reverse walk alone, the same grid."""
+    _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, run_first, run_len, run_chunk0, tl.program_id(0),
+                  tl.program_id(1), tl.program_id(2), q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh,
+                  GROUP, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
+
+
+@jit(do_not_specialize=_WALK_STRIDES)
+def gdn_bwd_walks_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, u_buf, states, delta_buf, dstates, d_delta_buf, run_first, run_len,
+                         run_chunk0, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh,
+                         NV: tl.constexpr, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                         DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """Both walks in one launch, a program per (run, value head, walk and block of value columns): the first NV
+    blocks walk forward, the next NV backward. Neither reads what the other writes (the reverse chain needs W and
+    dO, not S or δ), so they run side by side where one launch of either would leave SMs idle."""
+    i_r, i_h, i_w = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if i_w < NV:
+        _forward_walk(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, run_first, run_len, run_chunk0, i_r, i_h, i_w,
+                      stride_kt, stride_kh, stride_at, GROUP, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
+    else:
+        _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, run_first, run_len, run_chunk0, i_r, i_h, i_w - NV,
+                      q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh, GROUP, HV, DK, DV, DK_PAD, BV,
+                      C, PRECISION, INTERPRET)
 
 
 @jit
@@ -405,6 +449,9 @@ CHUNK, BLOCK_V, NUM_WARPS, CHUNK_WARPS, NUM_STAGES = 64, 64, 4, 8, 1
 # SPLIT: the chunks' gradients as two kernels (dW and the shares of dk and dc through memory), 2-6% faster
 # than the one kernel, which spills more. NORM_TOKENS: tokens a program of the norms' backward.
 SPLIT, NORM_TOKENS = True, 16
+# ONE_WALK_LAUNCH: both walks in one launch (`gdn_bwd_walks_kernel`), side by side, where two launches ran them in
+# turn; the same programs, so the same bits. ISOEXEC_GDN_BWD_WALKS=two launches them in turn for a process.
+ONE_WALK_LAUNCH = os.environ.get("ISOEXEC_GDN_BWD_WALKS", "one") != "two"
 # BF16_BUFFERS: with bf16 operands, the buffers read back as operands alone are bf16 (gdn_bwd's note): 9-18%
 # less step time than fp32 ones, the spills of the chunks' gradients 182 -> 66 registers' worth.
 BF16_BUFFERS = True
@@ -452,11 +499,16 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
     states = torch.empty(num_chunks, num_v_heads, k_dim, v_dim, **ops)
     # δ overwrites U row by row where both are fp32: a walk reads a chunk's U before it stores that chunk's δ.
     delta = u_buf if ops["dtype"] == torch.float32 else torch.empty(num_tokens, num_v_heads, v_dim, **ops)
-    gdn_bwd_states_kernel[runs](k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta, first, length, chunk0, *ks, ats, BV=block_v, **dims)
     dstates = torch.empty(num_chunks, num_v_heads, k_dim, v_dim, **ops)
     d_delta = torch.empty(num_tokens, num_v_heads, v_dim, **ops)
-    gdn_bwd_dstates_kernel[runs](q, k, a, b, a_log, dt_bias, grad, w_buf, dstates, d_delta, first, length, chunk0, q_scale, *qs, *ks, ats,
-                                 *ds, BV=block_v, **dims)
+    if ONE_WALK_LAUNCH:
+        gdn_bwd_walks_kernel[runs[:2] + (2 * runs[2],)](q, k, a, b, a_log, dt_bias, grad, w_buf, u_buf, states, delta, dstates, d_delta, first,
+                                                        length, chunk0, q_scale, *qs, *ks, ats, *ds, NV=runs[2], BV=block_v, **dims)
+    else:
+        gdn_bwd_states_kernel[runs](k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta, first, length, chunk0, *ks, ats, BV=block_v,
+                                    **dims)
+        gdn_bwd_dstates_kernel[runs](q, k, a, b, a_log, dt_bias, grad, w_buf, dstates, d_delta, first, length, chunk0, q_scale, *qs, *ks,
+                                     ats, *ds, BV=block_v, **dims)
     dqn = torch.empty(num_tokens, num_v_heads, k_dim, **f32)
     dkn = torch.empty(num_tokens, num_v_heads, k_dim, **f32)
     dv = torch.empty(num_tokens, num_v_heads, v_dim, dtype=v.dtype, device=device)
@@ -480,6 +532,6 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
     return dq, dk, dv, da, db, da_log.sum(0), da.sum(0)
 
 
-SOURCES = (gdn_bwd_wy_kernel, gdn_bwd_states_kernel, gdn_bwd_dstates_kernel, gdn_bwd_chunk_kernel, gdn_bwd_outputs_kernel,
-           gdn_bwd_wy_grads_kernel, gdn_bwd_norms_kernel, _chunk_tokens, _chunk_keys, _value_products, _grads_through_outputs, _grads_through_wy, _keys, _queries, _last,
-           _decays, _dot)
+SOURCES = (gdn_bwd_wy_kernel, gdn_bwd_states_kernel, gdn_bwd_dstates_kernel, gdn_bwd_walks_kernel, _forward_walk, _reverse_walk,
+           gdn_bwd_chunk_kernel, gdn_bwd_outputs_kernel, gdn_bwd_wy_grads_kernel, gdn_bwd_norms_kernel, _chunk_tokens, _chunk_keys,
+           _value_products, _grads_through_outputs, _grads_through_wy, _keys, _queries, _last, _decays, _dot)
