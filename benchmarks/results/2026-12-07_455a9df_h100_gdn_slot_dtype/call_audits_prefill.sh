@@ -1,4 +1,4 @@
-# Not yet run (no device came: every start refused). The code at d36700a (GDN kernels of a57d91d): the Qwen3.5-9B- and 35B-A3B-shaped audits, then GDN prefill timed by the
+# Ran at f53d2e8 (results: ../2026-12-07_f53d2e8_h100_gdn_kernels/). The code at d36700a (GDN kernels of a57d91d): the Qwen3.5-9B- and 35B-A3B-shaped audits, then GDN prefill timed by the
 # kernels' device time alone (bench.py gdn's `*_kernels_ms`), the two-launch walk in blocks of 64 value columns (the
 # default) and of 32 and 16 (the last as time allows; the same bits whatever the block). From the repository root:
 #   run(command="ISOEXEC_COMMIT=<the tree's commit> OUT=$OUT bash benchmarks/results/2026-12-07_455a9df_h100_gdn_slot_dtype/call_audits_prefill.sh",

@@ -1,4 +1,4 @@
-# Not yet run (no device came: every start refused). The code at d36700a: GDN training forward and forward + backward by the kernels' device time (bench.py gdn's
+# Ran at f53d2e8 (results: ../2026-12-07_f53d2e8_h100_gdn_kernels/). The code at d36700a: GDN training forward and forward + backward by the kernels' device time (bench.py gdn's
 # `*_kernels_ms`) at both head shapes, then the decode step over a chunk at both head shapes, the contract and FLA by
 # turns. From the repository root, on the machine call_audits_prefill.sh warmed:
 #   run(command="ISOEXEC_COMMIT=<the tree's commit> OUT=$OUT bash benchmarks/results/2026-12-07_455a9df_h100_gdn_slot_dtype/call_training_steps.sh",

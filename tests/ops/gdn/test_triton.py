@@ -308,6 +308,30 @@ def test_the_path_choice_reads_its_knobs_from_the_environment(monkeypatch):
     assert not gdn_triton._in_two_launches(1 << 20, 1, 1, cpu)
 
 
+def test_the_walk_narrows_where_its_programs_would_leave_sms_idle(monkeypatch):
+    """WALK_NARROW's rule (triton.py): 32 columns where the walk at 64 would have at most one program an SM (a
+    one-run prefill, 2 x 4096 tokens at 16 value heads), 64 where it fills the GPU (8 x 2048); off a GPU, with the rule
+    off, or with WALK_BLOCK_V at the narrow block already, WALK_BLOCK_V; the knob read as SPLITS is."""
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(gdn_triton, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(gdn_triton, "WALK_BLOCK_V", 64)
+    monkeypatch.setattr(gdn_triton, "WALK_NARROW", ((32, 1.0),))
+    assert [gdn_triton._walk_block(runs, heads, 128, gpu) for runs, heads in ((1, 32), (2, 16), (2, 32), (3, 32), (8, 16))] == [32, 32, 32, 64, 64]
+    assert gdn_triton._walk_block(1, 32, 128, cpu) == 64
+    monkeypatch.setattr(gdn_triton, "WALK_NARROW", ())
+    assert gdn_triton._walk_block(1, 32, 128, gpu) == 64
+    monkeypatch.setattr(gdn_triton, "WALK_NARROW", ((32, 1.0),))
+    monkeypatch.setattr(gdn_triton, "WALK_BLOCK_V", 32)
+    assert gdn_triton._walk_block(1, 32, 128, gpu) == 32
+    monkeypatch.setattr(gdn_triton, "WALK_BLOCK_V", None)
+    assert gdn_triton._walk_block(1, 32, 128, gpu) is None
+    monkeypatch.setenv("ISOEXEC_GDN_WALK_NARROW", "16:0.5,32:1")
+    assert gdn_triton._env_splits("ISOEXEC_GDN_WALK_NARROW", ()) == ((16, 0.5), (32, 1.0))
+    monkeypatch.setenv("ISOEXEC_GDN_WALK_NARROW", "24:1")
+    with pytest.raises(ValueError, match="ISOEXEC_GDN_WALK_NARROW must be `off` or blocks:programs-an-SM pairs"):
+        gdn_triton._env_splits("ISOEXEC_GDN_WALK_NARROW", ())
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the contract's tile at Qwen3.5's head sizes: compiled for the GPU (the interpreter takes minutes)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("chunk, block_v, num_warps", [(16, 128, 4), (32, 128, 8), (64, 64, 8)], ids=["contract", "chunks of 32", "chunks of 64"])

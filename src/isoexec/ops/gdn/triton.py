@@ -361,7 +361,7 @@ def gdn_fwd(q, k, v, a, b, a_log, dt_bias, state, rows, state_ids, positions, ch
     every_token = runs is None
     if not every_token and _in_two_launches(num_tokens, runs.first.shape[0], num_v_heads, v.device):
         triton_two_launch.fwd(q, k, v, a, b, a_log, dt_bias, out, state, rows, ids, positions, runs, has_cache, chunk_size, precision,
-                              block_v, num_warps, WALK_BLOCK_V, WALK_PREFETCH, inverse)
+                              block_v, num_warps, _walk_block(runs.first.shape[0], num_v_heads, v_dim, v.device), WALK_PREFETCH, inverse)
         return out if out.is_contiguous() else out.contiguous()
     candidates = _unread(positions.device, torch.int32) if every_token else runs.starts
     dims = dict(GROUP=num_v_heads // num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, DK_PAD=k_pad, DV_PAD=v_pad, C=chunk_size)
@@ -430,10 +430,9 @@ TWO_LAUNCH_MAX_FILL: float | None = _env_fill("ISOEXEC_GDN_TWO_LAUNCH_MAX_FILL",
 # two >= 16, or `off`, sets it for a process): an output element's products run over the head dim whatever the block's
 # width, so its bits do not depend on it (equal on the CPU and, at heads of 128, on an H200), and a narrower block
 # keeps the walk's state tile in fewer registers (ptxas for sm_90, heads of 128: 255 registers and 248 bytes of
-# spills at 128 columns, 204 and none at 64, 174 at 32). On an H100 at Qwen3.5's heads a prefill's kernels took
-# 0.198 ms at 32 columns against 0.220 at 64 and 0.245 at 16 (one run of 2048 tokens, 32 value heads; 0.160, 0.185 and
-# 0.158 at 16 heads; benchmarks/results/2026-12-07_f53d2e8_h100_gdn_kernels).
-WALK_BLOCK_V: int | None = _env_int("ISOEXEC_GDN_WALK_BLOCK_V", 32, least=16)
+# spills at 128 columns, 204 and none at 64, 174 at 32). A narrower block also means more programs, each loading the
+# run's keys again: WALK_NARROW (below) takes one where the walk at WALK_BLOCK_V would leave SMs idle.
+WALK_BLOCK_V: int | None = _env_int("ISOEXEC_GDN_WALK_BLOCK_V", 64, least=16)
 if WALK_BLOCK_V is not None and WALK_BLOCK_V & (WALK_BLOCK_V - 1):
     raise EnvError(f"ISOEXEC_GDN_WALK_BLOCK_V must be a power of two >= 16, got {WALK_BLOCK_V}")
 # Whether the walk loads a piece's tiles while the piece before it computes (ISOEXEC_GDN_WALK_PREFETCH=0 turns it
@@ -470,6 +469,14 @@ def _env_splits(name: str, default: tuple) -> tuple:
 
 
 SPLITS: tuple = _env_splits("ISOEXEC_GDN_SPLITS", ((32, 0.5), (64, 1.0)))
+# The walk's narrower blocks, (block, most programs an SM at WALK_BLOCK_V) as SPLITS reads them: a call whose walk
+# would have at most that many programs (runs x value heads x blocks of WALK_BLOCK_V columns) an SM takes the
+# narrowest such block. On an H100 at heads of 128 (`benchmarks/RESULTS.md`, "Every phase by the kernels' device
+# time"), kernels ms at 64 columns -> 32: a prefill of 2,048 tokens 0.220 -> 0.198 (one run, 32 value heads: 0.48
+# programs an SM), 0.185 -> 0.160 (16 heads, 0.24); a training forward at 2 x 4,096, 16 heads (0.48) 0.438 -> 0.396;
+# at 8 x 2,048, 16 heads (1.94) 0.575 -> 0.679, slower. Between 0.5 and 1.9 programs an SM is not measured: the bound
+# sits at one program an SM. ISOEXEC_GDN_WALK_NARROW=32:1 sets it for a process (`off`: WALK_BLOCK_V always).
+WALK_NARROW: tuple = _env_splits("ISOEXEC_GDN_WALK_NARROW", ((32, 1.0),))
 SPLIT_BLOCK_V: int | None = None
 
 
@@ -488,6 +495,15 @@ def _split_block(programs: int, block_v: int, chunk_size: int, device: torch.dev
         choices = [block for block, fill in SPLITS if programs <= fill * _num_sms(device)]
     choices = [block for block in choices if block < block_v and (chunk_size < 64 or block >= 64)]
     return choices[0] if choices else None
+
+
+def _walk_block(runs: int, num_v_heads: int, v_dim: int, device: torch.device) -> int | None:
+    """The two-launch walk's block of value columns for a call of `runs` runs (WALK_NARROW's rule; off a GPU,
+    WALK_BLOCK_V)."""
+    if WALK_BLOCK_V is None or device.type != "cuda":
+        return WALK_BLOCK_V
+    programs = runs * num_v_heads * triton_support.cdiv(v_dim, WALK_BLOCK_V)
+    return next((block for block, fill in WALK_NARROW if block < WALK_BLOCK_V and programs <= fill * _num_sms(device)), WALK_BLOCK_V)
 
 
 def _in_two_launches(num_tokens: int, runs: int, num_v_heads: int, device: torch.device) -> bool:

@@ -3,7 +3,7 @@
 # skips them: bench.py's `grad rel diff` against FLA checks the gradients too), then `bench.py gdn --gdn-phases
 # training` with ISOEXEC_GDN_BWD_WALKS=one (the default) and =two, 16 value heads first, then the prefill at
 # ISOEXEC_GDN_WALK_BLOCK_V=32 (the default) and =64, as DEADLINE (default 480 s) allows. From the repository root:
-#   run(command="ISOEXEC_COMMIT=<the tree's commit> OUT=$OUT bash benchmarks/results/<this folder>/call.sh",
+#   run(command="ISOEXEC_COMMIT=<the tree's commit> OUT=$OUT bash benchmarks/results/2026-12-07_13332f6_h100_gdn_walks/call.sh",
 #       carry=["build/fla_core-0.6.0-py3-none-any.whl"])
 set -u
 start=$(date +%s); left() { echo $(( ${DEADLINE:-480} - ($(date +%s) - start) )); }
