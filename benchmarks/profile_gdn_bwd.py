@@ -1,11 +1,11 @@
 """Where gdn.core.triton's forward + backward spends its GPU time: the kernels of one training step under
 torch.profiler, per shape, summed by kernel name (bench.py gdn times the whole step; this splits it); with
 `--sweep`, the step's time under each of the backward's own tiles (chunk, value block, warps, one chunk
-kernel or two, bf16 buffers or fp32) at the first shape, every configuration's gradients compared with the first's. Each profile
+kernel or two, bf16 buffers or fp32, the walks in one launch or two) at the first shape (or `--shapes`), every configuration's gradients compared with the first's. Each profile
 gives the step's time as bench.py takes it and back to back beside its kernels' sum, the host's costliest
 ops, and the backward kernels' registers, spills and shared memory as compiled.
 
-    cd benchmarks && PYTHONPATH=../src python3 profile_gdn_bwd.py [--sweep]
+    cd benchmarks && PYTHONPATH=../src python3 profile_gdn_bwd.py [--sweep] [--shapes hk16-hv16-d128,...]
 """
 
 import argparse
@@ -18,9 +18,10 @@ from isoexec.ops.gdn import triton_bwd
 from timing import kernel_ms
 
 # Chunks of 64 take value blocks of 64 or more (triton_bwd's note); 4 warps spill at 64. The first row is the default.
-_C64 = dict(CHUNK=64, BLOCK_V=64, NUM_WARPS=4, CHUNK_WARPS=8, SPLIT=True, BF16_BUFFERS=True)
-SWEEP = [_C64, {**_C64, "BF16_BUFFERS": False}, {**_C64, "SPLIT": False}, {**_C64, "NUM_WARPS": 8}, {**_C64, "BLOCK_V": 128},
-         {**_C64, "BLOCK_V": 128, "CHUNK_WARPS": 16}, dict(CHUNK=32, BLOCK_V=32, NUM_WARPS=4, CHUNK_WARPS=4, SPLIT=True, BF16_BUFFERS=True)]
+_C64 = dict(CHUNK=64, BLOCK_V=64, NUM_WARPS=4, CHUNK_WARPS=8, SPLIT=True, BF16_BUFFERS=True, ONE_WALK_LAUNCH=True)
+_C32 = dict(_C64, CHUNK=32, BLOCK_V=32, CHUNK_WARPS=4)
+SWEEP = [_C64, {**_C64, "ONE_WALK_LAUNCH": False}, {**_C64, "BF16_BUFFERS": False}, {**_C64, "SPLIT": False}, {**_C64, "NUM_WARPS": 8},
+         {**_C64, "BLOCK_V": 128}, {**_C64, "BLOCK_V": 128, "CHUNK_WARPS": 16}, _C32, {**_C32, "ONE_WALK_LAUNCH": False}]
 
 
 def _step(op, x, positions, grad):
@@ -47,12 +48,17 @@ def _back_to_back_ms(fn, n: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="time the step under each of the backward's tiles instead of profiling")
+    parser.add_argument("--shapes", default="", help=f"head shapes, comma-separated (default: all, or the first with --sweep; "
+                                                     f"known: {', '.join(SHAPES)})")
     args = parser.parse_args()
+    names = [name for name in args.shapes.split(",") if name] or list(SHAPES)[: 1 if args.sweep else None]
+    if unknown := [name for name in names if name not in SHAPES]:
+        parser.error(f"--shapes: unknown shape(s) {', '.join(unknown)} (known: {', '.join(SHAPES)})")
     device = torch.device("cuda")
     op, _, _ = _contract_op(GPU["contract"])
     generator = torch.Generator(device=device).manual_seed(0)
     default = {name: getattr(triton_bwd, name) for name in SWEEP[0]}
-    for shape_name, shape in list(SHAPES.items())[: 1 if args.sweep else None]:
+    for shape_name, shape in ((name, SHAPES[name]) for name in names):
         for seqs, seq_len in GPU["training"]:
             x = {k: t.requires_grad_() for k, t in _inputs(shape, seqs * seq_len, device, generator).items()}
             positions = torch.arange(seq_len, device=device).repeat(seqs)
