@@ -386,6 +386,15 @@ def test_gradients_match_float64_autograd_of_the_recurrence(chunks_of_16, monkey
     _gradients_against_float64(triton_op(block_v=block_v), (C + 5, 1, 2 * C, 4 * C + 3), atol=2e-5, rtol=1e-4)
 
 
+def _packed_gradients(op, seqs, params) -> dict:
+    """Every input's gradient (a sequence's as `name[i]`) of a fixed weighted sum of op's packed outputs."""
+    leaves = [{n: t.clone().requires_grad_() for n, t in seq.items()} for seq in seqs]
+    p32 = {n: t.clone().requires_grad_() for n, t in params.items()}
+    outs = test_core.packed(op, leaves, p32)
+    sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum() for o in outs).backward()
+    return {f"{n}[{i}]": t.grad for i, leaf in enumerate(leaves) for n, t in leaf.items()} | {n: t.grad for n, t in p32.items()}
+
+
 def test_bf16_buffers_round_as_the_operands_do(chunks_of_16, monkeypatch):
     """With bf16 operands the backward stores T, W, the states, δ, dS', dδ and dW as bf16: the gradients that
     reach them only as operands (q, k, v, b) keep their bits exactly, and those through Σ S ∘ dS' (a, A_log,
@@ -397,11 +406,7 @@ def test_bf16_buffers_round_as_the_operands_do(chunks_of_16, monkeypatch):
 
     def gradients(precision, bf16_buffers):
         monkeypatch.setattr(gdn_triton_bwd, "BF16_BUFFERS", bf16_buffers)
-        leaves = [{n: t.clone().requires_grad_() for n, t in seq.items()} for seq in seqs]
-        p32 = {n: t.clone().requires_grad_() for n, t in params.items()}
-        outs = test_core.packed(triton_op(block_v=32, dot_precision=precision), leaves, p32)
-        sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum() for o in outs).backward()
-        return {f"{n}[{i}]": t.grad for i, leaf in enumerate(leaves) for n, t in leaf.items()} | {n: t.grad for n, t in p32.items()}
+        return _packed_gradients(triton_op(block_v=32, dot_precision=precision), seqs, params)
 
     stored, kept = gradients("bf16", True), gradients("bf16", False)
     for name, got in stored.items():
@@ -425,11 +430,7 @@ def test_the_walks_in_one_launch_give_two_launches_bits(chunks_of_16, monkeypatc
 
     def gradients(one_launch, precision="bf16"):
         monkeypatch.setattr(gdn_triton_bwd, "ONE_WALK_LAUNCH", one_launch)
-        leaves = [{n: t.clone().requires_grad_() for n, t in seq.items()} for seq in seqs]
-        p32 = {n: t.clone().requires_grad_() for n, t in params.items()}
-        outs = test_core.packed(triton_op(block_v=16, dot_precision=precision), leaves, p32)
-        sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum() for o in outs).backward()
-        return {f"{n}[{i}]": t.grad for i, leaf in enumerate(leaves) for n, t in leaf.items()} | {n: t.grad for n, t in p32.items()}
+        return _packed_gradients(triton_op(block_v=16, dot_precision=precision), seqs, params)
 
     one, two = gradients(True), gradients(False)
     assert [name for name, got in one.items() if not bitwise_equal(got, two[name])] == []
