@@ -59,6 +59,8 @@ def _set(module, setting) -> None:
         module.TWO_LAUNCH_MIN_RUN, module.WALK_BLOCK_V, module.WALK_PREFETCH = setting
     if hasattr(module, "TWO_LAUNCH_MAX_FILL"):  # every call of the two-launch settings in two launches, however many programs
         module.TWO_LAUNCH_MAX_FILL = None
+    if hasattr(module, "WALK_NARROW"):  # the walk in the setting's block, however many programs
+        module.WALK_NARROW = ()
 
 
 def main() -> None:
