@@ -6,6 +6,9 @@ interpreter (tests/ops/linear/test_triton.py has why TRITON_INTERPRET must be se
 imported), where bf16 is compared by tolerance only (the interpreter truncates fp32 -> bf16)."""
 
 import functools
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -384,6 +387,18 @@ def test_gradients_match_float64_autograd_of_the_recurrence(chunks_of_16, monkey
     monkeypatch.setattr(gdn_triton_bwd, "CHUNK", bwd_chunk)
     monkeypatch.setattr(gdn_triton_bwd, "SPLIT", split)
     _gradients_against_float64(triton_op(block_v=block_v), (C + 5, 1, 2 * C, 4 * C + 3), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("value, one_launch", [("", True), ("one", True), ("two", False), ("2", None)])
+def test_the_walks_knob_is_read_from_the_environment(value, one_launch):
+    """ISOEXEC_GDN_BWD_WALKS: `one` (the default) or `two`; anything else, a one-line refusal at import."""
+    env = {k: v for k, v in os.environ.items() if k != "ISOEXEC_GDN_BWD_WALKS"} | {"ISOEXEC_GDN_BWD_WALKS": value}
+    result = subprocess.run([sys.executable, "-c", "from isoexec.ops.gdn import triton_bwd; print(triton_bwd.ONE_WALK_LAUNCH)"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    if one_launch is None:
+        assert result.returncode != 0 and "ISOEXEC_GDN_BWD_WALKS must be 'one' or 'two', got '2'" in result.stderr
+    else:
+        assert result.returncode == 0 and result.stdout.strip() == str(one_launch), result.stderr[-2000:]
 
 
 def _packed_gradients(op, seqs, params) -> dict:

@@ -38,6 +38,7 @@ import os
 import torch
 from torch import Tensor
 
+from ...env import EnvError
 from .. import triton_support
 from ..triton_support import cdiv, jit, tl
 from .runs import Runs, find_runs, pieces
@@ -450,8 +451,12 @@ CHUNK, BLOCK_V, NUM_WARPS, CHUNK_WARPS, NUM_STAGES = 64, 64, 4, 8, 1
 # than the one kernel, which spills more. NORM_TOKENS: tokens a program of the norms' backward.
 SPLIT, NORM_TOKENS = True, 16
 # ONE_WALK_LAUNCH: both walks in one launch (`gdn_bwd_walks_kernel`), side by side, where two launches ran them in
-# turn; the same programs, so the same bits. ISOEXEC_GDN_BWD_WALKS=two launches them in turn for a process.
-ONE_WALK_LAUNCH = os.environ.get("ISOEXEC_GDN_BWD_WALKS", "one") != "two"
+# turn; the same programs, so the same bits. ISOEXEC_GDN_BWD_WALKS=two launches them in turn for a process (`one`,
+# the default, together).
+_WALKS = os.environ.get("ISOEXEC_GDN_BWD_WALKS", "") or "one"
+if _WALKS not in ("one", "two"):
+    raise EnvError(f"ISOEXEC_GDN_BWD_WALKS must be 'one' or 'two', got {_WALKS!r}")
+ONE_WALK_LAUNCH = _WALKS == "one"
 # BF16_BUFFERS: with bf16 operands, the buffers read back as operands alone are bf16 (gdn_bwd's note): 9-18%
 # less step time than fp32 ones, the spills of the chunks' gradients 182 -> 66 registers' worth.
 BF16_BUFFERS = True
