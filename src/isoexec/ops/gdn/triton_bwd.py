@@ -188,7 +188,7 @@ def _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf
         j -= 1
 
 
-_WALK_STRIDES = ["q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_at", "stride_dt", "stride_dh"]
+_WALK_SCALARS = ["q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_at", "stride_dt", "stride_dh"]
 
 
 @jit(do_not_specialize=["stride_kt", "stride_kh", "stride_at"])
@@ -200,7 +200,7 @@ def gdn_bwd_states_kernel(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_b
                   tl.program_id(1), tl.program_id(2), stride_kt, stride_kh, stride_at, GROUP, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
 
 
-@jit(do_not_specialize=_WALK_STRIDES)
+@jit(do_not_specialize=_WALK_SCALARS)
 def gdn_bwd_dstates_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, run_first, run_len, run_chunk0, q_scale,
                            stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh,
                            GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr,
@@ -211,7 +211,7 @@ def gdn_bwd_dstates_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_
                   GROUP, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
 
 
-@jit(do_not_specialize=_WALK_STRIDES)
+@jit(do_not_specialize=_WALK_SCALARS)
 def gdn_bwd_walks_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, u_buf, states, delta_buf, dstates, d_delta_buf, run_first, run_len,
                          run_chunk0, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh,
                          NV: tl.constexpr, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
