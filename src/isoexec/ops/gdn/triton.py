@@ -469,15 +469,16 @@ def _env_splits(name: str, default: tuple) -> tuple:
 
 
 SPLITS: tuple = _env_splits("ISOEXEC_GDN_SPLITS", ((32, 0.5), (64, 1.0)))
+SPLIT_BLOCK_V: int | None = None
 # The walk's narrower blocks, (block, most programs an SM at WALK_BLOCK_V) as SPLITS reads them: a call whose walk
 # would have at most that many programs (runs x value heads x blocks of WALK_BLOCK_V columns) an SM takes the
 # narrowest such block. On an H100 at heads of 128 (`benchmarks/RESULTS.md`, "Every phase by the kernels' device
 # time"), kernels ms at 64 columns -> 32: a prefill of 2,048 tokens 0.220 -> 0.198 (one run, 32 value heads: 0.48
 # programs an SM), 0.185 -> 0.160 (16 heads, 0.24); a training forward at 2 x 4,096, 16 heads (0.48) 0.438 -> 0.396;
-# at 8 x 2,048, 16 heads (1.94) 0.575 -> 0.679, slower. Between 0.5 and 1.9 programs an SM is not measured: the bound
+# at 8 x 2,048, 16 heads (1.94) 0.575 -> 0.679, slower (the training pairs from two machines of one kind). Between 0.5
+# and 1.9 programs an SM is not measured: the bound
 # sits at one program an SM. ISOEXEC_GDN_WALK_NARROW=32:1 sets it for a process (`off`: WALK_BLOCK_V always).
 WALK_NARROW: tuple = _env_splits("ISOEXEC_GDN_WALK_NARROW", ((32, 1.0),))
-SPLIT_BLOCK_V: int | None = None
 
 
 @functools.cache
