@@ -476,8 +476,8 @@ SPLIT_BLOCK_V: int | None = None
 # time"), kernels ms at 64 columns -> 32: a prefill of 2,048 tokens 0.220 -> 0.198 (one run, 32 value heads: 0.48
 # programs an SM), 0.185 -> 0.160 (16 heads, 0.24); a training forward at 2 x 4,096, 16 heads (0.48) 0.438 -> 0.396;
 # at 8 x 2,048, 16 heads (1.94) 0.575 -> 0.679, slower (the training pairs from two machines of one kind). Between 0.5
-# and 1.9 programs an SM is not measured: the bound
-# sits at one program an SM. ISOEXEC_GDN_WALK_NARROW=32:1 sets it for a process (`off`: WALK_BLOCK_V always).
+# and 1.9 programs an SM is not measured: the bound sits at one program an SM. ISOEXEC_GDN_WALK_NARROW=32:1 sets it
+# for a process (`off`: WALK_BLOCK_V always).
 WALK_NARROW: tuple = _env_splits("ISOEXEC_GDN_WALK_NARROW", ((32, 1.0),))
 
 
