@@ -373,17 +373,19 @@ def test_at_qwen_head_sizes_every_form_gives_the_trainers_bits(monkeypatch, dtyp
     assert (first.double() - want).abs().max() < 3e-2 * max(1.0, float(want.abs().max()))
 
 
-@pytest.mark.parametrize("v_dim, block_v, bwd_chunk, split", [(6, 64, 16, False), (48, 16, 16, False), (48, 32, 32, True)],
-                         ids=["one value block", "three value blocks", "backward chunks of 32, split"])
-def test_gradients_match_float64_autograd_of_the_recurrence(chunks_of_16, monkeypatch, v_dim, block_v, bwd_chunk, split):
+@pytest.mark.parametrize("v_dim, block_v, walk_block, bwd_chunk, split",
+                         [(6, 64, None, 16, False), (48, 16, None, 16, False), (48, 32, None, 32, True), (48, 32, 16, 32, True)],
+                         ids=["one value block", "three value blocks", "backward chunks of 32, split", "walks in narrower blocks"])
+def test_gradients_match_float64_autograd_of_the_recurrence(chunks_of_16, monkeypatch, v_dim, block_v, walk_block, bwd_chunk, split):
     """The Triton backward (T, W and U per chunk, the walks for the chunk-start states and each chunk's dS',
     the chunks' gradients, the norms' and gates' backward): every input's gradient, A_log's and dt_bias' too,
     over four packed sequences (a partial last chunk, one of 1 token, one of exactly two forward chunks, one
-    of several), value heads sharing key heads, in one to three blocks of value columns, in backward chunks
-    as long as the forward's and longer, the chunks' gradients in one kernel or two (SPLIT), against float64
-    autograd of the recurrence."""
+    of several), value heads sharing key heads, in one to three blocks of value columns, the walks in the chunk
+    kernels' blocks or narrower ones (WALK_BLOCK_V), in backward chunks as long as the forward's and longer, the
+    chunks' gradients in one kernel or two (SPLIT), against float64 autograd of the recurrence."""
     monkeypatch.setattr(test_core, "DV", v_dim)
     monkeypatch.setattr(gdn_triton_bwd, "BLOCK_V", block_v)
+    monkeypatch.setattr(gdn_triton_bwd, "WALK_BLOCK_V", walk_block)
     monkeypatch.setattr(gdn_triton_bwd, "CHUNK", bwd_chunk)
     monkeypatch.setattr(gdn_triton_bwd, "SPLIT", split)
     _gradients_against_float64(triton_op(block_v=block_v), (C + 5, 1, 2 * C, 4 * C + 3), atol=2e-5, rtol=1e-4)
@@ -399,6 +401,19 @@ def test_the_walks_knob_is_read_from_the_environment(value, one_launch):
         assert result.returncode != 0 and "ISOEXEC_GDN_BWD_WALKS must be 'one' or 'two', got '2'" in result.stderr
     else:
         assert result.returncode == 0 and result.stdout.strip() == str(one_launch), result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("value, block", [("", None), ("32", 32), ("24", "refused"), ("8", "refused"), ("off", "refused")])
+def test_the_walks_block_is_read_from_the_environment(value, block):
+    """ISOEXEC_GDN_BWD_WALK_BLOCK_V: unset, the chunk kernels' block; a power of two >= 16; anything else, a one-line
+    refusal at import."""
+    env = {k: v for k, v in os.environ.items() if k != "ISOEXEC_GDN_BWD_WALK_BLOCK_V"} | {"ISOEXEC_GDN_BWD_WALK_BLOCK_V": value}
+    result = subprocess.run([sys.executable, "-c", "from isoexec.ops.gdn import triton_bwd; print(triton_bwd.WALK_BLOCK_V)"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    if block == "refused":
+        assert result.returncode != 0 and f"ISOEXEC_GDN_BWD_WALK_BLOCK_V must be a power of two >= 16, got {value!r}" in result.stderr
+    else:
+        assert result.returncode == 0 and result.stdout.strip() == str(block), result.stderr[-2000:]
 
 
 def _packed_gradients(op, seqs, params) -> dict:

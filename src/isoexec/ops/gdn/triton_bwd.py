@@ -457,6 +457,13 @@ _WALKS = os.environ.get("ISOEXEC_GDN_BWD_WALKS", "") or "one"
 if _WALKS not in ("one", "two"):
     raise EnvError(f"ISOEXEC_GDN_BWD_WALKS must be 'one' or 'two', got {_WALKS!r}")
 ONE_WALK_LAUNCH = _WALKS == "one"
+# WALK_BLOCK_V: the walks' own block of value columns, None for BLOCK_V. The walks are the step's serial chains and
+# have a program per (run, value head, block), so few runs x heads leave SMs idle at 64 columns; the chunk kernels
+# have a program per (chunk, value head) whatever the block. ISOEXEC_GDN_BWD_WALK_BLOCK_V=n sets it for a process.
+_WALK_BLOCK = os.environ.get("ISOEXEC_GDN_BWD_WALK_BLOCK_V", "")
+if _WALK_BLOCK and not (_WALK_BLOCK.isdigit() and int(_WALK_BLOCK) >= 16 and not int(_WALK_BLOCK) & (int(_WALK_BLOCK) - 1)):
+    raise EnvError(f"ISOEXEC_GDN_BWD_WALK_BLOCK_V must be a power of two >= 16, got {_WALK_BLOCK!r}")
+WALK_BLOCK_V: int | None = int(_WALK_BLOCK) if _WALK_BLOCK else None
 # BF16_BUFFERS: with bf16 operands, the buffers read back as operands alone are bf16 (gdn_bwd's note): 9-18%
 # less step time than fp32 ones, the spills of the chunks' gradients 182 -> 66 registers' worth.
 BF16_BUFFERS = True
@@ -481,8 +488,8 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
         runs = find_runs(positions, None)
     # Chunks from each run's first token (this pass's own chunks: any chunk size computes the same function).
     (first, length, chunk0, _, chunk_first, _, chunk_len), num_chunks = pieces(runs, chunk, num_tokens, from_offsets=False)
-    block_v = min(BLOCK_V, v_pad)
-    runs = (first.shape[0], num_v_heads, cdiv(v_dim, block_v))
+    block_v, walk_block = min(BLOCK_V, v_pad), min(WALK_BLOCK_V or BLOCK_V, v_pad)
+    runs = (first.shape[0], num_v_heads, cdiv(v_dim, walk_block))
     chunks = (num_chunks, num_v_heads)
     dims = dict(GROUP=group, HV=num_v_heads, DK=k_dim, DV=v_dim, DK_PAD=k_pad, C=chunk, PRECISION=PRECISIONS[precision],
                 INTERPRET=triton_support.interpreting(), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
@@ -508,12 +515,12 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
     d_delta = torch.empty(num_tokens, num_v_heads, v_dim, **ops)
     if ONE_WALK_LAUNCH:
         gdn_bwd_walks_kernel[runs[:2] + (2 * runs[2],)](q, k, a, b, a_log, dt_bias, grad, w_buf, u_buf, states, delta, dstates, d_delta, first,
-                                                        length, chunk0, q_scale, *qs, *ks, ats, *ds, NV=runs[2], BV=block_v, **dims)
+                                                        length, chunk0, q_scale, *qs, *ks, ats, *ds, NV=runs[2], BV=walk_block, **dims)
     else:
-        gdn_bwd_states_kernel[runs](k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta, first, length, chunk0, *ks, ats, BV=block_v,
+        gdn_bwd_states_kernel[runs](k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta, first, length, chunk0, *ks, ats, BV=walk_block,
                                     **dims)
         gdn_bwd_dstates_kernel[runs](q, k, a, b, a_log, dt_bias, grad, w_buf, dstates, d_delta, first, length, chunk0, q_scale, *qs, *ks,
-                                     ats, *ds, BV=block_v, **dims)
+                                     ats, *ds, BV=walk_block, **dims)
     dqn = torch.empty(num_tokens, num_v_heads, k_dim, **f32)
     dkn = torch.empty(num_tokens, num_v_heads, k_dim, **f32)
     dv = torch.empty(num_tokens, num_v_heads, v_dim, dtype=v.dtype, device=device)
