@@ -5,7 +5,7 @@ kernel or two, bf16 buffers or fp32, the walks in one launch or two) at the firs
 gives the step's time as bench.py takes it and back to back beside its kernels' sum, the host's costliest
 ops, and the backward kernels' registers, spills and shared memory as compiled.
 
-    cd benchmarks && PYTHONPATH=../src python3 profile_gdn_bwd.py [--sweep] [--shapes hk16-hv16-d128,...]
+    cd benchmarks && PYTHONPATH=../src python3 profile_gdn_bwd.py [--sweep] [--fla] [--shapes hk16-hv16-d128,...]
 """
 
 import argparse
@@ -13,7 +13,7 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gdn import GPU, SHAPES, _contract_op, _inputs
+from gdn import GPU, SHAPES, _contract_op, _fla, _fla_chunk, _inputs, _lift_fla_backward_guard
 from isoexec.ops.gdn import triton_bwd
 from timing import kernel_ms
 
@@ -37,6 +37,13 @@ def _step(op, x, positions, grad):
     return grads
 
 
+def _fla_train(fla, x, cu, grad) -> None:
+    """FLA's forward + backward over x's packed sequences, its gradients dropped after it as `_step` drops ours."""
+    _fla_chunk(fla, x, cu).backward(grad)
+    for t in x.values():
+        t.grad = None
+
+
 def _back_to_back_ms(fn, n: int) -> float:
     """Time of one of n calls of fn issued back to back (warm L2, the host's gaps included), in ms."""
     fn()
@@ -49,11 +56,38 @@ def _back_to_back_ms(fn, n: int) -> float:
     return start.elapsed_time(end) / n
 
 
+def _profile(step, label: str, device) -> None:
+    """Print one step's device time by kernel (5 steps under torch.profiler), its time as bench.py takes it and
+    back to back, and the host's costliest ops."""
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+    print(f"== {label}: CUDA time per step, by kernel (5 steps)")
+    events = prof.key_averages()
+    # Kernels alone: an op (an aten op, or an autograd Function launching Triton kernels) also reports the
+    # device time of the kernels it launched, but no kernel spends host time of its own.
+    rows = sorted((e for e in events if e.self_device_time_total > 0 and e.self_cpu_time_total == 0), key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in rows) / 5 / 1000
+    print(f"   total {total:.3f} ms; the step as bench.py times it (L2 flushed before each) {kernel_ms(step, device):.3f} ms, "
+          f"20 steps back to back {_back_to_back_ms(step, 20):.3f} ms a step")
+    for e in rows[:14]:
+        print(f"   {e.self_device_time_total / 5 / 1000:8.3f} ms  {e.count // 5:4d} calls  {e.key[:110]}")
+    print("   host, by self time (a host sync's wait counts in the op that syncs):")
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:10]:
+        print(f"   {e.self_cpu_time_total / 5 / 1000:8.3f} ms  {e.count // 5:4d} calls  {e.key[:110]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="time the step under each of the backward's tiles instead of profiling")
     parser.add_argument("--shapes", default="", help=f"head shapes, comma-separated (default: all, or the first with --sweep; "
                                                      f"known: {', '.join(SHAPES)})")
+    parser.add_argument("--fla", action="store_true", help="profile flash-linear-attention's step by kernel too, after each of ours "
+                                                               "(its gated backward's Triton guard lifted, as bench.py gdn does)")
     args = parser.parse_args()
     names = [name for name in args.shapes.split(",") if name] or list(SHAPES)[: 1 if args.sweep else None]
     if unknown := [name for name in names if name not in SHAPES]:
@@ -62,6 +96,12 @@ def main() -> None:
     op, _, _ = _contract_op(GPU["contract"])
     generator = torch.Generator(device=device).manual_seed(0)
     default = {name: getattr(triton_bwd, name) for name in SWEEP[0]}
+    fla = None
+    if args.fla and not args.sweep:
+        fla, why = _fla()
+        if fla is None:
+            parser.error(f"--fla: flash-linear-attention does not import here ({why})")
+        _lift_fla_backward_guard()
     for shape_name, shape in ((name, SHAPES[name]) for name in names):
         for seqs, seq_len in GPU["training"]:
             x = {k: t.requires_grad_() for k, t in _inputs(shape, seqs * seq_len, device, generator).items()}
@@ -85,28 +125,10 @@ def main() -> None:
                 for name, value in default.items():
                     setattr(triton_bwd, name, value)
                 continue
-            for _ in range(3):
-                _step(op, x, positions, grad)
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-                for _ in range(5):
-                    _step(op, x, positions, grad)
-                torch.cuda.synchronize()
-            print(f"== {shape_name} training {seqs} x {seq_len}: CUDA time per step, by kernel (5 steps)")
-            events = prof.key_averages()
-            # Kernels alone: an op (an aten op, or an autograd Function launching Triton kernels) also reports the
-            # device time of the kernels it launched, but no kernel spends host time of its own.
-            rows = sorted((e for e in events if e.self_device_time_total > 0 and e.self_cpu_time_total == 0),
-                          key=lambda e: -e.self_device_time_total)
-            total = sum(e.self_device_time_total for e in rows) / 5 / 1000
-            print(f"   total {total:.3f} ms; the step as bench.py times it (L2 flushed before each) "
-                  f"{kernel_ms(lambda: _step(op, x, positions, grad), device):.3f} ms, 20 steps back to back "
-                  f"{_back_to_back_ms(lambda: _step(op, x, positions, grad), 20):.3f} ms a step")
-            for e in rows[:12]:
-                print(f"   {e.self_device_time_total / 5 / 1000:8.3f} ms  {e.count // 5:4d} calls  {e.key[:110]}")
-            print("   host, by self time (a host sync's wait counts in the op that syncs):")
-            for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:10]:
-                print(f"   {e.self_cpu_time_total / 5 / 1000:8.3f} ms  {e.count // 5:4d} calls  {e.key[:110]}")
+            _profile(lambda: _step(op, x, positions, grad), f"{shape_name} training {seqs} x {seq_len}", device)
+            if fla is not None:
+                cu = torch.arange(0, seqs * seq_len + 1, seq_len, device=device, dtype=torch.int32)
+                _profile(lambda: _fla_train(fla, x, cu, grad), f"{shape_name} training {seqs} x {seq_len}, FLA", device)
             for name in dir(triton_bwd):
                 for kernel in getattr(getattr(triton_bwd, name), "launches", {}).values():
                     print(f"   {name}: {kernel.n_regs} registers, {kernel.n_spills} spilled, {kernel.metadata.shared} B shared")
