@@ -373,19 +373,24 @@ def test_at_qwen_head_sizes_every_form_gives_the_trainers_bits(monkeypatch, dtyp
     assert (first.double() - want).abs().max() < 3e-2 * max(1.0, float(want.abs().max()))
 
 
-@pytest.mark.parametrize("v_dim, block_v, walk_block, bwd_chunk, split",
-                         [(6, 64, None, 16, False), (48, 16, None, 16, False), (48, 32, None, 32, True), (48, 32, 16, 32, True)],
-                         ids=["one value block", "three value blocks", "backward chunks of 32, split", "walks in narrower blocks"])
-def test_gradients_match_float64_autograd_of_the_recurrence(chunks_of_16, monkeypatch, v_dim, block_v, walk_block, bwd_chunk, split):
+@pytest.mark.parametrize("v_dim, block_v, walk_block, bwd_chunk, split, walk_inputs",
+                         [(6, 64, None, 16, False, False), (48, 16, None, 16, False, False), (48, 32, None, 32, True, False),
+                          (48, 32, 16, 32, True, False), (48, 16, None, 32, True, True)],
+                         ids=["one value block", "three value blocks", "backward chunks of 32, split", "walks in narrower blocks",
+                              "walk inputs from buffers"])
+def test_gradients_match_float64_autograd_of_the_recurrence(chunks_of_16, monkeypatch, v_dim, block_v, walk_block, bwd_chunk, split,
+                                                            walk_inputs):
     """The Triton backward (T, W and U per chunk, the walks for the chunk-start states and each chunk's dS',
     the chunks' gradients, the norms' and gates' backward): every input's gradient, A_log's and dt_bias' too,
     over four packed sequences (a partial last chunk, one of 1 token, one of exactly two forward chunks, one
     of several), value heads sharing key heads, in one to three blocks of value columns, the walks in the chunk
-    kernels' blocks or narrower ones (WALK_BLOCK_V), in backward chunks as long as the forward's and longer, the
-    chunks' gradients in one kernel or two (SPLIT), against float64 autograd of the recurrence."""
+    kernels' blocks or narrower ones (WALK_BLOCK_V), their column-free inputs computed in the walks or loaded
+    (WALK_INPUTS), in backward chunks as long as the forward's and longer, the chunks' gradients in one kernel or
+    two (SPLIT), against float64 autograd of the recurrence."""
     monkeypatch.setattr(test_core, "DV", v_dim)
     monkeypatch.setattr(gdn_triton_bwd, "BLOCK_V", block_v)
     monkeypatch.setattr(gdn_triton_bwd, "WALK_BLOCK_V", walk_block)
+    monkeypatch.setattr(gdn_triton_bwd, "WALK_INPUTS", walk_inputs)
     monkeypatch.setattr(gdn_triton_bwd, "CHUNK", bwd_chunk)
     monkeypatch.setattr(gdn_triton_bwd, "SPLIT", split)
     _gradients_against_float64(triton_op(block_v=block_v), (C + 5, 1, 2 * C, 4 * C + 3), atol=2e-5, rtol=1e-4)
@@ -465,6 +470,39 @@ def test_the_walks_in_one_launch_give_two_launches_bits(chunks_of_16, monkeypatc
     one, two = gradients(True), gradients(False)
     assert [name for name, got in one.items() if not bitwise_equal(got, two[name])] == []
     assert not bitwise_equal(gradients(True, "ieee")["q[0]"], one["q[0]"])
+
+
+@pytest.mark.parametrize("one_launch", [True, False], ids=["walks in one launch", "in two"])
+def test_the_walks_inputs_loaded_give_the_computed_ones_bits(chunks_of_16, monkeypatch, one_launch):
+    """The walks' column-free inputs computed for every chunk at once and loaded (WALK_INPUTS) are the values the
+    walks computed themselves, rounded as the operands are: in the interpreter every gradient keeps its bits, with
+    bf16 operands and buffers, two value heads a key head and runs of one to several backward chunks; the
+    control, fp32 products, moves q's gradient."""
+    monkeypatch.setattr(test_core, "DV", 48)
+    monkeypatch.setattr(gdn_triton_bwd, "BLOCK_V", 16)
+    monkeypatch.setattr(gdn_triton_bwd, "CHUNK", 16)
+    monkeypatch.setattr(gdn_triton_bwd, "ONE_WALK_LAUNCH", one_launch)
+    seqs, params = [make_seq(n, seed=n) for n in (C + 5, 1, 3 * C + 3)], make_params()
+
+    def gradients(walk_inputs, precision="bf16"):
+        monkeypatch.setattr(gdn_triton_bwd, "WALK_INPUTS", walk_inputs)
+        return _packed_gradients(triton_op(block_v=16, dot_precision=precision), seqs, params)
+
+    loaded, computed = gradients(True), gradients(False)
+    assert [name for name, got in loaded.items() if not bitwise_equal(got, computed[name])] == []
+    assert not bitwise_equal(gradients(True, "ieee")["q[0]"], loaded["q[0]"])
+
+
+@pytest.mark.parametrize("value, on", [("", False), ("on", True), ("off", False), ("1", None)])
+def test_the_walks_inputs_knob_is_read_from_the_environment(value, on):
+    """ISOEXEC_GDN_BWD_WALK_INPUTS: `on` or `off` (the default); anything else, a one-line refusal at import."""
+    env = {k: v for k, v in os.environ.items() if k != "ISOEXEC_GDN_BWD_WALK_INPUTS"} | {"ISOEXEC_GDN_BWD_WALK_INPUTS": value}
+    result = subprocess.run([sys.executable, "-c", "from isoexec.ops.gdn import triton_bwd; print(triton_bwd.WALK_INPUTS)"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    if on is None:
+        assert result.returncode != 0 and "ISOEXEC_GDN_BWD_WALK_INPUTS must be 'on' or 'off', got '1'" in result.stderr
+    else:
+        assert result.returncode == 0 and result.stdout.strip() == str(on), result.stderr[-2000:]
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the backward's own tiles at Qwen3.5's head sizes: compiled for the GPU")

@@ -22,7 +22,9 @@ state chains are serial, and they carry nothing but the chain's own products:
    δ = U - W S and S' from it (two products a chunk), storing S at every chunk's start and δ;
 3. `gdn_bwd_dstates_kernel`, the same grid backward: dδ and dS (the chunk-local Pᵀ dO and qᵀ (e^c dO) beside
    the chain's two products), storing dS' at every chunk's end and dδ; the two walks share no data, so
-   `gdn_bwd_walks_kernel` runs both in one launch (ONE_WALK_LAUNCH);
+   `gdn_bwd_walks_kernel` runs both in one launch (ONE_WALK_LAUNCH); with WALK_INPUTS, what they take of a chunk
+   that no value column changes (c, the decayed keys, the queries, the scores) comes from
+   `gdn_bwd_walk_inputs_kernel`, a program per (chunk, value head) before them;
 4. a program per (chunk, value head), all chunks at once: every gradient of the chunk from S, dS', δ and dδ,
    the value blocks in a loop (no per-block partial sums), the gates' backward at the end; as one kernel
    (`gdn_bwd_chunk_kernel`) or two (`gdn_bwd_outputs_kernel`: through the outputs and the next state;
@@ -118,12 +120,42 @@ def gdn_bwd_wy_kernel(k, v, a, b, a_log, dt_bias, t_buf, w_buf, u_buf, chunk_fir
         tl.store(u_buf + p[:, None] * DV + o_v[None, :], _dot(inverse, beta[:, None] * vf, PRECISION, INTERPRET), mask=m_v)
 
 
+@jit(do_not_specialize=["q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_at"])
+def gdn_bwd_walk_inputs_kernel(q, k, a, b, a_log, dt_bias, c_buf, decayed_buf, qn_buf, scores_buf, chunk_first, chunk_len, q_scale,
+                               stride_qt, stride_qh, stride_kt, stride_kh, stride_at, GROUP: tl.constexpr, HV: tl.constexpr,
+                               DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr,
+                               INTERPRET: tl.constexpr):
+    """What the walks take of a chunk that no value column changes, a program per (chunk, value head): c by chunk
+    row (rows past the run hold its last value), the decayed keys e^{c_C - c} k, the queries (stored by a key
+    head's first value head) and the scores q kᵀ ∘ E on and below the diagonal, the last three as the walks'
+    product operands. Computed in every program of a walk, at every chunk, they sat on its serial chain."""
+    i_n, i_h = tl.program_id(0), tl.program_id(1)
+    n = tl.load(chunk_len + i_n)
+    if n > 0:  # a chunk of no rows (runs.pieces makes none) computes nothing
+        rows = tl.arange(0, C)
+        o_k = tl.arange(0, DK_PAD)
+        m_row = rows < n
+        m_bk = _rows_mask(m_row, o_k < DK, DK == DK_PAD)
+        tok = tl.load(chunk_first + i_n).to(tl.int64) + rows
+        kn, _, c = _chunk_keys(k, a, b, a_log, dt_bias, tok, m_row, i_h, stride_kt, stride_kh, stride_at, GROUP, DK, DK_PAD)
+        tl.store(c_buf + (i_n.to(tl.int64) * C + rows) * HV + i_h, c)
+        p = tok * HV + i_h
+        decayed = _operand(kn * tl.exp(_last(c, C) - c)[:, None], PRECISION, INTERPRET)
+        tl.store(decayed_buf + p[:, None] * DK + o_k[None, :], decayed.to(decayed_buf.dtype.element_ty), mask=m_bk)
+        qn = _operand(_queries(q, tok, m_row, o_k, i_h // GROUP, q_scale, stride_qt, stride_qh, DK, DK_PAD), PRECISION, INTERPRET)
+        if i_h % GROUP == 0:
+            tl.store(qn_buf + (tok * (HV // GROUP) + i_h // GROUP)[:, None] * DK + o_k[None, :], qn.to(qn_buf.dtype.element_ty), mask=m_bk)
+        scores = _dot(qn, tl.trans(_operand(kn, PRECISION, INTERPRET)), PRECISION, INTERPRET) * _decays(c, C, False)
+        tl.store(scores_buf + (i_n.to(tl.int64) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :], scores.to(scores_buf.dtype.element_ty))
+
+
 @jit
-def _forward_walk(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, run_first, run_len, run_chunk0, i_r, i_h, i_v,
+def _forward_walk(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, c_buf, decayed_buf, run_first, run_len, run_chunk0, i_r, i_h, i_v,
                   stride_kt, stride_kh, stride_at, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                  DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+                  DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, INPUTS: tl.constexpr, PRECISION: tl.constexpr,
+                  INTERPRET: tl.constexpr):
     """The forward walk of run i_r, value head i_h and value block i_v: S at every chunk's start (S_0 = 0) and
-    δ = U - W S of every row."""
+    δ = U - W S of every row; c and the decayed keys from `gdn_bwd_walk_inputs_kernel`'s buffers where INPUTS."""
     t0, n, chunk0 = tl.load(run_first + i_r).to(tl.int64), tl.load(run_len + i_r), tl.load(run_chunk0 + i_r).to(tl.int64)
     rows = tl.arange(0, C)
     o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
@@ -136,25 +168,33 @@ def _forward_walk(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, run_
                  mask=m_k[:, None] & m_v[None, :])
         m_row = rows < n - j * C
         tok = t0 + j * C + rows
-        kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
-        c = tl.cumsum(g, 0)
         p = tok * HV + i_h
-        w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD), other=0.0), INTERPRET)
+        m_bk = _rows_mask(m_row, m_k, DK == DK_PAD)
+        if INPUTS:
+            c = tl.load(c_buf + ((chunk0 + j) * C + rows) * HV + i_h)
+            decayed = _stored(tl.load(decayed_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
+            c_last = _last(c, C)
+        else:
+            kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
+            c = tl.cumsum(g, 0)
+            c_last = _last(c, C)
+            decayed = kn * tl.exp(c_last - c)[:, None]
+        w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
         m_cv = _rows_mask(m_row, m_v, DV % BV == 0)
         delta = tl.load(u_buf + p[:, None] * DV + o_v[None, :], mask=m_cv, other=0.0) - _dot(w, s, PRECISION, INTERPRET)
         tl.store(delta_buf + p[:, None] * DV + o_v[None, :], delta.to(delta_buf.dtype.element_ty), mask=m_cv)
-        c_last = _last(c, C)
-        s = tl.exp(c_last) * s + _dot(tl.trans(kn * tl.exp(c_last - c)[:, None]), delta, PRECISION, INTERPRET)
+        s = tl.exp(c_last) * s + _dot(tl.trans(decayed), delta, PRECISION, INTERPRET)
         j += 1
 
 
 @jit
-def _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, run_first, run_len, run_chunk0, i_r, i_h, i_v, q_scale,
-                  stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh,
+def _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, c_buf, decayed_buf, qn_buf, scores_buf, run_first, run_len,
+                  run_chunk0, i_r, i_h, i_v, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh,
                   GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr,
-                  BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+                  BV: tl.constexpr, C: tl.constexpr, INPUTS: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """The reverse walk of run i_r, value head i_h and value block i_v: dS' at every chunk's end and dδ of every
-    row; dS = e^{c_C} dS' + qᵀ (e^c dO) - Wᵀ dδ."""
+    row; dS = e^{c_C} dS' + qᵀ (e^c dO) - Wᵀ dδ. c, the decayed keys, the queries and the scores from
+    `gdn_bwd_walk_inputs_kernel`'s buffers where INPUTS."""
     t0, n, chunk0 = tl.load(run_first + i_r).to(tl.int64), tl.load(run_len + i_r), tl.load(run_chunk0 + i_r).to(tl.int64)
     rows = tl.arange(0, C)
     o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
@@ -167,19 +207,28 @@ def _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf
                  mask=m_k[:, None] & m_v[None, :])
         m_row = rows < n - j * C
         tok = t0 + j * C + rows
-        kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
-        c = tl.cumsum(g, 0)
-        c_last = _last(c, C)
-        # The keys and queries enter products alone from here: held as the products' operands (bf16 with bf16
-        # products, half the registers of the fp32 tiles, which spilled beside the state), the same values.
-        decayed = _operand(kn * tl.exp(c_last - c)[:, None], PRECISION, INTERPRET)
-        kn = _operand(kn, PRECISION, INTERPRET)
-        qn = _operand(_queries(q, tok, m_row, o_k, i_h // GROUP, q_scale, stride_qt, stride_qh, DK, DK_PAD), PRECISION, INTERPRET)
         p = tok * HV + i_h
+        if INPUTS:
+            m_bk = _rows_mask(m_row, m_k, DK == DK_PAD)
+            c = tl.load(c_buf + ((chunk0 + j) * C + rows) * HV + i_h)
+            c_last = _last(c, C)
+            decayed = _stored(tl.load(decayed_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
+            q_rows = tok * (HV // GROUP) + i_h // GROUP
+            qn = _stored(tl.load(qn_buf + q_rows[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
+            scores = _stored(tl.load(scores_buf + ((chunk0 + j) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :]), INTERPRET)
+        else:
+            kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
+            c = tl.cumsum(g, 0)
+            c_last = _last(c, C)
+            # The keys and queries enter products alone from here: held as the products' operands (bf16 with bf16
+            # products, half the registers of the fp32 tiles, which spilled beside the state), the same values.
+            decayed = _operand(kn * tl.exp(c_last - c)[:, None], PRECISION, INTERPRET)
+            kn = _operand(kn, PRECISION, INTERPRET)
+            qn = _operand(_queries(q, tok, m_row, o_k, i_h // GROUP, q_scale, stride_qt, stride_qh, DK, DK_PAD), PRECISION, INTERPRET)
+            scores = _dot(qn, tl.trans(kn), PRECISION, INTERPRET) * _decays(c, C, False)
         m_cv = _rows_mask(m_row, m_v, DV % BV == 0)
         d_rows = tl.multiple_of(tok * stride_dt + i_h * stride_dh, 16)
         d_o = tl.load(d_out + d_rows[:, None] + o_v[None, :], mask=m_cv, other=0.0)  # as stored; widened where used
-        scores = _dot(qn, tl.trans(kn), PRECISION, INTERPRET) * _decays(c, C, False)
         d_delta = _dot(tl.trans(scores), d_o.to(tl.float32), PRECISION, INTERPRET) + _dot(decayed, ds, PRECISION, INTERPRET)
         tl.store(d_delta_buf + p[:, None] * DV + o_v[None, :], d_delta.to(d_delta_buf.dtype.element_ty), mask=m_cv)
         w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD), other=0.0), INTERPRET)
@@ -192,41 +241,44 @@ _WALK_SCALARS = ["q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", 
 
 
 @jit(do_not_specialize=["stride_kt", "stride_kh", "stride_at"])
-def gdn_bwd_states_kernel(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, run_first, run_len, run_chunk0,
+def gdn_bwd_states_kernel(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, c_buf, decayed_buf, run_first, run_len, run_chunk0,
                           stride_kt, stride_kh, stride_at, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                          DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+                          DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, INPUTS: tl.constexpr, PRECISION: tl.constexpr,
+                          INTERPRET: tl.constexpr):
     """The forward walk alone, a program per (run, value head, block of value columns)."""
-    _forward_walk(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, run_first, run_len, run_chunk0, tl.program_id(0),
-                  tl.program_id(1), tl.program_id(2), stride_kt, stride_kh, stride_at, GROUP, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
+    _forward_walk(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, c_buf, decayed_buf, run_first, run_len, run_chunk0,
+                  tl.program_id(0), tl.program_id(1), tl.program_id(2), stride_kt, stride_kh, stride_at, GROUP, HV, DK, DV, DK_PAD, BV, C,
+                  INPUTS, PRECISION, INTERPRET)
 
 
 @jit(do_not_specialize=_WALK_SCALARS)
-def gdn_bwd_dstates_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, run_first, run_len, run_chunk0, q_scale,
-                           stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh,
+def gdn_bwd_dstates_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, c_buf, decayed_buf, qn_buf, scores_buf, run_first,
+                           run_len, run_chunk0, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh,
                            GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr,
-                           BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+                           BV: tl.constexpr, C: tl.constexpr, INPUTS: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """The reverse walk alone, the same grid."""
-    _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, run_first, run_len, run_chunk0, tl.program_id(0),
-                  tl.program_id(1), tl.program_id(2), q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh,
-                  GROUP, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
+    _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, c_buf, decayed_buf, qn_buf, scores_buf, run_first, run_len,
+                  run_chunk0, tl.program_id(0), tl.program_id(1), tl.program_id(2), q_scale, stride_qt, stride_qh, stride_kt, stride_kh,
+                  stride_at, stride_dt, stride_dh, GROUP, HV, DK, DV, DK_PAD, BV, C, INPUTS, PRECISION, INTERPRET)
 
 
 @jit(do_not_specialize=_WALK_SCALARS)
-def gdn_bwd_walks_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, u_buf, states, delta_buf, dstates, d_delta_buf, run_first, run_len,
-                         run_chunk0, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh,
-                         NV: tl.constexpr, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                         DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+def gdn_bwd_walks_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, u_buf, states, delta_buf, dstates, d_delta_buf, c_buf, decayed_buf, qn_buf,
+                         scores_buf, run_first, run_len, run_chunk0, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at,
+                         stride_dt, stride_dh, NV: tl.constexpr, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                         DV: tl.constexpr, DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, INPUTS: tl.constexpr,
+                         PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """Both walks in one launch, a program per (run, value head, walk and block of value columns): the first NV
     blocks walk forward, the next NV backward. Neither reads what the other writes (the reverse chain needs W and
     dO, not S or δ), so they run side by side where one launch of either would leave SMs idle."""
     i_r, i_h, i_w = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if i_w < NV:
-        _forward_walk(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, run_first, run_len, run_chunk0, i_r, i_h, i_w,
-                      stride_kt, stride_kh, stride_at, GROUP, HV, DK, DV, DK_PAD, BV, C, PRECISION, INTERPRET)
+        _forward_walk(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, c_buf, decayed_buf, run_first, run_len, run_chunk0, i_r, i_h,
+                      i_w, stride_kt, stride_kh, stride_at, GROUP, HV, DK, DV, DK_PAD, BV, C, INPUTS, PRECISION, INTERPRET)
     else:
-        _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, run_first, run_len, run_chunk0, i_r, i_h, i_w - NV,
-                      q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh, GROUP, HV, DK, DV, DK_PAD, BV,
-                      C, PRECISION, INTERPRET)
+        _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, c_buf, decayed_buf, qn_buf, scores_buf, run_first,
+                      run_len, run_chunk0, i_r, i_h, i_w - NV, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt,
+                      stride_dh, GROUP, HV, DK, DV, DK_PAD, BV, C, INPUTS, PRECISION, INTERPRET)
 
 
 @jit
@@ -464,6 +516,14 @@ _WALK_BLOCK = os.environ.get("ISOEXEC_GDN_BWD_WALK_BLOCK_V", "")
 if _WALK_BLOCK and not (_WALK_BLOCK.isdigit() and int(_WALK_BLOCK) >= 16 and not int(_WALK_BLOCK) & (int(_WALK_BLOCK) - 1)):
     raise EnvError(f"ISOEXEC_GDN_BWD_WALK_BLOCK_V must be a power of two >= 16, got {_WALK_BLOCK!r}")
 WALK_BLOCK_V: int | None = int(_WALK_BLOCK) if _WALK_BLOCK else None
+# WALK_INPUTS: what the walks take of a chunk that no value column changes (c, the decayed keys, the queries, the
+# scores) computed for every chunk at once (`gdn_bwd_walk_inputs_kernel`) and loaded by the walks, where each walk's
+# program computed them at every chunk on its serial chain: more memory traffic, a shorter chain.
+# ISOEXEC_GDN_BWD_WALK_INPUTS=on|off sets it for a process.
+_INPUTS = os.environ.get("ISOEXEC_GDN_BWD_WALK_INPUTS", "") or "off"
+if _INPUTS not in ("on", "off"):
+    raise EnvError(f"ISOEXEC_GDN_BWD_WALK_INPUTS must be 'on' or 'off', got {_INPUTS!r}")
+WALK_INPUTS = _INPUTS == "on"
 # BF16_BUFFERS: with bf16 operands, the buffers read back as operands alone are bf16 (gdn_bwd's note): 9-18%
 # less step time than fp32 ones, the spills of the chunks' gradients 182 -> 66 registers' worth.
 BF16_BUFFERS = True
@@ -513,14 +573,21 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
     delta = u_buf if ops["dtype"] == torch.float32 else torch.empty(num_tokens, num_v_heads, v_dim, **ops)
     dstates = torch.empty(num_chunks, num_v_heads, k_dim, v_dim, **ops)
     d_delta = torch.empty(num_tokens, num_v_heads, v_dim, **ops)
-    if ONE_WALK_LAUNCH:
-        gdn_bwd_walks_kernel[runs[:2] + (2 * runs[2],)](q, k, a, b, a_log, dt_bias, grad, w_buf, u_buf, states, delta, dstates, d_delta, first,
-                                                        length, chunk0, q_scale, *qs, *ks, ats, *ds, NV=runs[2], BV=walk_block, **dims)
+    if WALK_INPUTS:
+        walk_inputs = (torch.empty(num_chunks * chunk, num_v_heads, **f32), torch.empty(num_tokens, num_v_heads, k_dim, **ops),
+                       torch.empty(num_tokens, num_k_heads, k_dim, **ops), torch.empty(num_chunks, num_v_heads, chunk, chunk, **ops))
+        gdn_bwd_walk_inputs_kernel[chunks](q, k, a, b, a_log, dt_bias, *walk_inputs, chunk_first, chunk_len, q_scale, *qs, *ks, ats, **dims)
     else:
-        gdn_bwd_states_kernel[runs](k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta, first, length, chunk0, *ks, ats, BV=walk_block,
-                                    **dims)
-        gdn_bwd_dstates_kernel[runs](q, k, a, b, a_log, dt_bias, grad, w_buf, dstates, d_delta, first, length, chunk0, q_scale, *qs, *ks,
-                                     ats, *ds, BV=walk_block, **dims)
+        walk_inputs = (w_buf,) * 4  # pointers the walks never read
+    walk_dims = dict(dims, BV=walk_block, INPUTS=WALK_INPUTS)
+    if ONE_WALK_LAUNCH:
+        gdn_bwd_walks_kernel[runs[:2] + (2 * runs[2],)](q, k, a, b, a_log, dt_bias, grad, w_buf, u_buf, states, delta, dstates, d_delta,
+                                                        *walk_inputs, first, length, chunk0, q_scale, *qs, *ks, ats, *ds, NV=runs[2], **walk_dims)
+    else:
+        gdn_bwd_states_kernel[runs](k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta, *walk_inputs[:2], first, length, chunk0, *ks, ats,
+                                    **walk_dims)
+        gdn_bwd_dstates_kernel[runs](q, k, a, b, a_log, dt_bias, grad, w_buf, dstates, d_delta, *walk_inputs, first, length, chunk0, q_scale,
+                                     *qs, *ks, ats, *ds, **walk_dims)
     dqn = torch.empty(num_tokens, num_v_heads, k_dim, **f32)
     dkn = torch.empty(num_tokens, num_v_heads, k_dim, **f32)
     dv = torch.empty(num_tokens, num_v_heads, v_dim, dtype=v.dtype, device=device)
@@ -544,6 +611,6 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
     return dq, dk, dv, da, db, da_log.sum(0), da.sum(0)
 
 
-SOURCES = (gdn_bwd_wy_kernel, gdn_bwd_states_kernel, gdn_bwd_dstates_kernel, gdn_bwd_walks_kernel, _forward_walk, _reverse_walk,
+SOURCES = (gdn_bwd_wy_kernel, gdn_bwd_walk_inputs_kernel, gdn_bwd_states_kernel, gdn_bwd_dstates_kernel, gdn_bwd_walks_kernel, _forward_walk, _reverse_walk,
            gdn_bwd_chunk_kernel, gdn_bwd_outputs_kernel, gdn_bwd_wy_grads_kernel, gdn_bwd_norms_kernel, _chunk_tokens, _chunk_keys,
            _value_products, _grads_through_outputs, _grads_through_wy, _keys, _queries, _last, _decays, _dot)
