@@ -49,7 +49,8 @@ def main() -> None:
     if not PTXAS.exists():
         sys.exit(f"no ptxas at {PTXAS}: Triton's NVIDIA backend is needed")
     forward = dict(HEADS, C=16, BV=128, SPLIT=False)
-    backward = dict(HEADS, C=bwd.CHUNK, BV=bwd.BLOCK_V, BT=bwd.NORM_TOKENS)
+    backward = dict(HEADS, C=bwd.CHUNK, BV=bwd.BLOCK_V, BT=bwd.NORM_TOKENS, INPUTS=bwd.WALK_INPUTS)
+    walks = dict(backward, BV=bwd.WALK_BLOCK_V or bwd.BLOCK_V, NV=-(-HEADS["DV"] // (bwd.WALK_BLOCK_V or bwd.BLOCK_V)))
     kernels = [
         ("gdn_fwd_kernel (block_v 128)", fwd.gdn_fwd_kernel, forward, 4, 3),
         *((f"gdn_fwd_kernel (a decode step split in {block})", fwd.gdn_fwd_kernel, dict(forward, BV=block, SPLIT=True), 4, 3)
@@ -64,10 +65,13 @@ def main() -> None:
         (f"gdn_walk_kernel ({args.walk_block} columns, inverse by rows)", two.gdn_walk_kernel,
          dict(forward, BV=args.walk_block, PREFETCH=fwd.WALK_PREFETCH, ROWS=True), 4, 3),
         ("gdn_bwd_wy_kernel", bwd.gdn_bwd_wy_kernel, backward, bwd.NUM_WARPS, bwd.NUM_STAGES),
-        ("gdn_bwd_states_kernel", bwd.gdn_bwd_states_kernel, backward, bwd.NUM_WARPS, bwd.NUM_STAGES),
-        ("gdn_bwd_dstates_kernel", bwd.gdn_bwd_dstates_kernel, backward, bwd.NUM_WARPS, bwd.NUM_STAGES),
-        ("gdn_bwd_walks_kernel (the two above in one launch)", bwd.gdn_bwd_walks_kernel,
-         dict(backward, NV=-(-HEADS["DV"] // bwd.BLOCK_V)), bwd.NUM_WARPS, bwd.NUM_STAGES),
+        ("gdn_bwd_walk_inputs_kernel", bwd.gdn_bwd_walk_inputs_kernel, backward, bwd.NUM_WARPS, bwd.NUM_STAGES),
+        ("gdn_bwd_states_kernel", bwd.gdn_bwd_states_kernel, walks, bwd.NUM_WARPS, bwd.NUM_STAGES),
+        ("gdn_bwd_dstates_kernel", bwd.gdn_bwd_dstates_kernel, walks, bwd.NUM_WARPS, bwd.NUM_STAGES),
+        ("gdn_bwd_walks_kernel (the two above in one launch)", bwd.gdn_bwd_walks_kernel, walks, bwd.NUM_WARPS, bwd.NUM_STAGES),
+        *((f"gdn_bwd_walks_kernel ({block} columns, inputs {'loaded' if inputs else 'computed'})", bwd.gdn_bwd_walks_kernel,
+           dict(backward, BV=block, NV=-(-HEADS["DV"] // block), INPUTS=inputs), bwd.NUM_WARPS, bwd.NUM_STAGES)
+          for block, inputs in ((64, not bwd.WALK_INPUTS), (32, False), (32, True))),
         ("gdn_bwd_outputs_kernel", bwd.gdn_bwd_outputs_kernel, backward, bwd.CHUNK_WARPS, bwd.NUM_STAGES),
         ("gdn_bwd_wy_grads_kernel", bwd.gdn_bwd_wy_grads_kernel, backward, bwd.CHUNK_WARPS, bwd.NUM_STAGES),
         ("gdn_bwd_chunk_kernel (the two above as one: SPLIT off)", bwd.gdn_bwd_chunk_kernel, backward, bwd.CHUNK_WARPS, bwd.NUM_STAGES),
