@@ -396,29 +396,30 @@ def test_gradients_match_float64_autograd_of_the_recurrence(chunks_of_16, monkey
     _gradients_against_float64(triton_op(block_v=block_v), (C + 5, 1, 2 * C, 4 * C + 3), atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("value, one_launch", [("", True), ("one", True), ("two", False), ("2", None)])
-def test_the_walks_knob_is_read_from_the_environment(value, one_launch):
-    """ISOEXEC_GDN_BWD_WALKS: `one` (the default) or `two`; anything else, a one-line refusal at import."""
-    env = {k: v for k, v in os.environ.items() if k != "ISOEXEC_GDN_BWD_WALKS"} | {"ISOEXEC_GDN_BWD_WALKS": value}
-    result = subprocess.run([sys.executable, "-c", "from isoexec.ops.gdn import triton_bwd; print(triton_bwd.ONE_WALK_LAUNCH)"],
-                            capture_output=True, text=True, env=env, timeout=120)
-    if one_launch is None:
-        assert result.returncode != 0 and "ISOEXEC_GDN_BWD_WALKS must be 'one' or 'two', got '2'" in result.stderr
-    else:
-        assert result.returncode == 0 and result.stdout.strip() == str(one_launch), result.stderr[-2000:]
+_WALKS_REFUSED = "ISOEXEC_GDN_BWD_WALKS must be 'one' or 'two', got '2'"
+_BLOCK_REFUSED = "ISOEXEC_GDN_BWD_WALK_BLOCK_V must be a power of two >= 16, got '{}'"
+_INPUTS_REFUSED = "ISOEXEC_GDN_BWD_WALK_INPUTS must be 'on' or 'off', got '1'"
 
 
-@pytest.mark.parametrize("value, block", [("", None), ("32", 32), ("24", "refused"), ("8", "refused"), ("off", "refused")])
-def test_the_walks_block_is_read_from_the_environment(value, block):
-    """ISOEXEC_GDN_BWD_WALK_BLOCK_V: unset, the chunk kernels' block; a power of two >= 16; anything else, a one-line
-    refusal at import."""
-    env = {k: v for k, v in os.environ.items() if k != "ISOEXEC_GDN_BWD_WALK_BLOCK_V"} | {"ISOEXEC_GDN_BWD_WALK_BLOCK_V": value}
-    result = subprocess.run([sys.executable, "-c", "from isoexec.ops.gdn import triton_bwd; print(triton_bwd.WALK_BLOCK_V)"],
+@pytest.mark.parametrize("variable, attribute, value, expected", [
+    ("ISOEXEC_GDN_BWD_WALKS", "ONE_WALK_LAUNCH", "", "True"), ("ISOEXEC_GDN_BWD_WALKS", "ONE_WALK_LAUNCH", "one", "True"),
+    ("ISOEXEC_GDN_BWD_WALKS", "ONE_WALK_LAUNCH", "two", "False"), ("ISOEXEC_GDN_BWD_WALKS", "ONE_WALK_LAUNCH", "2", _WALKS_REFUSED),
+    ("ISOEXEC_GDN_BWD_WALK_BLOCK_V", "WALK_BLOCK_V", "", "None"), ("ISOEXEC_GDN_BWD_WALK_BLOCK_V", "WALK_BLOCK_V", "32", "32"),
+    *(("ISOEXEC_GDN_BWD_WALK_BLOCK_V", "WALK_BLOCK_V", bad, _BLOCK_REFUSED.format(bad)) for bad in ("24", "8", "off")),
+    ("ISOEXEC_GDN_BWD_WALK_INPUTS", "WALK_INPUTS", "", "False"), ("ISOEXEC_GDN_BWD_WALK_INPUTS", "WALK_INPUTS", "on", "True"),
+    ("ISOEXEC_GDN_BWD_WALK_INPUTS", "WALK_INPUTS", "off", "False"), ("ISOEXEC_GDN_BWD_WALK_INPUTS", "WALK_INPUTS", "1", _INPUTS_REFUSED),
+])
+def test_the_backward_knobs_are_read_from_the_environment(variable, attribute, value, expected):
+    """The backward's knobs: the walks in one launch or two (`one`, the default), the walks' block (unset: the chunk
+    kernels'; a power of two >= 16), their inputs loaded (`on`) or computed (`off`, the default); anything else, a
+    one-line refusal at import."""
+    env = {k: v for k, v in os.environ.items() if k != variable} | {variable: value}
+    result = subprocess.run([sys.executable, "-c", f"from isoexec.ops.gdn import triton_bwd; print(triton_bwd.{attribute})"],
                             capture_output=True, text=True, env=env, timeout=120)
-    if block == "refused":
-        assert result.returncode != 0 and f"ISOEXEC_GDN_BWD_WALK_BLOCK_V must be a power of two >= 16, got {value!r}" in result.stderr
+    if expected.startswith("ISOEXEC_"):
+        assert result.returncode != 0 and expected in result.stderr.splitlines()[-1]
     else:
-        assert result.returncode == 0 and result.stdout.strip() == str(block), result.stderr[-2000:]
+        assert result.returncode == 0 and result.stdout.strip() == expected, result.stderr[-2000:]
 
 
 def _packed_gradients(op, seqs, params) -> dict:
@@ -491,18 +492,6 @@ def test_the_walks_inputs_loaded_give_the_computed_ones_bits(chunks_of_16, monke
     loaded, computed = gradients(True), gradients(False)
     assert [name for name, got in loaded.items() if not bitwise_equal(got, computed[name])] == []
     assert not bitwise_equal(gradients(True, "ieee")["q[0]"], loaded["q[0]"])
-
-
-@pytest.mark.parametrize("value, on", [("", False), ("on", True), ("off", False), ("1", None)])
-def test_the_walks_inputs_knob_is_read_from_the_environment(value, on):
-    """ISOEXEC_GDN_BWD_WALK_INPUTS: `on` or `off` (the default); anything else, a one-line refusal at import."""
-    env = {k: v for k, v in os.environ.items() if k != "ISOEXEC_GDN_BWD_WALK_INPUTS"} | {"ISOEXEC_GDN_BWD_WALK_INPUTS": value}
-    result = subprocess.run([sys.executable, "-c", "from isoexec.ops.gdn import triton_bwd; print(triton_bwd.WALK_INPUTS)"],
-                            capture_output=True, text=True, env=env, timeout=120)
-    if on is None:
-        assert result.returncode != 0 and "ISOEXEC_GDN_BWD_WALK_INPUTS must be 'on' or 'off', got '1'" in result.stderr
-    else:
-        assert result.returncode == 0 and result.stdout.strip() == str(on), result.stderr[-2000:]
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the backward's own tiles at Qwen3.5's head sizes: compiled for the GPU")
