@@ -5,7 +5,7 @@ forward and backward kernel built for sm_90a by Triton at Qwen3.5-9B's GDN heads
 A spill is local-memory traffic on every use of the spilled value: a kernel whose registers fit has none. This is
 how a change meant to relieve a kernel's registers is checked before a GPU times it.
 
-    PYTHONPATH=src python3 benchmarks/gdn_registers.py [--walk-block 64] [--out DIR]   # from the repository root
+    PYTHONPATH=src python3 benchmarks/gdn_registers.py [--walk-block 64] [--bwd-walk-block 64] [--out DIR]   # from the repository root
 """
 
 import argparse
@@ -44,13 +44,14 @@ def compile_kernel(kernel, constants: dict, num_warps: int, num_stages: int) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--walk-block", type=int, default=fwd.WALK_BLOCK_V or 128, help="the two-launch walk's value columns")
+    parser.add_argument("--bwd-walk-block", type=int, default=bwd.WALK_BLOCK_V or bwd.BLOCK_V, help="the backward walks' value columns")
     parser.add_argument("--out", help="keep the PTX files in this folder")
     args = parser.parse_args()
     if not PTXAS.exists():
         sys.exit(f"no ptxas at {PTXAS}: Triton's NVIDIA backend is needed")
     forward = dict(HEADS, C=16, BV=128, SPLIT=False)
     backward = dict(HEADS, C=bwd.CHUNK, BV=bwd.BLOCK_V, BT=bwd.NORM_TOKENS, INPUTS=bwd.WALK_INPUTS)
-    walks = dict(backward, BV=bwd.WALK_BLOCK_V or bwd.BLOCK_V, NV=-(-HEADS["DV"] // (bwd.WALK_BLOCK_V or bwd.BLOCK_V)))
+    walks = dict(backward, BV=args.bwd_walk_block, NV=-(-HEADS["DV"] // args.bwd_walk_block))
     kernels = [
         ("gdn_fwd_kernel (block_v 128)", fwd.gdn_fwd_kernel, forward, 4, 3),
         *((f"gdn_fwd_kernel (a decode step split in {block})", fwd.gdn_fwd_kernel, dict(forward, BV=block, SPLIT=True), 4, 3)
@@ -69,9 +70,8 @@ def main() -> None:
         ("gdn_bwd_states_kernel", bwd.gdn_bwd_states_kernel, walks, bwd.NUM_WARPS, bwd.NUM_STAGES),
         ("gdn_bwd_dstates_kernel", bwd.gdn_bwd_dstates_kernel, walks, bwd.NUM_WARPS, bwd.NUM_STAGES),
         ("gdn_bwd_walks_kernel (the two above in one launch)", bwd.gdn_bwd_walks_kernel, walks, bwd.NUM_WARPS, bwd.NUM_STAGES),
-        *((f"gdn_bwd_walks_kernel ({block} columns, inputs {'loaded' if inputs else 'computed'})", bwd.gdn_bwd_walks_kernel,
-           dict(backward, BV=block, NV=-(-HEADS["DV"] // block), INPUTS=inputs), bwd.NUM_WARPS, bwd.NUM_STAGES)
-          for block, inputs in ((64, not bwd.WALK_INPUTS), (32, False), (32, True))),
+        (f"gdn_bwd_walks_kernel (inputs {'computed' if bwd.WALK_INPUTS else 'loaded'})", bwd.gdn_bwd_walks_kernel,
+         dict(walks, INPUTS=not bwd.WALK_INPUTS), bwd.NUM_WARPS, bwd.NUM_STAGES),
         ("gdn_bwd_outputs_kernel", bwd.gdn_bwd_outputs_kernel, backward, bwd.CHUNK_WARPS, bwd.NUM_STAGES),
         ("gdn_bwd_wy_grads_kernel", bwd.gdn_bwd_wy_grads_kernel, backward, bwd.CHUNK_WARPS, bwd.NUM_STAGES),
         ("gdn_bwd_chunk_kernel (the two above as one: SPLIT off)", bwd.gdn_bwd_chunk_kernel, backward, bwd.CHUNK_WARPS, bwd.NUM_STAGES),
