@@ -5,7 +5,7 @@ kernel or two, bf16 buffers or fp32, the walks in one launch or two) at the firs
 gives the step's time as bench.py takes it and back to back beside its kernels' sum, the host's costliest
 ops, and the backward kernels' registers, spills and shared memory as compiled.
 
-    cd benchmarks && PYTHONPATH=../src python3 profile_gdn_bwd.py [--sweep] [--fla] [--shapes hk16-hv16-d128,...]
+    cd benchmarks && PYTHONPATH=../src python3 profile_gdn_bwd.py [--sweep [--configs 0,9,12]] [--fla] [--shapes hk16-hv16-d128,...]
 """
 
 import argparse
@@ -25,7 +25,8 @@ _C32 = dict(_C64, CHUNK=32, BLOCK_V=32, CHUNK_WARPS=4)
 # in the forward (triton_bwd's note), the CUDA context would be lost for the rows after them.
 SWEEP = [_C64, {**_C64, "ONE_WALK_LAUNCH": False}, {**_C64, "BF16_BUFFERS": False}, {**_C64, "SPLIT": False}, {**_C64, "NUM_WARPS": 8},
          {**_C64, "BLOCK_V": 128}, {**_C64, "BLOCK_V": 128, "CHUNK_WARPS": 16}, _C32, {**_C32, "ONE_WALK_LAUNCH": False},
-         {**_C64, "WALK_INPUTS": True}, {**_C32, "WALK_INPUTS": True}, {**_C32, "WALK_BLOCK_V": 16}, {**_C64, "WALK_BLOCK_V": 32}, {**_C64, "WALK_BLOCK_V": 32, "ONE_WALK_LAUNCH": False},
+         {**_C64, "WALK_INPUTS": True}, {**_C32, "WALK_INPUTS": True}, {**_C32, "WALK_BLOCK_V": 16},
+         {**_C64, "WALK_INPUTS": True, "WALK_BLOCK_V": 32}, {**_C64, "WALK_BLOCK_V": 32}, {**_C64, "WALK_BLOCK_V": 32, "ONE_WALK_LAUNCH": False},
          {**_C64, "WALK_BLOCK_V": 16}]
 
 
@@ -87,12 +88,18 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="time the step under each of the backward's tiles instead of profiling")
     parser.add_argument("--shapes", default="", help=f"head shapes, comma-separated (default: all, or the first with --sweep; "
                                                      f"known: {', '.join(SHAPES)})")
+    parser.add_argument("--configs", default="", help=f"with --sweep: the rows of SWEEP to run, comma-separated indices (default: all "
+                                                      f"{len(SWEEP)}; 0 is the code's tiles, which the others' gradients are compared with)")
     parser.add_argument("--fla", action="store_true", help="profile flash-linear-attention's step by kernel too, after each of ours "
                                                                "(its gated backward's Triton guard lifted, as bench.py gdn does)")
     args = parser.parse_args()
     names = [name for name in args.shapes.split(",") if name] or list(SHAPES)[: 1 if args.sweep else None]
     if unknown := [name for name in names if name not in SHAPES]:
         parser.error(f"--shapes: unknown shape(s) {', '.join(unknown)} (known: {', '.join(SHAPES)})")
+    try:
+        configs = [SWEEP[int(i)] for i in args.configs.split(",")] if args.configs else SWEEP
+    except (ValueError, IndexError):
+        parser.error(f"--configs: comma-separated indices below {len(SWEEP)}, got {args.configs!r}")
     device = torch.device("cuda")
     op, _, _ = _contract_op(GPU["contract"])
     generator = torch.Generator(device=device).manual_seed(0)
@@ -112,7 +119,7 @@ def main() -> None:
                 want = None
                 print(f"== {shape_name} training {seqs} x {seq_len}: forward + backward (ms), gradients vs the first "
                       f"configuration's", flush=True)
-                for config in SWEEP:
+                for config in configs:
                     for name, value in config.items():
                         setattr(triton_bwd, name, value)
                     try:
