@@ -168,21 +168,22 @@ def _forward_walk(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, c_bu
                  mask=m_k[:, None] & m_v[None, :])
         m_row = rows < n - j * C
         tok = t0 + j * C + rows
-        p = tok * HV + i_h
-        m_bk = _rows_mask(m_row, m_k, DK == DK_PAD)
+        # Computed, the statements keep their order from before WALK_INPUTS (registers and spills as timed).
         if INPUTS:
             c = tl.load(c_buf + ((chunk0 + j) * C + rows) * HV + i_h)
-            decayed = _stored(tl.load(decayed_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
-            c_last = _last(c, C)
+            decayed = _stored(tl.load(decayed_buf + (tok * HV + i_h)[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD),
+                                      other=0.0), INTERPRET)
         else:
             kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
             c = tl.cumsum(g, 0)
-            c_last = _last(c, C)
-            decayed = kn * tl.exp(c_last - c)[:, None]
-        w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
+        p = tok * HV + i_h
+        w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD), other=0.0), INTERPRET)
         m_cv = _rows_mask(m_row, m_v, DV % BV == 0)
         delta = tl.load(u_buf + p[:, None] * DV + o_v[None, :], mask=m_cv, other=0.0) - _dot(w, s, PRECISION, INTERPRET)
         tl.store(delta_buf + p[:, None] * DV + o_v[None, :], delta.to(delta_buf.dtype.element_ty), mask=m_cv)
+        c_last = _last(c, C)
+        if not INPUTS:
+            decayed = kn * tl.exp(c_last - c)[:, None]
         s = tl.exp(c_last) * s + _dot(tl.trans(decayed), delta, PRECISION, INTERPRET)
         j += 1
 
@@ -207,15 +208,14 @@ def _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf
                  mask=m_k[:, None] & m_v[None, :])
         m_row = rows < n - j * C
         tok = t0 + j * C + rows
-        p = tok * HV + i_h
+        # Computed, the statements keep their order from before WALK_INPUTS (registers and spills as timed).
         if INPUTS:
             m_bk = _rows_mask(m_row, m_k, DK == DK_PAD)
             c = tl.load(c_buf + ((chunk0 + j) * C + rows) * HV + i_h)
             c_last = _last(c, C)
-            decayed = _stored(tl.load(decayed_buf + p[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
+            decayed = _stored(tl.load(decayed_buf + (tok * HV + i_h)[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
             q_rows = tok * (HV // GROUP) + i_h // GROUP
             qn = _stored(tl.load(qn_buf + q_rows[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
-            scores = _stored(tl.load(scores_buf + ((chunk0 + j) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :]), INTERPRET)
         else:
             kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
             c = tl.cumsum(g, 0)
@@ -225,10 +225,14 @@ def _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf
             decayed = _operand(kn * tl.exp(c_last - c)[:, None], PRECISION, INTERPRET)
             kn = _operand(kn, PRECISION, INTERPRET)
             qn = _operand(_queries(q, tok, m_row, o_k, i_h // GROUP, q_scale, stride_qt, stride_qh, DK, DK_PAD), PRECISION, INTERPRET)
-            scores = _dot(qn, tl.trans(kn), PRECISION, INTERPRET) * _decays(c, C, False)
+        p = tok * HV + i_h
         m_cv = _rows_mask(m_row, m_v, DV % BV == 0)
         d_rows = tl.multiple_of(tok * stride_dt + i_h * stride_dh, 16)
         d_o = tl.load(d_out + d_rows[:, None] + o_v[None, :], mask=m_cv, other=0.0)  # as stored; widened where used
+        if INPUTS:
+            scores = _stored(tl.load(scores_buf + ((chunk0 + j) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :]), INTERPRET)
+        else:
+            scores = _dot(qn, tl.trans(kn), PRECISION, INTERPRET) * _decays(c, C, False)
         d_delta = _dot(tl.trans(scores), d_o.to(tl.float32), PRECISION, INTERPRET) + _dot(decayed, ds, PRECISION, INTERPRET)
         tl.store(d_delta_buf + p[:, None] * DV + o_v[None, :], d_delta.to(d_delta_buf.dtype.element_ty), mask=m_cv)
         w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD), other=0.0), INTERPRET)
