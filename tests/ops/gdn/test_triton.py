@@ -453,45 +453,31 @@ def test_bf16_buffers_round_as_the_operands_do(chunks_of_16, monkeypatch):
     assert not bitwise_equal(gradients("ieee", False)["q[0]"], kept["q[0]"])
 
 
-@pytest.mark.parametrize("bf16_buffers", [True, False], ids=["bf16 buffers", "fp32 buffers (δ over U)"])
-def test_the_walks_in_one_launch_give_two_launches_bits(chunks_of_16, monkeypatch, bf16_buffers):
-    """Both walks in one launch (the forward walk's programs first, the reverse walk's after them) are the two
-    launches' programs: every gradient keeps its bits, over three blocks of value columns and runs of one to
-    several backward chunks; the control, fp32 products, moves q's gradient, so the comparison sees a change."""
+@pytest.mark.parametrize("knob, fixed", [("ONE_WALK_LAUNCH", dict(BF16_BUFFERS=True)), ("ONE_WALK_LAUNCH", dict(BF16_BUFFERS=False)),
+                                         ("WALK_INPUTS", dict(ONE_WALK_LAUNCH=True)), ("WALK_INPUTS", dict(ONE_WALK_LAUNCH=False))],
+                         ids=["walks in one launch, bf16 buffers", "walks in one launch, fp32 buffers (δ over U)",
+                              "walk inputs loaded, one launch", "walk inputs loaded, two launches"])
+def test_the_walks_knobs_keep_every_gradients_bits(chunks_of_16, monkeypatch, knob, fixed):
+    """Knobs of the walks that must not move a bit, on against off, in the interpreter: both walks in one launch
+    (ONE_WALK_LAUNCH: the forward walk's programs first, the reverse walk's after them, the two launches' programs),
+    and the walks' column-free inputs computed for every chunk at once and loaded (WALK_INPUTS: the values the walks
+    computed, rounded as their operands are). Every gradient keeps its bits over three blocks of value columns, two
+    value heads a key head and runs of one to several backward chunks; the control, fp32 products, moves q's
+    gradient, so the comparison sees a change."""
     monkeypatch.setattr(test_core, "DV", 48)
     monkeypatch.setattr(gdn_triton_bwd, "BLOCK_V", 16)
     monkeypatch.setattr(gdn_triton_bwd, "CHUNK", 16)
-    monkeypatch.setattr(gdn_triton_bwd, "BF16_BUFFERS", bf16_buffers)
+    for name, value in fixed.items():
+        monkeypatch.setattr(gdn_triton_bwd, name, value)
     seqs, params = [make_seq(n, seed=n) for n in (C + 5, 1, 3 * C + 3)], make_params()
 
-    def gradients(one_launch, precision="bf16"):
-        monkeypatch.setattr(gdn_triton_bwd, "ONE_WALK_LAUNCH", one_launch)
+    def gradients(on, precision="bf16"):
+        monkeypatch.setattr(gdn_triton_bwd, knob, on)
         return _packed_gradients(triton_op(block_v=16, dot_precision=precision), seqs, params)
 
-    one, two = gradients(True), gradients(False)
-    assert [name for name, got in one.items() if not bitwise_equal(got, two[name])] == []
-    assert not bitwise_equal(gradients(True, "ieee")["q[0]"], one["q[0]"])
-
-
-@pytest.mark.parametrize("one_launch", [True, False], ids=["walks in one launch", "in two"])
-def test_the_walks_inputs_loaded_give_the_computed_ones_bits(chunks_of_16, monkeypatch, one_launch):
-    """The walks' column-free inputs computed for every chunk at once and loaded (WALK_INPUTS) are the values the
-    walks computed themselves, rounded as the operands are: in the interpreter every gradient keeps its bits, with
-    bf16 operands and buffers, two value heads a key head and runs of one to several backward chunks; the
-    control, fp32 products, moves q's gradient."""
-    monkeypatch.setattr(test_core, "DV", 48)
-    monkeypatch.setattr(gdn_triton_bwd, "BLOCK_V", 16)
-    monkeypatch.setattr(gdn_triton_bwd, "CHUNK", 16)
-    monkeypatch.setattr(gdn_triton_bwd, "ONE_WALK_LAUNCH", one_launch)
-    seqs, params = [make_seq(n, seed=n) for n in (C + 5, 1, 3 * C + 3)], make_params()
-
-    def gradients(walk_inputs, precision="bf16"):
-        monkeypatch.setattr(gdn_triton_bwd, "WALK_INPUTS", walk_inputs)
-        return _packed_gradients(triton_op(block_v=16, dot_precision=precision), seqs, params)
-
-    loaded, computed = gradients(True), gradients(False)
-    assert [name for name, got in loaded.items() if not bitwise_equal(got, computed[name])] == []
-    assert not bitwise_equal(gradients(True, "ieee")["q[0]"], loaded["q[0]"])
+    on, off = gradients(True), gradients(False)
+    assert [name for name, got in on.items() if not bitwise_equal(got, off[name])] == []
+    assert not bitwise_equal(gradients(True, "ieee")["q[0]"], on["q[0]"])
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the backward's own tiles at Qwen3.5's head sizes: compiled for the GPU")
