@@ -1,6 +1,6 @@
 # The backward's walks against the code, on one machine, by `bench.py gdn --gdn-phases training` (kernels ms, and each
 # variant's gradients against FLA's as the check that it computes the same thing): the code; the walks' column-free
-# inputs loaded from buffers (ISOEXEC_GDN_BWD_WALK_INPUTS=on); the walks in 32 value columns at chunks of 64
+# inputs loaded from buffers (ISOEXEC_GDN_BWD_WALK_INPUTS=1); the walks in 32 value columns at chunks of 64
 # (ISOEXEC_GDN_BWD_WALK_BLOCK_V=32: the pair that faulted in the forward kernel); both. 16 value heads first, then 32;
 # then the GPU gradient tests at Qwen3.5's heads against float64 as the time allows. From the repository root:
 #   run(command="ISOEXEC_COMMIT=<the tree's commit> OUT=$OUT bash benchmarks/results/2026-12-07_d864c64_h100_gdn_walk_block/call_a.sh",
@@ -12,8 +12,8 @@ pip install -q --no-deps --target /tmp/site build/fla_core-0.6.0-py3-none-any.wh
 export PYTHONUNBUFFERED=1
 cd benchmarks
 for shape in hk16-hv16-d128 hk16-hv32-d128; do
-  for job in "code X=" "inputs ISOEXEC_GDN_BWD_WALK_INPUTS=on" "walk32 ISOEXEC_GDN_BWD_WALK_BLOCK_V=32" \
-             "inputs_walk32 ISOEXEC_GDN_BWD_WALK_INPUTS=on ISOEXEC_GDN_BWD_WALK_BLOCK_V=32"; do
+  for job in "code X=" "inputs ISOEXEC_GDN_BWD_WALK_INPUTS=1" "walk32 ISOEXEC_GDN_BWD_WALK_BLOCK_V=32" \
+             "inputs_walk32 ISOEXEC_GDN_BWD_WALK_INPUTS=1 ISOEXEC_GDN_BWD_WALK_BLOCK_V=32"; do
     set -- $job
     name=$1; shift
     [ $(left) -gt 40 ] || break 2

@@ -40,7 +40,7 @@ import os
 import torch
 from torch import Tensor
 
-from ...env import EnvError
+from ...env import EnvError, switch
 from .. import triton_support
 from ..triton_support import cdiv, jit, tl
 from .runs import Runs, find_runs, pieces
@@ -120,6 +120,29 @@ def gdn_bwd_wy_kernel(k, v, a, b, a_log, dt_bias, t_buf, w_buf, u_buf, chunk_fir
         tl.store(u_buf + p[:, None] * DV + o_v[None, :], _dot(inverse, beta[:, None] * vf, PRECISION, INTERPRET), mask=m_v)
 
 
+@jit
+def _column_free(q, k, a, b, tok, m_row, o_k, i_h, neg_a, bias, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at,
+                 GROUP: tl.constexpr, DK: tl.constexpr, DK_PAD: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr,
+                 INTERPRET: tl.constexpr):
+    """What the reverse walk takes of a chunk that no value column changes: c, its last row, and as the products'
+    operands the decayed keys e^{c_C - c} k, the keys and the queries (the scores from them: `_scores`)."""
+    kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
+    c = tl.cumsum(g, 0)
+    c_last = _last(c, C)
+    # The keys and queries enter products alone from here: held as the products' operands (bf16 with bf16
+    # products, half the registers of the fp32 tiles, which spilled beside the state), the same values.
+    decayed = _operand(kn * tl.exp(c_last - c)[:, None], PRECISION, INTERPRET)
+    kn = _operand(kn, PRECISION, INTERPRET)
+    qn = _operand(_queries(q, tok, m_row, o_k, i_h // GROUP, q_scale, stride_qt, stride_qh, DK, DK_PAD), PRECISION, INTERPRET)
+    return c, c_last, decayed, kn, qn
+
+
+@jit
+def _scores(qn, kn, c, C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """P = q kᵀ ∘ E on and below the diagonal (fp32)."""
+    return _dot(qn, tl.trans(kn), PRECISION, INTERPRET) * _decays(c, C, False)
+
+
 @jit(do_not_specialize=["q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_at"])
 def gdn_bwd_walk_inputs_kernel(q, k, a, b, a_log, dt_bias, c_buf, decayed_buf, qn_buf, scores_buf, chunk_first, chunk_len, q_scale,
                                stride_qt, stride_qh, stride_kt, stride_kh, stride_at, GROUP: tl.constexpr, HV: tl.constexpr,
@@ -137,15 +160,15 @@ def gdn_bwd_walk_inputs_kernel(q, k, a, b, a_log, dt_bias, c_buf, decayed_buf, q
         m_row = rows < n
         m_bk = _rows_mask(m_row, o_k < DK, DK == DK_PAD)
         tok = tl.load(chunk_first + i_n).to(tl.int64) + rows
-        kn, _, c = _chunk_keys(k, a, b, a_log, dt_bias, tok, m_row, i_h, stride_kt, stride_kh, stride_at, GROUP, DK, DK_PAD)
+        neg_a, bias = -tl.exp(tl.load(a_log + i_h).to(tl.float32)), tl.load(dt_bias + i_h).to(tl.float32)
+        c, _, decayed, kn, qn = _column_free(q, k, a, b, tok, m_row, o_k, i_h, neg_a, bias, q_scale, stride_qt, stride_qh, stride_kt,
+                                             stride_kh, stride_at, GROUP, DK, DK_PAD, C, PRECISION, INTERPRET)
         tl.store(c_buf + (i_n.to(tl.int64) * C + rows) * HV + i_h, c)
         p = tok * HV + i_h
-        decayed = _operand(kn * tl.exp(_last(c, C) - c)[:, None], PRECISION, INTERPRET)
         tl.store(decayed_buf + p[:, None] * DK + o_k[None, :], decayed.to(decayed_buf.dtype.element_ty), mask=m_bk)
-        qn = _operand(_queries(q, tok, m_row, o_k, i_h // GROUP, q_scale, stride_qt, stride_qh, DK, DK_PAD), PRECISION, INTERPRET)
         if i_h % GROUP == 0:
             tl.store(qn_buf + (tok * (HV // GROUP) + i_h // GROUP)[:, None] * DK + o_k[None, :], qn.to(qn_buf.dtype.element_ty), mask=m_bk)
-        scores = _dot(qn, tl.trans(_operand(kn, PRECISION, INTERPRET)), PRECISION, INTERPRET) * _decays(c, C, False)
+        scores = _scores(qn, kn, c, C, PRECISION, INTERPRET)
         tl.store(scores_buf + (i_n.to(tl.int64) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :], scores.to(scores_buf.dtype.element_ty))
 
 
@@ -217,14 +240,8 @@ def _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf
             q_rows = tok * (HV // GROUP) + i_h // GROUP
             qn = _stored(tl.load(qn_buf + q_rows[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
         else:
-            kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
-            c = tl.cumsum(g, 0)
-            c_last = _last(c, C)
-            # The keys and queries enter products alone from here: held as the products' operands (bf16 with bf16
-            # products, half the registers of the fp32 tiles, which spilled beside the state), the same values.
-            decayed = _operand(kn * tl.exp(c_last - c)[:, None], PRECISION, INTERPRET)
-            kn = _operand(kn, PRECISION, INTERPRET)
-            qn = _operand(_queries(q, tok, m_row, o_k, i_h // GROUP, q_scale, stride_qt, stride_qh, DK, DK_PAD), PRECISION, INTERPRET)
+            c, c_last, decayed, kn, qn = _column_free(q, k, a, b, tok, m_row, o_k, i_h, neg_a, bias, q_scale, stride_qt, stride_qh,
+                                                      stride_kt, stride_kh, stride_at, GROUP, DK, DK_PAD, C, PRECISION, INTERPRET)
         p = tok * HV + i_h
         m_cv = _rows_mask(m_row, m_v, DV % BV == 0)
         d_rows = tl.multiple_of(tok * stride_dt + i_h * stride_dh, 16)
@@ -232,7 +249,7 @@ def _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf
         if INPUTS:
             scores = _stored(tl.load(scores_buf + ((chunk0 + j) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :]), INTERPRET)
         else:
-            scores = _dot(qn, tl.trans(kn), PRECISION, INTERPRET) * _decays(c, C, False)
+            scores = _scores(qn, kn, c, C, PRECISION, INTERPRET)
         d_delta = _dot(tl.trans(scores), d_o.to(tl.float32), PRECISION, INTERPRET) + _dot(decayed, ds, PRECISION, INTERPRET)
         tl.store(d_delta_buf + p[:, None] * DV + o_v[None, :], d_delta.to(d_delta_buf.dtype.element_ty), mask=m_cv)
         w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD), other=0.0), INTERPRET)
@@ -523,11 +540,8 @@ WALK_BLOCK_V: int | None = int(_WALK_BLOCK) if _WALK_BLOCK else None
 # WALK_INPUTS: what the walks take of a chunk that no value column changes (c, the decayed keys, the queries, the
 # scores) computed for every chunk at once (`gdn_bwd_walk_inputs_kernel`) and loaded by the walks, where each walk's
 # program computed them at every chunk on its serial chain: more memory traffic, a shorter chain.
-# ISOEXEC_GDN_BWD_WALK_INPUTS=on|off sets it for a process.
-_INPUTS = os.environ.get("ISOEXEC_GDN_BWD_WALK_INPUTS", "") or "off"
-if _INPUTS not in ("on", "off"):
-    raise EnvError(f"ISOEXEC_GDN_BWD_WALK_INPUTS must be 'on' or 'off', got {_INPUTS!r}")
-WALK_INPUTS = _INPUTS == "on"
+# ISOEXEC_GDN_BWD_WALK_INPUTS=1 (or 0) sets it for a process.
+WALK_INPUTS: bool = switch("ISOEXEC_GDN_BWD_WALK_INPUTS", False)
 # BF16_BUFFERS: with bf16 operands, the buffers read back as operands alone are bf16 (gdn_bwd's note): 9-18%
 # less step time than fp32 ones, the spills of the chunks' gradients 182 -> 66 registers' worth.
 BF16_BUFFERS = True
@@ -617,4 +631,4 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
 
 SOURCES = (gdn_bwd_wy_kernel, gdn_bwd_walk_inputs_kernel, gdn_bwd_states_kernel, gdn_bwd_dstates_kernel, gdn_bwd_walks_kernel, _forward_walk, _reverse_walk,
            gdn_bwd_chunk_kernel, gdn_bwd_outputs_kernel, gdn_bwd_wy_grads_kernel, gdn_bwd_norms_kernel, _chunk_tokens, _chunk_keys,
-           _value_products, _grads_through_outputs, _grads_through_wy, _keys, _queries, _last, _decays, _dot)
+           _value_products, _grads_through_outputs, _grads_through_wy, _column_free, _scores, _keys, _queries, _last, _decays, _dot)
