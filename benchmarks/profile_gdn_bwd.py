@@ -1,6 +1,6 @@
 """Where gdn.core.triton's forward + backward spends its GPU time: the kernels of one training step under
 torch.profiler, per shape, summed by kernel name (bench.py gdn times the whole step; this splits it); with
-`--sweep`, the step's time under each of the backward's own tiles (chunk, value block, the walks' block and inputs, warps, one chunk
+`--sweep`, the step's time under each of the backward's own tiles (chunk, value block, the walks' block, inputs and loop, warps, one chunk
 kernel or two, bf16 buffers or fp32, the walks in one launch or two) at the first shape (or `--shapes`), every configuration's gradients compared with the first's. Each profile
 gives the step's time as bench.py takes it and back to back beside its kernels' sum, the host's costliest
 ops, and the backward kernels' registers, spills and shared memory as compiled.
@@ -18,7 +18,7 @@ from isoexec.ops.gdn import triton_bwd
 from timing import kernel_ms
 
 # Chunks of 64 take value blocks of 64 or more (triton_bwd's note); 4 warps spill at 64. The first row is the default.
-_C64 = dict(CHUNK=64, BLOCK_V=64, WALK_BLOCK_V=None, WALK_INPUTS=False, NUM_WARPS=4, CHUNK_WARPS=8, SPLIT=True, BF16_BUFFERS=True,
+_C64 = dict(CHUNK=64, BLOCK_V=64, WALK_BLOCK_V=None, WALK_INPUTS=False, WALK_STAGES=0, NUM_WARPS=4, CHUNK_WARPS=8, SPLIT=True, BF16_BUFFERS=True,
             ONE_WALK_LAUNCH=True)
 _C32 = dict(_C64, CHUNK=32, BLOCK_V=32, CHUNK_WARPS=4)
 # The walks in narrower blocks than the chunk kernels' come last: were chunks of 64 with 32 columns to fault there as
@@ -27,7 +27,10 @@ SWEEP = [_C64, {**_C64, "ONE_WALK_LAUNCH": False}, {**_C64, "BF16_BUFFERS": Fals
          {**_C64, "BLOCK_V": 128}, {**_C64, "BLOCK_V": 128, "CHUNK_WARPS": 16}, _C32, {**_C32, "ONE_WALK_LAUNCH": False},
          {**_C64, "WALK_INPUTS": True}, {**_C32, "WALK_INPUTS": True}, {**_C32, "WALK_BLOCK_V": 16},
          {**_C64, "WALK_INPUTS": True, "WALK_BLOCK_V": 32}, {**_C64, "WALK_BLOCK_V": 32}, {**_C64, "WALK_BLOCK_V": 32, "ONE_WALK_LAUNCH": False},
-         {**_C64, "WALK_BLOCK_V": 16}]
+         {**_C64, "WALK_BLOCK_V": 16},
+         # The walks' loops pipelined (WALK_STAGES), their inputs computed or loaded; 32 columns last, as above.
+         {**_C64, "WALK_STAGES": 2}, {**_C64, "WALK_INPUTS": True, "WALK_STAGES": 2}, {**_C64, "WALK_INPUTS": True, "WALK_STAGES": 3},
+         {**_C64, "WALK_INPUTS": True, "WALK_BLOCK_V": 32, "WALK_STAGES": 2}]
 
 
 def _step(op, x, positions, grad):

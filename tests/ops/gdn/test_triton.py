@@ -399,6 +399,7 @@ def test_gradients_match_float64_autograd_of_the_recurrence(chunks_of_16, monkey
 _WALKS_REFUSED = "ISOEXEC_GDN_BWD_WALKS must be 'one' or 'two', got '2'"
 _BLOCK_REFUSED = "ISOEXEC_GDN_BWD_WALK_BLOCK_V must be a power of two >= 16, got '{}'"
 _INPUTS_REFUSED = "ISOEXEC_GDN_BWD_WALK_INPUTS must be 0 or 1, got 'on'"
+_STAGES_REFUSED = "ISOEXEC_GDN_BWD_WALK_STAGES must be 0 or a whole number >= 2, got '{}'"
 
 
 @pytest.mark.parametrize("variable, attribute, value, expected", [
@@ -408,11 +409,13 @@ _INPUTS_REFUSED = "ISOEXEC_GDN_BWD_WALK_INPUTS must be 0 or 1, got 'on'"
     *(("ISOEXEC_GDN_BWD_WALK_BLOCK_V", "WALK_BLOCK_V", bad, _BLOCK_REFUSED.format(bad)) for bad in ("24", "8", "off")),
     ("ISOEXEC_GDN_BWD_WALK_INPUTS", "WALK_INPUTS", "", "False"), ("ISOEXEC_GDN_BWD_WALK_INPUTS", "WALK_INPUTS", "1", "True"),
     ("ISOEXEC_GDN_BWD_WALK_INPUTS", "WALK_INPUTS", "0", "False"), ("ISOEXEC_GDN_BWD_WALK_INPUTS", "WALK_INPUTS", "on", _INPUTS_REFUSED),
+    ("ISOEXEC_GDN_BWD_WALK_STAGES", "WALK_STAGES", "", "0"), ("ISOEXEC_GDN_BWD_WALK_STAGES", "WALK_STAGES", "3", "3"),
+    *(("ISOEXEC_GDN_BWD_WALK_STAGES", "WALK_STAGES", bad, _STAGES_REFUSED.format(bad)) for bad in ("1", "-2", "two")),
 ])
 def test_the_backward_knobs_are_read_from_the_environment(variable, attribute, value, expected):
     """The backward's knobs: the walks in one launch or two (`one`, the default), the walks' block (unset: the chunk
-    kernels'; a power of two >= 16), their inputs loaded (1) or computed (0, the default); anything else, a
-    one-line refusal at import."""
+    kernels'; a power of two >= 16), their inputs loaded (1) or computed (0, the default), their loop a `while` (0,
+    the default) or a `for` pipelined n - 1 chunks ahead (n >= 2); anything else, a one-line refusal at import."""
     env = {k: v for k, v in os.environ.items() if k != variable} | {variable: value}
     result = subprocess.run([sys.executable, "-c", f"from isoexec.ops.gdn import triton_bwd; print(triton_bwd.{attribute})"],
                             capture_output=True, text=True, env=env, timeout=120)

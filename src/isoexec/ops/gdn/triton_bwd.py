@@ -173,89 +173,123 @@ def gdn_bwd_walk_inputs_kernel(q, k, a, b, a_log, dt_bias, c_buf, decayed_buf, q
 
 
 @jit
-def _forward_walk(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, c_buf, decayed_buf, run_first, run_len, run_chunk0, i_r, i_h, i_v,
-                  stride_kt, stride_kh, stride_at, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                  DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, INPUTS: tl.constexpr, PRECISION: tl.constexpr,
-                  INTERPRET: tl.constexpr):
-    """The forward walk of run i_r, value head i_h and value block i_v: S at every chunk's start (S_0 = 0) and
-    δ = U - W S of every row; c and the decayed keys from `gdn_bwd_walk_inputs_kernel`'s buffers where INPUTS."""
-    t0, n, chunk0 = tl.load(run_first + i_r).to(tl.int64), tl.load(run_len + i_r), tl.load(run_chunk0 + i_r).to(tl.int64)
+def _forward_step(k, a, b, w_buf, u_buf, states, delta_buf, c_buf, decayed_buf, t0, n, chunk0, j, s, i_h, i_v, neg_a, bias, stride_kt,
+                  stride_kh, stride_at, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr,
+                  BV: tl.constexpr, C: tl.constexpr, INPUTS: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """Chunk j of the forward walk from S at its start: S stored, δ = U - W S of its rows; returns the next chunk's S."""
     rows = tl.arange(0, C)
     o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < DK, o_v < DV
+    tl.store(states + ((chunk0 + j) * HV + i_h) * (DK * DV) + o_k[:, None] * DV + o_v[None, :], s.to(states.dtype.element_ty),
+             mask=m_k[:, None] & m_v[None, :])
+    m_row = rows < n - j * C
+    tok = t0 + j * C + rows
+    # Computed, the statements keep their order from before WALK_INPUTS (registers and spills as timed).
+    if INPUTS:
+        c = tl.load(c_buf + ((chunk0 + j) * C + rows) * HV + i_h)
+        decayed = _stored(tl.load(decayed_buf + (tok * HV + i_h)[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD),
+                                  other=0.0), INTERPRET)
+    else:
+        kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
+        c = tl.cumsum(g, 0)
+    p = tok * HV + i_h
+    w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD), other=0.0), INTERPRET)
+    m_cv = _rows_mask(m_row, m_v, DV % BV == 0)
+    delta = tl.load(u_buf + p[:, None] * DV + o_v[None, :], mask=m_cv, other=0.0) - _dot(w, s, PRECISION, INTERPRET)
+    tl.store(delta_buf + p[:, None] * DV + o_v[None, :], delta.to(delta_buf.dtype.element_ty), mask=m_cv)
+    c_last = _last(c, C)
+    if not INPUTS:
+        decayed = kn * tl.exp(c_last - c)[:, None]
+    return tl.exp(c_last) * s + _dot(tl.trans(decayed), delta, PRECISION, INTERPRET)
+
+
+@jit
+def _forward_walk(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, c_buf, decayed_buf, run_first, run_len, run_chunk0, i_r, i_h, i_v,
+                  stride_kt, stride_kh, stride_at, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                  DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, INPUTS: tl.constexpr, STAGES: tl.constexpr,
+                  PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The forward walk of run i_r, value head i_h and value block i_v: S at every chunk's start (S_0 = 0) and
+    δ = U - W S of every row; c and the decayed keys from `gdn_bwd_walk_inputs_kernel`'s buffers where INPUTS.
+    STAGES: 0, a `while` over the chunks; else a `for` whose loads Triton pipelines STAGES - 1 chunks ahead."""
+    t0, n, chunk0 = tl.load(run_first + i_r).to(tl.int64), tl.load(run_len + i_r), tl.load(run_chunk0 + i_r).to(tl.int64)
     neg_a, bias = -tl.exp(tl.load(a_log + i_h).to(tl.float32)), tl.load(dt_bias + i_h).to(tl.float32)
     s = tl.zeros([DK_PAD, BV], dtype=tl.float32)
-    j = 0
-    while j * C < n:
-        tl.store(states + ((chunk0 + j) * HV + i_h) * (DK * DV) + o_k[:, None] * DV + o_v[None, :], s.to(states.dtype.element_ty),
-                 mask=m_k[:, None] & m_v[None, :])
-        m_row = rows < n - j * C
-        tok = t0 + j * C + rows
-        # Computed, the statements keep their order from before WALK_INPUTS (registers and spills as timed).
-        if INPUTS:
-            c = tl.load(c_buf + ((chunk0 + j) * C + rows) * HV + i_h)
-            decayed = _stored(tl.load(decayed_buf + (tok * HV + i_h)[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD),
-                                      other=0.0), INTERPRET)
-        else:
-            kn, g, beta = _keys(k, a, b, tok, m_row, o_k, i_h // GROUP, i_h, neg_a, bias, stride_kt, stride_kh, stride_at, DK, DK_PAD)
-            c = tl.cumsum(g, 0)
-        p = tok * HV + i_h
-        w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD), other=0.0), INTERPRET)
-        m_cv = _rows_mask(m_row, m_v, DV % BV == 0)
-        delta = tl.load(u_buf + p[:, None] * DV + o_v[None, :], mask=m_cv, other=0.0) - _dot(w, s, PRECISION, INTERPRET)
-        tl.store(delta_buf + p[:, None] * DV + o_v[None, :], delta.to(delta_buf.dtype.element_ty), mask=m_cv)
+    if STAGES == 0:
+        j = 0
+        while j * C < n:
+            s = _forward_step(k, a, b, w_buf, u_buf, states, delta_buf, c_buf, decayed_buf, t0, n, chunk0, j, s, i_h, i_v, neg_a, bias,
+                              stride_kt, stride_kh, stride_at, GROUP, HV, DK, DV, DK_PAD, BV, C, INPUTS, PRECISION, INTERPRET)
+            j += 1
+    else:
+        for j in tl.range(0, tl.cdiv(n, C), num_stages=STAGES):
+            s = _forward_step(k, a, b, w_buf, u_buf, states, delta_buf, c_buf, decayed_buf, t0, n, chunk0, j, s, i_h, i_v, neg_a, bias,
+                              stride_kt, stride_kh, stride_at, GROUP, HV, DK, DV, DK_PAD, BV, C, INPUTS, PRECISION, INTERPRET)
+
+
+@jit
+def _reverse_step(q, k, a, b, d_out, w_buf, dstates, d_delta_buf, c_buf, decayed_buf, qn_buf, scores_buf, t0, n, chunk0, j, ds, i_h, i_v,
+                  neg_a, bias, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh, GROUP: tl.constexpr,
+                  HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+                  INPUTS: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """Chunk j of the reverse walk from dS' at its end: dS' stored, dδ of its rows; returns the chunk before's dS'."""
+    rows = tl.arange(0, C)
+    o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < DK, o_v < DV
+    tl.store(dstates + ((chunk0 + j) * HV + i_h) * (DK * DV) + o_k[:, None] * DV + o_v[None, :], ds.to(dstates.dtype.element_ty),
+             mask=m_k[:, None] & m_v[None, :])
+    m_row = rows < n - j * C
+    tok = t0 + j * C + rows
+    # Computed, the statements keep their order from before WALK_INPUTS (registers and spills as timed).
+    if INPUTS:
+        m_bk = _rows_mask(m_row, m_k, DK == DK_PAD)
+        c = tl.load(c_buf + ((chunk0 + j) * C + rows) * HV + i_h)
         c_last = _last(c, C)
-        if not INPUTS:
-            decayed = kn * tl.exp(c_last - c)[:, None]
-        s = tl.exp(c_last) * s + _dot(tl.trans(decayed), delta, PRECISION, INTERPRET)
-        j += 1
+        decayed = _stored(tl.load(decayed_buf + (tok * HV + i_h)[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
+        q_rows = tok * (HV // GROUP) + i_h // GROUP
+        qn = _stored(tl.load(qn_buf + q_rows[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
+    else:
+        c, c_last, decayed, kn, qn = _column_free(q, k, a, b, tok, m_row, o_k, i_h, neg_a, bias, q_scale, stride_qt, stride_qh,
+                                                  stride_kt, stride_kh, stride_at, GROUP, DK, DK_PAD, C, PRECISION, INTERPRET)
+    p = tok * HV + i_h
+    m_cv = _rows_mask(m_row, m_v, DV % BV == 0)
+    d_rows = tl.multiple_of(tok * stride_dt + i_h * stride_dh, 16)
+    d_o = tl.load(d_out + d_rows[:, None] + o_v[None, :], mask=m_cv, other=0.0)  # as stored; widened where used
+    if INPUTS:
+        scores = _stored(tl.load(scores_buf + ((chunk0 + j) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :]), INTERPRET)
+    else:
+        scores = _scores(qn, kn, c, C, PRECISION, INTERPRET)
+    d_delta = _dot(tl.trans(scores), d_o.to(tl.float32), PRECISION, INTERPRET) + _dot(decayed, ds, PRECISION, INTERPRET)
+    tl.store(d_delta_buf + p[:, None] * DV + o_v[None, :], d_delta.to(d_delta_buf.dtype.element_ty), mask=m_cv)
+    w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD), other=0.0), INTERPRET)
+    return tl.exp(c_last) * ds + _dot(tl.trans(qn), tl.exp(c)[:, None] * d_o.to(tl.float32), PRECISION, INTERPRET) \
+        - _dot(tl.trans(w), d_delta, PRECISION, INTERPRET)
 
 
 @jit
 def _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, c_buf, decayed_buf, qn_buf, scores_buf, run_first, run_len,
                   run_chunk0, i_r, i_h, i_v, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh,
                   GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr,
-                  BV: tl.constexpr, C: tl.constexpr, INPUTS: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+                  BV: tl.constexpr, C: tl.constexpr, INPUTS: tl.constexpr, STAGES: tl.constexpr, PRECISION: tl.constexpr,
+                  INTERPRET: tl.constexpr):
     """The reverse walk of run i_r, value head i_h and value block i_v: dS' at every chunk's end and dδ of every
     row; dS = e^{c_C} dS' + qᵀ (e^c dO) - Wᵀ dδ. c, the decayed keys, the queries and the scores from
-    `gdn_bwd_walk_inputs_kernel`'s buffers where INPUTS."""
+    `gdn_bwd_walk_inputs_kernel`'s buffers where INPUTS; STAGES as `_forward_walk`'s."""
     t0, n, chunk0 = tl.load(run_first + i_r).to(tl.int64), tl.load(run_len + i_r), tl.load(run_chunk0 + i_r).to(tl.int64)
-    rows = tl.arange(0, C)
-    o_k, o_v = tl.arange(0, DK_PAD), i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < DK, o_v < DV
     neg_a, bias = -tl.exp(tl.load(a_log + i_h).to(tl.float32)), tl.load(dt_bias + i_h).to(tl.float32)
     ds = tl.zeros([DK_PAD, BV], dtype=tl.float32)
-    j = tl.cdiv(n, C) - 1
-    while j >= 0:
-        tl.store(dstates + ((chunk0 + j) * HV + i_h) * (DK * DV) + o_k[:, None] * DV + o_v[None, :], ds.to(dstates.dtype.element_ty),
-                 mask=m_k[:, None] & m_v[None, :])
-        m_row = rows < n - j * C
-        tok = t0 + j * C + rows
-        # Computed, the statements keep their order from before WALK_INPUTS (registers and spills as timed).
-        if INPUTS:
-            m_bk = _rows_mask(m_row, m_k, DK == DK_PAD)
-            c = tl.load(c_buf + ((chunk0 + j) * C + rows) * HV + i_h)
-            c_last = _last(c, C)
-            decayed = _stored(tl.load(decayed_buf + (tok * HV + i_h)[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
-            q_rows = tok * (HV // GROUP) + i_h // GROUP
-            qn = _stored(tl.load(qn_buf + q_rows[:, None] * DK + o_k[None, :], mask=m_bk, other=0.0), INTERPRET)
-        else:
-            c, c_last, decayed, kn, qn = _column_free(q, k, a, b, tok, m_row, o_k, i_h, neg_a, bias, q_scale, stride_qt, stride_qh,
-                                                      stride_kt, stride_kh, stride_at, GROUP, DK, DK_PAD, C, PRECISION, INTERPRET)
-        p = tok * HV + i_h
-        m_cv = _rows_mask(m_row, m_v, DV % BV == 0)
-        d_rows = tl.multiple_of(tok * stride_dt + i_h * stride_dh, 16)
-        d_o = tl.load(d_out + d_rows[:, None] + o_v[None, :], mask=m_cv, other=0.0)  # as stored; widened where used
-        if INPUTS:
-            scores = _stored(tl.load(scores_buf + ((chunk0 + j) * HV + i_h) * (C * C) + rows[:, None] * C + rows[None, :]), INTERPRET)
-        else:
-            scores = _scores(qn, kn, c, C, PRECISION, INTERPRET)
-        d_delta = _dot(tl.trans(scores), d_o.to(tl.float32), PRECISION, INTERPRET) + _dot(decayed, ds, PRECISION, INTERPRET)
-        tl.store(d_delta_buf + p[:, None] * DV + o_v[None, :], d_delta.to(d_delta_buf.dtype.element_ty), mask=m_cv)
-        w = _stored(tl.load(w_buf + p[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD), other=0.0), INTERPRET)
-        ds = tl.exp(c_last) * ds + _dot(tl.trans(qn), tl.exp(c)[:, None] * d_o.to(tl.float32), PRECISION, INTERPRET) \
-            - _dot(tl.trans(w), d_delta, PRECISION, INTERPRET)
-        j -= 1
+    last = tl.cdiv(n, C) - 1
+    if STAGES == 0:
+        j = last
+        while j >= 0:
+            ds = _reverse_step(q, k, a, b, d_out, w_buf, dstates, d_delta_buf, c_buf, decayed_buf, qn_buf, scores_buf, t0, n, chunk0, j, ds,
+                               i_h, i_v, neg_a, bias, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt,
+                               stride_dh, GROUP, HV, DK, DV, DK_PAD, BV, C, INPUTS, PRECISION, INTERPRET)
+            j -= 1
+    else:
+        for i in tl.range(0, last + 1, num_stages=STAGES):
+            ds = _reverse_step(q, k, a, b, d_out, w_buf, dstates, d_delta_buf, c_buf, decayed_buf, qn_buf, scores_buf, t0, n, chunk0,
+                               last - i, ds, i_h, i_v, neg_a, bias, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at,
+                               stride_dt, stride_dh, GROUP, HV, DK, DV, DK_PAD, BV, C, INPUTS, PRECISION, INTERPRET)
 
 
 _WALK_SCALARS = ["q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_at", "stride_dt", "stride_dh"]
@@ -264,23 +298,24 @@ _WALK_SCALARS = ["q_scale", "stride_qt", "stride_qh", "stride_kt", "stride_kh", 
 @jit(do_not_specialize=["stride_kt", "stride_kh", "stride_at"])
 def gdn_bwd_states_kernel(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, c_buf, decayed_buf, run_first, run_len, run_chunk0,
                           stride_kt, stride_kh, stride_at, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                          DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, INPUTS: tl.constexpr, PRECISION: tl.constexpr,
-                          INTERPRET: tl.constexpr):
+                          DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, INPUTS: tl.constexpr, STAGES: tl.constexpr,
+                          PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """The forward walk alone, a program per (run, value head, block of value columns)."""
     _forward_walk(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, c_buf, decayed_buf, run_first, run_len, run_chunk0,
                   tl.program_id(0), tl.program_id(1), tl.program_id(2), stride_kt, stride_kh, stride_at, GROUP, HV, DK, DV, DK_PAD, BV, C,
-                  INPUTS, PRECISION, INTERPRET)
+                  INPUTS, STAGES, PRECISION, INTERPRET)
 
 
 @jit(do_not_specialize=_WALK_SCALARS)
 def gdn_bwd_dstates_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, c_buf, decayed_buf, qn_buf, scores_buf, run_first,
                            run_len, run_chunk0, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt, stride_dh,
                            GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr,
-                           BV: tl.constexpr, C: tl.constexpr, INPUTS: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+                           BV: tl.constexpr, C: tl.constexpr, INPUTS: tl.constexpr, STAGES: tl.constexpr, PRECISION: tl.constexpr,
+                           INTERPRET: tl.constexpr):
     """The reverse walk alone, the same grid."""
     _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, c_buf, decayed_buf, qn_buf, scores_buf, run_first, run_len,
                   run_chunk0, tl.program_id(0), tl.program_id(1), tl.program_id(2), q_scale, stride_qt, stride_qh, stride_kt, stride_kh,
-                  stride_at, stride_dt, stride_dh, GROUP, HV, DK, DV, DK_PAD, BV, C, INPUTS, PRECISION, INTERPRET)
+                  stride_at, stride_dt, stride_dh, GROUP, HV, DK, DV, DK_PAD, BV, C, INPUTS, STAGES, PRECISION, INTERPRET)
 
 
 @jit(do_not_specialize=_WALK_SCALARS)
@@ -288,18 +323,18 @@ def gdn_bwd_walks_kernel(q, k, a, b, a_log, dt_bias, d_out, w_buf, u_buf, states
                          scores_buf, run_first, run_len, run_chunk0, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at,
                          stride_dt, stride_dh, NV: tl.constexpr, GROUP: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
                          DV: tl.constexpr, DK_PAD: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, INPUTS: tl.constexpr,
-                         PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+                         STAGES: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """Both walks in one launch, a program per (run, value head, walk and block of value columns): the first NV
     blocks walk forward, the next NV backward. Neither reads what the other writes (the reverse chain needs W and
     dO, not S or δ), so they run side by side where one launch of either would leave SMs idle."""
     i_r, i_h, i_w = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if i_w < NV:
         _forward_walk(k, a, b, a_log, dt_bias, w_buf, u_buf, states, delta_buf, c_buf, decayed_buf, run_first, run_len, run_chunk0, i_r, i_h,
-                      i_w, stride_kt, stride_kh, stride_at, GROUP, HV, DK, DV, DK_PAD, BV, C, INPUTS, PRECISION, INTERPRET)
+                      i_w, stride_kt, stride_kh, stride_at, GROUP, HV, DK, DV, DK_PAD, BV, C, INPUTS, STAGES, PRECISION, INTERPRET)
     else:
         _reverse_walk(q, k, a, b, a_log, dt_bias, d_out, w_buf, dstates, d_delta_buf, c_buf, decayed_buf, qn_buf, scores_buf, run_first,
                       run_len, run_chunk0, i_r, i_h, i_w - NV, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_at, stride_dt,
-                      stride_dh, GROUP, HV, DK, DV, DK_PAD, BV, C, INPUTS, PRECISION, INTERPRET)
+                      stride_dh, GROUP, HV, DK, DV, DK_PAD, BV, C, INPUTS, STAGES, PRECISION, INTERPRET)
 
 
 @jit
@@ -542,6 +577,15 @@ WALK_BLOCK_V: int | None = int(_WALK_BLOCK) if _WALK_BLOCK else None
 # program computed them at every chunk on its serial chain: more memory traffic, a shorter chain.
 # ISOEXEC_GDN_BWD_WALK_INPUTS=1 (or 0) sets it for a process.
 WALK_INPUTS: bool = switch("ISOEXEC_GDN_BWD_WALK_INPUTS", False)
+# WALK_STAGES: 0, the walks step through their chunks in a `while`, each chunk's loads waiting at its start;
+# n >= 2, a `for` that Triton software-pipelines, the next n - 1 chunks' tiles loaded into shared memory while a
+# chunk computes (none of a walk's loads depends on its chain). The interpreter takes the `while` whatever the
+# value: its `for` cannot run to a loaded bound (Triton 3.6 with numpy 2.4). ISOEXEC_GDN_BWD_WALK_STAGES=n sets it
+# for a process.
+_STAGES = os.environ.get("ISOEXEC_GDN_BWD_WALK_STAGES", "") or "0"
+if not _STAGES.isdigit() or int(_STAGES) == 1:
+    raise EnvError(f"ISOEXEC_GDN_BWD_WALK_STAGES must be 0 or a whole number >= 2, got {_STAGES!r}")
+WALK_STAGES = int(_STAGES)
 # BF16_BUFFERS: with bf16 operands, the buffers read back as operands alone are bf16 (gdn_bwd's note): 9-18%
 # less step time than fp32 ones, the spills of the chunks' gradients 182 -> 66 registers' worth.
 BF16_BUFFERS = True
@@ -597,7 +641,7 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
         gdn_bwd_walk_inputs_kernel[chunks](q, k, a, b, a_log, dt_bias, *walk_inputs, chunk_first, chunk_len, q_scale, *qs, *ks, ats, **dims)
     else:
         walk_inputs = (w_buf,) * 4  # pointers the walks never read
-    walk_dims = dict(dims, BV=walk_block, INPUTS=WALK_INPUTS)
+    walk_dims = dict(dims, BV=walk_block, INPUTS=WALK_INPUTS, STAGES=0 if dims["INTERPRET"] else WALK_STAGES)
     if ONE_WALK_LAUNCH:
         gdn_bwd_walks_kernel[runs[:2] + (2 * runs[2],)](q, k, a, b, a_log, dt_bias, grad, w_buf, u_buf, states, delta, dstates, d_delta,
                                                         *walk_inputs, first, length, chunk0, q_scale, *qs, *ks, ats, *ds, NV=runs[2], **walk_dims)
