@@ -30,7 +30,7 @@ SWEEP = [_C64, {**_C64, "ONE_WALK_LAUNCH": False}, {**_C64, "BF16_BUFFERS": Fals
          {**_C64, "WALK_BLOCK_V": 16},
          # The walks' loops pipelined (WALK_STAGES), their inputs computed or loaded; 32 columns last, as above.
          {**_C64, "WALK_STAGES": 2}, {**_C64, "WALK_INPUTS": True, "WALK_STAGES": 2}, {**_C64, "WALK_INPUTS": True, "WALK_STAGES": 3},
-         {**_C64, "WALK_INPUTS": True, "WALK_BLOCK_V": 32, "WALK_STAGES": 2}]
+         {**_C64, "WALK_INPUTS": True, "WALK_BLOCK_V": 32, "WALK_STAGES": 2}, {**_C64, "WALK_INPUTS": True, "WALK_STAGES": 2, "NUM_WARPS": 8}]
 
 
 def _step(op, x, positions, grad):

@@ -1,6 +1,6 @@
 # The backward's walks pipelined (ISOEXEC_GDN_BWD_WALK_STAGES) against the code, on one machine. First
 # `profile_gdn_bwd.py --sweep` at 16 value heads (forward + backward kernels ms, each row's gradients against the
-# code's): the code (0), inputs loaded (9), pipelined (16), both (17), both at 3 stages (18), then the 32-column rows
+# code's): the code (0), inputs loaded (9), pipelined (16), both (17), both at 3 stages (18), both at 8 warps (20), then the 32-column rows
 # (12, 19: the pair that faulted in the forward kernel, last). Then `bench.py gdn --gdn-phases training` at 16 value
 # heads for the code and for inputs loaded + 2 stages (kernel-time ratios to FLA side by side, the gradients against
 # FLA's); then the same sweep at 32 value heads and the GPU gradient tests with the walks pipelined, as DEADLINE
@@ -16,7 +16,7 @@ cd benchmarks
 sweep() {
   [ $(left) -gt 40 ] || return
   echo "== sweep $1 ($(left) s left)" | tee -a $OUT/sweep.txt
-  PYTHONPATH=../src timeout $(left) python3 profile_gdn_bwd.py --sweep --configs 0,9,16,17,18,12,19 --shapes $1 2>&1 | grep -v -i warn \
+  PYTHONPATH=../src timeout $(left) python3 profile_gdn_bwd.py --sweep --configs 0,9,16,17,18,20,12,19 --shapes $1 2>&1 | grep -v -i warn \
     | tee -a $OUT/sweep.txt
 }
 sweep hk16-hv16-d128
