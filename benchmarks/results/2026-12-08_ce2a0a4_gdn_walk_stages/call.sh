@@ -3,8 +3,8 @@
 # code's): the code (0), inputs loaded (9), pipelined (16), both (17), both at 3 stages (18), both at 8 warps (20), then the 32-column rows
 # (12, 19: the pair that faulted in the forward kernel, last). Then `bench.py gdn --gdn-phases training` at 16 value
 # heads for the code and for inputs loaded + 2 stages (kernel-time ratios to FLA side by side, the gradients against
-# FLA's); then the same sweep at 32 value heads and the GPU gradient tests with the walks pipelined, as DEADLINE
-# allows. From the repository root:
+# FLA's); then the same sweep at 32 value heads and the GPU gradient tests at Qwen3.5's heads (the code's walks and
+# the pipelined ones with their inputs loaded), as DEADLINE allows. From the repository root:
 #   run(command="DEADLINE=<s> ISOEXEC_COMMIT=<the tree's commit> OUT=$OUT bash benchmarks/results/2026-12-08_ce2a0a4_gdn_walk_stages/call.sh",
 #       carry=["build/fla_core-0.6.0-py3-none-any.whl"], timeout_s=590)
 set -u
@@ -30,5 +30,5 @@ for job in "code X=" "inputs_stages2 ISOEXEC_GDN_BWD_WALK_INPUTS=1 ISOEXEC_GDN_B
 done
 sweep hk16-hv32-d128
 cd ..
-[ $(left) -gt 40 ] && ISOEXEC_GDN_BWD_WALK_INPUTS=1 ISOEXEC_GDN_BWD_WALK_STAGES=2 PYTHONPATH=src timeout $(left) \
-  python3 -m pytest -q -m gpu tests/ops/gdn/test_triton.py -k "qwen_head_sizes_gradients" 2>&1 | tail -4 | tee $OUT/pytest_gradients_stages2.txt
+[ $(left) -gt 40 ] && PYTHONPATH=src timeout $(left) python3 -m pytest -q -m gpu tests/ops/gdn/test_triton.py -k "qwen_head_sizes_gradients" \
+  2>&1 | tail -4 | tee $OUT/pytest_gradients.txt

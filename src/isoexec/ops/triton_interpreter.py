@@ -14,7 +14,7 @@ The interpreter runs every op of every program through Triton's front end (`trit
 checks and the semantic layer) and then numpy. On small tiles the front end is most of the time, and
 part of it computes nothing the kernel uses: `_install_faster_patching` and `_install_lighter_front_end`
 remove that part (Triton 3.6 only; another Triton keeps its own), leaving every value a kernel computes
-as it was.
+as it was. `_install_scalar_index` lets a loop run to a loaded bound, as compiled kernels do.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ def install() -> None:
     if triton.__version__.startswith("3.6."):
         _install_faster_patching()
         _install_lighter_front_end()
+        _install_scalar_index()
 
 
 def fixed_order_dot(a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
@@ -112,6 +113,23 @@ def _install_faster_patching() -> None:
 
     _patch_lang.faster = True
     interpreter._patch_builtin, interpreter._patch_lang, interpreter._get_np_dtype = _patch_builtin, _patch_lang, _get_np_dtype
+
+
+def _install_scalar_index() -> None:
+    """Triton 3.6's interpreter holds a scalar (a loaded value, a program id) as a one-element array and takes
+    `int()` of it as the scalar's index, which numpy 2.4 refuses for arrays of one dimension: a `for` over
+    `range(n)` or `tl.range(n)` with a loaded n fails ("only 0-dimensional arrays can be converted"), where a
+    compiled kernel loops. Here the index is the array's one element; anything larger is refused as before."""
+    if not hasattr(interpreter, "_patch_lang_tensor") or getattr(interpreter._patch_lang_tensor, "scalar_index", False):
+        return
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def _patch_lang_tensor(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item() if self.handle.data.size == 1 else self.handle.data))
+
+    _patch_lang_tensor.scalar_index = True
+    interpreter._patch_lang_tensor = _patch_lang_tensor
 
 
 def _has_np_dtype(np_dtype, dtype) -> bool:

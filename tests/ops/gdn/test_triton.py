@@ -373,24 +373,25 @@ def test_at_qwen_head_sizes_every_form_gives_the_trainers_bits(monkeypatch, dtyp
     assert (first.double() - want).abs().max() < 3e-2 * max(1.0, float(want.abs().max()))
 
 
-@pytest.mark.parametrize("v_dim, block_v, walk_block, bwd_chunk, split, walk_inputs",
-                         [(6, 64, None, 16, False, False), (48, 16, None, 16, False, False), (48, 32, None, 32, True, False),
-                          (48, 32, 16, 32, True, False), (48, 16, None, 32, True, True)],
+@pytest.mark.parametrize("v_dim, block_v, walk_block, bwd_chunk, split, walk_inputs, walk_stages",
+                         [(6, 64, None, 16, False, False, 0), (48, 16, None, 16, False, False, 0), (48, 32, None, 32, True, False, 0),
+                          (48, 32, 16, 32, True, False, 0), (48, 16, None, 32, True, True, 0), (48, 32, None, 16, True, True, 2)],
                          ids=["one value block", "three value blocks", "backward chunks of 32, split", "walks in narrower blocks",
-                              "walk inputs from buffers"])
+                              "walk inputs from buffers", "walks in a for loop"])
 def test_gradients_match_float64_autograd_of_the_recurrence(chunks_of_16, monkeypatch, v_dim, block_v, walk_block, bwd_chunk, split,
-                                                            walk_inputs):
+                                                            walk_inputs, walk_stages):
     """The Triton backward (T, W and U per chunk, the walks for the chunk-start states and each chunk's dS',
     the chunks' gradients, the norms' and gates' backward): every input's gradient, A_log's and dt_bias' too,
     over four packed sequences (a partial last chunk, one of 1 token, one of exactly two forward chunks, one
     of several), value heads sharing key heads, in one to three blocks of value columns, the walks in the chunk
     kernels' blocks or narrower ones (WALK_BLOCK_V), their column-free inputs computed in the walks or loaded
-    (WALK_INPUTS), in backward chunks as long as the forward's and longer, the chunks' gradients in one kernel or
+    (WALK_INPUTS), their chunks in a `while` or a `for` (WALK_STAGES), in backward chunks as long as the forward's and longer, the chunks' gradients in one kernel or
     two (SPLIT), against float64 autograd of the recurrence."""
     monkeypatch.setattr(test_core, "DV", v_dim)
     monkeypatch.setattr(gdn_triton_bwd, "BLOCK_V", block_v)
     monkeypatch.setattr(gdn_triton_bwd, "WALK_BLOCK_V", walk_block)
     monkeypatch.setattr(gdn_triton_bwd, "WALK_INPUTS", walk_inputs)
+    monkeypatch.setattr(gdn_triton_bwd, "WALK_STAGES", walk_stages)
     monkeypatch.setattr(gdn_triton_bwd, "CHUNK", bwd_chunk)
     monkeypatch.setattr(gdn_triton_bwd, "SPLIT", split)
     _gradients_against_float64(triton_op(block_v=block_v), (C + 5, 1, 2 * C, 4 * C + 3), atol=2e-5, rtol=1e-4)
@@ -456,17 +457,20 @@ def test_bf16_buffers_round_as_the_operands_do(chunks_of_16, monkeypatch):
     assert not bitwise_equal(gradients("ieee", False)["q[0]"], kept["q[0]"])
 
 
-@pytest.mark.parametrize("knob, fixed", [("ONE_WALK_LAUNCH", dict(BF16_BUFFERS=True)), ("ONE_WALK_LAUNCH", dict(BF16_BUFFERS=False)),
-                                         ("WALK_INPUTS", dict(ONE_WALK_LAUNCH=True)), ("WALK_INPUTS", dict(ONE_WALK_LAUNCH=False))],
-                         ids=["walks in one launch, bf16 buffers", "walks in one launch, fp32 buffers (δ over U)",
-                              "walk inputs loaded, one launch", "walk inputs loaded, two launches"])
-def test_the_walks_knobs_keep_every_gradients_bits(chunks_of_16, monkeypatch, knob, fixed):
+@pytest.mark.parametrize("knob, on, off, fixed", [
+    ("ONE_WALK_LAUNCH", True, False, dict(BF16_BUFFERS=True)), ("ONE_WALK_LAUNCH", True, False, dict(BF16_BUFFERS=False)),
+    ("WALK_INPUTS", True, False, dict(ONE_WALK_LAUNCH=True)), ("WALK_INPUTS", True, False, dict(ONE_WALK_LAUNCH=False)),
+    ("WALK_STAGES", 2, 0, dict(ONE_WALK_LAUNCH=True)), ("WALK_STAGES", 3, 0, dict(ONE_WALK_LAUNCH=False, WALK_INPUTS=True)),
+], ids=["walks in one launch, bf16 buffers", "walks in one launch, fp32 buffers (δ over U)", "walk inputs loaded, one launch",
+        "walk inputs loaded, two launches", "walks in a for loop, one launch", "walks in a for loop, two launches, inputs loaded"])
+def test_the_walks_knobs_keep_every_gradients_bits(chunks_of_16, monkeypatch, knob, on, off, fixed):
     """Knobs of the walks that must not move a bit, on against off, in the interpreter: both walks in one launch
     (ONE_WALK_LAUNCH: the forward walk's programs first, the reverse walk's after them, the two launches' programs),
-    and the walks' column-free inputs computed for every chunk at once and loaded (WALK_INPUTS: the values the walks
-    computed, rounded as their operands are). Every gradient keeps its bits over three blocks of value columns, two
-    value heads a key head and runs of one to several backward chunks; the control, fp32 products, moves q's
-    gradient, so the comparison sees a change."""
+    the walks' column-free inputs computed for every chunk at once and loaded (WALK_INPUTS: the values the walks
+    computed, rounded as their operands are), and the walks' chunks in a `for` (WALK_STAGES: the reverse walk's
+    index counted down from the run's last chunk; the interpreter does not pipeline it). Every gradient keeps its
+    bits over three blocks of value columns, two value heads a key head and runs of one to several backward
+    chunks; the control, fp32 products, moves q's gradient, so the comparison sees a change."""
     monkeypatch.setattr(test_core, "DV", 48)
     monkeypatch.setattr(gdn_triton_bwd, "BLOCK_V", 16)
     monkeypatch.setattr(gdn_triton_bwd, "CHUNK", 16)
@@ -474,22 +478,26 @@ def test_the_walks_knobs_keep_every_gradients_bits(chunks_of_16, monkeypatch, kn
         monkeypatch.setattr(gdn_triton_bwd, name, value)
     seqs, params = [make_seq(n, seed=n) for n in (C + 5, 1, 3 * C + 3)], make_params()
 
-    def gradients(on, precision="bf16"):
-        monkeypatch.setattr(gdn_triton_bwd, knob, on)
+    def gradients(value, precision="bf16"):
+        monkeypatch.setattr(gdn_triton_bwd, knob, value)
         return _packed_gradients(triton_op(block_v=16, dot_precision=precision), seqs, params)
 
-    on, off = gradients(True), gradients(False)
-    assert [name for name, got in on.items() if not bitwise_equal(got, off[name])] == []
-    assert not bitwise_equal(gradients(True, "ieee")["q[0]"], on["q[0]"])
+    with_knob, without = gradients(on), gradients(off)
+    assert [name for name, got in with_knob.items() if not bitwise_equal(got, without[name])] == []
+    assert not bitwise_equal(gradients(on, "ieee")["q[0]"], with_knob["q[0]"])
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the backward's own tiles at Qwen3.5's head sizes: compiled for the GPU")
+@pytest.mark.parametrize("walks", [{}, dict(WALK_INPUTS=True, WALK_STAGES=2)], ids=["the code's walks", "walks pipelined, inputs loaded"])
 @pytest.mark.parametrize("precision, atol, rtol, norm", [("ieee", 1e-4, 1e-4, None), ("bf16", None, None, 2e-2)])
-def test_at_qwen_head_sizes_gradients_match_float64(chunks_of_16, monkeypatch, precision, atol, rtol, norm):
+def test_at_qwen_head_sizes_gradients_match_float64(chunks_of_16, monkeypatch, precision, atol, rtol, norm, walks):
     """Heads of 128 and the backward's own chunks and value blocks (as a trainer step runs it), the products
-    in fp32 and as the contract's bf16 operands: gradients over sequences of several backward chunks, one
-    ending mid-chunk, against float64 autograd of the recurrence (with bf16 operands: each gradient within 2% of
-    the float64 one's norm)."""
+    in fp32 and as the contract's bf16 operands, the walks as the code takes them and pipelined (a loop only a
+    GPU pipelines) with their inputs loaded: gradients over sequences of several backward chunks, one ending
+    mid-chunk, against float64 autograd of the recurrence (with bf16 operands: each gradient within 2% of the
+    float64 one's norm)."""
+    for name, value in walks.items():
+        monkeypatch.setattr(gdn_triton_bwd, name, value)
     monkeypatch.setattr(test_core, "DK", 128)
     monkeypatch.setattr(test_core, "DV", 128)
     chunk = gdn_triton_bwd.CHUNK

@@ -98,6 +98,24 @@ def test_the_faster_interpreter_runs_nested_helpers_and_restores_the_builtins_af
 
 
 @triton_support.jit
+def _sum_to_a_loaded_bound(x_ptr, n_ptr, out_ptr):
+    n = tl.load(n_ptr + tl.program_id(0))
+    total = 0.0
+    for i in tl.range(0, n, num_stages=2):
+        total += tl.load(x_ptr + n - 1 - i)
+    tl.store(out_ptr + tl.program_id(0), total)
+
+
+def test_a_for_loop_runs_to_a_loaded_bound():
+    """`triton_interpreter._install_scalar_index`: a `for` whose bound is a loaded value runs its trips as a compiled
+    kernel does (Triton 3.6's interpreter refused it under numpy 2.4: a scalar is a one-element array there)."""
+    x, n = torch.arange(1.0, 11.0), torch.tensor([10, 3, 0], dtype=torch.int32)
+    out = torch.full((3,), -1.0)
+    _sum_to_a_loaded_bound[(3,)](x, n, out)
+    assert out.tolist() == [55.0, 6.0, 0.0]
+
+
+@triton_support.jit
 def _offsets_and_products(x_ptr, out_ptr, big, M: tl.constexpr, N: tl.constexpr):
     rows, cols = tl.arange(0, M)[:, None], tl.arange(0, N)[None, :]
     wrapped = (rows * big + cols * 3 - 7).to(tl.float32)  # int32 products that overflow wrap as two's complement

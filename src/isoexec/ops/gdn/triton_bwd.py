@@ -579,9 +579,8 @@ WALK_BLOCK_V: int | None = int(_WALK_BLOCK) if _WALK_BLOCK else None
 WALK_INPUTS: bool = switch("ISOEXEC_GDN_BWD_WALK_INPUTS", False)
 # WALK_STAGES: 0, the walks step through their chunks in a `while`, each chunk's loads waiting at its start;
 # n >= 2, a `for` that Triton software-pipelines, the next n - 1 chunks' tiles loaded into shared memory while a
-# chunk computes (none of a walk's loads depends on its chain). The interpreter takes the `while` whatever the
-# value: its `for` cannot run to a loaded bound (Triton 3.6 with numpy 2.4). ISOEXEC_GDN_BWD_WALK_STAGES=n sets it
-# for a process.
+# chunk computes (none of a walk's loads depends on its chain; the interpreter runs the `for` unpipelined).
+# ISOEXEC_GDN_BWD_WALK_STAGES=n sets it for a process.
 _STAGES = os.environ.get("ISOEXEC_GDN_BWD_WALK_STAGES", "") or "0"
 if not _STAGES.isdigit() or int(_STAGES) == 1:
     raise EnvError(f"ISOEXEC_GDN_BWD_WALK_STAGES must be 0 or a whole number >= 2, got {_STAGES!r}")
@@ -641,7 +640,7 @@ def gdn_bwd(q, k, v, a, b, a_log, dt_bias, positions, grad: Tensor, precision: s
         gdn_bwd_walk_inputs_kernel[chunks](q, k, a, b, a_log, dt_bias, *walk_inputs, chunk_first, chunk_len, q_scale, *qs, *ks, ats, **dims)
     else:
         walk_inputs = (w_buf,) * 4  # pointers the walks never read
-    walk_dims = dict(dims, BV=walk_block, INPUTS=WALK_INPUTS, STAGES=0 if dims["INTERPRET"] else WALK_STAGES)
+    walk_dims = dict(dims, BV=walk_block, INPUTS=WALK_INPUTS, STAGES=WALK_STAGES)
     if ONE_WALK_LAUNCH:
         gdn_bwd_walks_kernel[runs[:2] + (2 * runs[2],)](q, k, a, b, a_log, dt_bias, grad, w_buf, u_buf, states, delta, dstates, d_delta,
                                                         *walk_inputs, first, length, chunk0, q_scale, *qs, *ks, ats, *ds, NV=runs[2], **walk_dims)
