@@ -24,7 +24,8 @@ state chains are serial, and they carry nothing but the chain's own products:
    the chain's two products), storing dS' at every chunk's end and dδ; the two walks share no data, so
    `gdn_bwd_walks_kernel` runs both in one launch (ONE_WALK_LAUNCH); with WALK_INPUTS, what they take of a chunk
    that no value column changes (c, the decayed keys, the queries, the scores) comes from
-   `gdn_bwd_walk_inputs_kernel`, a program per (chunk, value head) before them;
+   `gdn_bwd_walk_inputs_kernel`, a program per (chunk, value head) before them; with WALK_STAGES, each walk steps
+   through its chunks in a loop Triton pipelines (the next chunks' tiles loaded while one computes);
 4. a program per (chunk, value head), all chunks at once: every gradient of the chunk from S, dS', δ and dδ,
    the value blocks in a loop (no per-block partial sums), the gates' backward at the end; as one kernel
    (`gdn_bwd_chunk_kernel`) or two (`gdn_bwd_outputs_kernel`: through the outputs and the next state;
@@ -184,7 +185,7 @@ def _forward_step(k, a, b, w_buf, u_buf, states, delta_buf, c_buf, decayed_buf, 
              mask=m_k[:, None] & m_v[None, :])
     m_row = rows < n - j * C
     tok = t0 + j * C + rows
-    # Computed, the statements keep their order from before WALK_INPUTS (registers and spills as timed).
+    # Computed, the statements keep the order they had before WALK_INPUTS (the registers and spills timed).
     if INPUTS:
         c = tl.load(c_buf + ((chunk0 + j) * C + rows) * HV + i_h)
         decayed = _stored(tl.load(decayed_buf + (tok * HV + i_h)[:, None] * DK + o_k[None, :], mask=_rows_mask(m_row, m_k, DK == DK_PAD),
@@ -239,7 +240,7 @@ def _reverse_step(q, k, a, b, d_out, w_buf, dstates, d_delta_buf, c_buf, decayed
              mask=m_k[:, None] & m_v[None, :])
     m_row = rows < n - j * C
     tok = t0 + j * C + rows
-    # Computed, the statements keep their order from before WALK_INPUTS (registers and spills as timed).
+    # Computed, the statements keep the order they had before WALK_INPUTS (the registers and spills timed).
     if INPUTS:
         m_bk = _rows_mask(m_row, m_k, DK == DK_PAD)
         c = tl.load(c_buf + ((chunk0 + j) * C + rows) * HV + i_h)
